@@ -1,0 +1,240 @@
+"""Docker backend: one fresh, hardened container per run, removed whatever happens."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+from docker.types import LogConfig, Ulimit
+from docker.utils.socket import frames_iter
+
+from ..config import LABEL_KIND, LABEL_RUN_ID
+from ..egress import HOST_ALIAS, KIND_EGRESS_NETWORK, Egress, ensure_egress_image
+from ..errors import EngineUnavailable
+from .base import ExitInfo, NetworkPolicy, Progress, SandboxInfo, SandboxSpec, StreamName
+
+#: The unprivileged user of the agent image (see images/agent/Dockerfile).
+SANDBOX_USER = "10001:10001"
+STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+
+
+def connect() -> docker.DockerClient:
+    """A client for the local engine, or a one-paragraph error saying how to get one."""
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # the SDK raises several types for "no engine"
+        raise EngineUnavailable(
+            f"Cannot reach the Docker engine ({type(exc).__name__}: {exc}).",
+            "Start Docker (`sudo systemctl start docker`, or `dockerd &`), check DOCKER_HOST, "
+            "and make sure this user may use the socket (the `docker` group); nothing was "
+            "started.",
+        ) from exc
+    return client
+
+
+def host_config_options(spec: SandboxSpec, egress: Egress | None = None) -> dict[str, Any]:
+    """The hardening of every sandbox, as `create_host_config` keyword arguments.
+
+    CIS Docker Benchmark section 5, stricter: no capabilities at all, no host mounts.
+    """
+    limits = spec.limits
+    memory = f"{limits.memory_mb}m"
+    tmpfs = f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"
+    return {
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "read_only": True,
+        "tmpfs": {"/tmp": tmpfs, "/work": tmpfs},
+        "mem_limit": memory,
+        "memswap_limit": memory,  # no swap: over the limit is an OOM kill, not a crawl
+        "nano_cpus": int(limits.cpus * 1e9),
+        "pids_limit": limits.pids,
+        "ulimits": [
+            Ulimit(name="nofile", soft=1024, hard=1024),
+            Ulimit(name="core", soft=0, hard=0),
+        ],
+        "init": True,  # PID 1 forwards signals and reaps: kill is instant, no grace period
+        "ipc_mode": "private",
+        **network_options(spec.network, egress),
+        "log_config": LogConfig(type="json-file", config={"max-size": "50m", "max-file": "1"}),
+        "auto_remove": False,  # removed by us after the exit state and logs are read
+    }
+
+
+def network_options(policy: NetworkPolicy, egress: Egress | None) -> dict[str, Any]:
+    """`none`: no network. `open`: the default bridge. `allowlist`: the run's private network
+    only (its one way out is the egress proxy), and a DNS server that does not exist, so no
+    outside name resolves."""
+    if policy.mode == "none":
+        return {"network_mode": "none"}
+    if policy.mode == "open":
+        hosts = {HOST_ALIAS: "host-gateway"} if policy.host_endpoints else None
+        return {"network_mode": "bridge", "extra_hosts": hosts}
+    if egress is None:
+        raise ValueError("an allowlist sandbox needs its egress network")
+    return {"network_mode": egress.network_name, "dns": ["127.0.0.1"]}
+
+
+class DockerSandbox:
+    """A created container; the stream is the attached stdout/stderr of the runtime."""
+
+    def __init__(
+        self, client: docker.DockerClient, container_id: str, egress: Egress | None = None
+    ) -> None:
+        self.client = client
+        self.api = client.api
+        self.id = container_id
+        self.egress = egress
+        self._socket: Any = None
+
+    def start(self, stdin: bytes) -> None:
+        # Attach before start so not a byte of output is missed.
+        self._socket = self.api.attach_socket(
+            self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+        self.api.start(self.id)
+        if self.egress is not None:
+            self.egress.wait_ready()  # squid started first; its start overlaps this one's
+        raw: socket.socket = self._socket._sock
+        raw.sendall(stdin)
+        raw.shutdown(socket.SHUT_WR)  # EOF on the runtime's stdin (stdin_once)
+
+    def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        try:
+            for stream_id, chunk in frames_iter(self._socket, tty=False):
+                name = STREAM_NAMES.get(stream_id)
+                if name and chunk:
+                    yield name, chunk
+        except OSError:
+            return  # closed under us (kill/remove): the exit state says what happened
+
+    def wait(self, timeout: float) -> ExitInfo:
+        try:
+            result = self.api.wait(self.id, timeout=timeout)
+            state = self.api.inspect_container(self.id)["State"]
+        except docker.errors.NotFound:
+            return ExitInfo(None, infra_error="the container vanished during the run")
+        except Exception as exc:
+            return ExitInfo(None, infra_error=f"waiting for the container failed: {exc}")
+        return ExitInfo(int(result.get("StatusCode", -1)), oom_killed=bool(state.get("OOMKilled")))
+
+    def recover_stdout(self) -> bytes:
+        try:
+            return self.api.logs(self.id, stdout=True, stderr=False)
+        except docker.errors.APIError:
+            return b""
+
+    def kill(self) -> None:
+        with contextlib.suppress(docker.errors.APIError):
+            self.api.kill(self.id)
+
+    def health(self) -> str | None:
+        """None while the sandbox can work; else why not (its egress proxy is gone)."""
+        return self.egress.alive() if self.egress else None
+
+    def egress_blocked(self) -> list[dict[str, Any]]:
+        """Requests the egress proxy refused (none without one)."""
+        return self.egress.blocked() if self.egress else []
+
+    def remove(self) -> None:
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                self._socket.close()
+
+        def remove_container() -> None:
+            with contextlib.suppress(docker.errors.NotFound):
+                self.api.remove_container(self.id, force=True, v=True)
+
+        if self.egress is None:
+            remove_container()
+        else:  # both containers at once, then the network
+            self.egress.remove(also=remove_container)
+
+
+class DockerBackend:
+    """Runs sandboxes as containers on the local Docker engine."""
+
+    name = "docker"
+
+    def __init__(self, client: docker.DockerClient | None = None, *, base_image: str | None = None):
+        self.client = client or connect()
+        self.base_image = base_image
+
+    def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
+        from ..images import ensure_agent_image
+
+        return ensure_agent_image(
+            self.client,
+            base=self.base_image,
+            extra_requirements=tuple(extra_requirements),
+            progress=progress,
+        )
+
+    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
+        egress = None
+        if spec.network.mode == "allowlist":
+            image = ensure_egress_image(self.client, base=self.base_image, progress=progress)
+            egress = Egress.start(
+                self.client,
+                run_id=spec.run_id,
+                policy=spec.network,
+                labels=spec.labels,
+                image=image,
+                progress=progress,
+            )
+        try:
+            return self._create(spec, egress)
+        except BaseException:
+            if egress is not None:
+                egress.remove()
+            raise
+
+    def _create(self, spec: SandboxSpec, egress: Egress | None) -> DockerSandbox:
+        host_config = self.client.api.create_host_config(**host_config_options(spec, egress))
+        container = self.client.api.create_container(
+            image=spec.image,
+            command=list(spec.command),
+            name=f"orchestrator-{spec.run_id}",
+            user=SANDBOX_USER,
+            working_dir="/work",
+            environment={**spec.env, **(egress.proxy_env() if egress else {})},
+            labels={**spec.labels, LABEL_KIND: "sandbox"},
+            hostname="sandbox",
+            stdin_open=True,  # the SDK sets StdinOnce with it: EOF ends the stdin
+            tty=False,
+            host_config=host_config,
+        )
+        return DockerSandbox(self.client, container["Id"], egress)
+
+    def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        """Containers (sandboxes, egress proxies), then the runs' networks: in that order
+        they can be removed."""
+        filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
+        found = []
+        for c in self.client.api.containers(all=True, filters=filters):
+            found.append(
+                SandboxInfo(
+                    id=c["Id"],
+                    name=(c.get("Names") or ["?"])[0].lstrip("/"),
+                    labels=c.get("Labels") or {},
+                    state=c.get("State", "?"),
+                    kind=(c.get("Labels") or {}).get(LABEL_KIND, "sandbox"),
+                )
+            )
+        for n in self.client.api.networks(filters=filters):
+            labels = n.get("Labels") or {}
+            if labels.get(LABEL_KIND) == KIND_EGRESS_NETWORK:
+                found.append(SandboxInfo(n["Id"], n["Name"], labels, "-", KIND_EGRESS_NETWORK))
+        return found
+
+    def remove_sandbox(self, info: SandboxInfo) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            if info.kind == KIND_EGRESS_NETWORK:
+                self.client.api.remove_network(info.id)
+            else:
+                self.client.api.remove_container(info.id, force=True, v=True)

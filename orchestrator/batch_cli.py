@@ -1,0 +1,317 @@
+"""`orchestrator batch`: the command over `batch.run_batch`, with a live display and signals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from .batch import BUILTIN_SCORERS, BatchProgress, BatchSpec, BatchSummary, run_batch
+from .cli import add_run_options, spec_from_args
+
+#: Plain progress lines (no terminal) come this often, in seconds.
+PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
+
+EPILOG = """\
+Tasks file: JSONL (one object a line) or CSV (header row) with the fields
+  id               optional; else derived from task + additional_args (stable)
+  task             the task text (required)
+  additional_args  object handed to the agent (CSV: JSON, or one args.NAME column each)
+  expected         expected answer (a list means any of them)
+  max_steps, timeout_seconds (or timeout), memory_mb, cpus, pids   per-task limits
+  metadata         anything else, as an object (kept, shown to user scorers)
+
+Resume: run the same command again with the same --output directory. Finished tasks are
+kept; unfinished and infrastructure-failed ones run again (--rerun-failed: failed ones too).
+
+Exit codes: 0 every task has an agent outcome (succeeded or not), 2 bad input (nothing
+started), 5 tasks left with infrastructure errors or stopped by --fail-on-error,
+130 interrupted (resume with the same command).
+"""
+
+
+def add_batch_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "batch",
+        help="run every task of a JSONL/CSV file in its own sandbox, scored and resumable",
+        description="Run a payload on every task of a tasks file, each in a fresh sandbox, in "
+        "parallel; append results to OUTPUT/results.jsonl as tasks end and write "
+        "OUTPUT/summary.json.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument("tasks", help="tasks file (.jsonl or .csv)")
+    p.add_argument(
+        "--output", "-o", required=True, help="batch directory (created; reuse it to resume)"
+    )
+    add_run_options(p)
+    p.add_argument(
+        "--concurrency", "-j", type=int,
+        help="sandboxes at once (default: min(4, CPUs, 75%% of memory / memory limit))",
+    )  # fmt: skip
+    p.add_argument(
+        "--scorer", default="exact",
+        help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function "
+        "(default: exact, after normalising case, spaces, quotes and a final full stop)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tolerance", type=float, default=1e-6,
+        help="numeric scorer: |answer - expected| <= T * max(1, |expected|) (default 1e-6)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-attempts", type=int, default=3,
+        help="attempts per task on infrastructure faults only (default 3; 1 = no retry)",
+    )  # fmt: skip
+    p.add_argument(
+        "--backoff", type=float, default=2.0, dest="backoff_seconds",
+        help="first retry wait in seconds, doubling each time, plus jitter (default 2)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rerun-failed", action="store_true",
+        help="on resume, also run again tasks that failed, timed out or ran out of memory",
+    )  # fmt: skip
+    p.add_argument(
+        "--fail-on-error", type=float, metavar="RATIO",
+        help="stop (exit 5) once more than this share of tasks (< 1), or this many tasks "
+        "(>= 1), ended in infra_error after their retries",
+    )  # fmt: skip
+    p.add_argument(
+        "--on-bad-line", choices=["fail", "skip"], default="fail",
+        help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
+    p.set_defaults(handler=cmd_batch)
+
+
+def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
+    return BatchSpec(
+        tasks=args.tasks,
+        output=args.output,
+        run=spec_from_args(args, task=None, additional_args=None),
+        concurrency=args.concurrency,
+        scorer=args.scorer,
+        tolerance=args.tolerance,
+        max_attempts=args.max_attempts,
+        backoff_seconds=args.backoff_seconds,
+        rerun_failed=args.rerun_failed,
+        fail_on_error=args.fail_on_error,
+        on_bad_line=args.on_bad_line,
+    )
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    spec = batch_spec_from_args(args)
+    display = BatchDisplay(quiet=args.quiet)
+    cancel = threading.Event()
+    restore = install_stop_handlers(cancel, display)
+    try:
+        summary = run_batch(spec, cancel=cancel, monitor=display.update, on_message=display.message)
+    finally:
+        display.stop()
+        restore()
+    display.final(summary)
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2, default=str))
+    if summary.state != "complete" or summary.counts.get("infra_error"):
+        command = shlex.join(["orchestrator", *sys.argv[1:]])
+        what = {
+            "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
+            "stopped": "stopped by --fail-on-error; finished tasks are in",
+        }.get(summary.state, "tasks ended in infra_error; results are in")
+        print(f"{what} {spec.output}/results.jsonl", file=sys.stderr)
+        print(f"  resume with: {command}", file=sys.stderr)
+    return summary.exit_code
+
+
+def install_stop_handlers(cancel: threading.Event, display: BatchDisplay) -> Any:
+    """SIGINT/SIGTERM: stop launching and cancel the running sandboxes (they are removed);
+    a third signal exits at once, leaving orphans to `orchestrator cleanup`."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    count = [0]
+
+    def handler(signum: int, frame: Any) -> None:
+        count[0] += 1
+        if count[0] == 1:
+            display.message(
+                f"{signal.Signals(signum).name}: stopping; cancelling running sandboxes "
+                "(finished results are kept)"
+            )
+            cancel.set()
+        elif count[0] == 2:
+            display.message("still removing sandboxes; signal once more to exit without cleanup")
+        else:
+            print(
+                "exiting without cleanup: run `orchestrator cleanup` to remove leftovers",
+                file=sys.stderr,
+            )
+            os._exit(130)
+
+    saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def progress_line(p: BatchProgress) -> str:
+    c = p.counts
+    other = sum(v for k, v in c.items() if k not in ("succeeded", "failed", "timed_out"))
+    parts = [
+        f"{p.done}/{p.total} done",
+        f"{p.running} running",
+        f"{c.get('succeeded', 0)} succeeded",
+        f"{c.get('failed', 0)} failed",
+        f"{c.get('timed_out', 0)} timed out",
+    ]
+    if other:
+        parts.append(f"{other} other")
+    if p.retries:
+        parts.append(f"{p.retries} retries")
+    parts.append(f"{p.rate_per_minute:.1f} tasks/min")
+    parts.append(f"ETA {_duration(p.eta_seconds)}")
+    if p.stopping:
+        parts.append(f"stopping ({p.stopping})")
+    return " · ".join(parts)
+
+
+class BatchDisplay:
+    """A live bar on a terminal (rich); a plain line every PLAIN_INTERVAL seconds otherwise,
+    so logs of cron jobs and CI stay readable."""
+
+    def __init__(self, *, quiet: bool = False, stream: Any = None) -> None:
+        from rich.console import Console
+
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.console = Console(file=self.stream, highlight=False, no_color=not self.tty)
+        self.quiet = quiet
+        self._live: Any = None
+        self._progress: Any = None
+        self._details: Any = None
+        self._task: Any = None
+        self._last_plain = 0.0
+        self._last_line = ""
+        self._lock = threading.Lock()
+
+    def message(self, text: str) -> None:
+        if self.quiet and not text.startswith(("warning", "stopping", "SIG")):
+            return
+        with self._lock:
+            if self.tty:
+                self.console.print(f"[dim]·[/dim] {text}", markup=False)
+            else:
+                print(f"batch: {text}", file=self.stream, flush=True)
+
+    def update(self, p: BatchProgress) -> None:
+        if self.quiet:
+            return
+        if not self.tty:
+            now = time.monotonic()
+            line = progress_line(p)
+            final = p.done == p.total
+            due = now - self._last_plain >= PLAIN_INTERVAL
+            if line != self._last_line and (due or final):
+                self._last_plain, self._last_line = now, line
+                print(f"batch: {line}", file=self.stream, flush=True)
+            return
+        from rich.console import Group
+        from rich.live import Live
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        from rich.text import Text
+
+        with self._lock:
+            if self._live is None:
+                self._progress = Progress(
+                    TextColumn("batch"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("· ETA {task.fields[eta]}"),
+                    console=self.console,
+                )
+                self._task = self._progress.add_task("", total=p.total, eta="?")
+                self._details = Text()
+                self._live = Live(
+                    Group(self._progress, self._details),
+                    console=self.console,
+                    refresh_per_second=4,
+                )
+                self._live.start()
+            eta = _duration(p.eta_seconds)
+            self._progress.update(self._task, completed=p.done, eta=eta)
+            self._details.plain = "  " + progress_line(p).split(" · ", 1)[1].rsplit(" · ETA", 1)[0]
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def final(self, s: BatchSummary) -> None:
+        """The summary table: counts per status, accuracy, durations, tokens, retries."""
+        from rich.table import Table
+
+        table = Table(title=f"batch {s.batch_id}: {s.state}", show_header=False, box=None)
+        table.add_column(style="bold")
+        table.add_column()
+        for status, count in s.counts.items():
+            if count or status in ("succeeded", "failed"):
+                table.add_row(status, str(count))
+        if s.pending:
+            table.add_row("pending", str(s.pending))
+        table.add_row("total", str(s.total))
+        if s.accuracy is not None and s.accuracy_ci95:
+            low, high = s.accuracy_ci95
+            table.add_row(
+                "accuracy",
+                f"{s.accuracy:.1%} ({s.correct:g}/{s.scored} scored, 95% CI {low:.1%}–{high:.1%}, "
+                f"scorer {s.scorer})",
+            )
+        else:
+            table.add_row("accuracy", "n/a (no expected answers scored)")
+        if s.duration_p50 is not None:
+            table.add_row("duration", f"p50 {s.duration_p50:.1f}s · p95 {s.duration_p95:.1f}s")
+        table.add_row(
+            "tokens",
+            f"{s.tokens['input']} in · {s.tokens['output']} out"
+            + (
+                f" (all attempts: {s.tokens_all_attempts['input']} in · "
+                f"{s.tokens_all_attempts['output']} out)"
+                if s.tokens_all_attempts != s.tokens
+                else ""
+            ),
+        )
+        table.add_row("retries", f"{s.retries} ({s.attempts} attempts in all)")
+        session = s.session
+        rate = session.get("tasks_per_minute")
+        table.add_row(
+            "this session",
+            f"{session['tasks_run']} tasks in {session['wall_seconds']:.1f}s"
+            + (f" · {rate:.1f} tasks/min" if rate else "")
+            + f" · concurrency {session['concurrency']}",
+        )
+        if s.skipped_lines:
+            table.add_row("skipped lines", ", ".join(str(b["line"]) for b in s.skipped_lines))
+        table.add_row("results", f"{s.output_dir}/results.jsonl")
+        self.console.print(table)

@@ -1,0 +1,99 @@
+"""Live run output: colours and a spinner on a terminal, plain lines otherwise (cron, CI)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+
+def _short(value: Any, limit: int = 100) -> str:
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class RunDisplay:
+    """Renders events and progress messages of one run, one line each."""
+
+    def __init__(self, *, quiet: bool = False, stream: Any = None) -> None:
+        stream = stream or sys.stderr
+        self.tty = stream.isatty()
+        self.console = Console(file=stream, highlight=False, no_color=not self.tty)
+        self.quiet = quiet
+        self._status: Any = None
+
+    def progress(self, message: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            self.console.print(f"[dim]· {escape(message)}[/dim]")
+        else:
+            print(f"orchestrator: {message}", file=self.console.file, flush=True)
+
+    def event(self, event: dict[str, Any]) -> None:
+        if self.quiet:
+            return
+        line = describe_event(event)
+        if line is None:
+            return
+        if self.tty:
+            self.console.print(escape(line))
+            self._spin(event)
+        else:
+            print(line, file=self.console.file, flush=True)
+
+    def _spin(self, event: dict[str, Any]) -> None:
+        if event["type"] in ("run_end", "run_finished", "timed_out", "cancelled"):
+            self.stop()
+            return
+        text = f"running… ({event.get('agent') or 'sandbox'})"
+        if self._status is None:
+            self._status = self.console.status(text)
+            self._status.start()
+        else:
+            self._status.update(text)
+
+    def stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def describe_event(event: dict[str, Any]) -> str | None:
+    """One human line per event, or None for events not worth a line."""
+    kind = event.get("type")
+    if kind == "run_start":
+        agents = ", ".join(a.get("name", "?") for a in event.get("agents", []))
+        return f"▶ run started: payload {event.get('payload')} · agents {agents}"
+    if kind == "step":
+        usage = event.get("token_usage") or {}
+        tokens = (
+            f" · {usage.get('input_tokens', 0)}+{usage.get('output_tokens', 0)} tok"
+            if usage
+            else ""
+        )
+        duration = f" · {event.get('duration', 0):.1f}s" if event.get("duration") else ""
+        head = f"  [{event.get('agent')}] step {event.get('step_number')}{duration}{tokens}"
+        if event.get("error"):
+            error = event["error"]
+            return f"{head} ✗ {_short(error.get('type'))}: {_short(error.get('message'))}"
+        if event.get("is_final_answer"):
+            return f"{head} ✓ final answer"
+        return f"{head} · {_short(event.get('observations') or event.get('code') or '')}"
+    if kind == "managed_agent_call":
+        return (
+            f"  → {event.get('caller')} asks {event.get('agent')}: {_short(event.get('task'), 80)}"
+        )
+    if kind == "managed_agent_result":
+        return f"  ← {event.get('agent')} answered: {_short(event.get('output'), 80)}"
+    if kind == "error":
+        return f"  ✗ {event.get('stage')} error {event.get('type')}: {_short(event.get('message'))}"
+    if kind == "run_end":
+        return f"■ agent finished: {event.get('state')}"
+    if kind in ("timed_out", "cancelled"):
+        return f"■ {kind.replace('_', ' ')}: sandbox killed"
+    if kind == "egress_blocked":
+        return f"  ⛔ blocked egress to {event.get('host')}:{event.get('port')}"
+    return None

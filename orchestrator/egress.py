@@ -1,0 +1,427 @@
+"""Per-run egress control for Docker: a private network and a squid proxy as its only way out.
+
+An `allowlist` run gets:
+
+- a network of its own, `internal` (no route out) and with no address for the host on its
+  bridge (`inhibit_ipv4`), so neither the internet nor the Docker host's services nor other
+  runs are reachable from it;
+- an egress container (squid, built from `images/egress/`) on that network and on the default
+  bridge, allowing only the run's hosts (and a named model endpoint on the Docker host);
+- a sandbox on that network only, with no DNS resolver that answers outside names, and the
+  standard proxy variables pointing at squid.
+
+If squid dies, the sandbox has no route anywhere (fail closed); the runner notices through
+`alive()` and ends the run. What squid refused is read back from its access log.
+
+The policy part (which hosts, which model endpoint is on the Docker host) needs no Docker and
+is used by the runner; the container part is used by the Docker backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from .backends.base import NetworkPolicy
+from .config import LABEL_KIND, VERSION, repo_root
+from .errors import ConfigError, OrchestratorError
+
+if TYPE_CHECKING:
+    import docker
+
+    from .models import ModelSpec
+
+Progress = Callable[[str], None]
+
+EGRESS_IMAGE = "orchestrator-egress"
+EGRESS_IMAGE_DIR = repo_root() / "images" / "egress"
+#: Values of the `orchestrator.kind` label.
+KIND_EGRESS = "egress"
+KIND_EGRESS_NETWORK = "egress-network"
+KIND_EGRESS_IMAGE = "egress-image"
+#: squid's port on the run's network (see images/egress/squid.conf.template).
+PROXY_PORT = 3128
+#: The name under which a sandbox reaches a model endpoint on the Docker host.
+HOST_ALIAS = "host.orchestrator.internal"
+#: Names that mean "this machine" in an --api-base.
+LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "host.docker.internal", HOST_ALIAS})
+#: How long squid may take to start listening.
+READY_TIMEOUT = 20.0
+#: The squid egress container's limits: small, it only relays.
+EGRESS_MEMORY = "256m"
+EGRESS_PIDS = 64
+EGRESS_CPUS = 0.5
+NETWORK_OPTIONS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
+SQUID_DIRS = ("/tmp", "/var/run/squid", "/var/spool/squid", "/var/log/squid")
+
+
+class EgressError(OrchestratorError):
+    """The egress proxy could not be started (the run never starts without it)."""
+
+    exit_code = 5
+
+
+# ---- the policy ----------------------------------------------------------------------------
+
+
+def resolve_policy(mode: str | None, *, model: ModelSpec, hosts: tuple[str, ...]) -> NetworkPolicy:
+    """The network policy of a run: `none` unless it needs network, else `allowlist`;
+    `open` only when asked for by name.
+
+    The allowlist is the model provider's host, the payload's hosts and `--allow-host`. A
+    model endpoint on the Docker host becomes `HOST_ALIAS:port`, the only way to it.
+    """
+    hosts = tuple(dict.fromkeys(h.lower() for h in hosts))
+    needs_network = model.needs_network or bool(hosts)
+    mode = mode or ("allowlist" if needs_network else "none")
+    if mode not in ("none", "allowlist", "open"):
+        raise ConfigError(
+            f"Unknown network policy {mode!r}.",
+            "Use --network none, --network allowlist or --network open.",
+        )
+    if mode == "none":
+        return NetworkPolicy(mode="none")
+    endpoints: tuple[tuple[str, int], ...] = ()
+    host_endpoints: tuple[tuple[str, int], ...] = ()
+    hosts = tuple(dict.fromkeys([*model.hosts, *hosts]))
+    endpoint = model.endpoint if model.needs_network else None
+    if endpoint is not None:
+        name, port = endpoint
+        if is_docker_host(name):
+            host_endpoints = ((HOST_ALIAS, port),)
+        else:
+            hosts = tuple(dict.fromkeys([name.lower(), *hosts]))
+            if port not in (80, 443):
+                endpoints = ((name.lower(), port),)
+    return NetworkPolicy(
+        mode=mode,  # type: ignore[arg-type]
+        hosts=hosts,
+        host_endpoints=host_endpoints,
+        endpoints=endpoints,
+    )
+
+
+def describe_allowlist(policy: NetworkPolicy) -> list[str]:
+    """The effective allowlist as a user reads it (for the run record)."""
+    if policy.mode != "allowlist":
+        return []
+    items = [*policy.hosts]
+    items += [f"{host}:{port}" for host, port in policy.endpoints]
+    items += [f"{host}:{port} (the Docker host)" for host, port in policy.host_endpoints]
+    return items
+
+
+def sandbox_api_base(api_base: str | None, policy: NetworkPolicy) -> str | None:
+    """`api_base` as the sandbox must use it: a model server on the Docker host is reached as
+    `HOST_ALIAS` (the sandbox's own localhost is not the host's)."""
+    if not api_base or not policy.host_endpoints or policy.mode == "none":
+        return api_base
+    parts = urlsplit(api_base)
+    if not is_docker_host(parts.hostname or ""):
+        return api_base
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = (f"{userinfo}@" if userinfo else "") + f"{HOST_ALIAS}:{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def is_docker_host(name: str) -> bool:
+    """True for names and addresses that mean the machine Docker runs on (this machine)."""
+    name = name.lower().strip("[]").rstrip(".")
+    if name in LOCAL_NAMES:
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if address.is_loopback or address.is_unspecified:
+        return True
+    return any(address in network for network in host_networks(prefix_length=32))
+
+
+def host_networks(*, prefix_length: int | None = None) -> list[ipaddress.IPv4Network]:
+    """This machine's own IPv4 addresses (as /32 networks), from the kernel's routing trie.
+
+    Read from `/proc/net/fib_trie` (no tools, no privileges). Empty where that is missing.
+    """
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        return []
+    found: dict[str, None] = {}
+    for previous, line in zip(lines, lines[1:], strict=False):
+        if line.strip() == "/32 host LOCAL":
+            found[previous.split()[-1]] = None
+    return [ipaddress.ip_network(f"{a}/{prefix_length or 32}", strict=False) for a in found]
+
+
+# ---- the egress image ----------------------------------------------------------------------
+
+
+def ensure_egress_image(
+    client: docker.DockerClient, *, base: str | None = None, progress: Progress | None = None
+) -> str:
+    """The tag of the egress image, built on demand and content-addressed like the agent
+    image (its definition files, the base image id and the version)."""
+    from filelock import FileLock
+
+    from . import images
+
+    base = images.resolve_base(client, base, progress)
+    base_id = client.api.inspect_image(base)["Id"]
+    files = {
+        path.name: path.read_bytes()
+        for path in sorted(EGRESS_IMAGE_DIR.iterdir())
+        if path.is_file() and path.suffix != ".pyc"
+    }
+    content_hash = images._digest(
+        {
+            "version": VERSION,
+            "base_id": base_id,
+            "files": {name: images._sha256(data) for name, data in files.items()},
+        }
+    )
+    tag = f"{EGRESS_IMAGE}:{content_hash[:12]}"
+    if images._inspect(client, tag) is not None:
+        return tag
+    with FileLock(str(images._state_dir() / f".build-{content_hash[:16]}.lock")):
+        if images._inspect(client, tag) is None:
+            images._report(progress, f"building {tag} (squid) on {base}")
+            buildargs = {
+                "BASE_IMAGE": base_id,
+                "ORCHESTRATOR_BASE": base,
+                "ORCHESTRATOR_VERSION": VERSION,
+                "ORCHESTRATOR_CONTENT_HASH": content_hash,
+            }
+            images._build(client, tag, files, {}, buildargs, progress)
+    return tag
+
+
+# ---- one run's network and proxy -----------------------------------------------------------
+
+
+@dataclass
+class Egress:
+    """The private network and the egress container of one run."""
+
+    client: docker.DockerClient
+    network_id: str
+    network_name: str
+    container_id: str | None = None
+    proxy_ip: str | None = None
+
+    @classmethod
+    def start(
+        cls,
+        client: docker.DockerClient,
+        *,
+        run_id: str,
+        policy: NetworkPolicy,
+        labels: dict[str, str],
+        image: str,
+        progress: Progress | None = None,
+    ) -> Egress:
+        """Create the run's network and start squid on it; removes both again on failure.
+
+        Does not wait for squid to listen: call `wait_ready` before the sandbox makes its
+        first request (the sandbox's own start overlaps squid's).
+        """
+        import docker.errors
+
+        try:
+            network = client.api.create_network(
+                f"orchestrator-net-{run_id}",
+                driver="bridge",
+                internal=True,
+                options=NETWORK_OPTIONS,
+                labels={**labels, LABEL_KIND: KIND_EGRESS_NETWORK},
+                check_duplicate=True,
+            )
+        except docker.errors.APIError as exc:
+            raise EgressError(
+                f"Cannot create the run's private network: {exc.explanation or exc}",
+                "Every allowlist run needs its own network, and Docker's default address pools "
+                "hold about 30: remove leftovers (`orchestrator cleanup`, `docker network "
+                "prune`), run fewer at once, or give the engine smaller subnets "
+                '(`"default-address-pools"` in daemon.json, e.g. size 24).',
+            ) from exc
+        egress = cls(client, network["Id"], f"orchestrator-net-{run_id}")
+        if progress is not None:
+            progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
+        try:
+            egress._start_proxy(run_id, policy, labels, image)
+        except BaseException:
+            egress.remove()
+            raise
+        return egress
+
+    def _start_proxy(
+        self,
+        run_id: str,
+        policy: NetworkPolicy,
+        labels: dict[str, str],
+        image: str,
+    ) -> None:
+        api = self.client.api
+        subnets = [c["Subnet"] for c in api.inspect_network(self.network_id)["IPAM"]["Config"]]
+        config = {
+            "hosts": [h for h in policy.hosts if not h.startswith("*.")],
+            "wildcards": [h[2:] for h in policy.hosts if h.startswith("*.")],
+            "endpoints": [list(e) for e in policy.endpoints],
+            "host_endpoints": [list(e) for e in policy.host_endpoints],
+            "clients": subnets,
+            "blocked_dst": self._blocked_destinations(),
+        }
+        tmpfs = "rw,nosuid,nodev,noexec,size=16m,mode=1777"
+        host_config = api.create_host_config(
+            network_mode="bridge",  # outbound; the run's network is connected below
+            cap_drop=["ALL"],  # squid runs as `proxy` on port 3128: it needs no capability
+            security_opt=["no-new-privileges:true"],
+            read_only=True,
+            tmpfs={path: tmpfs for path in SQUID_DIRS},
+            mem_limit=EGRESS_MEMORY,
+            memswap_limit=EGRESS_MEMORY,
+            nano_cpus=int(EGRESS_CPUS * 1e9),
+            pids_limit=EGRESS_PIDS,
+            ipc_mode="private",
+            init=True,
+            extra_hosts={HOST_ALIAS: "host-gateway"} if policy.host_endpoints else None,
+            log_config={"Type": "json-file", "Config": {"max-size": "20m", "max-file": "1"}},
+        )
+        container = api.create_container(
+            image=image,
+            name=f"orchestrator-egress-{run_id}",
+            environment={"EGRESS_POLICY": json.dumps(config)},
+            labels={**labels, LABEL_KIND: KIND_EGRESS},
+            hostname="egress",
+            host_config=host_config,
+        )
+        self.container_id = container["Id"]
+        api.connect_container_to_network(self.container_id, self.network_id)
+        api.start(self.container_id)
+        networks = api.inspect_container(self.container_id)["NetworkSettings"]["Networks"]
+        self.proxy_ip = networks[self.network_name]["IPAddress"]
+
+    def _blocked_destinations(self) -> list[str]:
+        """Addresses no allowed name may resolve to beyond squid's fixed private ranges: the
+        Docker host's own addresses and every Docker network's subnet."""
+        blocked = {str(n) for n in host_networks()}
+        for network in self.client.api.networks():
+            for config in (network.get("IPAM") or {}).get("Config") or []:
+                if config.get("Subnet"):
+                    blocked.add(config["Subnet"])
+        return sorted(blocked)
+
+    def wait_ready(self) -> None:
+        """Until squid accepts connections on both its ports, or fail with its log."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            log = self.client.api.logs(self.container_id, stdout=False, stderr=True)
+            if log.count(b"Accepting ") >= 2:
+                return
+            state = self.client.api.inspect_container(self.container_id)["State"]
+            if not state.get("Running") or time.monotonic() > deadline:
+                tail = log.decode("utf-8", "replace").strip().splitlines()[-15:]
+                raise EgressError(
+                    "The egress proxy (squid) did not start "
+                    f"({'it exited' if not state.get('Running') else 'timed out'}). "
+                    "Its log:\n" + "\n".join(tail),
+                    "Rebuild the egress image (`orchestrator images prune`, then run again), "
+                    "or run with --network none.",
+                )
+            time.sleep(0.05)
+
+    def proxy_env(self) -> dict[str, str]:
+        """The standard proxy variables for the sandbox (not secret)."""
+        url = f"http://{self.proxy_ip}:{PROXY_PORT}"
+        env = {}
+        for name in ("HTTP_PROXY", "HTTPS_PROXY"):
+            env[name] = env[name.lower()] = url
+        env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1"
+        return env
+
+    def alive(self) -> str | None:
+        """None while squid runs; else why the sandbox has lost its network."""
+        import docker.errors
+
+        try:
+            state = self.client.api.inspect_container(self.container_id)["State"]
+        except docker.errors.NotFound:
+            return "the egress proxy container vanished during the run"
+        except docker.errors.APIError:
+            return None  # the engine hiccuped: not evidence that the proxy is gone
+        if state.get("Running"):
+            return None
+        return (
+            f"the egress proxy stopped during the run (exit code {state.get('ExitCode')}); "
+            "the sandbox had no network from then on"
+        )
+
+    def blocked(self) -> list[dict[str, Any]]:
+        """What squid refused, from its access log: host, port, method, time, reason."""
+        import docker.errors
+
+        try:
+            log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
+        except docker.errors.APIError:
+            return []
+        return parse_access_log(log.decode("utf-8", "replace"))
+
+    def remove(self, *, also: Callable[[], None] | None = None) -> None:
+        """Remove the proxy (while `also` runs, e.g. the sandbox's removal), then the
+        network; idempotent."""
+        import docker.errors
+
+        def remove_proxy() -> None:
+            if self.container_id is not None:
+                with contextlib.suppress(docker.errors.NotFound):
+                    self.client.api.remove_container(self.container_id, force=True, v=True)
+
+        worker = threading.Thread(target=remove_proxy, name="egress-remove")
+        worker.start()
+        try:
+            if also is not None:
+                also()
+        finally:
+            worker.join()
+        with contextlib.suppress(docker.errors.NotFound):
+            self.client.api.remove_network(self.network_id)
+
+
+def parse_access_log(text: str) -> list[dict[str, Any]]:
+    """The refused requests in squid's access log (format `orchestrator`, see the template).
+
+    A request refused by the rules is `TCP_DENIED`; a tunnel whose TLS SNI was not on the
+    allowlist shows up as `terminate` on the SNI-checking port.
+    """
+    blocked = []
+    for line in text.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 11 or fields[0] != "ORCH":
+            continue
+        _, ts, _client, method, host, port, _status, squid_status, sni, bump, error = fields
+        if "DENIED" in squid_status:
+            reason = "not on the allowlist"
+        elif bump == "terminate":
+            reason = f"TLS server name {sni!r} not on the allowlist"
+        else:
+            continue
+        event: dict[str, Any] = {
+            "ts": float(ts),
+            "host": unquote(host),
+            "port": int(port) if port.isdigit() else None,
+            "method": method,
+            "reason": reason,
+        }
+        if sni != "-":
+            event["sni"] = sni
+        blocked.append(event)
+    return blocked

@@ -1,0 +1,128 @@
+"""Model providers: parse `--model`, know each provider's credential and network endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Provider:
+    """What the host must know about a provider; the runtime builds the actual model."""
+
+    name: str
+    credential_env: str | None
+    default_api_base: str | None
+    default_model_id: str
+    extra_requirements: tuple[str, ...] = ()
+    summary: str = ""
+    #: Hosts its client reaches when no api_base is given (the `allowlist` policy's share).
+    hosts: tuple[str, ...] = ()
+
+
+PROVIDERS: dict[str, Provider] = {
+    p.name: p
+    for p in (
+        Provider(
+            "mock", None, None, "scripted",
+            summary="plays the payload's [mock.scripts]; no network",
+        ),
+        Provider(
+            "openai", "OPENAI_API_KEY", "https://api.openai.com/v1", "gpt-4o-mini",
+            summary="OpenAIServerModel: OpenAI or any compatible server (llama.cpp, vLLM, Ollama)",
+        ),
+        # No default api_base: the runtime would take it for the model (an endpoint URL).
+        # huggingface_hub asks huggingface.co which provider serves the model, then calls
+        # the router.
+        Provider(
+            "hf", "HF_TOKEN", None, "Qwen/Qwen2.5-Coder-32B-Instruct",
+            summary="InferenceClientModel (Hugging Face Inference Providers)",
+            hosts=("router.huggingface.co", "huggingface.co"),
+        ),
+        Provider(
+            "litellm", "LITELLM_API_KEY", None, "gpt-4o-mini", extra_requirements=("litellm",),
+            summary="LiteLLMModel (optional; adds litellm to the image)",
+        ),
+    )
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as the runtime will build it: `provider:model_id` plus endpoint and options."""
+
+    provider: str
+    model_id: str
+    api_base: str | None = None
+    credential_env: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> tuple[str, int] | None:
+        """The (host, port) the sandbox must reach for this model, or None (mock)."""
+        if not self.api_base:
+            return None
+        parts = urlsplit(self.api_base)
+        default_port = 443 if parts.scheme == "https" else 80
+        return (parts.hostname or "", parts.port or default_port)
+
+    @property
+    def hosts(self) -> tuple[str, ...]:
+        """Hosts the provider's client reaches by default (when no api_base is given)."""
+        return () if self.api_base else PROVIDERS[self.provider].hosts
+
+    @property
+    def needs_network(self) -> bool:
+        return self.provider != "mock"
+
+    def to_request(self) -> dict[str, Any]:
+        return {
+            "provider": self.provider,
+            "model_id": self.model_id,
+            "api_base": self.api_base,
+            "credential_env": self.credential_env,
+            "options": dict(self.options),
+        }
+
+    def describe(self) -> str:
+        base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""
+        return f"{self.provider}:{self.model_id}{base}"
+
+
+def parse_model(
+    text: str,
+    *,
+    api_base: str | None = None,
+    credential_env: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> ModelSpec:
+    """Parse `mock`, `openai:gpt-4o-mini`, `hf:Qwen/...`, `litellm:anthropic/claude-...`."""
+    provider_name, _, model_id = text.partition(":")
+    provider = PROVIDERS.get(provider_name.strip().lower())
+    if provider is None:
+        known = ", ".join(f"`{p}`" for p in PROVIDERS)
+        raise ConfigError(
+            f"Unknown model provider {provider_name!r} in --model {text!r}.",
+            f"Use one of {known}, as `provider:model_id` (for example `openai:gpt-4o-mini`, "
+            "or just `mock`).",
+        )
+    if api_base is not None:
+        parts = urlsplit(api_base)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(
+                f"--api-base {api_base!r} is not an http(s) URL.",
+                "Give the server's base URL, for example http://127.0.0.1:8080/v1.",
+            )
+    if provider.name == "mock":
+        return ModelSpec("mock", model_id or provider.default_model_id)
+    env = credential_env or provider.credential_env
+    return ModelSpec(
+        provider=provider.name,
+        model_id=model_id or provider.default_model_id,
+        api_base=api_base or provider.default_api_base,
+        credential_env=env,
+        options=dict(options or {}),
+    )

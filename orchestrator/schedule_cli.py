@@ -1,0 +1,249 @@
+"""`orchestrator schedule ...`: list, validate, run, serve and install scheduled agent jobs.
+
+Kept apart from cli.py so the scheduler can grow without touching the run commands; heavy
+imports happen inside the handlers so `orchestrator --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .runner import EXIT_CODES
+
+DEFAULT_FILE = "schedules.toml"
+EXIT_SKIPPED = 75  # same value as schedules.EXIT_SKIPPED (kept import-free here)
+
+EPILOG = f"""\
+Exit codes of `schedule run`: {", ".join(f"{c} {s}" for s, c in EXIT_CODES.items())}
+(the run's status); 2 bad input (schedule file, unknown name, a secret the schedule does
+not allow: nothing started); {EXIT_SKIPPED} skipped, the previous run of the schedule is
+still going; 0 also when --if-due finds nothing due. Other commands: 0 ok, 2 bad input.
+
+Example:
+  orchestrator schedule validate --file schedules.toml
+  orchestrator schedule install --dry-run
+  orchestrator schedule serve
+"""
+
+
+def add_schedule_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "schedule",
+        help="scheduled agent jobs: cron schedules that never overlap",
+        description="Run payloads on cron schedules (a TOML file of [[schedule]] tables): "
+        "with system cron (`install`) or the built-in foreground scheduler (`serve`). "
+        "Every firing, skip and failure is recorded in the run store.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--file", default=DEFAULT_FILE, help=f"schedules file (default: ./{DEFAULT_FILE})"
+    )
+    ssub = p.add_subparsers(title="schedule commands", metavar="ACTION")
+
+    ls = ssub.add_parser("list", parents=[common], help="schedules, next fire times, last status")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(handler=cmd_list)
+
+    va = ssub.add_parser(
+        "validate", parents=[common], help="check the file and payloads; show next fire times"
+    )
+    va.set_defaults(handler=cmd_validate)
+
+    rn = ssub.add_parser(
+        "run",
+        parents=[common],
+        help="fire one schedule now (what cron lines call)",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rn.add_argument("name")
+    mode = rn.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--if-due", action="store_true", help="fire only if a fire time is due this minute (cron)"
+    )
+    mode.add_argument(
+        "--catch-up",
+        action="store_true",
+        help="apply the missed-run rule since the last recorded firing (cron @reboot)",
+    )
+    rn.add_argument("--quiet", "-q", action="store_true", help="no live events on a terminal")
+    rn.set_defaults(handler=cmd_run)
+
+    se = ssub.add_parser(
+        "serve", parents=[common], help="foreground scheduler (stop with SIGTERM or Ctrl-C)"
+    )
+    se.add_argument(
+        "--grace",
+        type=float,
+        default=0.0,
+        help="on shutdown, seconds to let running firings finish before cancelling them",
+    )
+    se.set_defaults(handler=cmd_serve)
+
+    ins = ssub.add_parser(
+        "install", parents=[common], help="write crontab lines that call `schedule run`"
+    )
+    ins.add_argument("--dry-run", action="store_true", help="print the lines, change nothing")
+    ins.add_argument("--remove", action="store_true", help="remove this file's lines")
+    ins.add_argument("--log-dir", type=Path, help="log files (default: $ORCHESTRATOR_HOME/...)")
+    ins.set_defaults(handler=cmd_install)
+
+    hi = ssub.add_parser(
+        "history", parents=[common], help="a schedule's firings, skips, misses and notifications"
+    )
+    hi.add_argument("name", nargs="?")
+    hi.add_argument("--limit", type=int, default=20)
+    hi.add_argument("--json", action="store_true")
+    hi.set_defaults(handler=cmd_history)
+
+    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+def _ts(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .cleanup import owner_alive
+    from .schedules import ScheduleStore, load_schedules, local_iso
+
+    sf = load_schedules(args.file, check_payloads=False)
+    store = ScheduleStore()
+    now = datetime.now(timezone.utc)
+    rows = []
+    for s in sf.schedules:
+        last = store.last_firing(s.name)
+        running = [r for r in store.running(s.name) if owner_alive(r["owner"] or "")]
+        rows.append(
+            {
+                "name": s.name,
+                "cron": s.cron.expression,
+                "timezone": s.timezone,
+                "enabled": s.enabled,
+                "next": [local_iso(t, s.cron.tz) for t in s.cron.next_times(now, 3)]
+                if s.enabled
+                else [],
+                "concurrency": s.concurrency,
+                "missed": s.missed,
+                "last_outcome": last["outcome"] if last else None,
+                "last_fired_at": _ts(last["fired_at"]) if last else None,
+                "last_run_id": last["run_id"] if last else None,
+                "running": [r["run_id"] for r in running],
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        nxt = r["next"][0] if r["next"] else "disabled"
+        last = (
+            f"{r['last_outcome']} at {r['last_fired_at']} ({r['last_run_id'] or '-'})"
+            if r["last_outcome"]
+            else "never fired"
+        )
+        running = f"  running: {', '.join(filter(None, r['running']))}" if r["running"] else ""
+        print(
+            f"{r['name']:<20} {r['cron']:<16} {r['timezone']:<16} next {nxt}  "
+            f"[{r['concurrency']}/{r['missed']}]  last {last}{running}"
+        )
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .schedules import load_schedules, local_iso
+
+    sf = load_schedules(args.file)
+    now = datetime.now(timezone.utc)
+    for s in sf.schedules:
+        times = ", ".join(local_iso(t, s.cron.tz) for t in s.cron.next_times(now, 5))
+        state = "" if s.enabled else " (disabled)"
+        print(f"{s.name}: ok{state}: {s.cron.expression} in {s.timezone}; next: {times}")
+    print(f"{sf.path}: {len(sf.schedules)} schedule(s) ok")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .cli import install_sigterm_handler
+    from .display import RunDisplay
+    from .runner import RunCancelled
+    from .schedules import ScheduleStore, fire, load_schedules, run_due
+
+    sf = load_schedules(args.file, check_payloads=False, only=args.name)
+    schedule = sf.get(args.name)
+    # Live events only for a person at a terminal; cron's log gets the one firing line.
+    display = RunDisplay(quiet=args.quiet or not sys.stderr.isatty())
+    install_sigterm_handler()
+    kwargs: dict[str, Any] = {"on_event": display.event, "on_progress": display.progress}
+    try:
+        store = ScheduleStore()
+        if args.if_due or args.catch_up:
+            firing = run_due(schedule, store=store, catch_up=args.catch_up, **kwargs)
+            return 0 if firing is None else firing.exit_code
+        return fire(schedule, store=store, trigger="manual", **kwargs).exit_code
+    except (KeyboardInterrupt, RunCancelled):
+        return EXIT_CODES["cancelled"]
+    finally:
+        display.stop()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .schedules import Scheduler, ScheduleStore, load_schedules
+
+    sf = load_schedules(args.file)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    Scheduler(sf.schedules, store=ScheduleStore()).serve(stop, grace=args.grace)
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from .schedules import crontab_block, install, load_schedules
+
+    sf = load_schedules(args.file)
+    if args.dry_run:
+        print("\n".join(crontab_block(sf, log_dir=args.log_dir)))
+        return 0
+    _, block = install(sf, log_dir=args.log_dir, remove=args.remove)
+    verb = "removed from" if args.remove else "installed in"
+    count = sum(1 for line in block if line and not line.startswith(("#", "@reboot")))
+    print(f"{count} schedule line(s) of {sf.path} {verb} the crontab", file=sys.stderr)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from .schedules import ScheduleStore
+
+    store = ScheduleStore()
+    rows = store.history(args.name, limit=args.limit)
+    notes = store.notifications(args.name, limit=args.limit) if args.name else []
+    if args.json:
+        print(json.dumps({"firings": rows, "notifications": notes}, indent=2))
+        return 0
+    for r in rows:
+        reason = f"  {r['reason']}" if r["reason"] else ""
+        print(
+            f"{_ts(r['fired_at'])}  {r['schedule']:<16} {r['trigger']:<8} "
+            f"scheduled {_ts(r['scheduled_for'])}  {r['outcome']:<11} "
+            f"{r['run_id'] or '-'}  exit {r['exit_code'] if r['exit_code'] is not None else '-'}"
+            f"{reason}"
+        )
+    for n in notes:
+        state = "ok" if n["ok"] else "FAILED"
+        print(f"notify {_ts(n['at'])}  {n['kind']} {state}: {n['target']}  {n['detail'] or ''}")
+    return 0

@@ -1,0 +1,222 @@
+"""`python -m orchestrator_runtime`: one request on stdin, one run, events on stdout.
+
+The life of a run, top to bottom: isolate stdout -> read the request -> secrets into the
+environment -> patch smolagents -> write and import the payload -> take control of every
+agent -> run the manager -> run_end (also to result_path). Exit codes: 0 final answer,
+1 the agent failed, 2 bad request or payload, 3 internal error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .events import EventStream, Masker, write_result
+from .request import Request, RequestError, load_json, parse_request, secrets_of
+
+EXIT_SUCCESS, EXIT_AGENT_FAILED, EXIT_BAD_REQUEST, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class PayloadError(Exception):
+    """The payload's files could not be written, imported or turned into an agent."""
+
+
+def isolate_stdout() -> int:
+    """Keep a private copy of fd 1 for events; send fd 1 and sys.stdout to stderr.
+
+    Then nothing but the runtime can write to the event stream: not print(), not a library,
+    not C code writing to fd 1, not a child process.
+    """
+    events_fd = os.dup(1)  # not inheritable: child processes never get it
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return events_fd
+
+
+def write_payload(root: Path, files: dict[str, str]) -> None:
+    """Write the payload under `root` (a fresh temporary directory), first on sys.path."""
+    for name, text in files.items():
+        target = (root / name).resolve()
+        if not name or "\\" in name or "\0" in name or root not in target.parents:
+            raise PayloadError(f"payload file name {name!r} points outside the payload folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+
+
+def load_manager(entrypoint: str, root: Path, model: Any) -> Any:
+    """Import `module:function` from the payload and call it with the model."""
+    from smolagents.agents import MultiStepAgent
+
+    module_name, function_name = entrypoint.split(":")
+    loaded = sys.modules.get(module_name.split(".")[0])
+    if loaded is not None and root not in Path(getattr(loaded, "__file__", None) or "/").parents:
+        raise PayloadError(f"payload module {module_name!r} would shadow the installed module")
+    module = importlib.import_module(module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise PayloadError(
+            f"entrypoint {entrypoint!r}: {module_name} has no function {function_name}"
+        )
+    manager = function(model)
+    if not isinstance(manager, MultiStepAgent):
+        raise PayloadError(
+            f"entrypoint {entrypoint!r} returned {type(manager).__name__}, not a smolagents agent"
+        )
+    return manager
+
+
+class Run:
+    """One run: owns the event stream, the totals and the exit code."""
+
+    def __init__(self, events: EventStream) -> None:
+        self.events = events
+        self.started = time.time()
+        self.recorder: Any = None
+        self.result_path: str | None = None
+
+    def fail(self, stage: str, exc: BaseException, kind: str, exit_code: int) -> int:
+        """Emit `error` then `run_end` (state error); return the exit code."""
+        tb = ""
+        if not isinstance(exc, RequestError | PayloadError):  # those messages say it all
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        message = str(getattr(exc, "message", exc))
+        error = {"type": type(exc).__name__, "message": message}
+        self.events.emit("error", stage=stage, error=error, traceback=tb)
+        self.end("error", None, {**error, "kind": kind})
+        return exit_code
+
+    def end(self, state: str, answer: Any, error: dict[str, Any] | None) -> None:
+        rec = self.recorder
+        event = self.events.emit(
+            "run_end",
+            state=state,
+            answer=answer,
+            error=error,
+            token_usage={
+                "input_tokens": rec.input_tokens if rec else 0,
+                "output_tokens": rec.output_tokens if rec else 0,
+            },
+            steps=rec.steps if rec else 0,
+            duration=time.time() - self.started,
+        )
+        if self.result_path and event is not None:
+            write_result(self.result_path, event)
+
+    def execute(self, raw: bytes) -> int:
+        try:
+            data = load_json(raw)
+            self.events.masker = Masker(secrets_of(data).values())
+            if isinstance(data.get("run_id"), str):
+                self.events.run_id = data["run_id"]
+            if isinstance(data.get("result_path"), str):
+                self.result_path = data["result_path"]
+            request = parse_request(data)
+        except RequestError as exc:
+            return self.fail("request", exc, "payload", EXIT_BAD_REQUEST)
+        os.environ.update(request.secrets)
+        from .egress_audit import install as audit_egress
+
+        audit_egress(self.events)  # reports direct network attempts under `allowlist`
+        return self.run_payload(request)
+
+    def run_payload(self, request: Request) -> int:
+        from .agents import Recorder, install_patches
+
+        self.recorder = Recorder(self.events)
+        install_patches(request.authorized_imports, self.recorder)
+        try:
+            from .models import build_model
+
+            model = build_model(request)
+        except Exception as exc:
+            return self.fail("model", exc, "internal", EXIT_INTERNAL)
+
+        root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
+        try:
+            return self.load_and_run(request, root, model)
+        finally:
+            os.chdir("/")
+            shutil.rmtree(root, ignore_errors=True)
+
+    def load_and_run(self, request: Request, root: Path, model: Any) -> int:
+        from .agents import describe, take_control, walk
+
+        try:
+            write_payload(root, request.files)
+            os.chdir(root)
+            manager = load_manager(request.entrypoint, root, model)
+            nodes = walk(manager)
+            scripts = request.mock_scripts if request.provider == "mock" else None
+            take_control(
+                nodes,
+                self.recorder,
+                request.authorized_imports,
+                request.max_steps,
+                scripts,
+                request.model_id,
+            )
+        except Exception as exc:
+            return self.fail("payload", exc, "payload", EXIT_BAD_REQUEST)
+
+        self.events.emit(
+            "run_start",
+            payload=request.payload_name,
+            model={"provider": request.provider, "model_id": request.model_id},
+            agents=[describe(node) for node in nodes],
+            python=sys.version.split()[0],
+            smolagents=sys.modules["smolagents"].__version__,
+        )
+        return self.run_agent(manager, nodes[0].name, request)
+
+    def run_agent(self, manager: Any, name: str, request: Request) -> int:
+        from smolagents.utils import AgentGenerationError, AgentMaxStepsError
+
+        from .models import is_model_unavailable
+
+        try:
+            result = manager.run(
+                request.task,
+                additional_args=request.additional_args,
+                max_steps=request.max_steps,
+                return_full_result=True,
+            )
+        except (Exception, SystemExit) as exc:
+            kind = "model_unavailable" if is_model_unavailable(exc) else "agent"
+            stage = "model" if isinstance(exc, AgentGenerationError) or kind != "agent" else "run"
+            return self.fail(stage, exc, kind, EXIT_AGENT_FAILED)
+        if result.state == "success":
+            self.events.emit("final_answer", agent=name, answer=result.output)
+            self.end("success", result.output, None)
+            return EXIT_SUCCESS
+        last = manager.memory.steps[-1] if manager.memory.steps else None
+        exc = getattr(last, "error", None) or AgentMaxStepsError(
+            "Reached max steps.", manager.logger
+        )
+        error = {"type": type(exc).__name__, "message": str(exc), "kind": "agent"}
+        self.end("max_steps_error", result.output, error)
+        return EXIT_AGENT_FAILED
+
+
+def main() -> int:
+    events = EventStream(isolate_stdout())
+    run = Run(events)
+    try:
+        return run.execute(sys.stdin.buffer.read())
+    except BaseException as exc:  # a bug of the runtime itself: still end the stream properly
+        if events.closed:
+            raise
+        return run.fail("internal", exc, "internal", EXIT_INTERNAL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Taking control of the payload's agents: executors, step caps, scripted models, events.
+
+smolagents wires a multi-agent program like this (1.26):
+- `CodeAgent.__init__` ends with `self.python_executor = executor or self.create_python_executor()`;
+  a non-local `executor_type` builds a remote executor there, and refuses managed agents.
+- `MultiStepAgent.run` sends `{**tools, **managed_agents}` to the executor at every run, so
+  a replaced executor still gets the tools and the managed agents (callable objects).
+- A managed agent is called as `agent(task=..., additional_args=...)`, i.e. `__call__`, from
+  inside its caller's executor (CodeAgent) or `execute_tool_call` (ToolCallingAgent).
+- `agent.step_callbacks` (a CallbackRegistry) is called by `_finalize_step` for each
+  ActionStep/PlanningStep, also when the model call failed (then from a `finally` block).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from smolagents.agents import CodeAgent, MultiStepAgent
+from smolagents.default_tools import PythonInterpreterTool
+from smolagents.local_python_executor import BASE_BUILTIN_MODULES, LocalPythonExecutor
+from smolagents.memory import ActionStep, PlanningStep, SystemPromptStep
+
+from .events import EventStream
+from .models import ScriptedModel
+
+TOP_LEVEL_NAME = "manager"
+
+
+@dataclass
+class AgentNode:
+    name: str
+    agent: MultiStepAgent
+    caller: str | None  # name of the agent that manages this one (None for the top level)
+
+
+class Recorder:
+    """Turns agent activity into events and keeps the run totals."""
+
+    def __init__(self, events: EventStream) -> None:
+        self.events = events
+        self.names: dict[int, str] = {}  # id(agent) -> name
+        self.callers: dict[int, str] = {}  # id(managed agent) -> caller name
+        self.steps = 0
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self._lock = threading.Lock()  # ToolCallingAgent may run managed agents in threads
+
+    def on_step(self, step: ActionStep | PlanningStep, agent: MultiStepAgent | None = None) -> None:
+        name = self.names.get(id(agent), getattr(agent, "name", None) or "?")
+        usage = step.token_usage
+        with self._lock:
+            self.steps += 1
+            if usage is not None:
+                self.input_tokens += usage.input_tokens
+                self.output_tokens += usage.output_tokens
+        planning = isinstance(step, PlanningStep)
+        error = None if planning else step.error
+        if not planning and error is None and step.model_output is None:
+            # The model call raised: smolagents re-raises it and reports the step from a
+            # `finally` block, where the exception is still the one being handled.
+            error = sys.exc_info()[1]
+        self.events.emit(
+            "step",
+            agent=name,
+            step_number=getattr(step, "step_number", getattr(agent, "step_number", None)),
+            step_type="planning" if planning else "action",
+            model_output=step.plan if planning else step.model_output,
+            code=None if planning else step.code_action,
+            observations=None if planning else step.observations,
+            error=error_dict(error),
+            token_usage=None
+            if usage is None
+            else {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+            duration=step.timing.duration,
+            is_final_answer=False if planning else step.is_final_answer,
+        )
+
+    def call_managed(self, original: Any, agent: MultiStepAgent, task: str, **kwargs: Any) -> Any:
+        caller = self.callers.get(id(agent))
+        if caller is None:  # not part of the tree we instrumented
+            return original(agent, task, **kwargs)
+        name = self.names[id(agent)]
+        self.events.emit("managed_agent_call", caller=caller, agent=name, task=task)
+        start = time.time()
+        try:
+            output = original(agent, task, **kwargs)
+        except BaseException as exc:
+            self.events.emit(
+                "managed_agent_result",
+                caller=caller,
+                agent=name,
+                output=None,
+                error=error_dict(exc),
+                duration=time.time() - start,
+            )
+            raise
+        self.events.emit(
+            "managed_agent_result",
+            caller=caller,
+            agent=name,
+            output=output,
+            error=None,
+            duration=time.time() - start,
+        )
+        return output
+
+
+def error_dict(exc: BaseException | None) -> dict[str, str] | None:
+    if exc is None:
+        return None
+    return {"type": type(exc).__name__, "message": str(getattr(exc, "message", exc))}
+
+
+def install_patches(authorized_imports: list[str], recorder: Recorder) -> None:
+    """Patch smolagents at class level, before the payload is imported.
+
+    Every CodeAgent then builds a LocalPythonExecutor with exactly `authorized_imports`, even
+    with `executor_type="docker"/"e2b"/...` (no remote executor is ever started), and every
+    call of a managed agent goes through the recorder.
+    """
+    imports = list(authorized_imports)
+
+    def create_python_executor(self: CodeAgent) -> LocalPythonExecutor:
+        self.executor_type = "local"
+        self.additional_authorized_imports = list(imports)
+        self.authorized_imports = sorted(set(BASE_BUILTIN_MODULES) | set(imports))
+        # executor_kwargs are meant for the payload's chosen executor: ignored. The executor's
+        # own timeout only fires after the code returned (and would then discard a managed
+        # agent's finished work): wall-clock limits are enforced from outside the sandbox.
+        return LocalPythonExecutor(
+            list(imports),
+            max_print_outputs_length=self.max_print_outputs_length,
+            timeout_seconds=None,
+        )
+
+    original_call = MultiStepAgent.__call__
+
+    def monitored_call(self: MultiStepAgent, task: str, **kwargs: Any) -> Any:
+        return recorder.call_managed(original_call, self, task, **kwargs)
+
+    CodeAgent.create_python_executor = create_python_executor
+    MultiStepAgent.__call__ = monitored_call
+
+
+def walk(manager: MultiStepAgent) -> list[AgentNode]:
+    """The whole tree, top level first, each agent once (an agent may be managed twice)."""
+    nodes: list[AgentNode] = []
+    seen: set[int] = set()
+    pending = [(manager, manager.name or TOP_LEVEL_NAME, None)]
+    while pending:
+        agent, name, caller = pending.pop(0)
+        if id(agent) in seen:
+            continue
+        seen.add(id(agent))
+        nodes.append(AgentNode(name, agent, caller))
+        pending += [(sub, sub_name, name) for sub_name, sub in agent.managed_agents.items()]
+    return nodes
+
+
+def take_control(
+    nodes: list[AgentNode],
+    recorder: Recorder,
+    authorized_imports: list[str],
+    max_steps: int,
+    mock_scripts: dict[str, list[str]] | None,
+    model_id: str,
+) -> None:
+    """Make every agent of the tree obey the request and report to the recorder."""
+    interpreter_imports = sorted(set(BASE_BUILTIN_MODULES) | set(authorized_imports))
+    for node in nodes:
+        agent = node.agent
+        recorder.names[id(agent)] = node.name
+        if node.caller is not None:
+            recorder.callers[id(agent)] = node.caller
+        agent.max_steps = max_steps if node.caller is None else min(agent.max_steps, max_steps)
+        if isinstance(agent, CodeAgent):
+            # Whatever executor the payload made (or passed in), use ours; the system prompt is
+            # rendered from `authorized_imports` at each run and in memory now.
+            agent.python_executor = agent.create_python_executor()
+            agent.memory.system_prompt = SystemPromptStep(system_prompt=agent.system_prompt)
+        for tool in agent.tools.values():
+            if isinstance(tool, PythonInterpreterTool):  # a ToolCallingAgent's code tool
+                tool.authorized_imports = interpreter_imports
+        if mock_scripts is not None:
+            agent.model = ScriptedModel(node.name, mock_scripts.get(node.name, []), model_id)
+            agent.monitor.tracked_model = agent.model
+        agent.step_callbacks.register(ActionStep, recorder.on_step)
+        agent.step_callbacks.register(PlanningStep, recorder.on_step)
+    unknown = set(mock_scripts or {}) - {node.name for node in nodes}
+    if unknown:
+        print(f"orchestrator_runtime: no agent for mock scripts {sorted(unknown)}", file=sys.stderr)
+
+
+def describe(node: AgentNode) -> dict[str, Any]:
+    agent = node.agent
+    return {
+        "name": node.name,
+        "kind": type(agent).__name__,
+        "tools": sorted(agent.tools),
+        "managed_agents": sorted(agent.managed_agents),
+        "authorized_imports": list(getattr(agent, "authorized_imports", []) or []),
+        "max_steps": agent.max_steps,
+    }

@@ -1,0 +1,145 @@
+"""Models handed to the payload (scripted `mock` or a real endpoint) and model-failure triage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from smolagents.models import (
+    ChatMessage,
+    ChatMessageStreamDelta,
+    MessageRole,
+    Model,
+    remove_content_after_stop_sequences,
+)
+from smolagents.monitoring import TokenUsage
+
+from .request import Request
+
+
+class MockScriptExhausted(RuntimeError):
+    """A scripted agent asked for more model outputs than its script holds."""
+
+
+class ScriptedModel(Model):
+    """Plays one agent's script in order, like a model would answer; needs no network.
+
+    Stop sequences are applied as a real endpoint would, and token usage is a rough estimate
+    (4 characters a token) so that accounting code sees plausible numbers.
+    """
+
+    def __init__(self, agent_name: str | None, outputs: list[str], model_id: str = "scripted"):
+        super().__init__(model_id=model_id)
+        self.agent_name = agent_name
+        self.outputs = list(outputs)
+        self.calls = 0
+
+    def generate(
+        self,
+        messages: list[ChatMessage | dict],
+        stop_sequences: list[str] | None = None,
+        response_format: dict[str, str] | None = None,
+        tools_to_call_from: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> ChatMessage:
+        if self.agent_name is None:
+            raise MockScriptExhausted(
+                "the mock model was called by an agent that is not in the manager's tree of "
+                "managed agents, so no script is known for it"
+            )
+        if self.calls >= len(self.outputs):
+            raise MockScriptExhausted(
+                f"mock script of agent '{self.agent_name}' is exhausted: it holds "
+                f"{len(self.outputs)} output(s) and the agent asked for output {self.calls + 1}"
+            )
+        text = self.outputs[self.calls]
+        self.calls += 1
+        content = remove_content_after_stop_sequences(text, stop_sequences)
+        return ChatMessage(
+            role=MessageRole.ASSISTANT,
+            content=content,
+            token_usage=TokenUsage(
+                input_tokens=_estimate_tokens(messages), output_tokens=max(1, len(content) // 4)
+            ),
+        )
+
+    def generate_stream(
+        self, messages: list[Any], **kwargs: Any
+    ) -> Iterator[ChatMessageStreamDelta]:
+        """One delta with the whole output, so agents built with `stream_outputs=True` work."""
+        message = self.generate(messages, **kwargs)
+        yield ChatMessageStreamDelta(content=message.content, token_usage=message.token_usage)
+
+
+def _estimate_tokens(messages: list[ChatMessage | dict]) -> int:
+    chars = 0
+    for message in messages:
+        content = message.content if isinstance(message, ChatMessage) else message.get("content")
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(
+                len(str(part.get("text", ""))) for part in content if isinstance(part, dict)
+            )
+    return max(1, chars // 4)
+
+
+def build_model(request: Request) -> Model:
+    """The model passed to the payload's entrypoint. Client libraries are imported lazily."""
+    key = request.secrets.get(request.credential_env) if request.credential_env else None
+    options = dict(request.options)
+    if request.provider == "mock":
+        # A placeholder: each agent of the tree gets its own ScriptedModel once the tree is known.
+        return ScriptedModel(None, [], model_id=request.model_id)
+    if request.provider == "openai":
+        from smolagents.models import OpenAIServerModel
+
+        # Local OpenAI-compatible servers often need no key, but the client insists on one.
+        return OpenAIServerModel(
+            request.model_id, api_base=request.api_base, api_key=key or "unused", **options
+        )
+    if request.provider == "hf":
+        from smolagents.models import InferenceClientModel
+
+        # huggingface_hub takes an endpoint URL in place of the model id (not both).
+        return InferenceClientModel(request.api_base or request.model_id, token=key, **options)
+    from smolagents.models import LiteLLMModel
+
+    return LiteLLMModel(request.model_id, api_base=request.api_base, api_key=key, **options)
+
+
+#: Exception class names (anywhere in the MRO) meaning "the model endpoint could not answer":
+#: openai, httpx, requests, urllib3, litellm and socket spell them differently.
+_UNAVAILABLE_NAMES = frozenset(
+    {
+        "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
+        "ServiceUnavailableError", "BadGatewayError", "Timeout", "TransportError",
+        "ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException", "RemoteProtocolError",
+        "NewConnectionError", "MaxRetryError", "ProtocolError", "gaierror",
+    }
+)  # fmt: skip
+
+
+def _status_code(exc: BaseException) -> int | None:
+    for holder in (exc, getattr(exc, "response", None)):
+        status = getattr(holder, "status_code", None)
+        if isinstance(status, int):
+            return status
+    return None
+
+
+def is_model_unavailable(exc: BaseException) -> bool:
+    """True when the exception chain shows a connection error or an HTTP 429/5xx answer."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionError | TimeoutError):
+            return True
+        if any(cls.__name__ in _UNAVAILABLE_NAMES for cls in type(current).__mro__):
+            return True
+        status = _status_code(current)
+        if status is not None and (status == 429 or 500 <= status <= 599):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

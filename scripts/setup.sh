@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set up a development environment: a virtualenv in .venv with orchestrator and its test tools.
+# On a host that cannot pull images, also makes sure debootstrap is there, so the first run
+# can bootstrap a Debian base image without a registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --quiet -e '.[dev]'
+
+if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing debootstrap (to build a base image without a registry)" >&2
+    apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null
+fi
+echo "setup: ready (.venv/bin/orchestrator)" >&2

@@ -1,0 +1,98 @@
+"""Shared fixtures: a private state directory per test session, the real Docker engine, the
+agent image built once, and a check that no test leaves a container behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAYLOADS = REPO / "agent_payloads"
+TEST_PAYLOADS = REPO / "tests" / "payloads"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def orchestrator_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every test session gets its own store; the wheelhouse cache is shared with the user's."""
+    home = tmp_path_factory.mktemp("orchestrator-home")
+    saved = {k: os.environ.get(k) for k in ("ORCHESTRATOR_HOME", "ORCHESTRATOR_WHEELHOUSE")}
+    os.environ.setdefault(
+        "ORCHESTRATOR_WHEELHOUSE", str(Path.home() / ".orchestrator" / "wheelhouse")
+    )
+    os.environ["ORCHESTRATOR_HOME"] = str(home)
+    yield home
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    from orchestrator.backends.docker import connect
+
+    return connect()
+
+
+@pytest.fixture(scope="session")
+def store_label(orchestrator_home: Path) -> str:
+    from orchestrator.config import LABEL_STORE
+    from orchestrator.runner import store_id
+
+    return f"{LABEL_STORE}={store_id(orchestrator_home)}"
+
+
+@pytest.fixture(scope="session")
+def agent_image(docker_client) -> str:
+    from orchestrator.images import ensure_agent_image
+
+    return ensure_agent_image(docker_client, progress=lambda m: print(m, file=sys.stderr))
+
+
+def our_containers(docker_client, store_label: str) -> list[dict]:
+    return docker_client.api.containers(all=True, filters={"label": [store_label]})
+
+
+@pytest.fixture
+def no_leftovers(docker_client, store_label: str) -> Iterator[Callable[[], list[dict]]]:
+    """Fails the test if any container of this test session is left when it ends."""
+
+    def alive() -> list[dict]:
+        return our_containers(docker_client, store_label)
+
+    yield alive
+    leftover = alive()
+    for c in leftover:  # remove them so one failure does not cascade
+        docker_client.api.remove_container(c["Id"], force=True)
+    assert not leftover, f"containers left behind: {[c['Names'] for c in leftover]}"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60, interval: float = 0.1):
+    """Poll until `predicate()` is truthy; return its value or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s")
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, **kw):
+    """Run the real `orchestrator` command in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kw,
+    )

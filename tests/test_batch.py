@@ -1,0 +1,484 @@
+"""Batch evaluation: parsing and scoring (pure), then whole batches in real containers."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.batch import (
+    BatchDir,
+    BatchSpec,
+    TaskFileError,
+    derive_id,
+    make_scorer,
+    percentile,
+    read_tasks,
+    run_batch,
+    wilson_interval,
+)
+from orchestrator.config import LABEL_RUN_ID
+from orchestrator.errors import ConfigError
+from orchestrator.runner import RunSpec
+from orchestrator.store import Store
+
+from .conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+
+MATH = TEST_PAYLOADS / "batch_math"
+
+
+def write_jsonl(path: Path, rows: list[dict | str]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def math_rows(n: int, *, start: int = 0, wrong: tuple[int, ...] = ()) -> list[dict]:
+    """Arithmetic tasks with per-task expected answers; those in `wrong` are off by one."""
+    rows = []
+    for i in range(start, start + n):
+        a, b = i + 2, i % 5 + 3
+        op = "mul" if i % 2 == 0 else "add"
+        expected = a * b if op == "mul" else a + b
+        rows.append(
+            {
+                "id": f"q{i:03d}",
+                "task": f"What is {a} {'*' if op == 'mul' else '+'} {b}?",
+                "additional_args": {"op": op, "a": a, "b": b},
+                "expected": expected + (1 if i in wrong else 0),
+            }
+        )
+    return rows
+
+
+def lines_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# --- tasks files (no Docker) ----------------------------------------------------------------
+
+
+def test_jsonl_fields_overrides_and_derived_ids(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"id": 7, "task": "a", "expected": "x", "max_steps": 2, "timeout": 30},
+            "",
+            {"task": "b", "additional_args": {"k": [1, 2]}, "metadata": {"topic": "t"}},
+        ],
+    )
+    first, second = read_tasks(path).tasks
+    assert (first.id, first.line) == ("7", 1)
+    assert first.overrides == {"max_steps": 2, "timeout_seconds": 30.0}
+    assert second.line == 3 and second.expected is None
+    # A derived id depends on what is run, not on where the line is or how it is written.
+    assert second.id == derive_id("b", {"k": [1, 2]}) == derive_id("b", {"k": [1, 2]})
+    assert second.id != derive_id("b", {"k": [2, 1]})
+
+
+def test_csv_with_args_columns(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        'id,task,args.a,args.op,expected,max_steps\n'
+        'x,"multi\nline task",6,mul,42,\n'
+        'y,second,"""text""",add,,4\n'
+    )  # fmt: skip
+    x, y = read_tasks(path).tasks
+    assert x.additional_args == {"a": 6, "op": "mul"} and x.expected == "42" and not x.overrides
+    assert x.task == "multi\nline task" and x.line == 2
+    assert y.line == 4 and y.additional_args == {"a": "text", "op": "add"}
+    assert y.overrides == {"max_steps": 4} and y.expected is None
+
+
+def test_malformed_lines_are_named_and_skippable(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [{"id": "a", "task": "ok"}, "{not json", {"id": "c"}, ["x"], {"task": "d", "expcted": 1}],
+    )
+    with pytest.raises(TaskFileError) as info:
+        read_tasks(path)
+    message = info.value.cause
+    for line, words in ((2, "not valid JSON"), (3, "`task`"), (4, "JSON object"), (5, "expcted")):
+        assert f"{path}:{line}: " in message and words in message, message
+    skipped = read_tasks(path, on_bad_line="skip")
+    assert [t.id for t in skipped.tasks] == ["a"]
+    assert [b.line for b in skipped.bad_lines] == [2, 3, 4, 5]
+
+
+def test_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [{"id": "a", "task": "x"}, {"id": "b", "task": "y"}, {"id": "a", "task": "z"},
+         {"task": "same"}, {"task": "same"}],
+    )  # fmt: skip
+    with pytest.raises(TaskFileError) as info:
+        read_tasks(path, on_bad_line="skip")  # duplicates are an error even when skipping
+    assert f"{path}:3: duplicate id 'a' (first on line 1)" in info.value.cause
+    assert f"{path}:5: repeats the task and additional_args of line 4" in info.value.cause
+
+
+def test_csv_unknown_column_and_ragged_row(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text("id,task,answr\n1,a,b\n")
+    with pytest.raises(TaskFileError, match="t.csv:1: unknown column"):
+        read_tasks(path)
+    path.write_text("id,task\n1,a\n2,b,extra\n")
+    with pytest.raises(TaskFileError, match=r"t.csv:3: has 3 fields"):
+        read_tasks(path)
+
+
+# --- scoring (no Docker) --------------------------------------------------------------------
+
+
+def test_scorers(tmp_path: Path) -> None:
+    exact = make_scorer("exact")
+    assert exact(" Paris. ", "paris", {}) == 1.0
+    assert exact('"Frank  Herbert"', "frank herbert", {}) == 1.0
+    assert exact("Lyon", ["Paris", "Lyon"], {}) == 1.0
+    assert exact("Paris, France", "Paris", {}) == 0.0
+    assert exact(42.0, "42", {}) == 1.0 and exact("4.20", 4.2, {}) == 1.0
+    assert make_scorer("contains")("It is Paris, France.", "paris", {}) == 1.0
+    numeric = make_scorer("numeric", tolerance=0.01)
+    assert numeric("The answer is 1,234.5", 1234, {}) == 1.0  # within 1 % of 1234
+    assert numeric(42, "42.0", {}) == 1.0 and numeric("about 41", 42, {}) == 0.0
+    assert numeric("no number", 1, {}) == 0.0
+    (tmp_path / "my_scorer.py").write_text(
+        "def score(answer, expected, task):\n    return len(str(answer)) == task['metadata']['n']\n"
+    )
+    user = make_scorer(f"{tmp_path / 'my_scorer.py'}:score")
+    assert user("abc", None, {"metadata": {"n": 3}}) == 1.0
+    with pytest.raises(ConfigError, match="no function"):
+        make_scorer(f"{tmp_path / 'my_scorer.py'}:nope")
+    with pytest.raises(ConfigError, match="Unknown scorer"):
+        make_scorer("fuzzy")
+
+
+def test_wilson_interval_and_percentiles() -> None:
+    low, high = wilson_interval(8, 10)
+    assert round(low, 3) == 0.490 and round(high, 3) == 0.943
+    assert wilson_interval(0, 5)[0] == 0.0 and wilson_interval(5, 5)[1] == 1.0
+    assert percentile([4, 1, 3, 2], 50) == 2.5 and percentile([1.0], 95) == 1.0
+    assert percentile([], 50) is None
+
+
+def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
+    out = BatchDir(tmp_path)
+    out.append_result({"id": "a", "status": "succeeded"})
+    with open(out.results_path, "a") as file:
+        file.write('{"id": "b", "sta')  # what a SIGKILL mid-write could leave
+    assert list(out.load_results()) == ["a"]
+    assert lines_of(out.results_path) == [{"id": "a", "status": "succeeded"}]
+
+
+# --- batches in real containers -------------------------------------------------------------
+
+docker = pytest.mark.docker
+
+
+def batch_cmd(tasks: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator", "batch", str(MATH), str(tasks), "-o", str(out),
+            *extra]  # fmt: skip
+
+
+@docker
+def test_thirty_tasks_statuses_scores_and_summary(
+    tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
+) -> None:
+    """Acceptance 1 (and the max-steps half of 3): 30 tasks at concurrency 4."""
+    rows = math_rows(25, wrong=(3, 10, 17))
+    rows.append({"id": "slow", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 30},
+                 "expected": "woke", "timeout_seconds": 3})  # fmt: skip
+    rows += [
+        {"id": f"loop{i}", "task": "never answers", "additional_args": {"op": "loop"},
+         "expected": "x", "max_steps": 2}
+        for i in range(2)
+    ]  # fmt: skip
+    rows += [{"id": "noexp", "task": "mul", "additional_args": {"op": "mul", "a": 2, "b": 2}}]
+    rows += [{"task": "derived", "additional_args": {"op": "add", "a": 2, "b": 2}, "expected": 4}]
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    out = tmp_path / "out"
+    seen: list[dict] = []
+    started = time.monotonic()
+    summary = run_batch(
+        BatchSpec(tasks=tasks, output=out, run=RunSpec(payload=MATH), concurrency=4),
+        on_result=seen.append,
+    )
+    wall = time.monotonic() - started
+    results = {r["id"]: r for r in lines_of(out / "results.jsonl")}
+    assert len(lines_of(out / "results.jsonl")) == len(results) == 30 == len(seen)
+    for row in rows[:25]:
+        got = results[row["id"]]
+        assert got["status"] == "succeeded", got
+        assert got["answer"] == row["additional_args"]["a"] * row["additional_args"]["b"] or (
+            got["answer"] == row["additional_args"]["a"] + row["additional_args"]["b"]
+        )
+        wrong = row["id"] in ("q003", "q010", "q017")
+        assert got["score"] == (0.0 if wrong else 1.0), got
+        assert got["attempts"] == 1 and got["tokens"]["input"] > 0
+        assert Path(got["record_dir"], "result.json").is_file()
+        assert (out / "runs" / row["id"]).resolve() == Path(got["record_dir"]).resolve()
+    assert results["slow"]["status"] == "timed_out" and results["slow"]["score"] == 0.0
+    for name in ("loop0", "loop1"):  # max steps: a failed result, not retried
+        got = results[name]
+        assert got["status"] == "failed" and got["attempts"] == 1 and got["score"] == 0.0
+        assert "max" in json.dumps(got["error"]).lower(), got["error"]
+    assert results["noexp"]["status"] == "succeeded" and results["noexp"]["score"] is None
+    assert results[derive_id("derived", {"op": "add", "a": 2, "b": 2})]["score"] == 1.0
+
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved == json.loads(json.dumps(summary.to_dict()))
+    assert summary.state == "complete" and summary.exit_code == 0
+    assert sum(summary.counts.values()) + summary.pending == summary.total == 30
+    assert summary.counts == {"succeeded": 27, "failed": 2, "timed_out": 1, "oom_killed": 0,
+                              "infra_error": 0}  # fmt: skip
+    assert summary.scored == 29 and summary.correct == 23
+    assert summary.accuracy == pytest.approx(23 / 29)
+    low, high = summary.accuracy_ci95
+    assert low < 23 / 29 < high
+    assert summary.duration_p50 <= summary.duration_p95
+    assert summary.retries == 0 and summary.attempts == 30
+    assert summary.tokens["input"] == sum(r["tokens"]["input"] for r in results.values())
+    runs = Store().list_runs(limit=100, batch=summary.batch_id)
+    assert len(runs) == 30
+    print(f"30 tasks at concurrency 4: {wall:.1f}s wall")
+
+
+@docker
+def test_resume_reruns_only_what_is_unfinished(tmp_path: Path, agent_image: str, no_leftovers):
+    rows = math_rows(2) + [{"id": "loop", "task": "t", "additional_args": {"op": "loop"},
+                            "expected": "x", "max_steps": 2}]  # fmt: skip
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    out = tmp_path / "out"
+    first = cli(*batch_cmd(tasks, out)[3:])
+    assert first.returncode == 0, first.stderr
+    before = {r["id"]: r for r in lines_of(out / "results.jsonl")}
+    again = cli(*batch_cmd(tasks, out)[3:])
+    assert again.returncode == 0, again.stderr
+    assert {r["id"]: r for r in lines_of(out / "results.jsonl")} == before  # nothing re-run
+    rerun = cli(*batch_cmd(tasks, out, "--rerun-failed", "--json")[3:])
+    assert rerun.returncode == 0, rerun.stderr
+    after = lines_of(out / "results.jsonl")
+    assert sorted(r["id"] for r in after) == sorted(before)  # still one line per task
+    changed = [r["id"] for r in after if r["run_id"] != before[r["id"]]["run_id"]]
+    assert changed == ["loop"]
+    assert json.loads(rerun.stdout)["session"]["tasks_run"] == 1
+    # Other options on the same directory would mix results: refused, nothing run.
+    other = cli(*batch_cmd(tasks, out, "--max-steps", "5")[3:])
+    assert other.returncode == 2 and "max_steps" in other.stderr, other.stderr
+    # One batch at a time per directory.
+    with BatchDir(out).locked():
+        locked = cli(*batch_cmd(tasks, out)[3:])
+    assert locked.returncode == 2 and "Another batch" in locked.stderr
+
+
+@docker
+def test_sigkill_then_same_command_finishes_each_task_once(
+    tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
+) -> None:
+    """Acceptance 2."""
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(12))
+    out = tmp_path / "out"
+    command = batch_cmd(tasks, out, "--concurrency", "2")
+    proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        results = out / "results.jsonl"
+        wait_for(lambda: results.is_file() and len(results.read_text().splitlines()) >= 4, 180)
+        wait_for(lambda: our_containers(docker_client, store_label), 30)  # kill mid-task
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    snapshot = {r["id"]: r for r in lines_of(results)}
+    assert 4 <= len(snapshot) < 12
+    second = cli(*command[3:])
+    assert second.returncode == 0, second.stderr
+    final = lines_of(results)
+    assert sorted(r["id"] for r in final) == [f"q{i:03d}" for i in range(12)]  # each once
+    for row in final:
+        if row["id"] in snapshot:
+            assert row == snapshot[row["id"]]  # finished before the kill: kept as it was
+        assert row["status"] == "succeeded" and row["score"] == 1.0
+    attempts = lines_of(out / "attempts.jsonl")
+    rerun = {a["id"] for a in attempts if a["event"] == "start" and a["session"] == 2}
+    assert rerun and not rerun & set(snapshot)  # no finished task was run again
+    assert not our_containers(docker_client, store_label)
+    # The attempts the kill cut short were closed in the store by the resumed batch's cleanup.
+    cut = {a["run_id"] for a in attempts if a["event"] == "start" and a["session"] == 1} - {
+        a["run_id"] for a in attempts if a["event"] == "end"
+    }
+    for run_id in cut:  # (no row if the kill came between the start line and the run's start)
+        row = Store().get_run(run_id)
+        assert row is None or row["status"] == "infra_error"
+    # ... and are part of their task's attempt history, as lost.
+    lost = {a["run_id"] for r in final for a in r["attempt_history"] if a["status"] == "lost"}
+    assert lost == cut
+
+
+@docker
+def test_container_killed_from_outside_is_retried(
+    tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
+) -> None:
+    """Acceptance 3: a sandbox that vanishes is an infrastructure fault; the retry answers."""
+    tasks = write_jsonl(
+        tmp_path / "tasks.jsonl",
+        [{"id": "s", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 4},
+          "expected": "woke"}],
+    )  # fmt: skip
+    box: dict = {}
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
+                     backoff_seconds=0.2)  # fmt: skip
+    thread = threading.Thread(target=lambda: box.update(summary=run_batch(spec)))
+    thread.start()
+    try:
+        victim = wait_for(lambda: our_containers(docker_client, store_label), 120)[0]
+        time.sleep(1)
+        docker_client.api.kill(victim["Id"])
+    finally:
+        thread.join(timeout=120)
+    (row,) = lines_of(tmp_path / "out" / "results.jsonl")
+    assert row["status"] == "succeeded" and row["answer"] == "woke" and row["score"] == 1.0
+    assert row["attempts"] == 2
+    first, second = row["attempt_history"]
+    assert first["status"] == "infra_error" and first["run_id"] == victim["Labels"][LABEL_RUN_ID]
+    assert second["run_id"] == row["run_id"]
+    assert Store().get_run(first["run_id"])["status"] == "infra_error"
+    assert box["summary"].retries == 1 and box["summary"].counts["succeeded"] == 1
+
+
+@docker
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_cleanly_and_keeps_results(
+    sig: signal.Signals, tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
+) -> None:
+    """Acceptance 4."""
+    slow = [{"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
+            for i in range(4)]  # fmt: skip
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3) + slow)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        batch_cmd(tasks, out, "--concurrency", "2"),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        results = out / "results.jsonl"
+        wait_for(lambda: results.is_file() and len(results.read_text().splitlines()) == 3, 180)
+        wait_for(lambda: len(our_containers(docker_client, store_label)) == 2, 60)
+        time.sleep(1)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert not our_containers(docker_client, store_label)
+    assert sorted(r["id"] for r in lines_of(results)) == ["q000", "q001", "q002"]
+    assert all(r["status"] == "succeeded" for r in lines_of(results))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["state"] == "interrupted" and summary["pending"] == 4
+    assert "resume with: orchestrator batch" in stderr
+    cancelled = [a for a in lines_of(out / "attempts.jsonl") if a.get("status") == "cancelled"]
+    assert len(cancelled) == 2
+
+
+@docker
+def test_bad_input_is_named_and_starts_nothing(
+    tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
+) -> None:
+    """Acceptance 5, through the command line."""
+    good = math_rows(2)
+    malformed = write_jsonl(tmp_path / "bad.jsonl", [good[0], '{"id": "x", "task": ', good[1]])
+    out = tmp_path / "out"
+    refused = cli(*batch_cmd(malformed, out)[3:])
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: ") and f"{malformed}:2: not valid JSON" in (
+        refused.stderr
+    )
+    assert "--on-bad-line skip" in refused.stderr and "Traceback" not in refused.stderr
+    dupes = write_jsonl(tmp_path / "dupes.jsonl", [good[0], good[1], good[0]])
+    refused = cli(*batch_cmd(dupes, out, "--on-bad-line", "skip")[3:])
+    assert refused.returncode == 2
+    assert f"{dupes}:3: duplicate id 'q000' (first on line 1)" in refused.stderr
+    assert not out.exists() and not our_containers(docker_client, store_label)
+    # A per-task limit out of range is a bad line too, found before anything starts.
+    limits = write_jsonl(tmp_path / "limits.jsonl", [good[0], {**good[1], "memory_mb": 1}])
+    refused = cli(*batch_cmd(limits, out)[3:])
+    assert (
+        refused.returncode == 2
+        and f"{limits}:2: " in refused.stderr
+        and "memory_mb" in (refused.stderr)
+    )
+    skipped = cli(*batch_cmd(malformed, out, "--on-bad-line", "skip", "--json")[3:])
+    assert skipped.returncode == 0, skipped.stderr
+    summary = json.loads(skipped.stdout)
+    assert summary["counts"]["succeeded"] == 2
+    assert summary["skipped_lines"] == [{"line": 2, "message": summary["skipped_lines"][0][
+        "message"]}] and "not valid JSON" in summary["skipped_lines"][0]["message"]  # fmt: skip
+
+
+@pytest.fixture
+def unavailable_model() -> Iterator[dict]:
+    """A host-side model endpoint that answers every request with 503, reachable from the
+    default bridge: the runtime reports `model_unavailable`, an infrastructure fault."""
+    hits = {"count": 0}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            hits["count"] += 1
+            body = b'{"error": {"message": "overloaded"}}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield {"api_base": f"http://172.17.0.1:{server.server_address[1]}/v1", "hits": hits}
+    server.shutdown()
+    server.server_close()
+
+
+@docker
+def test_model_5xx_is_retried_and_fail_on_error_stops(
+    tmp_path: Path,
+    agent_image: str,
+    unavailable_model: dict,
+    monkeypatch: pytest.MonkeyPatch,
+    no_leftovers,
+) -> None:
+    """429/5xx from the model endpoint: retried with backoff, every attempt recorded; once
+    more than 20 % of the tasks end in infra_error the batch stops and exits non-zero."""
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(5))
+    run = RunSpec(
+        payload=MATH,
+        model="openai:scripted",
+        api_base=unavailable_model["api_base"],
+        network="open",
+        model_options={"client_kwargs": {"max_retries": 0}},
+    )
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=run, concurrency=1,
+                     max_attempts=2, backoff_seconds=0.1, fail_on_error=0.2)  # fmt: skip
+    summary = run_batch(spec)
+    assert summary.state == "stopped" and summary.exit_code == 5
+    assert summary.counts["infra_error"] == 2 and summary.pending == 3
+    rows = lines_of(tmp_path / "out" / "results.jsonl")
+    assert [r["id"] for r in rows] == ["q000", "q001"]
+    for row in rows:
+        assert row["status"] == "infra_error" and row["attempts"] == 2 and row["score"] is None
+        assert row["error"]["kind"] == "model_unavailable", row["error"]
+        assert [a["status"] for a in row["attempt_history"]] == ["infra_error"] * 2
+    assert unavailable_model["hits"]["count"] >= 4
+    ends = [a for a in lines_of(tmp_path / "out" / "attempts.jsonl") if a["event"] == "end"]
+    assert len(ends) == 4 and summary.retries == 2

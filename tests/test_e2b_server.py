@@ -1,0 +1,319 @@
+"""The real e2b SDK, unmodified, against the local E2B test server (sandboxes are containers)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import docker
+import e2b
+import httpx
+import pytest
+from e2b.exceptions import (
+    AuthenticationException,
+    FileNotFoundException,
+    RateLimitException,
+    SandboxException,
+    SandboxNotRunningException,
+)
+from e2b.sandbox.commands.command_handle import CommandExitException
+
+from tests.e2b_server import LABEL, LABEL_SANDBOX, E2BTestServer, list_containers
+from tests.e2b_server import fixtures as e2b_fixtures
+from tests.e2b_server.fixtures import TEST_TEMPLATE, docker_ready
+
+pytestmark = pytest.mark.docker
+
+# The server's fixtures (harmless if tests/conftest.py imports them too).
+e2b_test_server = e2b_fixtures.e2b_test_server
+fake_e2b = e2b_fixtures.fake_e2b
+
+
+def containers_of(sandbox_id: str) -> list[Any]:
+    """The Docker containers of a sandbox (label lookup, so removed ones are absent)."""
+    return list_containers(docker.from_env(), **{LABEL_SANDBOX: sandbox_id})
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_create_with_metadata_records_request_and_lists_by_metadata(
+    fake_e2b: E2BTestServer,
+) -> None:
+    run = e2b.Sandbox.create(
+        TEST_TEMPLATE,
+        timeout=120,
+        metadata={"orchestrator.run-id": "run 1/a", "kind": "test"},
+        envs={"SANDBOX_LEVEL": "visible"},
+        allow_internet_access=True,
+    )
+    other = e2b.Sandbox.create(TEST_TEMPLATE, metadata={"orchestrator.run-id": "run-2"})
+
+    body = fake_e2b.create_requests[0]
+    assert body["templateID"] == TEST_TEMPLATE
+    assert body["metadata"] == {"orchestrator.run-id": "run 1/a", "kind": "test"}
+    assert body["envVars"] == {"SANDBOX_LEVEL": "visible"}
+    assert body["timeout"] == 120
+    assert body["allow_internet_access"] is True
+
+    query = e2b.SandboxQuery(metadata={"orchestrator.run-id": "run 1/a"})
+    listed = e2b.Sandbox.list(query=query).next_items()
+    assert [s.sandbox_id for s in listed] == [run.sandbox_id]
+    assert listed[0].metadata["kind"] == "test"
+    running = e2b.SandboxQuery(state=[e2b.SandboxState.RUNNING], metadata={"kind": "test"})
+    assert [s.sandbox_id for s in e2b.Sandbox.list(query=running).next_items()] == [run.sandbox_id]
+
+    info = run.get_info()
+    assert info.template_id == TEST_TEMPLATE
+    assert info.metadata["orchestrator.run-id"] == "run 1/a"
+    assert (info.end_at - info.started_at).total_seconds() == pytest.approx(120, abs=2)
+
+    (container,) = containers_of(run.sandbox_id)
+    assert container.labels[LABEL] == "1"
+    assert run.is_running()
+    assert run.kill() and other.kill()
+    assert fake_e2b.alive_count() == 0
+    assert containers_of(run.sandbox_id) == []
+
+
+def test_connect_pagination_and_kill_by_id_like_a_cleanup(fake_e2b: E2BTestServer) -> None:
+    left = [e2b.Sandbox.create(TEST_TEMPLATE, metadata={"owner": "crashed"}) for _ in range(3)]
+    paginator = e2b.Sandbox.list(query=e2b.SandboxQuery(metadata={"owner": "crashed"}), limit=2)
+    found = paginator.next_items()
+    assert len(found) == 2 and paginator.has_next
+    found += paginator.next_items()
+    assert not paginator.has_next
+    assert sorted(s.sandbox_id for s in found) == sorted(s.sandbox_id for s in left)
+
+    again = e2b.Sandbox.connect(left[0].sandbox_id, timeout=600)
+    assert again.commands.run("echo still here").stdout == "still here\n"
+    for info in found:
+        assert e2b.Sandbox.kill(info.sandbox_id) is True
+    assert e2b.Sandbox.kill(left[0].sandbox_id) is False
+    assert fake_e2b.alive_count() == 0
+    kills = [r for r in fake_e2b.requests if r.method == "DELETE"]
+    assert [r.status for r in kills] == [204, 204, 204, 404]
+
+
+def test_files_write_single_and_many_then_read(fake_e2b: E2BTestServer) -> None:
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE)
+    info = sandbox.files.write("/work/in/task.json", '{"task": "x"}')
+    assert (info.path, info.name) == ("/work/in/task.json", "task.json")
+
+    written = sandbox.files.write_files(
+        [
+            {"path": "/work/payload/agent.py", "data": "print('hi')\n"},
+            {"path": "/work/payload/pkg/tool.py", "data": b"X = 1\n"},
+            {"path": "relative.txt", "data": b"\x00\x01binary"},
+        ]
+    )
+    assert [w.path for w in written] == [
+        "/work/payload/agent.py",
+        "/work/payload/pkg/tool.py",
+        "/root/relative.txt",
+    ]
+    uploads = [r for r in fake_e2b.requests if r.method == "POST" and r.path == "/files"]
+    assert len(uploads) == 2, "many files go up in one request"
+
+    assert sandbox.files.read("/work/in/task.json") == '{"task": "x"}'
+    assert sandbox.files.read("/work/payload/pkg/tool.py") == "X = 1\n"
+    assert sandbox.files.read("relative.txt", format="bytes") == b"\x00\x01binary"
+    with pytest.raises(FileNotFoundException):
+        sandbox.files.read("/work/missing.txt")
+
+    assert sandbox.files.make_dir("/work/out") is True
+    assert sandbox.files.make_dir("/work/out") is False
+    assert sandbox.files.exists("/work/payload/agent.py")
+    names = sorted(e.name for e in sandbox.files.list("/work/payload"))
+    assert names == ["agent.py", "pkg"]
+    result = sandbox.commands.run("cat /work/payload/agent.py | python3")
+    assert result.stdout == "hi\n"
+    sandbox.kill()
+
+
+def test_commands_run_with_envs_streaming_and_exit_codes(fake_e2b: E2BTestServer) -> None:
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE, envs={"LEVEL": "sandbox", "BOTH": "sandbox"})
+    chunks: list[tuple[str, str, float]] = []
+    started = time.monotonic()
+    script = "echo out-$LEVEL-$BOTH-$ONLY; echo err >&2; sleep 1; echo late; pwd"
+    result = sandbox.commands.run(
+        script,
+        envs={"BOTH": "command", "ONLY": "secret-value"},
+        cwd="/tmp",
+        on_stdout=lambda s: chunks.append(("out", s, time.monotonic() - started)),
+        on_stderr=lambda s: chunks.append(("err", s, time.monotonic() - started)),
+    )
+    assert result.exit_code == 0
+    assert result.stdout == "out-sandbox-command-secret-value\nlate\n/tmp\n"
+    assert result.stderr == "err\n"
+    first = next(c for c in chunks if c[1].startswith("out-"))
+    late = next(c for c in chunks if c[1].startswith("late"))
+    assert late[2] - first[2] > 0.8, "output must stream live, not arrive at the end"
+    (command,) = [c for c in fake_e2b.commands if c.sandbox_id == sandbox.sandbox_id]
+    assert command.envs == {"BOTH": "command", "ONLY": "secret-value"}
+    assert "secret-value" not in str(fake_e2b.create_requests)
+
+    with pytest.raises(CommandExitException) as failed:
+        sandbox.commands.run("echo boom >&2; exit 7")
+    assert failed.value.exit_code == 7
+    assert failed.value.stderr == "boom\n"
+    assert sandbox.commands.run("id -un", user="root").stdout == "root\n"
+    with pytest.raises(SandboxException):
+        sandbox.commands.run("true", cwd="/does/not/exist")
+    sandbox.kill()
+
+
+def test_long_running_command_is_killed(fake_e2b: E2BTestServer) -> None:
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE)
+    handle = sandbox.commands.run("echo ready; sleep 60", background=True)
+    assert [p.pid for p in sandbox.commands.list()] == [handle.pid]
+    started = time.monotonic()
+    assert handle.kill() is True
+    with pytest.raises(CommandExitException) as killed:
+        handle.wait()
+    assert killed.value.exit_code == -1
+    assert killed.value.error == "signal: killed"
+    assert time.monotonic() - started < 5
+    assert sandbox.commands.list() == []
+    assert sandbox.commands.kill(handle.pid) is False
+
+    with pytest.raises(e2b.TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=1)
+    assert wait_until(lambda: sandbox.commands.list() == []), "envd kills it at its timeout"
+    sandbox.kill()
+
+
+def test_set_timeout_then_expiry_kills_the_sandbox(fake_e2b: E2BTestServer) -> None:
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE, timeout=300)
+    sandbox.set_timeout(2)
+    info = sandbox.get_info()
+    assert (info.end_at - info.started_at).total_seconds() < 10
+    assert wait_until(lambda: not fake_e2b.sandbox(sandbox.sandbox_id).alive, timeout=6)
+    assert fake_e2b.sandbox(sandbox.sandbox_id).killed_reason == "timeout"
+    assert not sandbox.is_running()
+    assert e2b.Sandbox.list().next_items() == []
+    assert containers_of(sandbox.sandbox_id) == []
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("true")
+    assert sandbox.kill() is False
+
+
+def test_bad_api_key_and_bad_access_token_get_401(fake_e2b: E2BTestServer) -> None:
+    with pytest.raises(AuthenticationException):
+        e2b.Sandbox.create(TEST_TEMPLATE, api_key="e2b_wrong")
+    assert fake_e2b.requests[-1].status == 401
+    assert fake_e2b.alive_count() == 0
+
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE)
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": "wrong"}
+    response = httpx.get(f"{fake_e2b.url}/files", params={"path": "/etc/hostname"}, headers=headers)
+    assert response.status_code == 401
+    sandbox.kill()
+
+
+def test_rate_limit_on_create_is_surfaced_or_retried(fake_e2b: E2BTestServer) -> None:
+    fake_e2b.fail_next_create(status=429, retry_after=0, times=1)
+    with pytest.raises(RateLimitException):
+        e2b.Sandbox.create(TEST_TEMPLATE, retries=0)
+    assert fake_e2b.requests[-1].status == 429
+    assert fake_e2b.alive_count() == 0
+
+    fake_e2b.fail_next_create(status=429, retry_after=1, times=1)
+    started = time.monotonic()
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE)  # the SDK honours Retry-After and retries
+    assert time.monotonic() - started >= 1
+    assert len(fake_e2b.create_requests) == 3
+    sandbox.kill()
+
+
+def test_sandbox_killed_mid_command_makes_the_sdk_raise(fake_e2b: E2BTestServer) -> None:
+    sandbox = e2b.Sandbox.create(TEST_TEMPLATE)
+    seen: list[str] = []
+    threading.Timer(1.0, fake_e2b.kill_sandbox, args=(sandbox.sandbox_id,)).start()
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.commands.run("echo working; sleep 60", on_stdout=seen.append)
+    assert seen == ["working\n"]
+    with pytest.raises(SandboxNotRunningException):
+        sandbox.files.read("/etc/hostname")
+    with pytest.raises(e2b.SandboxNotFoundException):
+        sandbox.get_info()
+    assert sandbox.kill() is False
+    # The container is removed by the killer (here a timer thread) just after the SDK saw it go.
+    assert wait_until(lambda: fake_e2b.alive_count() == 0)
+    assert containers_of(sandbox.sandbox_id) == []
+
+
+def test_async_sandbox(fake_e2b: E2BTestServer) -> None:
+    async def scenario() -> None:
+        sandbox = await e2b.AsyncSandbox.create(TEST_TEMPLATE, metadata={"flavor": "async"})
+        await sandbox.files.write_files(
+            [{"path": "/app/a.txt", "data": "A"}, {"path": "/app/b.txt", "data": "B"}]
+        )
+        out: list[str] = []
+        result = await sandbox.commands.run(
+            "cat /app/a.txt /app/b.txt; echo; echo $TOKEN",
+            envs={"TOKEN": "t0k"},
+            on_stdout=out.append,
+        )
+        assert result.stdout == "AB\nt0k\n" and "".join(out) == result.stdout
+        query = e2b.SandboxQuery(metadata={"flavor": "async"})
+        listed = await e2b.AsyncSandbox.list(query=query).next_items()
+        assert [s.sandbox_id for s in listed] == [sandbox.sandbox_id]
+        await sandbox.set_timeout(30)
+        assert await sandbox.kill() is True
+
+    asyncio.run(scenario())
+    assert fake_e2b.alive_count() == 0
+
+
+def test_counters_concurrency_cap_and_network(fake_e2b: E2BTestServer) -> None:
+    sandboxes: list[e2b.Sandbox] = []
+    threads = [
+        threading.Thread(target=lambda: sandboxes.append(e2b.Sandbox.create(TEST_TEMPLATE)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert fake_e2b.alive_count() == 3 and fake_e2b.max_alive == 3
+
+    fake_e2b.max_concurrent = 3
+    with pytest.raises(RateLimitException):
+        e2b.Sandbox.create(TEST_TEMPLATE, retries=0)
+    for sandbox in sandboxes:
+        sandbox.kill()
+    assert fake_e2b.alive_count() == 0 and fake_e2b.max_alive == 3
+
+    offline = e2b.Sandbox.create(TEST_TEMPLATE, allow_internet_access=False)
+    (container,) = containers_of(offline.sandbox_id)
+    assert container.attrs["HostConfig"]["NetworkMode"] == "none"
+    offline.kill()
+
+
+def test_stopping_the_server_removes_its_containers(monkeypatch: pytest.MonkeyPatch) -> None:
+    reason = docker_ready()
+    if reason:
+        pytest.skip(reason)
+    server = E2BTestServer().start()
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        sandbox = e2b.Sandbox.create()
+        handle = sandbox.commands.run("sleep 60", background=True)
+        assert len(containers_of(sandbox.sandbox_id)) == 1
+    finally:
+        server.stop()
+    assert containers_of(sandbox.sandbox_id) == []
+    assert server.container_ids() == []
+    with pytest.raises(Exception):  # noqa: B017 - the server is gone: any transport error
+        handle.wait()

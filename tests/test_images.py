@@ -1,0 +1,369 @@
+"""The agent image and payload images, against the real Docker engine."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from orchestrator import images
+from orchestrator.config import LABEL_KIND, LABEL_VERSION, VERSION
+from orchestrator.errors import ConfigError, ImageBuildError, OrchestratorError
+
+pytestmark = pytest.mark.docker
+
+#: Checks run inside the image, read-only and unprivileged: exits non-zero with a reason.
+CHECK_IMAGE = r"""
+import importlib.util, os, shutil, subprocess, sys
+
+problems = []
+for module in ("pip", "setuptools", "ensurepip"):
+    if importlib.util.find_spec(module) is not None:
+        problems.append(f"module {module} is importable")
+for tool in ("pip", "pip3", "apt", "apt-get", "dpkg", "gcc", "cc"):
+    if shutil.which(tool):
+        problems.append(f"{tool} is on PATH")
+for top in ("/usr", "/bin", "/sbin", "/opt"):
+    for folder, _, files in os.walk(top):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path) and os.stat(path).st_mode & 0o6000:
+                problems.append(f"setuid/setgid: {path}")
+for root in ("/opt/venv", "/opt/orchestrator"):
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                source = os.path.join(folder, name)
+                if not os.path.exists(importlib.util.cache_from_source(source)):
+                    problems.append(f"no .pyc for {source}")
+modules = sys.argv[1:]
+verbose = subprocess.run(
+    [sys.executable, "-v", "-c", "import " + ", ".join(modules)],
+    capture_output=True, text=True,
+)
+if verbose.returncode != 0:
+    problems.append("import failed: " + verbose.stderr[-2000:])
+loaded = [line for line in verbose.stderr.splitlines() if line.startswith("# code object from")]
+compiled = [line for line in loaded if not line.rstrip("'").endswith(".pyc")]
+problems += [f"compiled at import time: {line}" for line in compiled]
+if len(loaded) < 100:
+    problems.append(f"only {len(loaded)} modules loaded: {verbose.stderr[-2000:]}")
+print("\n".join(problems[:40]) or f"ok: {len(loaded)} modules, all from .pyc")
+sys.exit(1 if problems else 0)
+"""
+
+
+def run_in_image(client: docker.DockerClient, image: str, command: list[str]) -> tuple[int, str]:
+    """Run `command` hardened as a sandbox would be (read-only root, uid 10001, no network,
+    no capabilities); returns (exit code, output). The container is always removed."""
+    api = client.api
+    container = api.create_container(
+        image,
+        command=command,
+        user="10001:10001",
+        network_disabled=True,
+        labels={LABEL_KIND: "test"},
+        host_config=api.create_host_config(
+            read_only=True,
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            network_mode="none",
+        ),
+    )
+    try:
+        api.start(container)
+        status = api.wait(container, timeout=120)["StatusCode"]
+        return status, api.logs(container).decode(errors="replace")
+    finally:
+        api.remove_container(container, force=True)
+
+
+class Recorder:
+    """A progress callback that keeps every message."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def __call__(self, message: str) -> None:
+        self.messages.append(message)
+
+    def saw(self, text: str) -> bool:
+        return any(text in message for message in self.messages)
+
+
+@pytest.fixture
+def no_rebuild(monkeypatch: pytest.MonkeyPatch, docker_client) -> Iterator[None]:
+    """Fails any attempt to call pip, run a probe container or build an image."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("expected everything to be cached")
+
+    monkeypatch.setattr(images, "_download_wheelhouse", refuse)
+    monkeypatch.setattr(images, "_build", refuse)
+    monkeypatch.setattr(images, "bootstrap_base", refuse)
+    monkeypatch.setattr(docker_client.containers, "run", refuse)
+    yield
+
+
+def test_agent_image_is_content_addressed_and_labelled(docker_client, agent_image: str):
+    assert agent_image.startswith(f"{images.AGENT_IMAGE}:")
+    info = docker_client.api.inspect_image(agent_image)
+    labels = info["Config"]["Labels"]
+    assert labels[LABEL_KIND] == images.KIND_AGENT
+    assert labels[LABEL_VERSION] == VERSION
+    assert labels[images.LABEL_CONTENT_HASH].startswith(agent_image.split(":")[1])
+    assert labels[images.LABEL_BASE_ID].startswith("sha256:")
+    assert labels[images.LABEL_PYTHON].startswith("3.")
+
+
+def test_agent_image_config_is_hardened(docker_client, agent_image: str):
+    config = docker_client.api.inspect_image(agent_image)["Config"]
+    assert config["User"] == "10001:10001"
+    assert config["User"].split(":")[0] not in ("", "0", "root")
+    assert config["WorkingDir"] == "/tmp"
+    assert config["Cmd"] == ["python", "-m", "orchestrator_runtime"]
+    env = dict(item.split("=", 1) for item in config["Env"])
+    assert env["PATH"].startswith("/opt/venv/bin:")
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["HOME"] == "/tmp"
+
+
+def test_agent_image_runs_read_only_from_bytecode(docker_client, agent_image: str):
+    """No pip, package manager or compiler; everything imports from shipped .pyc files."""
+    status, output = run_in_image(
+        docker_client,
+        agent_image,
+        ["python", "-c", CHECK_IMAGE, "smolagents", "openai", "orchestrator_runtime"],
+    )
+    assert status == 0, output
+    status, output = run_in_image(docker_client, agent_image, ["id", "-u"])
+    assert (status, output.strip()) == (0, "10001")
+
+
+def test_second_ensure_does_not_rebuild(docker_client, agent_image: str, no_rebuild):
+    image_id = docker_client.api.inspect_image(agent_image)["Id"]
+    progress = Recorder()
+    started = time.perf_counter()
+    again = images.ensure_agent_image(docker_client, progress=progress)
+    elapsed = time.perf_counter() - started
+    assert again == agent_image
+    assert docker_client.api.inspect_image(again)["Id"] == image_id
+    assert not progress.saw("building") and not progress.saw("resolving wheels")
+    print(f"cached ensure_agent_image: {elapsed * 1000:.0f} ms")
+    assert elapsed < 2.0  # typically ~15 ms; generous for a loaded machine
+
+
+def test_payload_image_adds_a_requirement_and_is_cached(
+    docker_client, agent_image: str, monkeypatch: pytest.MonkeyPatch
+):
+    progress = Recorder()
+    tag = images.ensure_agent_image(
+        docker_client, extra_requirements=["tabulate"], progress=progress
+    )
+    assert tag.startswith(f"{images.PAYLOAD_IMAGE}:")
+    labels = docker_client.api.inspect_image(tag)["Config"]["Labels"]
+    assert labels[LABEL_KIND] == images.KIND_PAYLOAD
+    assert labels[images.LABEL_AGENT_IMAGE] == agent_image
+    assert labels[images.LABEL_REQUIREMENTS] == "tabulate"
+    assert docker_client.api.inspect_image(tag)["Config"]["User"] == "10001:10001"
+
+    status, output = run_in_image(
+        docker_client, tag, ["python", "-c", CHECK_IMAGE, "tabulate", "smolagents"]
+    )
+    assert status == 0, output
+
+    # The same requirements, written differently, are the same image, built no more.
+    def refuse(*args, **kwargs):
+        raise AssertionError("expected the payload image to be cached")
+
+    monkeypatch.setattr(images, "_download_wheelhouse", refuse)
+    monkeypatch.setattr(images, "_build", refuse)
+    again = images.ensure_agent_image(
+        docker_client, extra_requirements=["  tabulate ", "tabulate  # twice"]
+    )
+    assert again == tag
+
+
+def test_requirements_the_agent_image_has_need_no_payload_image(docker_client, agent_image: str):
+    progress = Recorder()
+    tag = images.ensure_agent_image(
+        docker_client, extra_requirements=["requests"], progress=progress
+    )
+    assert tag == agent_image and not progress.saw("building")
+
+
+def test_extra_requirements_refuse_pip_options():
+    with pytest.raises(ConfigError):
+        images.normalize_requirements(["--index-url https://example.invalid/simple"])
+    with pytest.raises(ConfigError):
+        images.normalize_requirements(["-r /etc/passwd"])
+    assert images.normalize_requirements(["b", "a  >=1", "", "# comment", "b"]) == ("a >=1", "b")
+
+
+def test_runtime_change_changes_the_tag(
+    docker_client, agent_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_rebuild
+):
+    runtime = tmp_path / "orchestrator_runtime"
+    shutil.copytree(images.RUNTIME_DIR, runtime, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(images, "RUNTIME_DIR", runtime)
+    assert images.plan_agent_image(docker_client).tag == agent_image
+
+    (runtime / "__pycache__").mkdir(exist_ok=True)  # bytecode caches do not count
+    (runtime / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
+    assert images.plan_agent_image(docker_client).tag == agent_image
+
+    init = runtime / "__init__.py"
+    init.write_text(init.read_text() + "\n# changed\n")
+    changed = images.plan_agent_image(docker_client).tag
+    assert changed != agent_image and changed.startswith(f"{images.AGENT_IMAGE}:")
+
+
+def test_unavailable_base_falls_back_and_says_so(docker_client, agent_image: str):
+    missing = "orchestrator-test/no-such-base:never"
+    progress = Recorder()
+    assert images.resolve_base(docker_client, missing, progress) == images.BASE_IMAGE
+    assert progress.saw(f"base image {missing} is not available")
+    assert progress.saw(f"falling back to {images.BASE_IMAGE}")
+    # The failed pull is remembered: the next call does not try again.
+    again = Recorder()
+    assert images.resolve_base(docker_client, missing, again) == images.BASE_IMAGE
+    assert not again.saw("pulling") and again.saw("falling back")
+
+
+def test_bootstrap_base_explains_what_is_missing(docker_client, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(images.shutil, "which", lambda name: None)
+    with pytest.raises(OrchestratorError) as error:
+        images.bootstrap_base(docker_client, tag="orchestrator-test/base:never")
+    assert "debootstrap" in error.value.cause and "apt-get install debootstrap" in error.value.fix
+
+    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(images.os, "geteuid", lambda: 1000)
+    with pytest.raises(OrchestratorError) as error:
+        images.bootstrap_base(docker_client, tag="orchestrator-test/base:never")
+    assert "root" in error.value.cause and images.BASE_IMAGE_ENV in error.value.fix
+
+
+def test_incomplete_wheelhouse_is_resolved_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Only a wheelhouse with its manifest (written last) counts as complete."""
+    monkeypatch.setenv(images.WHEELHOUSE_ENV, str(tmp_path))
+    target = images.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
+    calls = []
+
+    def fake_pip(command, progress, *, prefix):
+        calls.append(command)
+        dest = Path(command[command.index("--dest") + 1])
+        (dest / "tabulate-0.9.0-py3-none-any.whl").write_bytes(b"wheel")
+        (dest / "pip-24.0-py3-none-any.whl").write_bytes(b"pip")
+        return images._Output(0, [])
+
+    monkeypatch.setattr(images, "_run_streaming", fake_pip)
+    first = images.ensure_wheelhouse("tabulate\n", target)
+    shutil.rmtree(first.path)
+    first.path.mkdir()  # as a crash would leave it: files but no manifest
+    second = images.ensure_wheelhouse("tabulate\n", target)
+    assert len(calls) == 2 and second.path == first.path
+    assert set(second.wheels) == {"tabulate-0.9.0-py3-none-any.whl", "pip-24.0-py3-none-any.whl"}
+    assert second.pins() == "pip==24.0\ntabulate==0.9.0\n"
+    third = images.ensure_wheelhouse("tabulate\n", target)
+    assert len(calls) == 2 and third == second
+    command = calls[0]
+    assert "--only-binary=:all:" in command and command[command.index("--python-version") + 1]
+    assert "manylinux2014_x86_64" in command and "manylinux_2_36_x86_64" in command
+
+
+def test_damaged_wheelhouse_is_refused(tmp_path: Path):
+    (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"changed")
+    wheelhouse = images.Wheelhouse(tmp_path, "k", {"a-1.0-py3-none-any.whl": "0" * 64})
+    with pytest.raises(ImageBuildError) as error:
+        wheelhouse.context_files()
+    assert "damaged" in error.value.cause and str(tmp_path) in error.value.fix
+
+
+def test_failed_wheel_resolution_is_an_image_build_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv(images.WHEELHOUSE_ENV, str(tmp_path))
+    target = images.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
+    monkeypatch.setattr(
+        images, "_run_streaming", lambda *a, **k: images._Output(1, ["ERROR: No matching dist"])
+    )
+    with pytest.raises(ImageBuildError) as error:
+        images.ensure_wheelhouse("no-such-package\n", target)
+    assert "No matching dist" in error.value.cause and "binary wheels" in error.value.fix
+    assert not [p for p in tmp_path.iterdir() if p.suffix != ".lock"]  # nothing half-made
+
+
+def test_failed_build_reports_the_last_lines(docker_client, monkeypatch: pytest.MonkeyPatch):
+    dockerfile = f"FROM {images.BASE_IMAGE}\nRUN echo about to fail && false\n"
+    progress = Recorder()
+    with pytest.raises(ImageBuildError) as error:
+        images._build(
+            docker_client,
+            "orchestrator-test/broken:never",
+            {"Dockerfile": dockerfile.encode()},
+            {},
+            {},
+            progress,
+        )
+    assert "about to fail" in error.value.cause and "returned a non-zero code" in error.value.cause
+    assert progress.saw("build: about to fail")
+
+
+def _fake_image(client: docker.DockerClient, tag: str, labels: dict[str, str]) -> str:
+    """A tiny imported image with `labels`, standing in for an old orchestrator image."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        info = tarfile.TarInfo("marker")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"ok"))
+    repository, _, version = tag.rpartition(":")
+    changes = [f"LABEL {key}={value}" for key, value in labels.items()]
+    client.api.import_image_from_data(
+        data.getvalue(), repository=repository, tag=version, changes=changes
+    )
+    return tag
+
+
+def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.MonkeyPatch):
+    old = _fake_image(
+        docker_client,
+        f"{images.AGENT_IMAGE}:test0000old0",
+        {LABEL_KIND: images.KIND_AGENT, LABEL_VERSION: "0.0.0"},
+    )
+    try:
+        rows = {row["tag"]: row for row in images.list_images(docker_client)}
+        assert rows[agent_image]["kind"] == images.KIND_AGENT
+        assert rows[old]["kind"] == images.KIND_AGENT and rows[old]["in_use"] is False
+        assert rows[images.BASE_IMAGE]["kind"] == images.KIND_BASE
+        assert {"tag", "id", "kind", "created", "size", "in_use"} <= set(rows[old])
+
+        would = images.prune_images(docker_client, dry_run=True)
+        assert old in would
+        assert agent_image not in would and images.BASE_IMAGE not in would
+        assert docker_client.api.inspect_image(old)  # dry run: still there
+
+        # Remove for real, but only among our own images: the engine may hold other
+        # sessions' images, which a test must not touch.
+        mine = {old, agent_image, images.BASE_IMAGE}
+        real_list = images.list_images
+        monkeypatch.setattr(
+            images, "list_images", lambda c: [r for r in real_list(c) if r["tag"] in mine]
+        )
+        assert images.prune_images(docker_client) == [old]
+        with pytest.raises(docker.errors.ImageNotFound):
+            docker_client.api.inspect_image(old)
+        assert docker_client.api.inspect_image(agent_image)
+        assert docker_client.api.inspect_image(images.BASE_IMAGE)
+    finally:
+        try:
+            docker_client.api.remove_image(old, force=True)
+        except docker.errors.ImageNotFound:
+            pass

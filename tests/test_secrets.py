@@ -1,0 +1,42 @@
+"""Secret masking: plain, base64 at any alignment, and line by line."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from orchestrator.secrets import MASK, Redactor
+
+SECRET = "sk-live-9f8e7d6c5b4a3210"
+MULTILINE = "-----BEGIN KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n-----END KEY-----"
+
+
+@pytest.mark.parametrize("prefix", [b"", b"x", b"xy", b"token: "])
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode])
+def test_base64_embedded_at_any_offset(prefix: bytes, encode) -> None:
+    redactor = Redactor([SECRET])
+    blob = encode(prefix + SECRET.encode() + b" and more").decode()
+    masked = redactor.text(blob)
+    assert MASK in masked
+    # The secret's middle bytes are no longer recoverable from what is left.
+    clear = encode(SECRET.encode()[3:-3]).decode()[:8]
+    assert clear not in masked
+
+
+def test_plain_and_lines() -> None:
+    redactor = Redactor([SECRET, MULTILINE])
+    text = f"key={SECRET}\nline: MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n"
+    masked = redactor.text(text)
+    assert SECRET not in masked and "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in masked
+    assert masked.count(MASK) == 2
+
+
+def test_data_is_masked_recursively() -> None:
+    redactor = Redactor([SECRET])
+    data = {"a": [SECRET, {"b": f"x{SECRET}y"}], SECRET: 1}
+    assert SECRET not in str(redactor.data(data))
+
+
+def test_short_values_are_not_masked() -> None:
+    assert Redactor(["ab"]).text("ab cab") == "ab cab"
