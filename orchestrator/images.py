@@ -530,12 +530,22 @@ class AgentImagePlan:
     base_id: str
     target: PythonTarget
     wheelhouse: Wheelhouse
-    dockerfile: str
+    #: The image definition: the Dockerfile and the scripts it runs (name -> content).
+    definition: dict[str, bytes]
     requirements: str
     runtime_files: dict[str, bytes]
 
 
-def _runtime_files(root: Path) -> dict[str, bytes]:
+#: The files of the agent image's definition (in images/agent/): what goes into its content hash.
+AGENT_DEFINITION_FILES = ("Dockerfile", "install.sh", "harden.sh")
+
+
+def agent_image_definition() -> dict[str, bytes]:
+    """The Dockerfile and the scripts it runs (shared with the E2B template)."""
+    return {name: (AGENT_IMAGE_DIR / name).read_bytes() for name in AGENT_DEFINITION_FILES}
+
+
+def runtime_files_of(root: Path) -> dict[str, bytes]:
     """The runtime package's files (relative path -> content): no bytecode, no dot-files."""
     if not root.is_dir():
         raise ImageBuildError(
@@ -561,14 +571,14 @@ def plan_agent_image(
     base = resolve_base(client, base, progress)
     base_id = client.api.inspect_image(base)["Id"]
     target = python_target(client, base)
-    dockerfile = (AGENT_IMAGE_DIR / "Dockerfile").read_text()
+    definition = agent_image_definition()
     requirements = (AGENT_IMAGE_DIR / "requirements.txt").read_text()
     wheelhouse = ensure_wheelhouse(requirements, target, progress=progress)
-    runtime_files = _runtime_files(RUNTIME_DIR)
+    runtime_files = runtime_files_of(RUNTIME_DIR)
     content_hash = _digest(
         {
             "version": VERSION,
-            "dockerfile": dockerfile,
+            "definition": {name: _sha256(data) for name, data in definition.items()},
             "requirements": requirements,
             "base_id": base_id,
             "wheels": wheelhouse.wheels,
@@ -582,7 +592,7 @@ def plan_agent_image(
         base_id=base_id,
         target=target,
         wheelhouse=wheelhouse,
-        dockerfile=dockerfile,
+        definition=definition,
         requirements=requirements,
         runtime_files=runtime_files,
     )
@@ -616,7 +626,7 @@ def _build_agent_image(
 ) -> None:
     _report(progress, f"building {plan.tag} on {plan.base} ({plan.target.describe()})")
     files = {
-        "Dockerfile": plan.dockerfile.encode(),
+        **plan.definition,
         "requirements.txt": plan.requirements.encode(),
         **{f"orchestrator_runtime/{name}": data for name, data in plan.runtime_files.items()},
     }

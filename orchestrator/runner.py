@@ -271,7 +271,7 @@ def execute(
             allowlist=result.allowlist,
         )
         timings["started"] = time.time()
-        sandbox.start(build_request(prepared))
+        sandbox.start(build_request(prepared), prepared.secrets)
         store.update_run(run_id, status="running")
         outcome = supervise(sandbox, record, prepared.limits.timeout_seconds, cancel)
         exit_info = sandbox.wait(timeout=30)
@@ -565,8 +565,9 @@ def run_labels(run_id: str) -> dict[str, str]:
     }
 
 
-def build_request(prepared: PreparedRun) -> bytes:
-    """The runtime's stdin: the only way task, secrets and payload enter the sandbox."""
+def build_request(prepared: PreparedRun) -> dict[str, Any]:
+    """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
+    ships those separately (`Sandbox.start`)."""
     manifest = prepared.manifest
     request = {
         "protocol": 1,
@@ -586,10 +587,9 @@ def build_request(prepared: PreparedRun) -> bytes:
             "api_base": sandbox_api_base(prepared.model.api_base, prepared.network),
         },
         "mock_scripts": manifest.mock_scripts if prepared.model.provider == "mock" else {},
-        "secrets": prepared.secrets,
         "result_path": RESULT_PATH,
     }
-    return json.dumps(request).encode()
+    return request
 
 
 def _provider_requirements(model: ModelSpec) -> tuple[str, ...]:

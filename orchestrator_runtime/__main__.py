@@ -1,4 +1,5 @@
-"""`python -m orchestrator_runtime`: one request on stdin, one run, events on stdout.
+"""`python -m orchestrator_runtime [--request PATH]`: one request (stdin, or a file), one run,
+events on stdout.
 
 The life of a run, top to bottom: isolate stdout -> read the request -> secrets into the
 environment -> patch smolagents -> write and import the payload -> take control of every
@@ -207,11 +208,29 @@ class Run:
         return EXIT_AGENT_FAILED
 
 
-def main() -> int:
+def read_request(argv: list[str]) -> bytes:
+    """The request: stdin (Docker), or a file given as `--request PATH` (E2B, which uploads
+    it), deleted once read so that nothing the agent runs can find it there."""
+    if len(argv) == 2 and argv[0] == "--request":
+        path = Path(argv[1])
+        try:
+            return path.read_bytes()
+        finally:
+            path.unlink(missing_ok=True)
+    if argv:
+        raise RequestError(f"unexpected arguments {argv!r}: use no arguments or --request PATH")
+    return sys.stdin.buffer.read()
+
+
+def main(argv: list[str] | None = None) -> int:
     events = EventStream(isolate_stdout())
     run = Run(events)
     try:
-        return run.execute(sys.stdin.buffer.read())
+        try:
+            raw = read_request(sys.argv[1:] if argv is None else argv)
+        except (OSError, RequestError) as exc:
+            return run.fail("request", exc, "payload", EXIT_BAD_REQUEST)
+        return run.execute(raw)
     except BaseException as exc:  # a bug of the runtime itself: still end the stream properly
         if events.closed:
             raise

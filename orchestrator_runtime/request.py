@@ -1,4 +1,4 @@
-"""The run request read from stdin: parsed and checked before anything runs.
+"""The run request (from stdin, or a file named by `--request`): parsed and checked before anything runs.
 
 Standard library only, so that a bad request is refused without paying for `import smolagents`.
 """
@@ -6,6 +6,7 @@ Standard library only, so that a bad request is refused without paying for `impo
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,9 +86,19 @@ def _get(data: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
     return value
 
 
-def secrets_of(data: dict[str, Any]) -> dict[str, str]:
-    """The secrets, checked first so that every later message can already be masked."""
-    secrets = _get(data, "secrets", dict, {})
+def secrets_of(data: dict[str, Any], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The secrets, checked first so that every later message can already be masked.
+
+    They come in the request (`secrets`: name -> value, the Docker backend's stdin) or by
+    name only (`secret_env`: the E2B backend passes the values as the command's environment,
+    so they are never written to a file in the sandbox).
+    """
+    secrets = dict(_get(data, "secrets", dict, {}))
+    environ = os.environ if environ is None else environ
+    for name in _get(data, "secret_env", list, []):
+        if not isinstance(name, str) or name not in environ:
+            raise RequestError(f"secret `{name}` named in secret_env is not in the environment")
+        secrets[name] = environ[name]
     for name, value in secrets.items():
         if not _ENV_RE.match(name) or not isinstance(value, str):
             raise RequestError(f"secret `{name}` needs an environment-variable name and a string")

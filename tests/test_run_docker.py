@@ -69,7 +69,9 @@ def test_example_payload_end_to_end(
     )
 
 
-def test_second_run_does_not_rebuild(agent_image: str, docker_client, no_leftovers) -> None:
+def test_second_run_does_not_rebuild(
+    agent_image: str, docker_client, example_secrets: None, no_leftovers
+) -> None:
     def image_ids() -> set[str]:
         return {i.id for i in docker_client.images.list(filters={"label": "orchestrator.kind"})}
 
@@ -311,6 +313,8 @@ def test_refusals_start_nothing(tmp_path: Path, docker_client, store_label, no_l
         timeout=60,
     )
     _assert_clean_refusal(out, secret)
-    out = cli("run", str(EXAMPLES[0]), env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
+    no_secrets = PAYLOADS / "research_team"  # so that the engine is the first thing missing
+    assert not load_manifest(no_secrets).secrets
+    out = cli("run", str(no_secrets), env={"DOCKER_HOST": "unix:///nonexistent/docker.sock"})
     _assert_clean_refusal(out, "Docker engine")
     assert not our_containers(docker_client, store_label)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from ..manifest import Limits
 
@@ -66,8 +66,13 @@ class SandboxInfo:
 class Sandbox(Protocol):
     id: str
 
-    def start(self, stdin: bytes) -> None:
-        """Start the runtime and hand it `stdin` (then EOF)."""
+    def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
+        """Start the runtime and hand it the run request and the run's secrets.
+
+        Each backend ships them its own way (Docker: one JSON object on stdin; E2B: the request
+        as an uploaded file, the secrets as the command's environment), never through the
+        sandbox's configuration or an image.
+        """
 
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
         """Output chunks as they come, until the runtime's output ends."""

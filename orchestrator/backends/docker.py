@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -92,7 +93,10 @@ class DockerSandbox:
         self.egress = egress
         self._socket: Any = None
 
-    def start(self, stdin: bytes) -> None:
+    def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
+        """The request and its secrets go in as one JSON object on the runtime's stdin: a
+        read-only root leaves no other way in, and stdin is in no `docker inspect`."""
+        stdin = json.dumps({**request, "secrets": secrets}).encode()
         # Attach before start so not a byte of output is missed.
         self._socket = self.api.attach_socket(
             self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
