@@ -813,7 +813,7 @@ def plan_batch(spec: BatchSpec) -> _Plan:
         "payload": str(template.manifest.folder.resolve()),
         "model": template.model.describe(),
         "api_base": run.api_base,
-        "backend": run.backend,
+        "backend": template.backend,
         "network": template.network.mode,
         "allow_hosts": list(run.allow_hosts),
         "limits": asdict(template.limits),
@@ -842,7 +842,7 @@ def run_batch(
     `monitor` is called with a progress snapshot about twice a second from the calling thread.
     """
     plan = plan_batch(spec)
-    backend = backend or get_backend(spec.run.backend)
+    backend = backend or get_backend(plan.fingerprint["backend"], env_file=spec.run.env_file)
     store = store or Store()
     out = BatchDir(Path(spec.output))
     with out.locked():

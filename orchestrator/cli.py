@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import OrchestratorError
+from .manifest import BACKENDS
 from .models import PROVIDERS
 from .runner import EXIT_CODES, RunCancelled, RunResult, RunSpec
 
@@ -68,7 +69,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--api-base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)")
     p.add_argument("--model-key-env", help="environment variable holding the model's API key")
-    p.add_argument("--backend", default="docker", choices=["docker"], help="where sandboxes run")
+    p.add_argument(
+        "--backend", choices=BACKENDS,
+        help="where sandboxes run: docker (this host's engine) or e2b (E2B's cloud; needs "
+        "E2B_API_KEY). Default: the payload's `payload.backend`, else docker",
+    )  # fmt: skip
     p.add_argument(
         "--network", choices=["none", "allowlist", "open"],
         help="network policy: none (default for a mock model and no declared hosts), "
@@ -227,12 +232,21 @@ def add_images_parser(sub: Any) -> None:
     p = sub.add_parser("images", help="build, list and prune sandbox images")
     isub = p.add_subparsers(title="images commands", metavar="ACTION")
     b = isub.add_parser(
-        "build", help="build (or reuse) the agent image, and a payload's derived image"
+        "build",
+        help="build (or reuse) the agent image, and a payload's derived image",
+        description="Build the agent image (Docker) or template (E2B) if it does not exist yet; "
+        "prints its tag or template name. Content-addressed: unchanged inputs never rebuild.",
     )
     b.add_argument("--payload", help="also build the derived image for this payload's requirements")
     b.add_argument(
-        "--base", help="base image (default: $ORCHESTRATOR_BASE_IMAGE or python:3.12-slim)"
+        "--base",
+        help="base image (docker default: $ORCHESTRATOR_BASE_IMAGE or python:3.12-slim; "
+        "e2b default: $ORCHESTRATOR_E2B_BASE_IMAGE or python:3.12-slim)",
     )
+    b.add_argument(
+        "--backend", choices=BACKENDS, default="docker",
+        help="docker: an image on this host's engine; e2b: an E2B template (needs E2B_API_KEY)",
+    )  # fmt: skip
     b.set_defaults(handler=cmd_images_build)
     bb = isub.add_parser(
         "bootstrap-base",
@@ -260,6 +274,16 @@ def cmd_images_build(args: argparse.Namespace) -> int:
     extra: tuple[str, ...] = ()
     if args.payload:
         extra = load_manifest(args.payload).requirements
+    if args.backend == "e2b":
+        from dataclasses import replace
+
+        from .backends.e2b import E2BSettings, ensure_template
+
+        settings = E2BSettings.from_env()
+        if args.base:
+            settings = replace(settings, base_image=args.base)
+        print(ensure_template(settings, extra, progress=display.progress))
+        return 0
     tag = ensure_agent_image(
         connect(), base=args.base, extra_requirements=extra, progress=display.progress
     )
@@ -424,7 +448,10 @@ def add_cleanup_parser(sub: Any) -> None:
         description="Remove sandboxes (and their networks) whose orchestrator process is gone, "
         "and close their run records as infra_error.",
     )
-    p.add_argument("--backend", default="docker", choices=["docker"])
+    p.add_argument(
+        "--backend", default="docker", choices=BACKENDS,
+        help="docker: containers and networks on this host; e2b: sandboxes listed by metadata",
+    )  # fmt: skip
     p.add_argument(
         "--all-stores", action="store_true", help="consider sandboxes of every state directory"
     )

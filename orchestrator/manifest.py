@@ -16,6 +16,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 MANIFEST_NAME = "manifest.toml"
+#: Where sandboxes can run.
+BACKENDS = ("docker", "e2b")
 
 #: Modules that would void the inner executor's sandbox if a CodeAgent could import them.
 DANGEROUS_IMPORTS = frozenset(
@@ -41,7 +43,7 @@ _HOST_RE = re.compile(
 _MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
 
 _ALLOWED = {
-    "payload": {"name", "description", "entrypoint", "example_task", "example_answer"},
+    "payload": {"name", "description", "entrypoint", "example_task", "example_answer", "backend"},
     "python": {"requirements", "authorized_imports"},
     "secrets": {"required"},
     "network": {"hosts"},
@@ -94,6 +96,8 @@ class Manifest:
     hosts: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
+    #: Where runs of this payload go unless the run names a backend (None: docker).
+    backend: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -228,6 +232,10 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
                 "no schemes, ports, paths or IP addresses.",
             )  # fmt: skip
 
+    backend = get("payload", "backend", str)
+    if backend is not None and backend not in BACKENDS:
+        raise fail("payload.backend", f"is {backend!r}", f"Use one of {', '.join(BACKENDS)}.")
+
     return Manifest(
         path=path,
         name=name,
@@ -241,6 +249,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
         hosts=tuple(h.lower() for h in hosts),
         limits=limits,
         mock_scripts={k: list(v) for k, v in scripts.items()},
+        backend=backend,
     )
 
 

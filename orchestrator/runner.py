@@ -25,7 +25,7 @@ from .backends.base import Backend, ExitInfo, NetworkPolicy, Sandbox, SandboxSpe
 from .config import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, LABEL_VERSION, VERSION
 from .egress import describe_allowlist, resolve_policy, sandbox_api_base
 from .errors import ConfigError, ManifestError
-from .manifest import Limits, Manifest, load_manifest
+from .manifest import BACKENDS, Limits, Manifest, load_manifest
 from .models import ModelSpec, parse_model
 from .secrets import Redactor, resolve_secrets
 from .store import Store, new_run_id
@@ -59,7 +59,8 @@ class RunSpec:
     model_key_env: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)
     additional_args: dict[str, Any] | None = None
-    backend: str = "docker"
+    #: `docker` or `e2b`; None: the manifest's `payload.backend`, else docker.
+    backend: str | None = None
     network: str | None = None
     allow_hosts: tuple[str, ...] = ()
     max_steps: int | None = None
@@ -116,6 +117,7 @@ class PreparedRun:
     limits: Limits
     network: NetworkPolicy
     secrets: dict[str, str]
+    backend: str = "docker"
 
 
 class RunCancelled(Exception):
@@ -158,6 +160,7 @@ def prepare(spec: RunSpec) -> PreparedRun:
         needed.append(model.credential_env)
     secrets = resolve_secrets(needed, env_file=spec.env_file)
     return PreparedRun(
+        backend=backend_name(spec.backend, manifest),
         run_id=spec.run_id or new_run_id(),
         spec=spec,
         manifest=manifest,
@@ -183,12 +186,25 @@ def resolve_network(spec: RunSpec, manifest: Manifest, model: ModelSpec) -> Netw
     return resolve_policy(spec.network, model=model, hosts=(*manifest.hosts, *spec.allow_hosts))
 
 
-def get_backend(name: str) -> Backend:
+def backend_name(requested: str | None, manifest: Manifest | None = None) -> str:
+    """The backend of a run: the one asked for, else the payload's, else docker."""
+    name = requested or (manifest.backend if manifest else None) or "docker"
+    if name not in BACKENDS:
+        raise ConfigError(f"Unknown backend {name!r}.", f"Use one of {', '.join(BACKENDS)}.")
+    return name
+
+
+def get_backend(name: str, *, env_file: str | Path | None = None) -> Backend:
+    """A backend by name; fails (before anything starts) if it cannot be used here."""
     if name == "docker":
         from .backends.docker import DockerBackend
 
         return DockerBackend()
-    raise ConfigError(f"Unknown backend {name!r}.", "Use --backend docker.")
+    if name == "e2b":
+        from .backends.e2b import E2BBackend, E2BSettings
+
+        return E2BBackend(E2BSettings.from_env(env_file))
+    raise ConfigError(f"Unknown backend {name!r}.", f"Use one of {', '.join(BACKENDS)}.")
 
 
 def run(
@@ -206,7 +222,7 @@ def run(
     every outcome (including Ctrl-C, re-raised after cleanup) is recorded with a status.
     """
     prepared = prepare(spec)
-    backend = backend or get_backend(spec.backend)
+    backend = backend or get_backend(prepared.backend, env_file=spec.env_file)
     return execute(
         prepared,
         backend=backend,

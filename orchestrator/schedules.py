@@ -40,6 +40,7 @@ from croniter import croniter
 from filelock import FileLock, Timeout
 
 from .errors import ConfigError, OrchestratorError
+from .manifest import BACKENDS
 from .runner import EXIT_CODES, RunCancelled, RunResult, RunSpec
 from .store import Store, new_run_id
 
@@ -53,7 +54,6 @@ DEFAULT_FILE = "schedules.toml"
 #: EX_TEMPFAIL: "try again later"), distinct from every run status.
 EXIT_SKIPPED = 75
 CONCURRENCY = ("forbid", "allow", "replace")
-BACKENDS = ("docker", "e2b")
 MISSED = ("skip", "run-once")
 NOTIFY_ON = ("failure", "skip", "success")
 #: Outcomes that count as a failure for notifications (`cancelled` is an operator's act).
@@ -226,7 +226,7 @@ class Schedule:
     model: str = "mock"
     api_base: str | None = None
     model_key_env: str | None = None
-    backend: str = "docker"
+    backend: str | None = None
     network: str | None = None
     allow_hosts: tuple[str, ...] = ()
     limits: dict[str, Any] = field(default_factory=dict)
@@ -461,7 +461,7 @@ def _parse_schedule(
         bad("task_file", "give either `task` or `task_file`, not both")
     env_file = local_path("env_file")
     model = get("model", str, "mock") or "mock"
-    backend = get("backend", str, "docker") or "docker"
+    backend = get("backend", str)  # None: the payload's, else docker
     network = get("network", str)
     allow_hosts = _str_list(get("allow_hosts", list, []), "allow_hosts", bad)
     secrets = _str_list(get("secrets", list, []), "secrets", bad)
@@ -570,7 +570,7 @@ def check_schedule(schedule: Schedule) -> list[str]:
         errors.append(f"{exc.cause} {exc.fix}")
     if spec.task is None and not manifest.example_task:
         errors.append(f"{label} field `task`: is required (the payload has no example_task)")
-    if schedule.backend not in BACKENDS:
+    if schedule.backend is not None and schedule.backend not in BACKENDS:
         errors.append(f"{label} field `backend`: {schedule.backend!r} must be one of {BACKENDS}")
     try:
         schedule.check_secrets()

@@ -76,6 +76,17 @@ def load_manager(entrypoint: str, root: Path, model: Any) -> Any:
     return manager
 
 
+def apply_rlimits(limits: dict[str, int]) -> None:
+    """Lower this process's limits (inherited by whatever it starts); never raise them."""
+    import resource
+
+    for name, value in limits.items():
+        which = getattr(resource, f"RLIMIT_{name.upper()}")
+        _soft, hard = resource.getrlimit(which)
+        capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(which, (capped, capped))
+
+
 class Run:
     """One run: owns the event stream, the totals and the exit code."""
 
@@ -125,6 +136,7 @@ class Run:
         except RequestError as exc:
             return self.fail("request", exc, "payload", EXIT_BAD_REQUEST)
         os.environ.update(request.secrets)
+        apply_rlimits(request.rlimits)
         from .egress_audit import install as audit_egress
 
         audit_egress(self.events)  # reports direct network attempts under `allowlist`

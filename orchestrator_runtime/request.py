@@ -1,4 +1,4 @@
-"""The run request (from stdin, or a file named by `--request`): parsed and checked before anything runs.
+"""The run request (stdin, or a file named by `--request`): parsed and checked before it runs.
 
 Standard library only, so that a bad request is refused without paying for `import smolagents`.
 """
@@ -27,6 +27,9 @@ DANGEROUS_IMPORTS = frozenset(
         "requests", "httpx", "ftplib", "smtplib", "telnetlib", "webbrowser",
     }
 )  # fmt: skip
+
+#: Limits a request may ask the runtime to set on itself.
+RLIMITS = ("nproc", "nofile", "core")
 
 _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
@@ -62,6 +65,9 @@ class Request:
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
     secrets: dict[str, str] = field(default_factory=dict)
     result_path: str | None = None
+    #: Process limits the runtime sets on itself (E2B, where the sandbox has no per-run
+    #: limits of its own): `nproc`, `nofile`, `core` -> value.
+    rlimits: dict[str, int] = field(default_factory=dict)
 
 
 def load_json(raw: bytes) -> dict[str, Any]:
@@ -131,7 +137,13 @@ def parse_request(data: dict[str, Any]) -> Request:
         mock_scripts=_get(data, "mock_scripts", dict, {}),
         secrets=secrets_of(data),
         result_path=_get(data, "result_path", str, None),
+        rlimits=_get(data, "rlimits", dict, {}),
     )
+    for name, value in request.rlimits.items():
+        if name not in RLIMITS or not isinstance(value, int) or isinstance(value, bool):
+            raise RequestError(f"rlimit {name!r} must be one of {RLIMITS} with a whole number")
+        if value < 0:
+            raise RequestError(f"rlimit {name!r} must not be negative")
     if not request.task.strip():
         raise RequestError("the task is empty")
     if not _ENTRYPOINT_RE.match(request.entrypoint):
