@@ -3,27 +3,39 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import docker
 import e2b
 import httpx
 import pytest
+from e2b import Template
 from e2b.exceptions import (
     AuthenticationException,
+    BuildException,
     FileNotFoundException,
     RateLimitException,
     SandboxException,
     SandboxNotRunningException,
 )
 from e2b.sandbox.commands.command_handle import CommandExitException
+from e2b.template.logger import LogEntry
 
-from tests.e2b_server import LABEL, LABEL_SANDBOX, E2BTestServer, list_containers
+from tests.e2b_server import (
+    IMAGE_REPOSITORY,
+    LABEL,
+    LABEL_SANDBOX,
+    E2BTestServer,
+    list_containers,
+)
 from tests.e2b_server import fixtures as e2b_fixtures
-from tests.e2b_server.fixtures import TEST_TEMPLATE, docker_ready
+from tests.e2b_server.docker_sandbox import LABEL_INSTANCE
+from tests.e2b_server.fixtures import TEST_TEMPLATE, base_image, require_docker
 
 pytestmark = pytest.mark.docker
 
@@ -301,10 +313,8 @@ def test_counters_concurrency_cap_and_network(fake_e2b: E2BTestServer) -> None:
 
 
 def test_stopping_the_server_removes_its_containers(monkeypatch: pytest.MonkeyPatch) -> None:
-    reason = docker_ready()
-    if reason:
-        pytest.skip(reason)
-    server = E2BTestServer().start()
+    require_docker()
+    server = E2BTestServer(templates={"base": base_image()}).start()
     try:
         for key, value in server.env().items():
             monkeypatch.setenv(key, value)
@@ -317,3 +327,145 @@ def test_stopping_the_server_removes_its_containers(monkeypatch: pytest.MonkeyPa
     assert server.container_ids() == []
     with pytest.raises(Exception):  # noqa: B017 - the server is gone: any transport error
         handle.wait()
+
+
+# -- template builds ---------------------------------------------------------------------
+
+
+def images_of(server: E2BTestServer) -> list[Any]:
+    """Every image the server built, intermediate layers included."""
+    label = f"{LABEL_INSTANCE}={server.instance_id}"
+    return docker.from_env().images.list(all=True, filters={"label": [label]})
+
+
+def test_template_build_then_a_sandbox_runs_the_built_image(
+    fake_e2b: E2BTestServer, tmp_path: Path
+) -> None:
+    (tmp_path / "requirements.txt").write_text("smolagents==1.26\n")
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "tool.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "sub" / "data.txt").write_text("nested\n")
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_image(base_image())
+        .copy("requirements.txt", "/build/")
+        .copy("pkg/", "/opt/pkg/")
+        .run_cmd("useradd -u 10001 -m agent && id -un > /tmp/built-by", user="root")
+        .set_envs({"APP_MODE": "test run"})
+        .set_workdir("/tmp")
+        .set_user("agent")
+    )
+    name = "orchestrator-tpl-test"
+    assert not Template.exists(name)
+    logs: list[LogEntry] = []
+    info = Template.build(template, name, cpu_count=1, memory_mb=1024, on_build_logs=logs.append)
+    assert Template.exists(name)
+    assert (info.name, info.tags) == (name, ["default"])
+
+    assert fake_e2b.template_requests == [{"name": name, "cpuCount": 1, "memoryMB": 1024}]
+    (start,) = fake_e2b.template_build_requests
+    assert start["fromImage"] == base_image()
+    steps = [(s["type"], s["args"]) for s in start["steps"]]
+    assert steps[2:] == [
+        ("RUN", ["useradd -u 10001 -m agent && id -un > /tmp/built-by", "root"]),
+        ("ENV", ["APP_MODE", "test run"]),
+        ("WORKDIR", ["/tmp"]),
+        ("USER", ["agent"]),
+    ]
+    uploads = [r for r in fake_e2b.requests if r.method == "PUT"]
+    assert [r.status for r in uploads] == [200, 200], "one tar per COPY, through pyqwest"
+    build = fake_e2b.template_build(info.build_id)
+    assert build.status == "ready" and build.image is not None
+    assert any(e.message.startswith("Step ") for e in logs), "builder logs reach on_build_logs"
+
+    sandbox = e2b.Sandbox.create(name)
+    assert sandbox.get_info().template_id == info.template_id
+    result = sandbox.commands.run(
+        "id -un; pwd; echo $APP_MODE; cat /build/requirements.txt /opt/pkg/tool.py"
+        " /opt/pkg/sub/data.txt /tmp/built-by; ls /opt/pkg"
+    )
+    assert result.stdout == (
+        "agent\n/tmp\ntest run\nsmolagents==1.26\nX = 1\nnested\nroot\nsub\ntool.py\n"
+    )
+    (container,) = containers_of(sandbox.sandbox_id)
+    assert container.attrs["Config"]["Image"] == build.image
+    assert build.image.startswith(f"{IMAGE_REPOSITORY}/{info.template_id}:")
+    assert container.attrs["HostConfig"]["Memory"] == 1024 * 2**20
+    sandbox.kill()
+
+    again = Template.build(template, name, on_build_logs=logs.append)
+    assert again.template_id == info.template_id and again.build_id != info.build_id
+    assert sum("already cached" in e.message for e in logs) == 2, "uploads are cached by hash"
+
+
+def test_failing_build_steps_raise_build_exception(fake_e2b: E2BTestServer, tmp_path: Path) -> None:
+    base = Template(file_context_path=str(tmp_path)).from_image(base_image())
+    base = base.set_envs({"A": "1"})
+    failing_line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+    template = base.run_cmd("echo compiling; echo 'no such package: left-pad' >&2; exit 3")
+    with pytest.raises(BuildException) as raised:
+        Template.build(template, "orchestrator-tpl-broken")
+    message = str(raised.value)
+    assert "no such package: left-pad" in message and "compiling" in message
+    assert "returned a non-zero code: 3" in message
+    (build,) = fake_e2b.template_builds.builds
+    assert (build.status, build.reason_step) == ("error", "2")
+    frames = []
+    tb = raised.value.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    assert (__file__, failing_line) in frames, "reason.step points the SDK at the failing call"
+    assert not docker.from_env().images.list(
+        filters={"reference": f"{IMAGE_REPOSITORY}/{build.template_id}"}
+    )
+
+    missing = Template().from_image("e2b-test-server-missing/base:1").run_cmd("true")
+    with pytest.raises(BuildException, match="cannot pull"):
+        Template.build(missing, "orchestrator-tpl-no-base")
+    assert fake_e2b.template_builds.builds[-1].reason_step == "base"
+
+
+def test_template_routes_check_keys_signatures_and_faults(fake_e2b: E2BTestServer) -> None:
+    assert Template.exists(TEST_TEMPLATE), "configured templates exist too"
+    with pytest.raises(AuthenticationException):
+        Template.exists("anything", api_key="e2b_wrong")
+    with pytest.raises(AuthenticationException):
+        Template.build(Template().from_image(base_image()), "x", api_key="e2b_wrong")
+    assert {r.status for r in fake_e2b.requests} == {200, 401}
+
+    headers = {"X-API-KEY": fake_e2b.api_key}
+    created = httpx.post(f"{fake_e2b.url}/v3/templates", json={"name": "tpl"}, headers=headers)
+    assert created.status_code == 202
+    template_id = created.json()["templateID"]
+    link = httpx.get(f"{fake_e2b.url}/templates/{template_id}/files/{'0' * 64}", headers=headers)
+    assert link.status_code == 201 and link.json()["present"] is False
+    forged = link.json()["url"].split("?")[0] + "?token=forged"
+    assert httpx.put(forged, content=b"x").status_code == 403
+
+    fake_e2b.fail_next("template_build", 500, message="builder unavailable")
+    with pytest.raises(BuildException, match="builder unavailable"):
+        Template.build(Template().from_image(base_image()), "orchestrator-tpl-fault")
+
+
+def test_stopping_the_server_removes_the_images_it_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    require_docker()
+    server = E2BTestServer(base_images={"e2bdev/base": base_image()}).start()
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        # Template() defaults to E2B's base image, mapped to a local one here.
+        Template.build(Template().from_base_image().run_cmd("echo built > /built"), "tpl-ok")
+        broken = Template().from_base_image().run_cmd("touch /partial").run_cmd("exit 1")
+        with pytest.raises(BuildException):
+            Template.build(broken, "tpl-broken")
+        assert len(images_of(server)) >= 3, "the built image and the failed build's layers"
+        sandbox = e2b.Sandbox.create("tpl-ok")
+        assert sandbox.files.read("/built") == "built\n"
+    finally:
+        server.stop()
+    assert images_of(server) == []
+    assert server.container_ids() == []
+    docker.from_env().images.get(base_image())  # the base image stays

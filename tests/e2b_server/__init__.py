@@ -20,10 +20,12 @@ from .cloud import (
 )
 from .docker_sandbox import LABEL, LABEL_SANDBOX, list_containers, reap_orphans
 from .server import E2BTestServer
+from .templates import IMAGE_REPOSITORY, TemplateBuild
 
 __all__ = [
     "DEFAULT_API_KEY",
     "DEFAULT_IMAGE",
+    "IMAGE_REPOSITORY",
     "LABEL",
     "LABEL_SANDBOX",
     "ApiError",
@@ -32,6 +34,7 @@ __all__ = [
     "RecordedRequest",
     "Sandbox",
     "StartedCommand",
+    "TemplateBuild",
     "list_containers",
     "reap_orphans",
 ]

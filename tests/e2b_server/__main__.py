@@ -22,6 +22,16 @@ def main(argv: list[str] | None = None) -> None:
         metavar="ID=IMAGE",
         help=f"map a templateID to a local image (default: base={DEFAULT_IMAGE})",
     )
+    parser.add_argument(
+        "--base-image",
+        action="append",
+        default=[],
+        metavar="REF=IMAGE",
+        help="map a template build's fromImage ref to a local image (nothing can be pulled)",
+    )
+    parser.add_argument(
+        "--keep-images", action="store_true", help="keep the images of template builds on exit"
+    )
     parser.add_argument("--default-user", default=None, help="user for commands and files")
     parser.add_argument("--max-concurrent", type=int, default=None)
     args = parser.parse_args(argv)
@@ -30,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     for item in args.template:
         template_id, _, image = item.partition("=")
         templates[template_id] = image or DEFAULT_IMAGE
+    base_images = dict(item.partition("=")[::2] for item in args.base_image)
     server = E2BTestServer(
         host=args.host,
         port=args.port,
@@ -37,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         templates=templates,
         default_user=args.default_user,
         max_concurrent=args.max_concurrent,
+        base_images=base_images,
+        keep_images=args.keep_images,
     )
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -46,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         for key, value in server.env().items():
             print(f"  export {key}={value}", flush=True)
         stop.wait()
-    print("stopped; all sandbox containers removed")
+    print("stopped; sandbox containers (and template images, unless kept) removed")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from starlette.types import Message, Receive, Scope, Send
 from .cloud import FakeE2BCloud, RecordedRequest
 from .control import api_app
 from .envd import SANDBOX_HEADER, EnvdApp
+from .templates import UPLOAD_PREFIX
 
 MAX_RECORDED_BODY = 1 << 20
 
@@ -44,10 +45,12 @@ class E2BApp:
         )
         self.cloud.requests.append(record)
         chunks: list[bytes] = []
+        # Uploaded template files are not JSON and may be large: record the request only.
+        keep_body = plane == "api" and not scope["path"].startswith(UPLOAD_PREFIX)
 
         async def recording_receive() -> Message:
             message = await receive()
-            if plane == "api" and message["type"] == "http.request":
+            if keep_body and message["type"] == "http.request":
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body", False):
                     record.body = _decode(b"".join(chunks))

@@ -30,9 +30,12 @@ from .docker_sandbox import (
     UserInfo,
     docker_client,
     list_containers,
+    reap_orphan_images,
     reap_orphans,
 )
+from .errors import ApiError
 from .processes import ManagedProcess
+from .templates import TemplateBuild, TemplateBuilds, run_start_command
 
 DEFAULT_IMAGE = "orchestrator-base:bookworm"
 DEFAULT_API_KEY = "e2b_test_key"
@@ -41,16 +44,6 @@ ENVD_VERSION = "0.6.4"
 CLIENT_ID = "e2b-test-client"
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
-
-
-class ApiError(Exception):
-    """An error answer of the control-plane API."""
-
-    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None):
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-        self.headers = dict(headers or {})
 
 
 @dataclass
@@ -113,6 +106,8 @@ class Sandbox:
     network: dict[str, Any] | None
     started_at: float
     end_at: float
+    cpu_count: int = 2
+    memory_mb: int = 512
     state: str = "starting"  # starting -> running -> killing -> killed
     killed_reason: str | None = None
     container: SandboxContainer | None = None
@@ -143,8 +138,8 @@ class Sandbox:
             "clientID": CLIENT_ID,
             "startedAt": _iso(self.started_at),
             "endAt": _iso(self.end_at),
-            "cpuCount": 2,
-            "memoryMB": 512,
+            "cpuCount": self.cpu_count,
+            "memoryMB": self.memory_mb,
             "diskSizeMB": 1024,
             "state": "running",
             "envdVersion": envd_version,
@@ -184,6 +179,8 @@ class FakeE2BCloud:
         container_network: str | None = None,
         container_options: Mapping[str, Any] | None = None,
         envd_version: str = ENVD_VERSION,
+        base_images: Mapping[str, str] | None = None,
+        keep_images: bool = False,
     ) -> None:
         """Configure the cloud.
 
@@ -194,6 +191,9 @@ class FakeE2BCloud:
         container_network: Docker network for sandboxes with internet access (default bridge);
             sandboxes created without internet access get `--network none`.
         container_options: extra keyword arguments for `containers.run`.
+        base_images: template builds' `fromImage` ref -> local image (there is no registry
+            to pull from); a ref not listed is used as is if it exists locally.
+        keep_images: leave the images built for templates in place on `shutdown()`.
         """
         self.api_key = api_key
         self.templates: dict[str, str] = dict(templates or {"base": DEFAULT_IMAGE})
@@ -202,6 +202,8 @@ class FakeE2BCloud:
         self.container_network = container_network
         self.container_options: dict[str, Any] = dict(container_options or {})
         self.envd_version = envd_version
+        self.base_images: dict[str, str] = dict(base_images or {})
+        self.keep_images = keep_images
         self.create_delay: float = 0.0
         """Extra seconds each create takes (to widen races in concurrency tests)."""
 
@@ -215,6 +217,8 @@ class FakeE2BCloud:
         self._faults: dict[str, deque[Fault]] = {}
         self._reaper_stop = threading.Event()
         self._reaper: threading.Thread | None = None
+        self.template_builds = TemplateBuilds(self)
+        """Templates built through the API (`POST /v3/templates` and its builds)."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -225,15 +229,18 @@ class FakeE2BCloud:
         return self._docker
 
     def start_reaper(self) -> None:
-        """Remove containers of dead test servers; start killing sandboxes at their timeout."""
+        """Remove containers and images of dead test servers; start killing sandboxes at their
+        timeout."""
         reap_orphans(self.docker)
+        reap_orphan_images(self.docker)
         if self._reaper is None:
             self._reaper_stop.clear()
             self._reaper = threading.Thread(target=self._reap_loop, name="e2b-reaper", daemon=True)
             self._reaper.start()
 
     def shutdown(self) -> None:
-        """Stop the reaper and kill every sandbox this cloud created."""
+        """Stop the reaper, kill every sandbox this cloud created, stop its template builds and
+        remove the images they made (unless `keep_images`)."""
         self._reaper_stop.set()
         if self._reaper is not None:
             self._reaper.join(timeout=5)
@@ -242,6 +249,7 @@ class FakeE2BCloud:
         if self._docker is not None:
             for container in list_containers(self.docker, **{LABEL_INSTANCE: self.instance_id}):
                 container.remove(force=True)
+            self.template_builds.shutdown()
 
     def _reap_loop(self) -> None:
         while not self._reaper_stop.wait(0.1):
@@ -280,7 +288,10 @@ class FakeE2BCloud:
     ) -> None:
         """Make the next `times` calls of `operation` fail with `status`.
 
-        operation: "create", "list", "get", "kill", "set_timeout" or "connect".
+        operation: "create", "list", "get", "kill", "set_timeout" or "connect"; for template
+            builds "template_request" (POST /v3/templates), "template_files" (the upload
+            link), "template_upload" (the PUT of the files), "template_build" (starting
+            the build) or "template_status".
         """
         text = message or ("Rate limit exceeded" if status == 429 else f"injected error {status}")
         with self._lock:
@@ -358,6 +369,38 @@ class FakeE2BCloud:
             self.max_alive = sum(1 for s in self._sandboxes.values() if s.alive)
             self.create_delay = 0.0
 
+    @property
+    def template_requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies of every template build request (`POST /v3/templates`)."""
+        return [
+            r.body
+            for r in list(self.requests)
+            if r.plane == "api" and r.method == "POST" and r.path == "/v3/templates"
+        ]
+
+    @property
+    def template_build_requests(self) -> list[dict[str, Any]]:
+        """The JSON bodies of every build start (`POST /v2/templates/{id}/builds/{build}`):
+        fromImage, steps, startCmd, readyCmd, force."""
+        return [
+            r.body
+            for r in list(self.requests)
+            if r.plane == "api"
+            and r.method == "POST"
+            and r.path.startswith("/v2/templates/")
+            and "/builds/" in r.path
+        ]
+
+    def template_build(self, build_id: str) -> TemplateBuild:
+        """A template build by id: its status, logs, Dockerfile and image."""
+        return self.template_builds.build(build_id)
+
+    def reset_templates(self) -> None:
+        """Forget templates built through the API (their names stop resolving), cancel
+        running builds, drop uploaded files and remove the images built (unless
+        `keep_images`). Kill the sandboxes using them first."""
+        self.template_builds.reset()
+
     def kill_sandbox(self, sandbox_id: str) -> bool:
         """Simulate a sandbox vanishing: container killed, streams cut, later calls fail."""
         return self.kill(sandbox_id, reason="injected")
@@ -375,6 +418,14 @@ class FakeE2BCloud:
         image = self.templates.get(template_id)
         if image is None:
             raise ApiError(404, f"template '{template_id}' not found")
+        runtime = self.template_builds.runtime(image)
+        options = dict(self.container_options)
+        if runtime is not None:  # a template built here: its id, resources, start command
+            template_id = runtime.template_id
+            if runtime.cpu_count:
+                options.setdefault("nano_cpus", min(runtime.cpu_count, os.cpu_count() or 1) * 10**9)
+            if runtime.memory_mb:
+                options.setdefault("mem_limit", f"{runtime.memory_mb}m")
         timeout = int(body.get("timeout", DEFAULT_TIMEOUT))
         network = body.get("network")
         allow_internet = body.get("allow_internet_access")
@@ -391,6 +442,9 @@ class FakeE2BCloud:
             started_at=now,
             end_at=now + timeout,
         )
+        if runtime is not None:
+            sandbox.cpu_count = runtime.cpu_count or sandbox.cpu_count
+            sandbox.memory_mb = runtime.memory_mb or sandbox.memory_mb
         with self._lock:
             alive = sum(1 for s in self._sandboxes.values() if s.alive)
             if self.max_concurrent is not None and alive >= self.max_concurrent:
@@ -415,8 +469,14 @@ class FakeE2BCloud:
                     LABEL_OWNER_PID: str(os.getpid()),
                 },
                 network_mode=self._network_mode(allow_internet, sandbox.network),
-                options=self.container_options,
+                options=options,
             )
+            if runtime is not None and (runtime.start_cmd or runtime.ready_cmd):
+                try:
+                    run_start_command(sandbox.container, runtime.start_cmd, runtime.ready_cmd)
+                except BaseException:
+                    sandbox.container.remove()
+                    raise
         except Exception as e:
             with self._lock:
                 sandbox.state = "killed"

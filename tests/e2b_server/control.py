@@ -1,10 +1,12 @@
-"""The control-plane REST API (api.e2b.app): create, list, get, kill, timeout, connect."""
+"""The control-plane REST API (api.e2b.app): sandboxes (create, list, get, kill, timeout,
+connect) and template builds (request, file uploads, start, status)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import json
+import os
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .cloud import ApiError, FakeE2BCloud
+from .templates import MAX_LOG_ENTRIES, UPLOAD_PREFIX
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -49,8 +52,19 @@ async def json_body(request: Request) -> dict[str, Any]:
     return body
 
 
+def int_param(request: Request, name: str, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, f"query parameter {name} must be an integer") from None
+
+
 def api_app(cloud: FakeE2BCloud) -> Starlette:
-    """The control-plane ASGI app; every route checks `X-API-KEY`."""
+    """The control-plane ASGI app; every route checks `X-API-KEY`, but the upload URLs,
+    which are presigned like E2B's S3 URLs (the SDK sends no key there)."""
 
     def guarded(handler: Handler) -> Handler:
         @functools.wraps(handler)
@@ -114,6 +128,59 @@ def api_app(cloud: FakeE2BCloud) -> Starlette:
         cloud.get(request.path_params["sandbox_id"])
         return JSONResponse([])
 
+    builds = cloud.template_builds
+
+    async def template_alias(request: Request) -> Response:
+        return JSONResponse(builds.alias(request.path_params["alias"]))
+
+    async def request_template(request: Request) -> Response:
+        body = await json_body(request)
+        return JSONResponse(builds.request(body), status_code=202)
+
+    async def file_upload_link(request: Request) -> Response:
+        link = builds.upload_link(
+            request.path_params["template_id"],
+            request.path_params["files_hash"],
+            str(request.base_url),
+        )
+        return JSONResponse(link, status_code=201)
+
+    async def upload(request: Request) -> Response:
+        """The presigned PUT of a COPY step's tar (gzipped or not), checked by its token."""
+        try:
+            target = builds.upload_target(
+                request.path_params["template_id"],
+                request.path_params["files_hash"],
+                request.query_params.get("token", ""),
+            )
+        except ApiError as e:
+            return error_response(e)
+        partial = f"{target}.{os.getpid()}.{id(request)}.part"
+        try:
+            with open(partial, "wb") as out:
+                async for chunk in request.stream():
+                    out.write(chunk)
+            os.replace(partial, target)
+        finally:
+            if os.path.exists(partial):
+                os.unlink(partial)
+        return Response(status_code=200)
+
+    async def start_build(request: Request) -> Response:
+        body = await json_body(request)
+        builds.start(request.path_params["template_id"], request.path_params["build_id"], body)
+        return Response(status_code=202)
+
+    async def build_status(request: Request) -> Response:
+        status = builds.status(
+            request.path_params["template_id"],
+            request.path_params["build_id"],
+            offset=int_param(request, "logsOffset", 0),
+            limit=int_param(request, "limit", MAX_LOG_ENTRIES),
+            level=request.query_params.get("level") or None,
+        )
+        return JSONResponse(status)
+
     async def not_found(request: Request) -> Response:
         return error_response(ApiError(404, f"{request.method} {request.url.path} not found"))
 
@@ -129,6 +196,24 @@ def api_app(cloud: FakeE2BCloud) -> Starlette:
         Route("/v2/sandboxes/{sandbox_id}/connect", guarded(connect), methods=["POST"]),
         Route("/sandboxes/{sandbox_id}/refreshes", guarded(refresh), methods=["POST"]),
         Route("/sandboxes/{sandbox_id}/metrics", guarded(metrics), methods=["GET"]),
+        Route("/templates/aliases/{alias:path}", guarded(template_alias), methods=["GET"]),
+        Route("/v3/templates", guarded(request_template), methods=["POST"]),
+        Route(
+            "/templates/{template_id}/files/{files_hash}",
+            guarded(file_upload_link),
+            methods=["GET"],
+        ),
+        Route(UPLOAD_PREFIX + "{template_id}/{files_hash}", upload, methods=["PUT"]),
+        Route(
+            "/v2/templates/{template_id}/builds/{build_id}",
+            guarded(start_build),
+            methods=["POST"],
+        ),
+        Route(
+            "/templates/{template_id}/builds/{build_id}/status",
+            guarded(build_status),
+            methods=["GET"],
+        ),
         Route("/{path:path}", not_found, methods=["GET", "POST", "PUT", "PATCH", "DELETE"]),
     ]
     return Starlette(routes=routes)

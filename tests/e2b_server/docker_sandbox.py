@@ -10,7 +10,7 @@ import os
 import socket
 import tarfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,8 @@ LABEL = "e2b-test-server"
 LABEL_SANDBOX = "e2b-test-server.sandbox-id"
 LABEL_INSTANCE = "e2b-test-server.instance"
 LABEL_OWNER_PID = "e2b-test-server.pid"
+LABEL_KEEP = "e2b-test-server.keep"
+"""Set on images built with `keep_images=True`: orphan reaping leaves them alone."""
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -235,6 +237,22 @@ class SandboxContainer:
             raise
         return ExecResult(int(info.get("ExitCode") or 0), out or b"", err or b"")
 
+    def start_background(
+        self, argv: Sequence[str], *, user: UserInfo, cwd: str, env: Mapping[str, str]
+    ) -> None:
+        """Start a detached process (a template's start command) and return at once."""
+        try:
+            created = self._api.exec_create(
+                self.id,
+                list(argv),
+                user=user.docker_user,
+                workdir=cwd,
+                environment=[f"{k}={v}" for k, v in env.items()],
+            )
+            self._api.exec_start(created["Id"], detach=True)
+        except docker.errors.NotFound as e:
+            raise ContainerGone(str(e)) from e
+
     def signal_group(self, pid: int, signal: str) -> None:
         """Send `signal` (e.g. "KILL") to the process group led by `pid`, then to `pid`."""
         script = f'kill -s {signal} -- -"$1" 2>/dev/null; kill -s {signal} "$1" 2>/dev/null; true'
@@ -323,6 +341,45 @@ def reap_orphans(client: docker.DockerClient) -> int:
         except docker.errors.NotFound:
             pass
     return removed
+
+
+def remove_images(client: docker.DockerClient, keep: Callable[[Any], bool] | None = None) -> int:
+    """Remove every image carrying this server's label (but those `keep` spares).
+
+    Children go before their parents: an image with dependent children cannot be removed,
+    so this makes passes until nothing more goes. Returns how many were removed.
+    """
+    removed = 0
+    for _ in range(20):
+        images = [
+            i
+            for i in client.images.list(all=True, filters={"label": [f"{LABEL}=1"]})
+            if keep is None or not keep(i)
+        ]
+        progress = False
+        for image in images:
+            try:
+                client.api.remove_image(image.id, force=True)
+                removed += 1
+                progress = True
+            except docker.errors.NotFound:
+                progress = True
+            except docker.errors.APIError:
+                continue  # has children (removed in a later pass) or is in use
+        if not images or not progress:
+            break
+    return removed
+
+
+def reap_orphan_images(client: docker.DockerClient) -> int:
+    """Remove images built by test servers whose process is gone (unless kept)."""
+
+    def keep(image: Any) -> bool:
+        labels = image.labels or {}
+        owner = labels.get(LABEL_OWNER_PID, "")
+        return labels.get(LABEL_KEEP) == "1" or not owner.isdigit() or _pid_alive(int(owner))
+
+    return remove_images(client, keep)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -7,24 +7,35 @@ Wire them into tests/conftest.py with:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import docker
 import docker.errors
 import pytest
 
-from .cloud import DEFAULT_IMAGE
 from .server import E2BTestServer
 
 TEST_TEMPLATE = "orchestrator-test"
 
 
-def docker_ready(image: str = DEFAULT_IMAGE) -> str | None:
+@functools.cache
+def base_image() -> str:
+    """The image sandboxes and template builds start from: the agent image's own base
+    (`$ORCHESTRATOR_BASE_IMAGE`, else python:3.12-slim, pulled; where no registry answers,
+    the Debian base orchestrator bootstraps), so the tests run on any machine."""
+    from orchestrator.backends.docker import connect
+    from orchestrator.images import resolve_base
+
+    return resolve_base(connect())
+
+
+def docker_ready(image: str | None = None) -> str | None:
     """None if Docker answers and has `image`, else the reason it cannot be used."""
     try:
         client = docker.from_env()
         client.ping()
-        client.images.get(image)
+        client.images.get(image or base_image())
     except docker.errors.ImageNotFound:
         return f"image {image} is not built"
     except Exception as e:  # noqa: BLE001 - any failure means no usable engine
@@ -32,14 +43,26 @@ def docker_ready(image: str = DEFAULT_IMAGE) -> str | None:
     return None
 
 
+def require_docker(image: str | None = None) -> None:
+    """Fail (never skip) when Docker or `image` is missing: a test that needs Docker runs
+    Docker, and a skip must not hide a missing feature."""
+    image = image or base_image()
+    reason = docker_ready(image)
+    if reason:
+        pytest.fail(
+            f"the E2B test server needs a Docker engine and the image {image}: {reason} "
+            "(start dockerd and build the base image first, see README.md)",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def e2b_test_server() -> Iterator[E2BTestServer]:
     """One E2B test server for the session; templates "base" and "orchestrator-test"
-    both map to orchestrator-base:bookworm until a test maps them elsewhere."""
-    reason = docker_ready()
-    if reason:
-        pytest.skip(reason)
-    server = E2BTestServer(templates={"base": DEFAULT_IMAGE, TEST_TEMPLATE: DEFAULT_IMAGE})
+    both map to `base_image()` until a test maps them elsewhere."""
+    require_docker()
+    base = base_image()
+    server = E2BTestServer(templates={"base": base, TEST_TEMPLATE: base})
     with server:
         yield server
 
@@ -50,12 +73,14 @@ def fake_e2b(
 ) -> Iterator[E2BTestServer]:
     """The session server, freshly reset, with the SDK's environment pointing at it.
 
-    After the test, sandboxes it left alive are killed and its configuration changes
-    (templates, caps, default user, network, delays) are undone.
+    After the test, sandboxes it left alive are killed, templates it built are forgotten
+    (their images removed) and its configuration changes (templates, base images, caps,
+    default user, network, delays) are undone.
     """
     server = e2b_test_server
     saved = (
         dict(server.templates),
+        dict(server.base_images),
         server.max_concurrent,
         server.default_user,
         server.container_network,
@@ -69,8 +94,10 @@ def fake_e2b(
     finally:
         for sandbox_id in server.alive_ids():
             server.kill(sandbox_id, reason="test teardown")
+        server.reset_templates()
         (
             server.templates,
+            server.base_images,
             server.max_concurrent,
             server.default_user,
             server.container_network,

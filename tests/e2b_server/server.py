@@ -19,7 +19,8 @@ class E2BTestServer(FakeE2BCloud):
 
     Point the real SDK at it with `server.env()` (environment variables) or
     `server.sdk_options()` (keyword arguments for `Sandbox.create`, `Sandbox.list`, ...).
-    Stopping it kills every sandbox container it created.
+    Stopping it kills every sandbox container it created and removes the images its template
+    builds made (unless `keep_images=True`).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = 0, **cloud_options: Any) -> None:
