@@ -161,3 +161,24 @@ def test_test_payloads_are_valid() -> None:
     for folder in TEST_PAYLOADS.iterdir():
         if (folder / "manifest.toml").is_file():
             load_manifest(folder)
+
+
+def test_backend_comes_from_the_run_then_the_manifest_then_docker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.runner import backend_name
+
+    monkeypatch.setenv("DEMO_TOKEN", "token-value")
+    folder = write_payload(tmp_path, GOOD.replace('example_task = "hi"', 'backend = "e2b"'))
+    manifest = load_manifest(folder)
+    assert manifest.backend == "e2b"
+    assert backend_name(None, manifest) == "e2b"
+    assert backend_name("docker", manifest) == "docker"
+    assert backend_name(None, load_manifest(PAYLOADS / "research_team")) == "docker"
+    assert prepare(RunSpec(payload=folder, task="x")).backend == "e2b"
+    with pytest.raises(ConfigError, match="Unknown backend 'k8s'"):
+        backend_name("k8s", manifest)
+    bad = write_payload(tmp_path, GOOD.replace('example_task = "hi"', 'backend = "lambda"'))
+    with pytest.raises(ManifestError, match="payload.backend") as info:
+        load_manifest(bad)
+    assert "docker, e2b" in info.value.fix
