@@ -92,7 +92,7 @@ def _get(data: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
     return value
 
 
-def secrets_of(data: dict[str, Any], environ: dict[str, str] | None = None) -> dict[str, str]:
+def secrets_of(data: dict[str, Any]) -> dict[str, str]:
     """The secrets, checked first so that every later message can already be masked.
 
     They come in the request (`secrets`: name -> value, the Docker backend's stdin) or by
@@ -100,11 +100,10 @@ def secrets_of(data: dict[str, Any], environ: dict[str, str] | None = None) -> d
     so they are never written to a file in the sandbox).
     """
     secrets = dict(_get(data, "secrets", dict, {}))
-    environ = os.environ if environ is None else environ
     for name in _get(data, "secret_env", list, []):
-        if not isinstance(name, str) or name not in environ:
+        if not isinstance(name, str) or name not in os.environ:
             raise RequestError(f"secret `{name}` named in secret_env is not in the environment")
-        secrets[name] = environ[name]
+        secrets[name] = os.environ[name]
     for name, value in secrets.items():
         if not _ENV_RE.match(name) or not isinstance(value, str):
             raise RequestError(f"secret `{name}` needs an environment-variable name and a string")

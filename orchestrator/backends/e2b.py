@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from filelock import FileLock
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from ..config import LABEL_KIND, LABEL_RUN_ID, VERSION, home_dir
@@ -313,8 +314,6 @@ def ensure_template(
     progress: Progress = lambda _m: None,
 ) -> str:
     """The name of a template to run: built only if E2B does not have it yet."""
-    from filelock import FileLock
-
     e2b = _sdk()
     plan = plan_template(settings, extra_requirements, progress)
 
