@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from orchestrator.backends.docker import DockerBackend, connect  # noqa: E402
+from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
-from orchestrator.images import ensure_agent_image  # noqa: E402
-from orchestrator.runner import RunSpec  # noqa: E402
+from orchestrator.spec import RunSpec  # noqa: E402
 
 PAYLOAD = REPO / "tests" / "payloads" / "batch_math"
 RESULTS = REPO / "benchmarks" / "results"

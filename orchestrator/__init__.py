@@ -7,8 +7,9 @@ print(result.status, result.answer)
 
 from .config import VERSION as __version__
 from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError
-from .manifest import Limits, Manifest, load_manifest
-from .runner import RunResult, RunSpec, run
+from .manifest import Manifest, load_manifest
+from .runner import run
+from .spec import Limits, RunResult, RunSpec
 from .store import Store
 
 __all__ = [

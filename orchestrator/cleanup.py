@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from dataclasses import dataclass
 
 from .backends.base import Backend, SandboxInfo
-from .config import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, home_dir
-from .runner import process_start_time, store_id
+from .config import home_dir
+from .labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, owner_alive, store_id
 from .store import Store
 
 
@@ -18,27 +16,6 @@ class CleanupReport:
     removed: list[SandboxInfo]
     kept: list[SandboxInfo]
     closed_runs: list[str]
-
-
-def owner_alive(owner: str) -> bool:
-    """True when the process named by an owner label still runs on this host.
-
-    Owners on other hosts are treated as alive: we cannot see them, so we leave them alone.
-    """
-    try:
-        host, pid_text, started = owner.split(":")
-        pid = int(pid_text)
-    except ValueError:
-        return False
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return process_start_time(pid) == started
 
 
 def cleanup(

@@ -7,14 +7,6 @@ from pathlib import Path
 
 VERSION = "0.1.0"
 
-#: Label keys put on every container, network and image the orchestrator creates.
-LABEL_PREFIX = "orchestrator"
-LABEL_RUN_ID = "orchestrator.run-id"
-LABEL_VERSION = "orchestrator.version"
-LABEL_STORE = "orchestrator.store"
-LABEL_OWNER = "orchestrator.owner"  # "<hostname>:<pid>:<process start time>"
-LABEL_KIND = "orchestrator.kind"  # "sandbox", "egress", "agent-image", "payload-image"
-
 
 def home_dir() -> Path:
     """State directory: `$ORCHESTRATOR_HOME`, else `~/.orchestrator`. Created on demand."""

@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator_runtime.protocol import is_dangerous_import
+
 from .errors import ManifestError
+from .policy import HOST_NAME_RE
+from .spec import BACKENDS, SETTABLE_LIMITS, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -16,68 +20,35 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 MANIFEST_NAME = "manifest.toml"
-#: Where sandboxes can run.
-BACKENDS = ("docker", "e2b")
 
-#: Modules that would void the inner executor's sandbox if a CodeAgent could import them.
-DANGEROUS_IMPORTS = frozenset(
-    {
-        "*", "os", "posix", "nt", "subprocess", "socket", "sys", "shutil", "importlib",
-        "ctypes", "pickle", "marshal", "builtins", "io", "pathlib", "multiprocessing", "pty",
-        "signal", "threading", "_thread", "code", "codeop", "inspect", "gc", "resource",
-        "fcntl", "mmap", "tempfile", "glob", "asyncio", "concurrent", "runpy", "sysconfig",
-        "urllib", "http", "requests", "httpx", "ftplib", "smtplib", "telnetlib", "webbrowser",
-    }
-)  # fmt: skip
 
 #: Files shipped into the sandbox with a payload: code and small data, nothing else.
 PAYLOAD_SUFFIXES = frozenset({".py", ".json", ".csv", ".txt", ".md", ".toml", ".yaml", ".yml"})
+
+
 MAX_PAYLOAD_BYTES = 5 * 1024 * 1024
 
+
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+
+
 _ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_HOST_RE = re.compile(
-    r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
-)
+
+
 _MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
+
 
 _ALLOWED = {
     "payload": {"name", "description", "entrypoint", "example_task", "example_answer", "backend"},
     "python": {"requirements", "authorized_imports"},
     "secrets": {"required"},
     "network": {"hosts"},
-    "limits": {"max_steps", "timeout_seconds", "memory_mb", "cpus", "pids"},
+    "limits": set(SETTABLE_LIMITS),
     "mock": {"scripts"},
 }
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource limits of one run. Every limit has a default; nothing is unbounded."""
-
-    max_steps: int = 10
-    timeout_seconds: float = 300.0
-    memory_mb: int = 1024
-    cpus: float = 1.0
-    pids: int = 256
-    tmpfs_mb: int = 256
-
-    def validate(self, where: str) -> None:
-        checks = [
-            ("max_steps", 1 <= self.max_steps <= 1000, "an integer from 1 to 1000"),
-            ("timeout_seconds", 1 <= self.timeout_seconds <= 86400, "1 to 86400 seconds"),
-            ("memory_mb", 64 <= self.memory_mb <= 65536, "64 to 65536 MiB"),
-            ("cpus", 0.1 <= self.cpus <= 64, "0.1 to 64"),
-            ("pids", 16 <= self.pids <= 32768, "16 to 32768"),
-            ("tmpfs_mb", 1 <= self.tmpfs_mb <= 16384, "1 to 16384 MiB"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ManifestError(
-                    f"{where}: limit `{name}` = {getattr(self, name)!r} is out of range.",
-                    f"Use {allowed}.",
-                )
 
 
 @dataclass(frozen=True)
@@ -126,11 +97,6 @@ class Manifest:
                 )
             files[rel.as_posix()] = text
         return files
-
-
-def is_dangerous_import(module: str) -> bool:
-    root = module.split(".")[0]
-    return module == "*" or root in DANGEROUS_IMPORTS
 
 
 def load_manifest(payload: str | Path) -> Manifest:
@@ -211,7 +177,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
     for key, value in limits_data.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail(f"limits.{key}", f"must be a number, got {value!r}", "Fix its type.")
-        if key in ("max_steps", "memory_mb", "pids") and not isinstance(value, int):
+        if SETTABLE_LIMITS.get(key) is int and not isinstance(value, int):
             raise fail(f"limits.{key}", f"must be a whole number, got {value!r}", "Fix its type.")
     limits = Limits(**limits_data)
     limits.validate(str(path))
@@ -225,7 +191,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
 
     hosts = str_list("network", "hosts", None, "a host name")
     for host in hosts:
-        if not _HOST_RE.match(host.lower()):
+        if not HOST_NAME_RE.match(host.lower()):
             raise fail(
                 "network.hosts", f"has an invalid host {host!r}",
                 "Use exact names (api.example.com) or one leading wildcard (*.example.com); "

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from orchestrator_runtime.protocol import PROVIDERS as RUNTIME_PROVIDERS
+
 from .errors import ConfigError
 
 
@@ -23,6 +25,7 @@ class Provider:
     hosts: tuple[str, ...] = ()
 
 
+#: What the host knows of each provider the runtime can build (orchestrator_runtime.protocol).
 PROVIDERS: dict[str, Provider] = {
     p.name: p
     for p in (
@@ -48,6 +51,8 @@ PROVIDERS: dict[str, Provider] = {
         ),
     )
 }  # fmt: skip
+if tuple(PROVIDERS) != RUNTIME_PROVIDERS:  # the names are the runtime's; this adds host facts
+    raise RuntimeError(f"host providers {tuple(PROVIDERS)} != runtime's {RUNTIME_PROVIDERS}")
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ class ModelSpec:
     def hosts(self) -> tuple[str, ...]:
         """Hosts the provider's client reaches by default (when no api_base is given)."""
         return () if self.api_base else PROVIDERS[self.provider].hosts
+
+    @property
+    def extra_requirements(self) -> tuple[str, ...]:
+        """Packages the image needs for this provider's client (litellm), beyond smolagents."""
+        return PROVIDERS[self.provider].extra_requirements
 
     @property
     def needs_network(self) -> bool:

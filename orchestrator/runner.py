@@ -11,98 +11,32 @@ prepare (manifest, model, secrets, network, limits: fail before anything starts)
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, TextIO
+from dataclasses import dataclass, replace
+from typing import Any
 
-from .backends.base import Backend, ExitInfo, NetworkPolicy, Sandbox, SandboxSpec
-from .config import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, LABEL_VERSION, VERSION
-from .egress import describe_allowlist, resolve_policy, sandbox_api_base
+from orchestrator_runtime.masking import Masker
+from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH
+
+from .backends import backend_name, get_backend
+from .backends.base import Backend, ExitInfo, Sandbox, SandboxSpec
 from .errors import ConfigError, ManifestError
-from .manifest import BACKENDS, Limits, Manifest, load_manifest
+from .labels import owner_label, run_labels
+from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
-from .secrets import Redactor, resolve_secrets
+from .policy import describe_allowlist, resolve_policy, sandbox_api_base
+from .record import EventHandler, RunRecorder, finish
+from .secrets import needed_secrets, resolve_secrets
+from .spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunCancelled, RunResult, RunSpec
 from .store import Store, new_run_id
 
 RUNTIME_COMMAND = ("python", "-m", "orchestrator_runtime")
-RESULT_PATH = "/tmp/orchestrator-result.json"
-#: Collected logs are capped; the rest is dropped with a note (nothing is unbounded).
-MAX_LOG_BYTES = 20 * 1024 * 1024
+
+
 #: How often the host checks that a running sandbox still has its egress proxy.
 HEALTH_INTERVAL = 1.0
-
-STATUSES = ("succeeded", "failed", "timed_out", "oom_killed", "infra_error", "cancelled")
-#: Exit codes the CLI returns per status, for cron jobs and shell scripts to branch on.
-EXIT_CODES = {
-    "succeeded": 0, "failed": 1, "timed_out": 3, "oom_killed": 4, "infra_error": 5,
-    "cancelled": 130,
-}  # fmt: skip
-
-EventHandler = Callable[[dict[str, Any]], None]
-
-
-@dataclass
-class RunSpec:
-    """What to run: a payload, a task, a model and a policy. Unset limits come from the
-    payload's manifest, then from the defaults in `Limits`."""
-
-    payload: str | Path
-    task: str | None = None
-    model: str = "mock"
-    api_base: str | None = None
-    model_key_env: str | None = None
-    model_options: dict[str, Any] = field(default_factory=dict)
-    additional_args: dict[str, Any] | None = None
-    #: `docker` or `e2b`; None: the manifest's `payload.backend`, else docker.
-    backend: str | None = None
-    network: str | None = None
-    allow_hosts: tuple[str, ...] = ()
-    max_steps: int | None = None
-    timeout_seconds: float | None = None
-    memory_mb: int | None = None
-    cpus: float | None = None
-    pids: int | None = None
-    env_file: str | Path | None = None
-    allow_dangerous_imports: bool = False
-    schedule: str | None = None
-    batch: str | None = None
-    run_id: str | None = None
-
-
-@dataclass
-class RunResult:
-    run_id: str
-    status: str
-    answer: Any = None
-    error: dict[str, Any] | None = None
-    exit_code: int | None = None
-    oom_killed: bool = False
-    token_usage: dict[str, int] = field(default_factory=dict)
-    steps: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
-    record_dir: str = ""
-    payload: str = ""
-    model: str = ""
-    backend: str = ""
-    network: str = ""
-    #: The effective allowlist of an `allowlist` run (hosts, host:port endpoints).
-    allowlist: list[str] = field(default_factory=list)
-    #: Connections refused by the egress proxy or seen blocked in the sandbox.
-    egress_blocked: int = 0
-    image: str = ""
-
-    @property
-    def cli_exit_code(self) -> int:
-        return EXIT_CODES.get(self.status, 5)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -119,13 +53,19 @@ class PreparedRun:
     secrets: dict[str, str]
     backend: str = "docker"
 
+    @property
+    def image_requirements(self) -> tuple[str, ...]:
+        """What the image must hold beyond the agent image: the payload's requirements and
+        the model provider's client (litellm)."""
+        return self.manifest.requirements + self.model.extra_requirements
 
-class RunCancelled(Exception):
-    """Raised by the CLI's SIGTERM handler so a run is torn down like on Ctrl-C."""
 
+def prepare(spec: RunSpec, *, secret_values: bool = True) -> PreparedRun:
+    """Check everything that can be checked before a sandbox exists; raise on any problem.
 
-def prepare(spec: RunSpec) -> PreparedRun:
-    """Check everything that can be checked before a sandbox exists; raise on any problem."""
+    Raises ManifestError or ConfigError (nothing has started). With `secret_values=False`
+    (schedule validation) the secrets are not read, and the result's `secrets` is empty.
+    """
     manifest = load_manifest(spec.payload)
     dangerous = manifest.dangerous_imports()
     if dangerous and not spec.allow_dangerous_imports:
@@ -147,18 +87,12 @@ def prepare(spec: RunSpec) -> PreparedRun:
             f"No task given, and {manifest.path} has no `payload.example_task`.",
             'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
         )
-    overrides = {
-        k: getattr(spec, k)
-        for k in ("max_steps", "timeout_seconds", "memory_mb", "cpus", "pids")
-        if getattr(spec, k) is not None
-    }
+    overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
     limits = replace(manifest.limits, **overrides)
     limits.validate("command line")
     network = resolve_network(spec, manifest, model)
-    needed = list(manifest.secrets)
-    if model.credential_env:
-        needed.append(model.credential_env)
-    secrets = resolve_secrets(needed, env_file=spec.env_file)
+    needed = needed_secrets(manifest, model)
+    secrets = resolve_secrets(needed, env_file=spec.env_file) if secret_values else {}
     return PreparedRun(
         backend=backend_name(spec.backend, manifest),
         run_id=spec.run_id or new_run_id(),
@@ -175,36 +109,15 @@ def prepare(spec: RunSpec) -> PreparedRun:
 def resolve_network(spec: RunSpec, manifest: Manifest, model: ModelSpec) -> NetworkPolicy:
     """`none` unless the run needs network; then `allowlist` (the model's host, the payload's
     hosts, --allow-host); `open` only when asked for by name."""
-    from .manifest import _HOST_RE
+    from .policy import HOST_NAME_RE
 
     for host in spec.allow_hosts:
-        if not _HOST_RE.match(host.lower()):
+        if not HOST_NAME_RE.match(host.lower()):
             raise ConfigError(
                 f"--allow-host {host!r} is not a host name.",
                 "Use an exact name (api.example.com) or one leading wildcard (*.example.com).",
             )
     return resolve_policy(spec.network, model=model, hosts=(*manifest.hosts, *spec.allow_hosts))
-
-
-def backend_name(requested: str | None, manifest: Manifest | None = None) -> str:
-    """The backend of a run: the one asked for, else the payload's, else docker."""
-    name = requested or (manifest.backend if manifest else None) or "docker"
-    if name not in BACKENDS:
-        raise ConfigError(f"Unknown backend {name!r}.", f"Use one of {', '.join(BACKENDS)}.")
-    return name
-
-
-def get_backend(name: str, *, env_file: str | Path | None = None) -> Backend:
-    """A backend by name; fails (before anything starts) if it cannot be used here."""
-    if name == "docker":
-        from .backends.docker import DockerBackend
-
-        return DockerBackend()
-    if name == "e2b":
-        from .backends.e2b import E2BBackend, E2BSettings
-
-        return E2BBackend(E2BSettings.from_env(env_file))
-    raise ConfigError(f"Unknown backend {name!r}.", f"Use one of {', '.join(BACKENDS)}.")
 
 
 def run(
@@ -244,7 +157,7 @@ def execute(
 ) -> RunResult:
     progress = on_progress or (lambda _message: None)
     cancel = cancel or threading.Event()
-    redactor = Redactor(prepared.secrets.values())
+    masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
     record_dir = store.create_run(
         run_id,
@@ -253,12 +166,12 @@ def execute(
         model=prepared.model.describe(),
         backend=backend.name,
         network=prepared.network.mode,
-        task=redactor.text(prepared.task),
+        task=masker(prepared.task),
         schedule=prepared.spec.schedule,
         batch=prepared.spec.batch,
         owner=owner_label(),
     )
-    record = RunRecorder(record_dir, redactor, on_event)
+    record = RunRecorder(record_dir, masker, on_event)
     result = RunResult(
         run_id=run_id,
         status="infra_error",
@@ -274,8 +187,7 @@ def execute(
     interrupted: BaseException | None = None
     try:
         t0 = time.monotonic()
-        extra = prepared.manifest.requirements + _provider_requirements(prepared.model)
-        result.image = backend.prepare_image(extra, progress)
+        result.image = backend.prepare_image(prepared.image_requirements, progress)
         timings["image_seconds"] = round(time.monotonic() - t0, 3)
         store.update_run(run_id, status="starting")
         sandbox = backend.create(sandbox_spec(prepared, result.image), progress)
@@ -304,7 +216,7 @@ def execute(
         result.error = {"type": type(exc).__name__, "message": "cancelled by the user"}
     except Exception as exc:  # engine errors, image build failures, vanished sandboxes
         result.status = "infra_error"
-        result.error = {"type": type(exc).__name__, "message": redactor.text(str(exc))}
+        result.error = {"type": type(exc).__name__, "message": masker(str(exc))}
     finally:
         if sandbox is not None:
             record_egress_blocked(sandbox, record)
@@ -350,7 +262,7 @@ def supervise(
     next_check = time.monotonic()
     while not done.wait(timeout=0.05):
         if time.monotonic() >= next_check:
-            lost, next_check = sandbox_health(sandbox), time.monotonic() + HEALTH_INTERVAL
+            lost, next_check = sandbox.health(), time.monotonic() + HEALTH_INTERVAL
         if cancel.is_set():
             outcome = "cancelled"
         elif time.monotonic() >= deadline:
@@ -364,24 +276,17 @@ def supervise(
         break
     reader.join(timeout=10)
     failed = (record.run_end or {}).get("state") != "success"
-    if outcome == "finished" and failed and (lost := sandbox_health(sandbox)):
+    if outcome == "finished" and failed and (lost := sandbox.health()):
         # The runtime ended first (say, on a model connection error): name the real cause.
         outcome = "network_lost"
         record.host_event(outcome, reason=lost)
     return outcome
 
 
-def sandbox_health(sandbox: Sandbox) -> str | None:
-    """Why a running sandbox can no longer work (its egress proxy is gone), or None."""
-    health = getattr(sandbox, "health", None)  # optional for backends without egress
-    return health() if health else None
-
-
 def record_egress_blocked(sandbox: Sandbox, record: RunRecorder) -> None:
     """Record what the sandbox's egress proxy refused, as `egress_blocked` events."""
-    blocked = getattr(sandbox, "egress_blocked", None)
     try:
-        attempts = blocked() if blocked else []
+        attempts = sandbox.egress_blocked()
     except Exception as exc:  # the run's outcome matters more than its egress log
         record.host_event("egress_log_unavailable", error=str(exc))
         return
@@ -439,126 +344,6 @@ def decide_status(
     }
 
 
-class RunRecorder:
-    """Writes a run's events and logs to its record directory as they arrive, masked."""
-
-    def __init__(self, directory: Path, redactor: Redactor, on_event: EventHandler | None):
-        self.directory = directory
-        self.redactor = redactor
-        self.on_event = on_event
-        self.events: list[dict[str, Any]] = []
-        self.run_end: dict[str, Any] | None = None
-        self._lock = threading.Lock()
-        self._partial = {"stdout": b"", "stderr": b""}
-        self._files: dict[str, TextIO] = {
-            name: open(directory / filename, "a", encoding="utf-8")  # noqa: SIM115
-            for name, filename in (
-                ("events", "events.jsonl"), ("stdout", "stdout.log"), ("stderr", "stderr.log")
-            )
-        }  # fmt: skip
-        self._written = {"stdout": 0, "stderr": 0}
-        self._closed = False
-
-    def feed(self, stream: str, chunk: bytes) -> None:
-        data = self._partial[stream] + chunk
-        *lines, self._partial[stream] = data.split(b"\n")
-        for line in lines:
-            self._line(stream, line.decode("utf-8", errors="replace"))
-
-    def flush(self) -> None:
-        for stream, rest in self._partial.items():
-            if rest:
-                self._line(stream, rest.decode("utf-8", errors="replace"))
-            self._partial[stream] = b""
-
-    def _line(self, stream: str, line: str) -> None:
-        if stream == "stdout":
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = None
-            if isinstance(event, dict) and "type" in event:
-                self.event(event)
-                return
-        self._log(stream, line)
-
-    def _log(self, stream: str, line: str) -> None:
-        line = self.redactor.text(line) + "\n"
-        with self._lock:
-            if self._closed or self._written[stream] > MAX_LOG_BYTES:
-                return
-            self._written[stream] += len(line)
-            if self._written[stream] > MAX_LOG_BYTES:
-                line = f"[orchestrator: {stream} log capped at {MAX_LOG_BYTES} bytes]\n"
-            self._files[stream].write(line)
-            self._files[stream].flush()
-
-    def event(self, event: dict[str, Any]) -> None:
-        event = self.redactor.data(event)
-        with self._lock:
-            if self._closed:
-                return
-            if event.get("type") == "run_end":
-                if self.run_end is not None:
-                    return  # recovered twice: keep the first
-                self.run_end = event
-            self.events.append(event)
-            self._files["events"].write(json.dumps(event, default=str) + "\n")
-            self._files["events"].flush()
-        if self.on_event:
-            self.on_event(event)
-
-    def host_event(self, type_: str, **fields: Any) -> None:
-        self.event({"type": type_, "source": "host", "ts": time.time(), **fields})
-
-    def recover(self, stdout: bytes) -> None:
-        """Find the run_end in the engine's copy of stdout after a broken live stream."""
-        for line in reversed(stdout.decode("utf-8", errors="replace").splitlines()):
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.get("type") == "run_end":
-                self.host_event("stream_recovered")
-                self.event(event)
-                return
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            for file in self._files.values():
-                file.close()
-
-
-def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
-    """Fill the result from the run_end event, write result.json and the index row."""
-    end = record.run_end or {}
-    if result.status == "succeeded":
-        result.answer = end.get("answer")
-    result.token_usage = end.get("token_usage") or {}
-    result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
-    result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
-    result.answer = record.redactor.data(result.answer)
-    result.error = record.redactor.data(result.error)
-    record.host_event("run_finished", status=result.status)
-    record.close()
-    path = Path(result.record_dir) / "result.json"
-    path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
-    store.update_run(
-        result.run_id,
-        status=result.status,
-        ended_at=result.timings.get("ended"),
-        duration=result.timings.get("duration"),
-        answer=None if result.answer is None else json.dumps(result.answer, default=str),
-        error=None
-        if result.error is None
-        else result.error.get("message") or result.error.get("type"),
-        exit_code=result.exit_code,
-        input_tokens=result.token_usage.get("input_tokens"),
-        output_tokens=result.token_usage.get("output_tokens"),
-    )
-
-
 def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
     return SandboxSpec(
         run_id=prepared.run_id,
@@ -570,23 +355,12 @@ def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
     )
 
 
-def run_labels(run_id: str) -> dict[str, str]:
-    from .config import home_dir
-
-    return {
-        LABEL_RUN_ID: run_id,
-        LABEL_VERSION: VERSION,
-        LABEL_STORE: store_id(home_dir()),
-        LABEL_OWNER: owner_label(),
-    }
-
-
 def build_request(prepared: PreparedRun) -> dict[str, Any]:
     """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
     ships those separately (`Sandbox.start`)."""
     manifest = prepared.manifest
     request = {
-        "protocol": 1,
+        "protocol": PROTOCOL_VERSION,
         "run_id": prepared.run_id,
         "task": prepared.task,
         "additional_args": prepared.spec.additional_args,
@@ -606,28 +380,3 @@ def build_request(prepared: PreparedRun) -> dict[str, Any]:
         "result_path": RESULT_PATH,
     }
     return request
-
-
-def _provider_requirements(model: ModelSpec) -> tuple[str, ...]:
-    from .models import PROVIDERS
-
-    return PROVIDERS[model.provider].extra_requirements
-
-
-def store_id(root: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
-
-
-def owner_label() -> str:
-    """`host:pid:start` of this process, so cleanup can tell a live owner from a dead one."""
-    return f"{socket.gethostname()}:{os.getpid()}:{process_start_time(os.getpid())}"
-
-
-def process_start_time(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "?"
-    return stat.rsplit(")", 1)[1].split()[19]  # field 22: start time in clock ticks

@@ -4,6 +4,5 @@ It reads one JSON request on stdin and writes JSON events on stdout, as docs/PRO
 It imports nothing from the host package `orchestrator`: only the standard library and
 smolagents, so the same files run in a Docker container, an E2B sandbox or a local process.
 This module stays import-free so that a bad request is refused before smolagents is imported.
+`protocol.py` and `masking.py` hold what the host shares with it (the host imports them).
 """
-
-PROTOCOL_VERSION = 1

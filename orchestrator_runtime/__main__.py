@@ -19,7 +19,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .events import EventStream, Masker, write_result
+from .events import EventStream, write_result
+from .masking import Masker
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
 EXIT_SUCCESS, EXIT_AGENT_FAILED, EXIT_BAD_REQUEST, EXIT_INTERNAL = 0, 1, 2, 3

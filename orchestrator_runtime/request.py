@@ -11,22 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import PROTOCOL_VERSION
-
-PROVIDERS = ("mock", "openai", "hf", "litellm")
-
-#: Modules that void the inner executor's guard if agent code may import them. Kept in step
-#: with the host's list (the host checks first; this is the second check). Private modules
-#: (`_io`, `_posixsubprocess`, ...) give the same powers, so any `_name` is refused too.
-DANGEROUS_IMPORTS = frozenset(
-    {
-        "*", "os", "posix", "nt", "subprocess", "socket", "sys", "shutil", "importlib",
-        "ctypes", "pickle", "marshal", "builtins", "io", "pathlib", "multiprocessing", "pty",
-        "signal", "threading", "code", "codeop", "inspect", "gc", "resource", "fcntl", "mmap",
-        "tempfile", "glob", "asyncio", "concurrent", "runpy", "sysconfig", "urllib", "http",
-        "requests", "httpx", "ftplib", "smtplib", "telnetlib", "webbrowser",
-    }
-)  # fmt: skip
+from .protocol import PROTOCOL_VERSION, PROVIDERS, is_dangerous_import
 
 #: Limits a request may ask the runtime to set on itself.
 RLIMITS = ("nproc", "nofile", "core")
@@ -38,12 +23,6 @@ _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 class RequestError(ValueError):
     """The request is malformed or not allowed (exit code 2)."""
-
-
-def is_dangerous_import(module: str) -> bool:
-    """True for `os`, `os.path`, `os.*`, `*`, `_io`... (a module or any submodule of one)."""
-    root = module.split(".")[0]
-    return root in DANGEROUS_IMPORTS or root.startswith("_")
 
 
 @dataclass

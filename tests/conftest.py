@@ -43,15 +43,14 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def store_label(orchestrator_home: Path) -> str:
-    from orchestrator.config import LABEL_STORE
-    from orchestrator.runner import store_id
+    from orchestrator.labels import LABEL_STORE, store_id
 
     return f"{LABEL_STORE}={store_id(orchestrator_home)}"
 
 
 @pytest.fixture(scope="session")
 def agent_image(docker_client) -> str:
-    from orchestrator.images import ensure_agent_image
+    from orchestrator.backends.docker.images import ensure_agent_image
 
     return ensure_agent_image(docker_client, progress=lambda m: print(m, file=sys.stderr))
 

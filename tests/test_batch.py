@@ -25,9 +25,9 @@ from orchestrator.batch import (
     run_batch,
     wilson_interval,
 )
-from orchestrator.config import LABEL_RUN_ID
 from orchestrator.errors import ConfigError
-from orchestrator.runner import RunSpec
+from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.spec import RunSpec
 from orchestrator.store import Store
 
 from .conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for

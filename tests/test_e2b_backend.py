@@ -22,15 +22,12 @@ import e2b
 import pytest
 
 from orchestrator import ConfigError, RunSpec, Store, load_manifest, run
-from orchestrator.backends.base import NetworkPolicy
-from orchestrator.backends.e2b import (
-    SANDBOX_USER,
-    E2BSettings,
-    ensure_template,
-    network_options,
-)
+from orchestrator.backends.e2b import E2BSettings, ensure_template
+from orchestrator.backends.e2b.sandbox import network_options
+from orchestrator.backends.e2b.templates import SANDBOX_USER
 from orchestrator.batch import BatchSpec, run_batch
-from orchestrator.config import LABEL_RUN_ID
+from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.spec import NetworkPolicy
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, wait_for
 from .e2b_server import E2BTestServer

@@ -29,20 +29,13 @@ from typing import Any
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
-from orchestrator.backends.base import NetworkPolicy
-from orchestrator.config import LABEL_KIND, LABEL_RUN_ID
-from orchestrator.egress import (
-    HOST_ALIAS,
-    KIND_EGRESS,
-    KIND_EGRESS_NETWORK,
-    is_docker_host,
-    parse_access_log,
-    resolve_policy,
-    sandbox_api_base,
-)
+from orchestrator.backends.docker.egress import KIND_EGRESS, KIND_EGRESS_NETWORK, parse_access_log
 from orchestrator.errors import ConfigError
+from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.models import parse_model
+from orchestrator.policy import HOST_ALIAS, is_docker_host, resolve_policy, sandbox_api_base
 from orchestrator.runner import prepare
+from orchestrator.spec import NetworkPolicy
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, our_containers, wait_for
 from .model_server import ScriptedModelServer, SinkServer, docker_bridge_address, host_address
@@ -421,7 +414,7 @@ def test_the_proxy_never_resolves_an_unlisted_name(
 ) -> None:
     """squid's own DNS log: unlisted names are refused unresolved (no DNS exfiltration through
     the proxy), listed ones are resolved."""
-    from orchestrator.egress import ensure_egress_image
+    from orchestrator.backends.docker.egress import ensure_egress_image
 
     api = docker_client.api
     labels = dict([store_label.split("=", 1)])

@@ -13,9 +13,12 @@ import docker
 import docker.errors
 import pytest
 
-from orchestrator import images
-from orchestrator.config import LABEL_KIND, LABEL_VERSION, VERSION
+from orchestrator import imagedef, wheelhouse
+from orchestrator.backends.docker import base_image, prune
+from orchestrator.backends.docker import images as docker_images
+from orchestrator.config import VERSION
 from orchestrator.errors import ConfigError, ImageBuildError, OrchestratorError
+from orchestrator.labels import LABEL_KIND, LABEL_VERSION
 
 pytestmark = pytest.mark.docker
 
@@ -105,22 +108,22 @@ def no_rebuild(monkeypatch: pytest.MonkeyPatch, docker_client) -> Iterator[None]
     def refuse(*args, **kwargs):
         raise AssertionError("expected everything to be cached")
 
-    monkeypatch.setattr(images, "_download_wheelhouse", refuse)
-    monkeypatch.setattr(images, "_build", refuse)
-    monkeypatch.setattr(images, "bootstrap_base", refuse)
+    monkeypatch.setattr(wheelhouse, "_download_wheelhouse", refuse)
+    monkeypatch.setattr(docker_images, "build_image", refuse)
+    monkeypatch.setattr(base_image, "bootstrap_base", refuse)
     monkeypatch.setattr(docker_client.containers, "run", refuse)
     yield
 
 
 def test_agent_image_is_content_addressed_and_labelled(docker_client, agent_image: str):
-    assert agent_image.startswith(f"{images.AGENT_IMAGE}:")
+    assert agent_image.startswith(f"{docker_images.AGENT_IMAGE}:")
     info = docker_client.api.inspect_image(agent_image)
     labels = info["Config"]["Labels"]
-    assert labels[LABEL_KIND] == images.KIND_AGENT
+    assert labels[LABEL_KIND] == docker_images.KIND_AGENT
     assert labels[LABEL_VERSION] == VERSION
-    assert labels[images.LABEL_CONTENT_HASH].startswith(agent_image.split(":")[1])
-    assert labels[images.LABEL_BASE_ID].startswith("sha256:")
-    assert labels[images.LABEL_PYTHON].startswith("3.")
+    assert labels[docker_images.LABEL_CONTENT_HASH].startswith(agent_image.split(":")[1])
+    assert labels[docker_images.LABEL_BASE_ID].startswith("sha256:")
+    assert labels[docker_images.LABEL_PYTHON].startswith("3.")
 
 
 def test_agent_image_config_is_hardened(docker_client, agent_image: str):
@@ -152,7 +155,7 @@ def test_second_ensure_does_not_rebuild(docker_client, agent_image: str, no_rebu
     image_id = docker_client.api.inspect_image(agent_image)["Id"]
     progress = Recorder()
     started = time.perf_counter()
-    again = images.ensure_agent_image(docker_client, progress=progress)
+    again = docker_images.ensure_agent_image(docker_client, progress=progress)
     elapsed = time.perf_counter() - started
     assert again == agent_image
     assert docker_client.api.inspect_image(again)["Id"] == image_id
@@ -165,14 +168,14 @@ def test_payload_image_adds_a_requirement_and_is_cached(
     docker_client, agent_image: str, monkeypatch: pytest.MonkeyPatch
 ):
     progress = Recorder()
-    tag = images.ensure_agent_image(
+    tag = docker_images.ensure_agent_image(
         docker_client, extra_requirements=["tabulate"], progress=progress
     )
-    assert tag.startswith(f"{images.PAYLOAD_IMAGE}:")
+    assert tag.startswith(f"{docker_images.PAYLOAD_IMAGE}:")
     labels = docker_client.api.inspect_image(tag)["Config"]["Labels"]
-    assert labels[LABEL_KIND] == images.KIND_PAYLOAD
-    assert labels[images.LABEL_AGENT_IMAGE] == agent_image
-    assert labels[images.LABEL_REQUIREMENTS] == "tabulate"
+    assert labels[LABEL_KIND] == docker_images.KIND_PAYLOAD
+    assert labels[docker_images.LABEL_AGENT_IMAGE] == agent_image
+    assert labels[docker_images.LABEL_REQUIREMENTS] == "tabulate"
     assert docker_client.api.inspect_image(tag)["Config"]["User"] == "10001:10001"
 
     status, output = run_in_image(
@@ -184,9 +187,9 @@ def test_payload_image_adds_a_requirement_and_is_cached(
     def refuse(*args, **kwargs):
         raise AssertionError("expected the payload image to be cached")
 
-    monkeypatch.setattr(images, "_download_wheelhouse", refuse)
-    monkeypatch.setattr(images, "_build", refuse)
-    again = images.ensure_agent_image(
+    monkeypatch.setattr(wheelhouse, "_download_wheelhouse", refuse)
+    monkeypatch.setattr(docker_images, "build_image", refuse)
+    again = docker_images.ensure_agent_image(
         docker_client, extra_requirements=["  tabulate ", "tabulate  # twice"]
     )
     assert again == tag
@@ -194,7 +197,7 @@ def test_payload_image_adds_a_requirement_and_is_cached(
 
 def test_requirements_the_agent_image_has_need_no_payload_image(docker_client, agent_image: str):
     progress = Recorder()
-    tag = images.ensure_agent_image(
+    tag = docker_images.ensure_agent_image(
         docker_client, extra_requirements=["requests"], progress=progress
     )
     assert tag == agent_image and not progress.saw("building")
@@ -202,59 +205,61 @@ def test_requirements_the_agent_image_has_need_no_payload_image(docker_client, a
 
 def test_extra_requirements_refuse_pip_options():
     with pytest.raises(ConfigError):
-        images.normalize_requirements(["--index-url https://example.invalid/simple"])
+        imagedef.normalize_requirements(["--index-url https://example.invalid/simple"])
     with pytest.raises(ConfigError):
-        images.normalize_requirements(["-r /etc/passwd"])
-    assert images.normalize_requirements(["b", "a  >=1", "", "# comment", "b"]) == ("a >=1", "b")
+        imagedef.normalize_requirements(["-r /etc/passwd"])
+    assert imagedef.normalize_requirements(["b", "a  >=1", "", "# comment", "b"]) == ("a >=1", "b")
 
 
 def test_runtime_change_changes_the_tag(
     docker_client, agent_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_rebuild
 ):
     runtime = tmp_path / "orchestrator_runtime"
-    shutil.copytree(images.RUNTIME_DIR, runtime, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(images, "RUNTIME_DIR", runtime)
-    assert images.plan_agent_image(docker_client).tag == agent_image
+    shutil.copytree(
+        docker_images.RUNTIME_DIR, runtime, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    monkeypatch.setattr(docker_images, "RUNTIME_DIR", runtime)
+    assert docker_images.plan_agent_image(docker_client).tag == agent_image
 
     (runtime / "__pycache__").mkdir(exist_ok=True)  # bytecode caches do not count
     (runtime / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"junk")
-    assert images.plan_agent_image(docker_client).tag == agent_image
+    assert docker_images.plan_agent_image(docker_client).tag == agent_image
 
     init = runtime / "__init__.py"
     init.write_text(init.read_text() + "\n# changed\n")
-    changed = images.plan_agent_image(docker_client).tag
-    assert changed != agent_image and changed.startswith(f"{images.AGENT_IMAGE}:")
+    changed = docker_images.plan_agent_image(docker_client).tag
+    assert changed != agent_image and changed.startswith(f"{docker_images.AGENT_IMAGE}:")
 
 
 def test_unavailable_base_falls_back_and_says_so(docker_client, agent_image: str):
     missing = "orchestrator-test/no-such-base:never"
     progress = Recorder()
-    assert images.resolve_base(docker_client, missing, progress) == images.BASE_IMAGE
+    assert base_image.resolve_base(docker_client, missing, progress) == base_image.BASE_IMAGE
     assert progress.saw(f"base image {missing} is not available")
-    assert progress.saw(f"falling back to {images.BASE_IMAGE}")
+    assert progress.saw(f"falling back to {base_image.BASE_IMAGE}")
     # The failed pull is remembered: the next call does not try again.
     again = Recorder()
-    assert images.resolve_base(docker_client, missing, again) == images.BASE_IMAGE
+    assert base_image.resolve_base(docker_client, missing, again) == base_image.BASE_IMAGE
     assert not again.saw("pulling") and again.saw("falling back")
 
 
 def test_bootstrap_base_explains_what_is_missing(docker_client, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(images.shutil, "which", lambda name: None)
+    monkeypatch.setattr(base_image.shutil, "which", lambda name: None)
     with pytest.raises(OrchestratorError) as error:
-        images.bootstrap_base(docker_client, tag="orchestrator-test/base:never")
+        base_image.bootstrap_base(docker_client, tag="orchestrator-test/base:never")
     assert "debootstrap" in error.value.cause and "apt-get install debootstrap" in error.value.fix
 
-    monkeypatch.setattr(images.shutil, "which", lambda name: f"/usr/sbin/{name}")
-    monkeypatch.setattr(images.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(base_image.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(base_image.os, "geteuid", lambda: 1000)
     with pytest.raises(OrchestratorError) as error:
-        images.bootstrap_base(docker_client, tag="orchestrator-test/base:never")
-    assert "root" in error.value.cause and images.BASE_IMAGE_ENV in error.value.fix
+        base_image.bootstrap_base(docker_client, tag="orchestrator-test/base:never")
+    assert "root" in error.value.cause and imagedef.BASE_IMAGE_ENV in error.value.fix
 
 
 def test_incomplete_wheelhouse_is_resolved_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Only a wheelhouse with its manifest (written last) counts as complete."""
-    monkeypatch.setenv(images.WHEELHOUSE_ENV, str(tmp_path))
-    target = images.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
+    monkeypatch.setenv(wheelhouse.WHEELHOUSE_ENV, str(tmp_path))
+    target = wheelhouse.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
     calls = []
 
     def fake_pip(command, progress, *, prefix):
@@ -262,17 +267,17 @@ def test_incomplete_wheelhouse_is_resolved_again(tmp_path: Path, monkeypatch: py
         dest = Path(command[command.index("--dest") + 1])
         (dest / "tabulate-0.9.0-py3-none-any.whl").write_bytes(b"wheel")
         (dest / "pip-24.0-py3-none-any.whl").write_bytes(b"pip")
-        return images._Output(0, [])
+        return imagedef.CommandOutput(0, [])
 
-    monkeypatch.setattr(images, "_run_streaming", fake_pip)
-    first = images.ensure_wheelhouse("tabulate\n", target)
+    monkeypatch.setattr(wheelhouse, "run_streaming", fake_pip)
+    first = wheelhouse.ensure_wheelhouse("tabulate\n", target)
     shutil.rmtree(first.path)
     first.path.mkdir()  # as a crash would leave it: files but no manifest
-    second = images.ensure_wheelhouse("tabulate\n", target)
+    second = wheelhouse.ensure_wheelhouse("tabulate\n", target)
     assert len(calls) == 2 and second.path == first.path
     assert set(second.wheels) == {"tabulate-0.9.0-py3-none-any.whl", "pip-24.0-py3-none-any.whl"}
     assert second.pins() == "pip==24.0\ntabulate==0.9.0\n"
-    third = images.ensure_wheelhouse("tabulate\n", target)
+    third = wheelhouse.ensure_wheelhouse("tabulate\n", target)
     assert len(calls) == 2 and third == second
     command = calls[0]
     assert "--only-binary=:all:" in command and command[command.index("--python-version") + 1]
@@ -281,31 +286,33 @@ def test_incomplete_wheelhouse_is_resolved_again(tmp_path: Path, monkeypatch: py
 
 def test_damaged_wheelhouse_is_refused(tmp_path: Path):
     (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"changed")
-    wheelhouse = images.Wheelhouse(tmp_path, "k", {"a-1.0-py3-none-any.whl": "0" * 64})
+    house = wheelhouse.Wheelhouse(tmp_path, "k", {"a-1.0-py3-none-any.whl": "0" * 64})
     with pytest.raises(ImageBuildError) as error:
-        wheelhouse.context_files()
+        house.context_files()
     assert "damaged" in error.value.cause and str(tmp_path) in error.value.fix
 
 
 def test_failed_wheel_resolution_is_an_image_build_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    monkeypatch.setenv(images.WHEELHOUSE_ENV, str(tmp_path))
-    target = images.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
+    monkeypatch.setenv(wheelhouse.WHEELHOUSE_ENV, str(tmp_path))
+    target = wheelhouse.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
     monkeypatch.setattr(
-        images, "_run_streaming", lambda *a, **k: images._Output(1, ["ERROR: No matching dist"])
+        wheelhouse,
+        "run_streaming",
+        lambda *a, **k: imagedef.CommandOutput(1, ["ERROR: No matching dist"]),
     )
     with pytest.raises(ImageBuildError) as error:
-        images.ensure_wheelhouse("no-such-package\n", target)
+        wheelhouse.ensure_wheelhouse("no-such-package\n", target)
     assert "No matching dist" in error.value.cause and "binary wheels" in error.value.fix
     assert not [p for p in tmp_path.iterdir() if p.suffix != ".lock"]  # nothing half-made
 
 
 def test_failed_build_reports_the_last_lines(docker_client, monkeypatch: pytest.MonkeyPatch):
-    dockerfile = f"FROM {images.BASE_IMAGE}\nRUN echo about to fail && false\n"
+    dockerfile = f"FROM {base_image.BASE_IMAGE}\nRUN echo about to fail && false\n"
     progress = Recorder()
     with pytest.raises(ImageBuildError) as error:
-        images._build(
+        docker_images.build_image(
             docker_client,
             "orchestrator-test/broken:never",
             {"Dockerfile": dockerfile.encode()},
@@ -335,33 +342,33 @@ def _fake_image(client: docker.DockerClient, tag: str, labels: dict[str, str]) -
 def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.MonkeyPatch):
     old = _fake_image(
         docker_client,
-        f"{images.AGENT_IMAGE}:test0000old0",
-        {LABEL_KIND: images.KIND_AGENT, LABEL_VERSION: "0.0.0"},
+        f"{docker_images.AGENT_IMAGE}:test0000old0",
+        {LABEL_KIND: docker_images.KIND_AGENT, LABEL_VERSION: "0.0.0"},
     )
     try:
-        rows = {row["tag"]: row for row in images.list_images(docker_client)}
-        assert rows[agent_image]["kind"] == images.KIND_AGENT
-        assert rows[old]["kind"] == images.KIND_AGENT and rows[old]["in_use"] is False
-        assert rows[images.BASE_IMAGE]["kind"] == images.KIND_BASE
+        rows = {row["tag"]: row for row in prune.list_images(docker_client)}
+        assert rows[agent_image]["kind"] == docker_images.KIND_AGENT
+        assert rows[old]["kind"] == docker_images.KIND_AGENT and rows[old]["in_use"] is False
+        assert rows[base_image.BASE_IMAGE]["kind"] == base_image.KIND_BASE
         assert {"tag", "id", "kind", "created", "size", "in_use"} <= set(rows[old])
 
-        would = images.prune_images(docker_client, dry_run=True)
+        would = prune.prune_images(docker_client, dry_run=True)
         assert old in would
-        assert agent_image not in would and images.BASE_IMAGE not in would
+        assert agent_image not in would and base_image.BASE_IMAGE not in would
         assert docker_client.api.inspect_image(old)  # dry run: still there
 
         # Remove for real, but only among our own images: the engine may hold other
         # sessions' images, which a test must not touch.
-        mine = {old, agent_image, images.BASE_IMAGE}
-        real_list = images.list_images
+        mine = {old, agent_image, base_image.BASE_IMAGE}
+        real_list = prune.list_images
         monkeypatch.setattr(
-            images, "list_images", lambda c: [r for r in real_list(c) if r["tag"] in mine]
+            prune, "list_images", lambda c: [r for r in real_list(c) if r["tag"] in mine]
         )
-        assert images.prune_images(docker_client) == [old]
+        assert prune.prune_images(docker_client) == [old]
         with pytest.raises(docker.errors.ImageNotFound):
             docker_client.api.inspect_image(old)
         assert docker_client.api.inspect_image(agent_image)
-        assert docker_client.api.inspect_image(images.BASE_IMAGE)
+        assert docker_client.api.inspect_image(base_image.BASE_IMAGE)
     finally:
         try:
             docker_client.api.remove_image(old, force=True)

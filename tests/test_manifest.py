@@ -9,7 +9,8 @@ import pytest
 from orchestrator.errors import ConfigError, ManifestError
 from orchestrator.manifest import load_manifest
 from orchestrator.models import parse_model
-from orchestrator.runner import RunSpec, prepare
+from orchestrator.runner import prepare
+from orchestrator.spec import RunSpec
 
 from .conftest import PAYLOADS, TEST_PAYLOADS
 
@@ -166,7 +167,7 @@ def test_test_payloads_are_valid() -> None:
 def test_backend_comes_from_the_run_then_the_manifest_then_docker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator.runner import backend_name
+    from orchestrator.backends import backend_name
 
     monkeypatch.setenv("DEMO_TOKEN", "token-value")
     folder = write_payload(tmp_path, GOOD.replace('example_task = "hi"', 'backend = "e2b"'))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
-from orchestrator.config import LABEL_RUN_ID
+from orchestrator.labels import LABEL_RUN_ID
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, our_containers, wait_for
 

@@ -22,8 +22,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from croniter import croniter
 
-from orchestrator import schedule_cli
-from orchestrator.runner import RunResult, RunSpec, prepare
+from orchestrator.runner import prepare
 from orchestrator.schedules import (
     EXIT_SKIPPED,
     Cron,
@@ -37,6 +36,7 @@ from orchestrator.schedules import (
     parse_duration,
     run_due,
 )
+from orchestrator.spec import RunResult, RunSpec
 from orchestrator.store import Store
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, wait_for
@@ -731,7 +731,7 @@ def test_durations_and_exit_code_constants() -> None:
     for bad in ("soon", "", "-5m", 0, True):
         with pytest.raises(ValueError):
             parse_duration(bad)
-    assert schedule_cli.EXIT_SKIPPED == EXIT_SKIPPED == 75
+    assert EXIT_SKIPPED == 75
 
 
 # --- 6. one real firing, end to end -----------------------------------------------------------

@@ -3,7 +3,7 @@
 # the in-sandbox runtime from /opt/orchestrator/orchestrator_runtime, all byte-compiled.
 #
 # Shared by the Docker image (its build stage) and the E2B template (images/agent/Dockerfile,
-# orchestrator/backends/e2b.py), so both get the same environment from the same wheels.
+# orchestrator/backends/e2b/templates.py), so both get the same environment from the same wheels.
 # No network: pip installs with --no-index from /wheels and runs from its wheel, so the venv
 # never contains pip or setuptools.
 #

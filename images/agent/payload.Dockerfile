@@ -1,6 +1,6 @@
 # A payload image: the agent image plus a payload's extra requirements, nothing else.
 #
-# Built by orchestrator/images.py from a context with this file, requirements.txt,
+# Built by orchestrator/backends/docker/images.py from a context with this file, requirements.txt,
 # constraints.txt (the agent image's pins, so nothing it has changes) and wheels/ (resolved on
 # the host, including a pip wheel). The final image has no pip and no wheels: pip runs from its
 # wheel in the build stage (as the agent user) and installs with `--prefix /tmp/delta` using the

@@ -1,6 +1,7 @@
 """Render this run's squid configuration into tmpfs, then become squid.
 
-The policy comes in as JSON in `$EGRESS_POLICY` (not secret; set by orchestrator/egress.py):
+The policy comes in as JSON in `$EGRESS_POLICY` (not secret; set by
+orchestrator/backends/docker/egress.py):
 
     {"hosts": ["api.example.com"],             exact names, ports 80 and 443
      "wildcards": ["example.org"],             *.example.org: any subdomain, not the apex

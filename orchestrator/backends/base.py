@@ -1,33 +1,21 @@
 """The one small interface every sandbox backend implements.
 
 A *backend* decides where a sandbox runs (Docker, E2B); the runner decides what runs in it.
-Policies (limits, network, labels) are plain data here; each backend renders them into its
-own options.
+Policies (limits, network, labels) are plain data; each backend renders them into its own
+options.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from ..manifest import Limits
+from ..spec import Limits, NetworkPolicy
 
 Progress = Callable[[str], None]
 StreamName = Literal["stdout", "stderr"]
-
-
-@dataclass(frozen=True)
-class NetworkPolicy:
-    """Where a sandbox may connect. `mode` is `none`, `allowlist` or `open`."""
-
-    mode: Literal["none", "allowlist", "open"] = "none"
-    #: Allowed host names (`api.example.com`, `*.example.com`) on ports 80 and 443.
-    hosts: tuple[str, ...] = ()
-    #: A model endpoint on the Docker host itself (`host:port`), reachable only if named.
-    host_endpoints: tuple[tuple[str, int], ...] = ()
-    #: Further exact `(host, port)` pairs, e.g. a model server on a port other than 80/443.
-    endpoints: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -40,8 +28,6 @@ class SandboxSpec:
     limits: Limits
     network: NetworkPolicy
     labels: dict[str, str] = field(default_factory=dict)
-    #: Non-secret environment only: secrets travel through stdin, never here.
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -63,44 +49,78 @@ class SandboxInfo:
     kind: str = "sandbox"
 
 
-class Sandbox(Protocol):
+class Sandbox(ABC):
+    """One sandbox of one run. Required: start, stream, wait, recover_stdout, kill, remove.
+
+    Optional parts have defaults here (a backend without an egress proxy keeps them).
+    """
+
     id: str
 
+    @abstractmethod
     def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
         """Start the runtime and hand it the run request and the run's secrets.
 
         Each backend ships them its own way (Docker: one JSON object on stdin; E2B: the request
         as an uploaded file, the secrets as the command's environment), never through the
-        sandbox's configuration or an image.
+        sandbox's configuration or an image. Raises the engine's errors if it cannot start.
         """
 
+    @abstractmethod
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
-        """Output chunks as they come, until the runtime's output ends."""
+        """Output chunks as they come, until the runtime's output ends (never raises: a
+        broken stream just ends, and `wait` says what happened)."""
 
+    @abstractmethod
     def wait(self, timeout: float) -> ExitInfo:
-        """The exit of the runtime (call after the stream ends, or after `kill`)."""
+        """The exit of the runtime (call after the stream ends, or after `kill`); never
+        raises: an engine failure comes back as `ExitInfo.infra_error`."""
 
+    @abstractmethod
     def recover_stdout(self) -> bytes:
-        """All of stdout again, from the engine, for when the live stream broke."""
+        """All of stdout again, from the engine, for when the live stream broke (b"" if
+        it cannot be had)."""
 
+    @abstractmethod
     def kill(self) -> None:
-        """Stop the runtime at once (no grace period)."""
+        """Stop the runtime at once (no grace period); idempotent."""
 
+    @abstractmethod
     def remove(self) -> None:
         """Remove the sandbox and whatever the backend made for it; idempotent."""
 
+    def health(self) -> str | None:
+        """None while the sandbox can work; else why not (say, its egress proxy is gone)."""
+        return None
 
-class Backend(Protocol):
+    def egress_blocked(self) -> list[dict[str, Any]]:
+        """Connections the backend's egress control refused (host, port, method, reason)."""
+        return []
+
+
+class Backend(ABC):
+    """Where sandboxes run. Found by name through `orchestrator.backends.get_backend`."""
+
     name: str
+    #: The most sandboxes this backend may have alive at once (None: no cap of its own);
+    #: batch lowers its concurrency to it.
+    max_concurrency: int | None = None
 
+    @abstractmethod
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
-        """Build or reuse the image (template) for a run; returns its reference."""
+        """Build or reuse the image (template) for a run; returns its reference.
 
+        Raises `ImageBuildError` when it cannot be built, `EngineUnavailable` when the engine
+        cannot be reached."""
+
+    @abstractmethod
     def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
         """Create (not start) a sandbox with the spec's limits, network and labels."""
 
+    @abstractmethod
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Sandboxes (and helper containers/networks) carrying all of `labels`."""
 
+    @abstractmethod
     def remove_sandbox(self, info: SandboxInfo) -> None:
-        """Remove a sandbox found by `list_sandboxes`."""
+        """Remove a sandbox found by `list_sandboxes`; gone already is fine."""

@@ -25,7 +25,7 @@ def base_image() -> str:
     (`$ORCHESTRATOR_BASE_IMAGE`, else python:3.12-slim, pulled; where no registry answers,
     the Debian base orchestrator bootstraps), so the tests run on any machine."""
     from orchestrator.backends.docker import connect
-    from orchestrator.images import resolve_base
+    from orchestrator.backends.docker.base_image import resolve_base
 
     return resolve_base(connect())
 

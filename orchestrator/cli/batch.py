@@ -12,11 +12,14 @@ import threading
 import time
 from typing import Any
 
-from .batch import BUILTIN_SCORERS, BatchProgress, BatchSpec, BatchSummary, run_batch
-from .cli import add_run_options, spec_from_args
+from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
+from ..batch.scoring import BUILTIN_SCORERS
+from ..batch.session import run_batch
+from .common import add_run_options, spec_from_args
 
 #: Plain progress lines (no terminal) come this often, in seconds.
 PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
+
 
 EPILOG = """\
 Tasks file: JSONL (one object a line) or CSV (header row) with the fields

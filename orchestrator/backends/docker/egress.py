@@ -20,46 +20,66 @@ is used by the runner; the container part is used by the Docker backend.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote
 
-from .backends.base import NetworkPolicy
-from .config import LABEL_KIND, VERSION, repo_root
-from .errors import ConfigError, OrchestratorError
+from filelock import FileLock
+
+from ...config import VERSION, repo_root
+from ...errors import OrchestratorError
+from ...imagedef import digest, images_state_dir, report, sha256
+from ...labels import LABEL_KIND
+from ...policy import HOST_ALIAS, describe_allowlist, host_networks
+from ...spec import NetworkPolicy
+from .base_image import resolve_base
+from .engine import inspect_image
+from .images import build_image
 
 if TYPE_CHECKING:
     import docker
 
-    from .models import ModelSpec
-
 Progress = Callable[[str], None]
 
+
 EGRESS_IMAGE = "orchestrator-egress"
+
+
 EGRESS_IMAGE_DIR = repo_root() / "images" / "egress"
+
+
 #: Values of the `orchestrator.kind` label.
 KIND_EGRESS = "egress"
+
+
 KIND_EGRESS_NETWORK = "egress-network"
-KIND_EGRESS_IMAGE = "egress-image"
+
+
 #: squid's port on the run's network (see images/egress/squid.conf.template).
 PROXY_PORT = 3128
-#: The name under which a sandbox reaches a model endpoint on the Docker host.
-HOST_ALIAS = "host.orchestrator.internal"
-#: Names that mean "this machine" in an --api-base.
-LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "host.docker.internal", HOST_ALIAS})
+
+
 #: How long squid may take to start listening.
 READY_TIMEOUT = 20.0
+
+
 #: The squid egress container's limits: small, it only relays.
 EGRESS_MEMORY = "256m"
+
+
 EGRESS_PIDS = 64
+
+
 EGRESS_CPUS = 0.5
+
+
 NETWORK_OPTIONS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
+
+
 SQUID_DIRS = ("/tmp", "/var/run/squid", "/var/spool/squid", "/var/log/squid")
 
 
@@ -69,143 +89,39 @@ class EgressError(OrchestratorError):
     exit_code = 5
 
 
-# ---- the policy ----------------------------------------------------------------------------
-
-
-def resolve_policy(mode: str | None, *, model: ModelSpec, hosts: tuple[str, ...]) -> NetworkPolicy:
-    """The network policy of a run: `none` unless it needs network, else `allowlist`;
-    `open` only when asked for by name.
-
-    The allowlist is the model provider's host, the payload's hosts and `--allow-host`. A
-    model endpoint on the Docker host becomes `HOST_ALIAS:port`, the only way to it.
-    """
-    hosts = tuple(dict.fromkeys(h.lower() for h in hosts))
-    needs_network = model.needs_network or bool(hosts)
-    mode = mode or ("allowlist" if needs_network else "none")
-    if mode not in ("none", "allowlist", "open"):
-        raise ConfigError(
-            f"Unknown network policy {mode!r}.",
-            "Use --network none, --network allowlist or --network open.",
-        )
-    if mode == "none":
-        return NetworkPolicy(mode="none")
-    endpoints: tuple[tuple[str, int], ...] = ()
-    host_endpoints: tuple[tuple[str, int], ...] = ()
-    hosts = tuple(dict.fromkeys([*model.hosts, *hosts]))
-    endpoint = model.endpoint if model.needs_network else None
-    if endpoint is not None:
-        name, port = endpoint
-        if is_docker_host(name):
-            host_endpoints = ((HOST_ALIAS, port),)
-        else:
-            hosts = tuple(dict.fromkeys([name.lower(), *hosts]))
-            if port not in (80, 443):
-                endpoints = ((name.lower(), port),)
-    return NetworkPolicy(
-        mode=mode,  # type: ignore[arg-type]
-        hosts=hosts,
-        host_endpoints=host_endpoints,
-        endpoints=endpoints,
-    )
-
-
-def describe_allowlist(policy: NetworkPolicy) -> list[str]:
-    """The effective allowlist as a user reads it (for the run record)."""
-    if policy.mode != "allowlist":
-        return []
-    items = [*policy.hosts]
-    items += [f"{host}:{port}" for host, port in policy.endpoints]
-    items += [f"{host}:{port} (the Docker host)" for host, port in policy.host_endpoints]
-    return items
-
-
-def sandbox_api_base(api_base: str | None, policy: NetworkPolicy) -> str | None:
-    """`api_base` as the sandbox must use it: a model server on the Docker host is reached as
-    `HOST_ALIAS` (the sandbox's own localhost is not the host's)."""
-    if not api_base or not policy.host_endpoints or policy.mode == "none":
-        return api_base
-    parts = urlsplit(api_base)
-    if not is_docker_host(parts.hostname or ""):
-        return api_base
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    userinfo = parts.netloc.rpartition("@")[0]
-    netloc = (f"{userinfo}@" if userinfo else "") + f"{HOST_ALIAS}:{port}"
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def is_docker_host(name: str) -> bool:
-    """True for names and addresses that mean the machine Docker runs on (this machine)."""
-    name = name.lower().strip("[]").rstrip(".")
-    if name in LOCAL_NAMES:
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    if address.is_loopback or address.is_unspecified:
-        return True
-    return any(address in network for network in host_networks(prefix_length=32))
-
-
-def host_networks(*, prefix_length: int | None = None) -> list[ipaddress.IPv4Network]:
-    """This machine's own IPv4 addresses (as /32 networks), from the kernel's routing trie.
-
-    Read from `/proc/net/fib_trie` (no tools, no privileges). Empty where that is missing.
-    """
-    try:
-        lines = Path("/proc/net/fib_trie").read_text().splitlines()
-    except OSError:
-        return []
-    found: dict[str, None] = {}
-    for previous, line in zip(lines, lines[1:], strict=False):
-        if line.strip() == "/32 host LOCAL":
-            found[previous.split()[-1]] = None
-    return [ipaddress.ip_network(f"{a}/{prefix_length or 32}", strict=False) for a in found]
-
-
-# ---- the egress image ----------------------------------------------------------------------
-
-
 def ensure_egress_image(
     client: docker.DockerClient, *, base: str | None = None, progress: Progress | None = None
 ) -> str:
     """The tag of the egress image, built on demand and content-addressed like the agent
     image (its definition files, the base image id and the version)."""
-    from filelock import FileLock
-
-    from . import images
-
-    base = images.resolve_base(client, base, progress)
+    base = resolve_base(client, base, progress)
     base_id = client.api.inspect_image(base)["Id"]
     files = {
         path.name: path.read_bytes()
         for path in sorted(EGRESS_IMAGE_DIR.iterdir())
         if path.is_file() and path.suffix != ".pyc"
     }
-    content_hash = images._digest(
+    content_hash = digest(
         {
             "version": VERSION,
             "base_id": base_id,
-            "files": {name: images._sha256(data) for name, data in files.items()},
+            "files": {name: sha256(data) for name, data in files.items()},
         }
     )
     tag = f"{EGRESS_IMAGE}:{content_hash[:12]}"
-    if images._inspect(client, tag) is not None:
+    if inspect_image(client, tag) is not None:
         return tag
-    with FileLock(str(images._state_dir() / f".build-{content_hash[:16]}.lock")):
-        if images._inspect(client, tag) is None:
-            images._report(progress, f"building {tag} (squid) on {base}")
+    with FileLock(str(images_state_dir() / f".build-{content_hash[:16]}.lock")):
+        if inspect_image(client, tag) is None:
+            report(progress, f"building {tag} (squid) on {base}")
             buildargs = {
                 "BASE_IMAGE": base_id,
                 "ORCHESTRATOR_BASE": base,
                 "ORCHESTRATOR_VERSION": VERSION,
                 "ORCHESTRATOR_CONTENT_HASH": content_hash,
             }
-            images._build(client, tag, files, {}, buildargs, progress)
+            build_image(client, tag, files, {}, buildargs, progress)
     return tag
-
-
-# ---- one run's network and proxy -----------------------------------------------------------
 
 
 @dataclass

@@ -8,34 +8,22 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
-from ..config import LABEL_KIND, LABEL_RUN_ID
-from ..egress import HOST_ALIAS, KIND_EGRESS_NETWORK, Egress, ensure_egress_image
-from ..errors import EngineUnavailable
-from .base import ExitInfo, NetworkPolicy, Progress, SandboxInfo, SandboxSpec, StreamName
+from ...labels import LABEL_KIND, LABEL_RUN_ID
+from ...policy import HOST_ALIAS
+from ...spec import NetworkPolicy
+from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
+from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image
+from .engine import connect
 
 #: The unprivileged user of the agent image (see images/agent/Dockerfile).
 SANDBOX_USER = "10001:10001"
+
+
 STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
-
-
-def connect() -> docker.DockerClient:
-    """A client for the local engine, or a one-paragraph error saying how to get one."""
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as exc:  # the SDK raises several types for "no engine"
-        raise EngineUnavailable(
-            f"Cannot reach the Docker engine ({type(exc).__name__}: {exc}).",
-            "Start Docker (`sudo systemctl start docker`, or `dockerd &`), check DOCKER_HOST, "
-            "and make sure this user may use the socket (the `docker` group); nothing was "
-            "started.",
-        ) from exc
-    return client
 
 
 def host_config_options(spec: SandboxSpec, egress: Egress | None = None) -> dict[str, Any]:
@@ -81,7 +69,7 @@ def network_options(policy: NetworkPolicy, egress: Egress | None) -> dict[str, A
     return {"network_mode": egress.network_name, "dns": ["127.0.0.1"]}
 
 
-class DockerSandbox:
+class DockerSandbox(Sandbox):
     """A created container; the stream is the attached stdout/stderr of the runtime."""
 
     def __init__(
@@ -160,7 +148,7 @@ class DockerSandbox:
             self.egress.remove(also=remove_container)
 
 
-class DockerBackend:
+class DockerBackend(Backend):
     """Runs sandboxes as containers on the local Docker engine."""
 
     name = "docker"
@@ -170,7 +158,7 @@ class DockerBackend:
         self.base_image = base_image
 
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
-        from ..images import ensure_agent_image
+        from .images import ensure_agent_image
 
         return ensure_agent_image(
             self.client,
@@ -206,7 +194,7 @@ class DockerBackend:
             name=f"orchestrator-{spec.run_id}",
             user=SANDBOX_USER,
             working_dir="/work",
-            environment={**spec.env, **(egress.proxy_env() if egress else {})},
+            environment=egress.proxy_env() if egress else {},
             labels={**spec.labels, LABEL_KIND: "sandbox"},
             hostname="sandbox",
             stdin_open=True,  # the SDK sets StdinOnce with it: EOF ends the stdin

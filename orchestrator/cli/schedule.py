@@ -15,10 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .runner import EXIT_CODES
-
-DEFAULT_FILE = "schedules.toml"
-EXIT_SKIPPED = 75  # same value as schedules.EXIT_SKIPPED (kept import-free here)
+from ..schedules.file import DEFAULT_FILE
+from ..schedules.firing import EXIT_SKIPPED
+from ..spec import EXIT_CODES
 
 EPILOG = f"""\
 Exit codes of `schedule run`: {", ".join(f"{c} {s}" for s, c in EXIT_CODES.items())}
@@ -115,8 +114,10 @@ def _ts(epoch: float | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .cleanup import owner_alive
-    from .schedules import ScheduleStore, load_schedules, local_iso
+    from ..labels import owner_alive
+    from ..schedules.cron import local_iso
+    from ..schedules.file import load_schedules
+    from ..schedules.store import ScheduleStore
 
     sf = load_schedules(args.file, check_payloads=False)
     store = ScheduleStore()
@@ -161,7 +162,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .schedules import load_schedules, local_iso
+    from ..schedules.cron import local_iso
+    from ..schedules.file import load_schedules
 
     sf = load_schedules(args.file)
     now = datetime.now(timezone.utc)
@@ -174,10 +176,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .cli import install_sigterm_handler
+    from ..schedules.due import run_due
+    from ..schedules.file import load_schedules
+    from ..schedules.firing import fire
+    from ..schedules.store import ScheduleStore
+    from ..spec import RunCancelled
+    from .common import install_sigterm_handler
     from .display import RunDisplay
-    from .runner import RunCancelled
-    from .schedules import ScheduleStore, fire, load_schedules, run_due
 
     sf = load_schedules(args.file, check_payloads=False, only=args.name)
     schedule = sf.get(args.name)
@@ -198,7 +203,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .schedules import Scheduler, ScheduleStore, load_schedules
+    from ..schedules.file import load_schedules
+    from ..schedules.serve import Scheduler
+    from ..schedules.store import ScheduleStore
 
     sf = load_schedules(args.file)
     stop = threading.Event()
@@ -213,7 +220,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from .schedules import crontab_block, install, load_schedules
+    from ..schedules.crontab import crontab_block, install
+    from ..schedules.file import load_schedules
 
     sf = load_schedules(args.file)
     if args.dry_run:
@@ -227,7 +235,7 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from .schedules import ScheduleStore
+    from ..schedules.store import ScheduleStore
 
     store = ScheduleStore()
     rows = store.history(args.name, limit=args.limit)

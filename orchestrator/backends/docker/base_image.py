@@ -1,0 +1,195 @@
+"""The base every Docker image is built on: the configured one, pulled, or made offline.
+
+On hosts with no registry, a Debian base is made with debootstrap and `docker import`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import docker.errors
+
+from ...config import VERSION
+from ...errors import ImageBuildError, OrchestratorError
+from ...imagedef import (
+    BASE_IMAGE_ENV,
+    DEFAULT_BASE,
+    Progress,
+    images_state_dir,
+    read_json,
+    report,
+    run_streaming,
+    write_json,
+)
+from ...labels import LABEL_KIND, LABEL_VERSION
+from .engine import inspect_image
+
+log = logging.getLogger(__name__)
+
+#: The base made by `bootstrap_base`, used when the configured base cannot be had.
+BASE_IMAGE = "orchestrator-base:bookworm"
+
+
+KIND_BASE = "base-image"
+
+
+#: How long a failed pull of the base is remembered before it is tried again.
+PULL_RETRY_SECONDS = 3600.0
+
+
+def bootstrap_base(
+    client: docker.DockerClient,
+    *,
+    suite: str = "bookworm",
+    mirror: str = "http://deb.debian.org/debian",
+    tag: str = BASE_IMAGE,
+    progress: Progress | None = None,
+) -> str:
+    """Make a Debian base image with debootstrap and `docker import` it; returns `tag`.
+
+    Needs root and the `debootstrap` tool on the host, and Debian's mirror (about a minute,
+    265 MB). The image has `python3`, `python3-venv` and `ca-certificates`, nothing more.
+    """
+    if shutil.which("debootstrap") is None:
+        raise OrchestratorError(
+            f"Cannot make the base image {tag}: the `debootstrap` tool is not installed.",
+            "Install it (`apt-get install debootstrap`, as root), or make a base image "
+            f"available some other way: `docker pull {DEFAULT_BASE}`, or set "
+            f"{BASE_IMAGE_ENV} to a local Debian-based image with python3.",
+        )
+    if os.geteuid() != 0:
+        raise OrchestratorError(
+            f"Cannot make the base image {tag}: debootstrap must run as root.",
+            "Run this once as root (e.g. `sudo orchestrator images bootstrap`), or set "
+            f"{BASE_IMAGE_ENV} to a local Debian-based image with python3.",
+        )
+    repository, _, version = tag.rpartition(":")
+    if not repository or "/" in version:
+        repository, version = tag, "latest"
+    root = Path(tempfile.mkdtemp(prefix="orchestrator-debootstrap-"))
+    try:
+        report(progress, f"debootstrap {suite} from {mirror} (about a minute)")
+        command = [
+            "debootstrap",
+            "--variant=minbase",
+            "--include=python3,python3-venv,ca-certificates",
+            suite,
+            str(root),
+            mirror,
+        ]
+        tail = run_streaming(command, progress, prefix="debootstrap: ")
+        if tail.returncode != 0:
+            raise ImageBuildError(
+                f"debootstrap of {suite} from {mirror} failed (exit {tail.returncode}). "
+                "Last output:\n" + "\n".join(tail.lines),
+                "Check that the mirror is reachable from this host (or pass another one) "
+                "and that there is enough disk space.",
+            )
+        report(progress, f"importing {root} as {tag}")
+        with subprocess.Popen(
+            ["tar", "--numeric-owner", "-C", str(root), "-cf", "-", "."],
+            stdout=subprocess.PIPE,
+        ) as tar:
+            assert tar.stdout is not None
+            client.api.import_image_from_stream(
+                _chunks(tar.stdout),
+                repository=repository,
+                tag=version,
+                changes=[
+                    f"LABEL {LABEL_KIND}={KIND_BASE}",
+                    f"LABEL {LABEL_VERSION}={VERSION}",
+                    "ENV LANG=C.UTF-8",
+                    'CMD ["python3"]',
+                ],
+            )
+        if tar.returncode != 0:
+            raise ImageBuildError(
+                f"Packing the debootstrap tree for {tag} failed (tar exit {tar.returncode}).",
+                "Check the disk space of the temporary directory and try again.",
+            )
+    finally:
+        _remove_tree(root)
+    if inspect_image(client, tag) is None:
+        raise ImageBuildError(
+            f"`docker import` reported no error but {tag} does not exist.",
+            "Check the Docker daemon's log.",
+        )
+    report(progress, f"base image {tag} ready")
+    return tag
+
+
+def _chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    while chunk := stream.read(size):
+        yield chunk
+
+
+def _remove_tree(root: Path) -> None:
+    """Remove a debootstrap tree, unmounting anything a failed run left mounted inside."""
+    with contextlib.suppress(OSError):
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        for mount in sorted((m for m in mounts if m.startswith(f"{root}/")), reverse=True):
+            subprocess.run(["umount", "-l", mount], check=False)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def resolve_base(
+    client: docker.DockerClient, base: str | None = None, progress: Progress | None = None
+) -> str:
+    """The base image to build on: `base`, else `$ORCHESTRATOR_BASE_IMAGE`, else the default.
+
+    If that image is not present it is pulled; if the pull fails, the debootstrap base
+    (`BASE_IMAGE`) is used instead, and made if it is missing too. A fallback is always
+    reported through `progress` (and logged as a warning).
+    """
+    wanted = base or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE
+    if inspect_image(client, wanted) is not None:
+        return wanted
+    if wanted != BASE_IMAGE:
+        reason = _pull(client, wanted, progress)
+        if reason is None:
+            return wanted
+        message = (
+            f"base image {wanted} is not available ({reason}); "
+            f"falling back to {BASE_IMAGE} (set {BASE_IMAGE_ENV} to choose a base)"
+        )
+        if progress is not None:
+            progress(message)
+        else:
+            log.warning("%s", message)
+    if inspect_image(client, BASE_IMAGE) is None:
+        report(progress, f"{BASE_IMAGE} is missing: making it with debootstrap")
+        bootstrap_base(client, progress=progress)
+    return BASE_IMAGE
+
+
+def _pull(client: docker.DockerClient, ref: str, progress: Progress | None) -> str | None:
+    """Pull `ref`; None on success, else why not. Failures are remembered for an hour."""
+    failures_file = images_state_dir() / "pull-failures.json"
+    failures = read_json(failures_file)
+    failed = failures.get(ref)
+    if failed and time.time() - failed.get("time", 0) < PULL_RETRY_SECONDS:
+        minutes = int((time.time() - failed["time"]) / 60)
+        return f"pull failed {minutes} min ago: {failed.get('error', '?')}"
+    report(progress, f"pulling {ref}")
+    repository, _, tag = ref.rpartition(":")
+    if not repository or "/" in tag:
+        repository, tag = ref, "latest"
+    try:
+        client.images.pull(repository, tag=tag)
+    except docker.errors.DockerException as exc:
+        error = str(getattr(exc, "explanation", None) or exc).splitlines()[0][:300]
+        failures[ref] = {"time": time.time(), "error": error}
+        write_json(failures_file, failures)
+        return f"pull failed: {error}"
+    failures.pop(ref, None)
+    write_json(failures_file, failures)
+    return None

@@ -1,0 +1,31 @@
+"""The connection to the local Docker engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import docker.errors
+
+from ...errors import EngineUnavailable
+
+
+def connect() -> docker.DockerClient:
+    """A client for the local engine, or a one-paragraph error saying how to get one."""
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as exc:  # the SDK raises several types for "no engine"
+        raise EngineUnavailable(
+            f"Cannot reach the Docker engine ({type(exc).__name__}: {exc}).",
+            "Start Docker (`sudo systemctl start docker`, or `dockerd &`), check DOCKER_HOST, "
+            "and make sure this user may use the socket (the `docker` group); nothing was "
+            "started.",
+        ) from exc
+    return client
+
+
+def inspect_image(client: docker.DockerClient, ref: str) -> dict[str, Any] | None:
+    try:
+        return client.api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None

@@ -1,0 +1,92 @@
+"""Listing and pruning the orchestrator's Docker images."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import docker.errors
+
+from ...imagedef import Progress, report
+from ...labels import LABEL_KIND
+from .base_image import BASE_IMAGE, KIND_BASE
+from .images import KIND_AGENT, KIND_PAYLOAD, LABEL_AGENT_IMAGE, plan_agent_image
+
+
+def _tags(image: dict[str, Any]) -> list[str]:
+    return [tag for tag in image.get("RepoTags") or [] if tag != "<none>:<none>"]
+
+
+def _kind(image: dict[str, Any]) -> str | None:
+    kind = (image.get("Labels") or {}).get(LABEL_KIND)
+    if kind is None and BASE_IMAGE in _tags(image):
+        return KIND_BASE
+    return kind
+
+
+def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
+    """The orchestrator's tagged images (agent, payload and base), newest first.
+
+    Each is `{tag, id, kind, created, size, in_use, labels}`; `in_use` means a container
+    (running or not) was made from it. Untagged images left by multi-stage builds are the
+    builder's layer cache, not listed here (`docker image prune` removes them).
+    """
+    used = {container["ImageID"] for container in client.api.containers(all=True)}
+    rows = []
+    for image in client.api.images():
+        kind = _kind(image)
+        if kind not in (KIND_AGENT, KIND_PAYLOAD, KIND_BASE):
+            continue
+        for tag in _tags(image):
+            rows.append(
+                {
+                    "tag": tag,
+                    "id": image["Id"],
+                    "kind": kind,
+                    "created": datetime.fromtimestamp(image["Created"], timezone.utc).isoformat(),
+                    "size": image["Size"],
+                    "in_use": image["Id"] in used,
+                    "labels": image.get("Labels") or {},
+                }
+            )
+    rows.sort(key=lambda row: row["created"], reverse=True)
+    return rows
+
+
+def prune_images(
+    client: docker.DockerClient,
+    *,
+    keep_current: bool = True,
+    dry_run: bool = False,
+    include_base: bool = False,
+    progress: Progress | None = None,
+) -> list[str]:
+    """Remove the orchestrator's images other than the current ones; returns what went.
+
+    Current: the agent image the configured base would get now (working that out may
+    resolve the base and the wheelhouse), its base, and the payload images built on it.
+    Images in use by a container are kept. The debootstrap base is removed only with
+    `include_base`. Payload images go before agent images, agent images before bases.
+    """
+    rows = list_images(client)
+    keep: set[str] = set()
+    if keep_current:
+        plan = plan_agent_image(client, progress=progress)
+        keep |= {plan.tag, plan.base}
+        keep |= {row["tag"] for row in rows if row["labels"].get(LABEL_AGENT_IMAGE) == plan.tag}
+    order = {KIND_PAYLOAD: 0, KIND_AGENT: 1, KIND_BASE: 2}
+    removed = []
+    for row in sorted(rows, key=lambda row: order[row["kind"]]):
+        if row["tag"] in keep or row["in_use"]:
+            continue
+        if row["kind"] == KIND_BASE and not include_base:
+            continue
+        if not dry_run:
+            try:
+                client.api.remove_image(row["tag"], noprune=False)
+            except docker.errors.APIError as exc:  # e.g. a child image still uses it
+                report(progress, f"kept {row['tag']}: {exc.explanation or exc}")
+                continue
+        report(progress, f"{'would remove' if dry_run else 'removed'} {row['tag']}")
+        removed.append(row["tag"])
+    return removed

@@ -1,0 +1,200 @@
+"""E2B backend: one E2B sandbox per run, with a lifetime E2B enforces."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import threading
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ConfigError
+from ...labels import LABEL_KIND, LABEL_RUN_ID
+from ...spec import NetworkPolicy
+from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
+from .settings import E2BSettings, T, sdk, with_retries
+from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER, ensure_template
+
+if TYPE_CHECKING:
+    import e2b
+
+#: A sandbox lives this much longer than its run's time limit, in case the host goes away.
+LIFETIME_MARGIN_SECONDS = 60
+
+
+def network_options(policy: NetworkPolicy) -> dict[str, Any]:
+    """The run's network policy as `Sandbox.create` options."""
+    if policy.host_endpoints:
+        endpoints = ", ".join(f"{host}:{port}" for host, port in policy.host_endpoints)
+        raise ConfigError(
+            f"The model endpoint {endpoints} is on this host, which E2B's cloud cannot reach.",
+            "Use a model endpoint reachable from the internet with --backend e2b, or run on "
+            "this host with --backend docker.",
+        )
+    if policy.mode == "none":
+        return {"allow_internet_access": False}
+    if policy.mode == "open":
+        return {"allow_internet_access": True}
+    allowed = sorted({*policy.hosts, *(host for host, _port in policy.endpoints)})
+    return {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": allowed}}
+
+
+class E2BSandbox(Sandbox):
+    """One run's E2B sandbox; the stream is the runtime command's stdout and stderr."""
+
+    def __init__(self, backend: E2BBackend, sandbox: e2b.Sandbox, spec: SandboxSpec) -> None:
+        self.backend = backend
+        self.sandbox = sandbox
+        self.spec = spec
+        self.id: str = sandbox.sandbox_id
+        self._handle: Any = None
+        self._killed = False
+        self._removed = False
+        self._lost: str | None = None
+
+    def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
+        """Upload the request (one request, no secrets in it), then start the runtime with the
+        secrets in its own environment only."""
+        path = f"/tmp/orchestrator-request-{self.spec.run_id}.json"
+        limits = {"nproc": self.spec.limits.pids, "nofile": 1024, "core": 0}
+        body = json.dumps({**request, "secret_env": sorted(secrets), "rlimits": limits})
+        self._call(lambda: self.sandbox.files.write(path, body, user=SANDBOX_USER), "upload")
+        command = f"exec {PYTHON} -m orchestrator_runtime --request {path}"
+        self._handle = self._call(
+            lambda: self.sandbox.commands.run(
+                command,
+                background=True,
+                envs={**RUNTIME_ENV, **secrets},
+                user=SANDBOX_USER,
+                cwd="/tmp",
+                timeout=0,  # no limit on the connection: the host enforces the run's limit
+            ),
+            "start",
+        )
+
+    def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        try:
+            for stdout, stderr, _pty in self._handle:
+                if stdout:
+                    yield "stdout", stdout.encode()
+                elif stderr:
+                    yield "stderr", stderr.encode()
+        except Exception as exc:  # the sandbox went away, or we killed it
+            if not self._killed:
+                self._lost = f"{type(exc).__name__}: {exc}"
+
+    def wait(self, timeout: float) -> ExitInfo:
+        e2b = sdk()
+        if self._lost:
+            return ExitInfo(None, infra_error=f"the E2B sandbox was lost: {self._lost}")
+        if self._killed:
+            return ExitInfo(None)
+        try:
+            result = self._handle.wait()
+        except e2b.CommandExitException as exc:
+            return ExitInfo(exc.exit_code)
+        except Exception as exc:
+            return ExitInfo(None, infra_error=f"the runtime's end was not seen: {exc}")
+        return ExitInfo(result.exit_code)
+
+    def recover_stdout(self) -> bytes:
+        """The run_end the runtime also wrote to its result file (see RESULT_PATH)."""
+        from orchestrator_runtime.protocol import RESULT_PATH
+
+        try:
+            return bytes(self.sandbox.files.read(RESULT_PATH, format="bytes", user=SANDBOX_USER))
+        except Exception:
+            return b""
+
+    def kill(self) -> None:
+        self._killed = True
+        self._kill_sandbox()
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        try:
+            if not self._killed:
+                self._killed = True
+                self._kill_sandbox()
+        finally:
+            self.backend.release()
+
+    def _kill_sandbox(self) -> None:
+        with contextlib.suppress(Exception):  # gone already, or unreachable: its lifetime ends it
+            self._call(self.sandbox.kill, "kill")
+
+    def _call(self, call: Callable[[], T], what: str) -> T:
+        attempts = self.backend.settings.attempts
+        return with_retries(attempts, call, what=what, progress=lambda _m: None)
+
+
+class E2BBackend(Backend):
+    """Runs sandboxes on E2B; the `e2b` SDK reads E2B_API_URL/E2B_DOMAIN as usual."""
+
+    name = "e2b"
+
+    def __init__(self, settings: E2BSettings | None = None) -> None:
+        sdk()
+        self.settings = settings or E2BSettings.from_env()
+        #: The cap a batch respects (E2B plans cap concurrent sandboxes).
+        self.max_concurrency = self.settings.max_sandboxes
+        self._slots = threading.BoundedSemaphore(self.max_concurrency)
+
+    def release(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._slots.release()
+
+    def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
+        return ensure_template(self.settings, tuple(extra_requirements), progress)
+
+    def create(self, spec: SandboxSpec, progress: Progress) -> E2BSandbox:
+        e2b = sdk()
+        options = network_options(spec.network)
+        lifetime = int(math.ceil(spec.limits.timeout_seconds)) + LIFETIME_MARGIN_SECONDS
+        metadata = {**spec.labels, LABEL_KIND: "sandbox"}
+        self._slots.acquire()
+        try:
+            sandbox = with_retries(
+                self.settings.attempts,
+                lambda: e2b.Sandbox.create(
+                    template=spec.image,
+                    timeout=lifetime,
+                    metadata=metadata,
+                    api_key=self.settings.api_key,
+                    **options,
+                ),
+                what="sandbox create",
+                progress=progress,
+            )
+        except BaseException:
+            self.release()
+            raise
+        return E2BSandbox(self, sandbox, spec)
+
+    def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        """Running sandboxes whose metadata has all of `labels` (all of ours without)."""
+        e2b = sdk()
+        query = e2b.SandboxQuery(metadata=labels) if labels else None
+        paginator = e2b.Sandbox.list(query=query, api_key=self.settings.api_key)
+        found: list[SandboxInfo] = []
+        while paginator.has_next:
+            for item in paginator.next_items():
+                metadata = dict(item.metadata or {})
+                if LABEL_RUN_ID not in metadata:
+                    continue
+                state = getattr(item.state, "value", str(item.state))
+                kind = metadata.get(LABEL_KIND, "sandbox")
+                found.append(SandboxInfo(item.sandbox_id, item.sandbox_id, metadata, state, kind))
+        return found
+
+    def remove_sandbox(self, info: SandboxInfo) -> None:
+        e2b = sdk()
+        with_retries(
+            self.settings.attempts,
+            lambda: e2b.Sandbox.kill(info.id, api_key=self.settings.api_key),
+            what="sandbox kill",
+            progress=lambda _m: None,
+        )

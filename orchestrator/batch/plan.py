@@ -1,0 +1,193 @@
+"""A batch as data (spec, progress, summary) and its planning: every input checked up front."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, OrchestratorError
+from ..runner import PreparedRun, prepare
+from ..spec import RunSpec
+from .scoring import make_scorer
+from .tasks import (
+    BadLine,
+    OnBadLine,
+    Task,
+    TaskFile,
+    TaskFileError,
+    listing,
+    merged_args,
+    read_tasks,
+)
+
+
+@dataclass
+class BatchSpec:
+    """A batch: a tasks file run against one payload/model/policy (`run` is the template;
+    each task's text, arguments and limit overrides are filled in per task)."""
+
+    tasks: str | Path
+    output: str | Path
+    run: RunSpec
+    concurrency: int | None = None
+    scorer: str = "exact"
+    tolerance: float = 1e-6
+    #: Attempts per task for infrastructure faults (1 = no retry).
+    max_attempts: int = 3
+    backoff_seconds: float = 2.0
+    backoff_max_seconds: float = 60.0
+    rerun_failed: bool = False
+    #: Stop when this share (< 1) or number (>= 1) of tasks ended in `infra_error`.
+    fail_on_error: float | None = None
+    on_bad_line: OnBadLine = "fail"
+
+
+@dataclass
+class BatchProgress:
+    """A snapshot for live displays."""
+
+    total: int
+    done: int
+    running: int
+    counts: dict[str, int]
+    ran: int
+    retries: int
+    elapsed: float
+    stopping: str | None
+
+    @property
+    def rate_per_minute(self) -> float:
+        return self.ran / self.elapsed * 60 if self.elapsed > 0 else 0.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        remaining = self.total - self.done
+        if remaining <= 0:
+            return 0.0
+        rate = self.rate_per_minute
+        return remaining / rate * 60 if rate > 0 else None
+
+
+@dataclass
+class BatchSummary:
+    batch_id: str
+    state: str  # complete | interrupted | stopped
+    output_dir: str
+    tasks_file: str
+    payload: str
+    model: str
+    scorer: str
+    total: int
+    counts: dict[str, int]
+    pending: int
+    scored: int
+    correct: float
+    accuracy: float | None
+    accuracy_ci95: list[float] | None
+    duration_p50: float | None
+    duration_p95: float | None
+    tokens: dict[str, int]
+    tokens_all_attempts: dict[str, int]
+    attempts: int
+    retries: int
+    skipped_lines: list[dict[str, Any]]
+    stop_reason: str | None
+    session: dict[str, Any]
+
+    @property
+    def exit_code(self) -> int:
+        """0 every task has an agent outcome; 5 infrastructure faults remain or the batch was
+        stopped by --fail-on-error; 130 interrupted (resume with the same command)."""
+        if self.state == "interrupted":
+            return 130
+        if self.state == "stopped" or self.counts.get("infra_error") or self.pending:
+            return 5
+        return 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_concurrency(memory_mb: int | None = None) -> int:
+    """min(4, CPUs, memory/limit): a mock or local-model run is CPU-bound (`import
+    smolagents` alone is ~1 s of CPU), so more sandboxes than cores only queue on the CPU;
+    4 caps a laptop's default. Runs against hosted models mostly wait on the network, so raise
+    --concurrency for those (and mind the provider's rate limits)."""
+    cpus = os.cpu_count() or 1
+    limit = min(4, cpus)
+    if memory_mb:
+        try:
+            total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+            limit = min(limit, max(1, int(total_mb * 0.75) // memory_mb))
+        except (ValueError, OSError, AttributeError):
+            pass
+    return max(1, limit)
+
+
+@dataclass
+class BatchPlan:
+    file: TaskFile
+    prepared: dict[str, PreparedRun]
+    fingerprint: dict[str, Any]
+
+
+def plan_batch(spec: BatchSpec) -> BatchPlan:
+    """Read the tasks and prepare every one of them: every input problem surfaces here,
+    before a lock is taken or a sandbox started."""
+    if spec.max_attempts < 1:
+        raise ConfigError("--max-attempts must be at least 1.", "Use 1 for no retries.")
+    if spec.concurrency is not None and spec.concurrency < 1:
+        raise ConfigError("--concurrency must be at least 1.", "Use 1 to run tasks one by one.")
+    if spec.fail_on_error is not None and spec.fail_on_error < 0:
+        raise ConfigError(
+            "--fail-on-error must be a share from 0 to 1 or a count.", "e.g. 0.1 or 5"
+        )
+    make_scorer(spec.scorer, tolerance=spec.tolerance)  # a bad scorer fails now, not per task
+    file = read_tasks(spec.tasks, on_bad_line=spec.on_bad_line)
+    # Batch-wide problems (payload, model, network, secrets) are raised once, not per line.
+    template = prepare(replace(spec.run, task=file.tasks[0].task, run_id="template"))
+    prepared: dict[str, PreparedRun] = {}
+    kept: list[Task] = []
+    bad = list(file.bad_lines)
+    for task in file.tasks:
+        run_spec = replace(
+            spec.run,
+            task=task.task,
+            additional_args=merged_args(spec.run.additional_args, task.additional_args),
+            run_id="pending",
+            **task.overrides,
+        )
+        try:
+            prepared[task.id] = prepare(run_spec)
+        except OrchestratorError as exc:
+            bad.append(BadLine(task.line, exc.cause))
+            continue
+        kept.append(task)
+    if len(bad) > len(file.bad_lines):
+        if spec.on_bad_line == "fail":
+            raise TaskFileError(
+                listing(
+                    f"{file.path} has {len(bad)} unusable line(s):",
+                    [b.describe(file.path) for b in bad],
+                ),
+                "Fix the lines, or pass --on-bad-line skip to run the others.",
+            )
+        if not kept:
+            raise TaskFileError(f"{file.path} holds no usable tasks.", "Fix the lines.")
+    file = TaskFile(path=file.path, tasks=kept, bad_lines=sorted(bad, key=lambda b: b.line))
+    run = spec.run
+    fingerprint = {
+        "payload": str(template.manifest.folder.resolve()),
+        "model": template.model.describe(),
+        "api_base": run.api_base,
+        "backend": template.backend,
+        "network": template.network.mode,
+        "allow_hosts": list(run.allow_hosts),
+        "limits": asdict(template.limits),
+        "allow_dangerous_imports": run.allow_dangerous_imports,
+        "scorer": spec.scorer,
+        "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
+    }
+    return BatchPlan(file=file, prepared=prepared, fingerprint=fingerprint)

@@ -1,0 +1,296 @@
+"""Tasks files (JSONL or CSV): read, validate and give every task a stable id."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import OrchestratorError
+from ..spec import SETTABLE_LIMITS
+
+TASK_FIELDS = ("id", "task", "additional_args", "expected", "metadata", *SETTABLE_LIMITS)
+
+
+FIELD_ALIASES = {"timeout": "timeout_seconds"}
+
+
+#: How many bad lines an error message lists before it says "and N more".
+MAX_LISTED = 10
+
+
+OnBadLine = Literal["skip", "fail"]
+
+
+class TaskFileError(OrchestratorError):
+    """The tasks file cannot be used as it is; nothing has been started."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One line of the tasks file, validated."""
+
+    id: str
+    task: str
+    line: int
+    additional_args: dict[str, Any] | None = None
+    expected: Any = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """What a user scorer sees of the task."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "additional_args": self.additional_args,
+            "expected": self.expected,
+            "metadata": self.metadata,
+        }
+
+
+@dataclass(frozen=True)
+class BadLine:
+    line: int
+    message: str
+
+    def describe(self, path: str | Path) -> str:
+        return f"{path}:{self.line}: {self.message}"
+
+
+@dataclass
+class TaskFile:
+    path: Path
+    tasks: list[Task]
+    bad_lines: list[BadLine]
+
+
+def derive_id(task: str, additional_args: dict[str, Any] | None) -> str:
+    """A stable id from what is run: the same task and arguments get the same id in any file,
+    so a file without ids can still be resumed after lines are added or reordered."""
+    canonical = json.dumps(
+        {"task": task, "additional_args": additional_args},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return "t-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def read_tasks(path: str | Path, *, on_bad_line: OnBadLine = "fail") -> TaskFile:
+    """Parse a JSONL or CSV tasks file. Malformed lines are skipped or rejected (naming every
+    one); duplicate ids are always an error, since resuming keys everything on the id."""
+    path = Path(path)
+    if not path.is_file():
+        raise TaskFileError(f"No tasks file at {path}.", "Pass a .jsonl or .csv file of tasks.")
+    text = path.read_text(encoding="utf-8-sig")
+    rows = _csv_rows(path, text) if _is_csv(path, text) else _jsonl_rows(text)
+    tasks: list[Task] = []
+    bad: list[BadLine] = []
+    for line, row in rows:
+        if isinstance(row, BadLine):
+            bad.append(row)
+            continue
+        try:
+            tasks.append(task_from_row(row, line))
+        except ValueError as exc:
+            bad.append(BadLine(line, str(exc)))
+    if bad and on_bad_line == "fail":
+        raise TaskFileError(
+            listing(f"{path} has {len(bad)} malformed line(s):", [b.describe(path) for b in bad]),
+            "Fix the lines, or pass --on-bad-line skip to run the others.",
+        )
+    check_duplicates(path, tasks)
+    if not tasks:
+        raise TaskFileError(f"{path} holds no tasks.", "Add one task per line.")
+    return TaskFile(path=path, tasks=tasks, bad_lines=bad)
+
+
+def check_duplicates(path: Path, tasks: list[Task]) -> None:
+    first: dict[str, Task] = {}
+    problems = []
+    for task in tasks:
+        seen = first.setdefault(task.id, task)
+        if seen is task:
+            continue
+        if task.id.startswith("t-") and task.id == derive_id(task.task, task.additional_args):
+            problems.append(
+                f"{path}:{task.line}: repeats the task and additional_args of line {seen.line} "
+                f"(derived id {task.id})"
+            )
+        else:
+            problems.append(f"{path}:{task.line}: duplicate id {task.id!r} (first on line "
+                            f"{seen.line})")  # fmt: skip
+    if problems:
+        raise TaskFileError(
+            listing(f"{path} has {len(problems)} duplicate task id(s):", problems),
+            "Give every task a unique `id` (results and resume are keyed on it).",
+        )
+
+
+def listing(head: str, items: list[str]) -> str:
+    shown = items[:MAX_LISTED]
+    more = f"\n  … and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return head + "".join(f"\n  {item}" for item in shown) + more
+
+
+def _is_csv(path: Path, text: str) -> bool:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return False
+    if suffix == ".csv":
+        return True
+    return not text.lstrip().startswith("{")
+
+
+def _jsonl_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            yield number, BadLine(number, f"not valid JSON ({exc.msg} at column {exc.colno})")
+            continue
+        if not isinstance(row, dict):
+            yield number, BadLine(number, f"expected a JSON object, got {type(row).__name__}")
+            continue
+        yield number, row
+
+
+def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
+    """CSV with a header row. Empty cells are unset; `additional_args` and `metadata` cells
+    hold JSON objects; `args.NAME` columns add one argument each (JSON, else text)."""
+    reader = csv.reader(io.StringIO(text))
+    try:
+        header = next(reader)
+    except StopIteration:
+        return
+    except csv.Error as exc:
+        raise TaskFileError(f"{path}:1: not a CSV header ({exc}).", "Fix the header.") from exc
+    header = [h.strip() for h in header]
+    header_end = reader.line_num
+    unknown = [
+        h
+        for h in header
+        if FIELD_ALIASES.get(h, h) not in TASK_FIELDS and not h.startswith("args.")
+    ]
+    if unknown or "task" not in header:
+        problem = (
+            f"unknown column(s) {', '.join(map(repr, unknown))}" if unknown else "no `task` column"
+        )
+        raise TaskFileError(
+            f"{path}:1: {problem}.",
+            f"Columns may be {', '.join(TASK_FIELDS)}, timeout and args.NAME; "
+            "put other data in a `metadata` column as a JSON object.",
+        )
+    end = header_end
+    while True:
+        start = end + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            end = reader.line_num
+            yield start, BadLine(start, f"not valid CSV ({exc})")
+            continue
+        end = reader.line_num
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            yield (
+                start,
+                BadLine(start, f"has {len(cells)} fields where the header has {len(header)}"),
+            )
+            continue
+        row: dict[str, Any] = {}
+        problem = None
+        for name, cell in zip(header, cells, strict=True):
+            if cell == "":
+                continue
+            if name in ("additional_args", "metadata"):
+                try:
+                    row[name] = json.loads(cell)
+                except ValueError:
+                    problem = f"column `{name}` is not a JSON object"
+                    break
+            elif name.startswith("args."):
+                try:
+                    value = json.loads(cell)
+                except ValueError:
+                    value = cell
+                row.setdefault("additional_args", {})
+                if isinstance(row["additional_args"], dict):
+                    row["additional_args"][name[5:]] = value
+            else:
+                row[name] = cell
+        yield start, row if problem is None else BadLine(start, problem)
+
+
+def task_from_row(row: dict[str, Any], line: int) -> Task:
+    """Validate one row; raises ValueError with a message fit for `file:line: message`."""
+    row = {FIELD_ALIASES.get(k, k): v for k, v in row.items()}
+    unknown = sorted(set(row) - set(TASK_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"unknown field(s) {', '.join(map(repr, unknown))} (known: {', '.join(TASK_FIELDS)}; "
+            "put other data under `metadata`)"
+        )
+    text = row.get("task")
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError("`task` is missing or not a non-empty string")
+    args = row.get("additional_args")
+    if args is not None and not isinstance(args, dict):
+        raise ValueError("`additional_args` must be a JSON object")
+    metadata = row.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValueError("`metadata` must be a JSON object")
+    task_id = row.get("id")
+    if task_id is None or task_id == "":
+        task_id = derive_id(text, args)
+    elif isinstance(task_id, bool) or not isinstance(task_id, (str, int)):
+        raise ValueError("`id` must be a string or an integer")
+    task_id = str(task_id).strip()
+    if not task_id or len(task_id) > 200 or any(c in task_id for c in "\n\r\0"):
+        raise ValueError("`id` must be 1 to 200 characters on one line")
+    overrides = {}
+    for name, kind in SETTABLE_LIMITS.items():
+        value = row.get(name)
+        if value is None:
+            continue
+        overrides[name] = _number(name, value, kind)
+    return Task(
+        id=task_id,
+        task=text,
+        line=line,
+        additional_args=args,
+        expected=row.get("expected"),
+        overrides=overrides,
+        metadata=metadata,
+    )
+
+
+def _number(name: str, value: Any, kind: type) -> int | float:
+    if isinstance(value, str):  # CSV cells
+        try:
+            value = float(value) if kind is float else int(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"`{name}` must be a number")
+    if kind is int and value != int(value):
+        raise ValueError(f"`{name}` must be a whole number")
+    return kind(value)
+
+
+def merged_args(base: dict[str, Any] | None, task: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The template's additional_args (shared by every task) under the task's own."""
+    if base is None or task is None:
+        return task if base is None else dict(base)
+    return {**base, **task}

@@ -1,0 +1,118 @@
+"""What every command shares: the run options, their mapping to a RunSpec, signals."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import threading
+from typing import Any
+
+from ..errors import OrchestratorError
+from ..models import PROVIDERS
+from ..spec import BACKENDS, EXIT_CODES, RunCancelled, RunSpec
+
+EPILOG_EXIT = (
+    "Exit codes: "
+    + ", ".join(f"{c} {s}" for s, c in EXIT_CODES.items())
+    + (", 2 bad input (nothing started).")
+)
+
+
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and the commands built on it (batch, schedules)."""
+    providers = "; ".join(f"{name}: {p.summary}" for name, p in PROVIDERS.items())
+    p.add_argument(
+        "--model", default="mock", help=f"provider[:model_id] ({providers}). Default: mock"
+    )
+    p.add_argument("--api-base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)")
+    p.add_argument("--model-key-env", help="environment variable holding the model's API key")
+    p.add_argument(
+        "--backend", choices=BACKENDS,
+        help="where sandboxes run: docker (this host's engine) or e2b (E2B's cloud; needs "
+        "E2B_API_KEY). Default: the payload's `payload.backend`, else docker",
+    )  # fmt: skip
+    p.add_argument(
+        "--network", choices=["none", "allowlist", "open"],
+        help="network policy: none (default for a mock model and no declared hosts), "
+        "allowlist (default otherwise: the model's host, the payload's [network] hosts and "
+        "--allow-host, through an egress proxy) or open (unrestricted; only when named)",
+    )  # fmt: skip
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="extra host the sandbox may reach under allowlist (api.example.com or "
+        "*.example.com; ports 80 and 443)",
+    )
+    p.add_argument("--max-steps", type=int, help="steps per agent (default: manifest, else 10)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        dest="timeout_seconds",
+        help="wall-clock seconds (default: manifest, else 300)",
+    )
+    p.add_argument(
+        "--memory",
+        type=int,
+        dest="memory_mb",
+        help="memory limit in MiB (default: manifest, else 1024)",
+    )
+    p.add_argument("--cpus", type=float, help="CPU limit (default: manifest, else 1.0)")
+    p.add_argument("--pids", type=int, help="process limit (default: manifest, else 256)")
+    p.add_argument("--env-file", help="dotenv file to read secrets from (default: ./.env)")
+    p.add_argument(
+        "--i-understand-dangerous-imports", action="store_true", dest="allow_dangerous_imports",
+        help="allow authorized_imports such as os or subprocess in the inner executor",
+    )  # fmt: skip
+
+
+def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
+    fields = dict(
+        payload=getattr(args, "payload", None),
+        task=getattr(args, "task", None),
+        model=args.model,
+        api_base=args.api_base,
+        model_key_env=args.model_key_env,
+        backend=args.backend,
+        network=args.network,
+        allow_hosts=tuple(args.allow_host),
+        max_steps=args.max_steps,
+        timeout_seconds=args.timeout_seconds,
+        memory_mb=args.memory_mb,
+        cpus=args.cpus,
+        pids=args.pids,
+        env_file=args.env_file,
+        allow_dangerous_imports=args.allow_dangerous_imports,
+        additional_args=parse_kv_args(getattr(args, "arg", [])),
+    )
+    fields.update(overrides)
+    return RunSpec(**fields)
+
+
+def parse_kv_args(items: list[str]) -> dict[str, Any] | None:
+    if not items:
+        return None
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise OrchestratorError(
+                f"--arg {item!r} is not KEY=VALUE.", "Write --arg a=3 or --arg name='\"x\"'."
+            )
+        try:
+            result[key] = json.loads(raw)
+        except ValueError:
+            result[key] = raw
+    return result
+
+
+def install_sigterm_handler() -> None:
+    """SIGTERM tears a run down like Ctrl-C does (the sandbox is removed, status cancelled)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise RunCancelled(f"signal {signum}")
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)

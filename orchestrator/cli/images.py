@@ -1,0 +1,107 @@
+"""`orchestrator images ...`: build, bootstrap, list and prune sandbox images."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..spec import BACKENDS
+
+
+def add_images_parser(sub: Any) -> None:
+    p = sub.add_parser("images", help="build, list and prune sandbox images")
+    isub = p.add_subparsers(title="images commands", metavar="ACTION")
+    b = isub.add_parser(
+        "build",
+        help="build (or reuse) the agent image, and a payload's derived image",
+        description="Build the agent image (Docker) or template (E2B) if it does not exist yet; "
+        "prints its tag or template name. Content-addressed: unchanged inputs never rebuild.",
+    )
+    b.add_argument("--payload", help="also build the derived image for this payload's requirements")
+    b.add_argument(
+        "--base",
+        help="base image (docker default: $ORCHESTRATOR_BASE_IMAGE or python:3.12-slim; "
+        "e2b default: $ORCHESTRATOR_E2B_BASE_IMAGE or python:3.12-slim)",
+    )
+    b.add_argument(
+        "--backend", choices=BACKENDS, default="docker",
+        help="docker: an image on this host's engine; e2b: an E2B template (needs E2B_API_KEY)",
+    )  # fmt: skip
+    b.set_defaults(handler=cmd_images_build)
+    bb = isub.add_parser(
+        "bootstrap-base",
+        help="make a Debian base image with debootstrap + docker import (no registry needed)",
+    )
+    bb.add_argument("--suite", default="bookworm")
+    bb.add_argument("--mirror", default="http://deb.debian.org/debian")
+    bb.set_defaults(handler=cmd_images_bootstrap)
+    ls = isub.add_parser("list", help="list orchestrator images")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(handler=cmd_images_list)
+    pr = isub.add_parser("prune", help="remove orchestrator images that are no longer current")
+    pr.add_argument("--dry-run", action="store_true")
+    pr.set_defaults(handler=cmd_images_prune)
+    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+def cmd_images_build(args: argparse.Namespace) -> int:
+    from ..backends.docker.engine import connect
+    from ..backends.docker.images import ensure_agent_image
+    from ..manifest import load_manifest
+    from .display import RunDisplay
+
+    display = RunDisplay()
+    extra: tuple[str, ...] = ()
+    if args.payload:
+        extra = load_manifest(args.payload).requirements
+    if args.backend == "e2b":
+        from dataclasses import replace
+
+        from ..backends.e2b.settings import E2BSettings
+        from ..backends.e2b.templates import ensure_template
+
+        settings = E2BSettings.from_env()
+        if args.base:
+            settings = replace(settings, base_image=args.base)
+        print(ensure_template(settings, extra, progress=display.progress))
+        return 0
+    tag = ensure_agent_image(
+        connect(), base=args.base, extra_requirements=extra, progress=display.progress
+    )
+    print(tag)
+    return 0
+
+
+def cmd_images_bootstrap(args: argparse.Namespace) -> int:
+    from ..backends.docker.base_image import bootstrap_base
+    from ..backends.docker.engine import connect
+    from .display import RunDisplay
+
+    display = RunDisplay()
+    print(
+        bootstrap_base(connect(), suite=args.suite, mirror=args.mirror, progress=display.progress)
+    )
+    return 0
+
+
+def cmd_images_list(args: argparse.Namespace) -> int:
+    from ..backends.docker.engine import connect
+    from ..backends.docker.prune import list_images
+
+    images = list_images(connect())
+    if args.json:
+        print(json.dumps(images, indent=2, default=str))
+    else:
+        for image in images:
+            print("\t".join(str(image.get(k, "")) for k in ("tag", "kind", "created", "size")))
+    return 0
+
+
+def cmd_images_prune(args: argparse.Namespace) -> int:
+    from ..backends.docker.engine import connect
+    from ..backends.docker.prune import prune_images
+
+    for tag in prune_images(connect(), dry_run=args.dry_run):
+        print(("would remove " if args.dry_run else "removed ") + tag)
+    return 0

@@ -1,0 +1,76 @@
+"""`orchestrator run`: one payload, one fresh sandbox, live events."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..spec import EXIT_CODES, RunCancelled, RunResult
+from .common import EPILOG_EXIT, add_run_options, install_sigterm_handler, spec_from_args
+
+
+def add_run_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a payload once in a fresh sandbox",
+        description="Run a payload (a folder with manifest.toml) on a task in one fresh, "
+        "hardened sandbox, stream its events, and keep a run record.",
+        epilog="Example: orchestrator run agent_payloads/research_team --model mock\n"
+        + EPILOG_EXIT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument("task", nargs="?", help="the task (default: the manifest's example_task)")
+    add_run_options(p)
+    p.add_argument(
+        "--arg",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="additional_args entry for the agent",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live output")
+    p.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..runner import run
+    from .display import RunDisplay
+
+    spec = spec_from_args(args)
+    display = RunDisplay(quiet=args.quiet)
+    install_sigterm_handler()
+    try:
+        result = run(spec, on_event=display.event, on_progress=display.progress)
+    except (KeyboardInterrupt, RunCancelled):
+        display.stop()
+        print(
+            "cancelled: the sandbox was removed and the run recorded as `cancelled`.",
+            file=sys.stderr,
+        )
+        return EXIT_CODES["cancelled"]
+    finally:
+        display.stop()
+    print_result(result, as_json=args.json)
+    return result.cli_exit_code
+
+
+def print_result(result: RunResult, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2, default=str))
+        return
+    print(
+        f"run {result.run_id}: {result.status} in {result.timings.get('duration', 0):.1f}s",
+        file=sys.stderr,
+    )
+    if result.error:
+        print(
+            f"  error: {result.error.get('type')}: {result.error.get('message')}", file=sys.stderr
+        )
+    print(f"  record: {result.record_dir}", file=sys.stderr)
+    if result.status == "succeeded":
+        answer = result.answer
+        print(answer if isinstance(answer, str) else json.dumps(answer, default=str))

@@ -1,0 +1,149 @@
+"""The agent image's definition, backend-neutral: its files, the runtime, content hashes.
+
+Both the Docker image and the E2B template are made from these same inputs, so a change to
+any of them changes both names (everything is content-addressed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import home_dir, repo_root
+from .errors import ConfigError, ImageBuildError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+
+
+#: The base on ordinary machines.
+DEFAULT_BASE = "python:3.12-slim"
+
+
+BASE_IMAGE_ENV = "ORCHESTRATOR_BASE_IMAGE"
+
+
+#: Where the image definitions and the runtime live (read at call time, so tests can patch).
+AGENT_IMAGE_DIR = repo_root() / "images" / "agent"
+
+
+RUNTIME_DIR = repo_root() / "orchestrator_runtime"
+
+
+#: Build output lines quoted in an ImageBuildError.
+ERROR_TAIL_LINES = 25
+
+
+def report(progress: Progress | None, message: str) -> None:
+    log.info("%s", message)
+    if progress is not None:
+        progress(message)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest(obj: Any) -> str:
+    """A stable hash of a JSON-able value."""
+    return sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode())
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write atomically (temp file + rename), so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def images_state_dir() -> Path:
+    path = home_dir() / "images"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@dataclass
+class CommandOutput:
+    returncode: int
+    lines: list[str]
+
+
+def run_streaming(command: list[str], progress: Progress | None, *, prefix: str) -> CommandOutput:
+    """Run a command, passing each output line to `progress`; keeps the last lines."""
+    tail: deque[str] = deque(maxlen=ERROR_TAIL_LINES)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            if line:
+                tail.append(line)
+                if progress is not None:
+                    progress(prefix + line)
+    return CommandOutput(proc.returncode, list(tail))
+
+
+def requirement_lines(text: str) -> list[str]:
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+#: The files of the agent image's definition (in images/agent/): what goes into its content hash.
+AGENT_DEFINITION_FILES = ("Dockerfile", "install.sh", "harden.sh")
+
+
+def agent_image_definition() -> dict[str, bytes]:
+    """The Dockerfile and the scripts it runs (shared with the E2B template)."""
+    return {name: (AGENT_IMAGE_DIR / name).read_bytes() for name in AGENT_DEFINITION_FILES}
+
+
+def runtime_files_of(root: Path) -> dict[str, bytes]:
+    """The runtime package's files (relative path -> content): no bytecode, no dot-files."""
+    if not root.is_dir():
+        raise ImageBuildError(
+            f"The in-sandbox runtime package is missing (no folder {root}).",
+            "Run the orchestrator from a complete source checkout.",
+        )
+    files = {}
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        skipped = "__pycache__" in relative.parts or any(p.startswith(".") for p in relative.parts)
+        if path.is_file() and not skipped and path.suffix not in (".pyc", ".pyo"):
+            files[relative.as_posix()] = path.read_bytes()
+    return files
+
+
+def normalize_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
+    """Sorted, de-duplicated requirement lines; pip options are refused."""
+    lines: set[str] = set()
+    for item in requirements:
+        for line in requirement_lines(item):
+            if line.startswith("-") or not re.match(r"^[A-Za-z0-9]", line):
+                raise ConfigError(
+                    f"Extra requirement {line!r} is not a plain requirement "
+                    "(pip options such as -e, -r or --index-url are not allowed).",
+                    "List package requirements only, e.g. `tabulate==0.9.0`.",
+                )
+            lines.add(" ".join(line.split()))
+    return tuple(sorted(lines))

@@ -1,0 +1,141 @@
+"""The run record: masked events and logs as they arrive, then result.json and the index row."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from orchestrator_runtime.masking import Masker
+
+from .spec import RunResult
+from .store import Store
+
+#: Collected logs are capped; the rest is dropped with a note (nothing is unbounded).
+MAX_LOG_BYTES = 20 * 1024 * 1024
+
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+class RunRecorder:
+    """Writes a run's events and logs to its record directory as they arrive, masked."""
+
+    def __init__(self, directory: Path, masker: Masker, on_event: EventHandler | None):
+        self.directory = directory
+        self.masker = masker
+        self.on_event = on_event
+        self.events: list[dict[str, Any]] = []
+        self.run_end: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self._partial = {"stdout": b"", "stderr": b""}
+        self._files: dict[str, TextIO] = {
+            name: open(directory / filename, "a", encoding="utf-8")  # noqa: SIM115
+            for name, filename in (
+                ("events", "events.jsonl"), ("stdout", "stdout.log"), ("stderr", "stderr.log")
+            )
+        }  # fmt: skip
+        self._written = {"stdout": 0, "stderr": 0}
+        self._closed = False
+
+    def feed(self, stream: str, chunk: bytes) -> None:
+        data = self._partial[stream] + chunk
+        *lines, self._partial[stream] = data.split(b"\n")
+        for line in lines:
+            self._line(stream, line.decode("utf-8", errors="replace"))
+
+    def flush(self) -> None:
+        for stream, rest in self._partial.items():
+            if rest:
+                self._line(stream, rest.decode("utf-8", errors="replace"))
+            self._partial[stream] = b""
+
+    def _line(self, stream: str, line: str) -> None:
+        if stream == "stdout":
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if isinstance(event, dict) and "type" in event:
+                self.event(event)
+                return
+        self._log(stream, line)
+
+    def _log(self, stream: str, line: str) -> None:
+        line = self.masker(line) + "\n"
+        with self._lock:
+            if self._closed or self._written[stream] > MAX_LOG_BYTES:
+                return
+            self._written[stream] += len(line)
+            if self._written[stream] > MAX_LOG_BYTES:
+                line = f"[orchestrator: {stream} log capped at {MAX_LOG_BYTES} bytes]\n"
+            self._files[stream].write(line)
+            self._files[stream].flush()
+
+    def event(self, event: dict[str, Any]) -> None:
+        event = self.masker.clean(event)
+        with self._lock:
+            if self._closed:
+                return
+            if event.get("type") == "run_end":
+                if self.run_end is not None:
+                    return  # recovered twice: keep the first
+                self.run_end = event
+            self.events.append(event)
+            self._files["events"].write(json.dumps(event, default=str) + "\n")
+            self._files["events"].flush()
+        if self.on_event:
+            self.on_event(event)
+
+    def host_event(self, type_: str, **fields: Any) -> None:
+        self.event({"type": type_, "source": "host", "ts": time.time(), **fields})
+
+    def recover(self, stdout: bytes) -> None:
+        """Find the run_end in the engine's copy of stdout after a broken live stream."""
+        for line in reversed(stdout.decode("utf-8", errors="replace").splitlines()):
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and event.get("type") == "run_end":
+                self.host_event("stream_recovered")
+                self.event(event)
+                return
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for file in self._files.values():
+                file.close()
+
+
+def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
+    """Fill the result from the run_end event, write result.json and the index row."""
+    end = record.run_end or {}
+    if result.status == "succeeded":
+        result.answer = end.get("answer")
+    result.token_usage = end.get("token_usage") or {}
+    result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
+    result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
+    result.answer = record.masker.clean(result.answer)
+    result.error = record.masker.clean(result.error)
+    record.host_event("run_finished", status=result.status)
+    record.close()
+    path = Path(result.record_dir) / "result.json"
+    path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    store.update_run(
+        result.run_id,
+        status=result.status,
+        ended_at=result.timings.get("ended"),
+        duration=result.timings.get("duration"),
+        answer=None if result.answer is None else json.dumps(result.answer, default=str),
+        error=None
+        if result.error is None
+        else result.error.get("message") or result.error.get("type"),
+        exit_code=result.exit_code,
+        input_tokens=result.token_usage.get("input_tokens"),
+        output_tokens=result.token_usage.get("output_tokens"),
+    )

@@ -1,0 +1,145 @@
+"""The foreground scheduler (`schedule serve`): fires due schedules until stopped."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from .clock import Clock, SystemClock
+from .cron import utc_iso
+from .due import LATE_TOLERANCE, plan, record_missed
+from .file import Schedule
+from .firing import Log, RunFunction, fire, print_log
+from .store import ScheduleStore
+
+
+class Scheduler:
+    """A foreground scheduler: fires due schedules, each firing in its own thread (so a
+    long run never delays another schedule), survives any job's failure, and on start
+    applies the missed-run rule from the last recorded firing."""
+
+    def __init__(
+        self,
+        schedules: list[Schedule],
+        *,
+        store: ScheduleStore | None = None,
+        clock: Clock | None = None,
+        run_fn: RunFunction | None = None,
+        spawn: Callable[[Callable[[], None]], None] | None = None,
+        log: Log = print_log,
+        late_tolerance: float = LATE_TOLERANCE,
+        max_sleep: float = 60.0,
+    ) -> None:
+        self.schedules = [s for s in schedules if s.enabled]
+        self.store = store or ScheduleStore()
+        self.clock = clock or SystemClock()
+        self.run_fn = run_fn
+        self.log = log
+        self.late_tolerance = late_tolerance
+        self.max_sleep = max_sleep
+        self._spawn = spawn or self._thread
+        self._threads: list[threading.Thread] = []
+        self._cancels: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+        self.last: dict[str, datetime | None] = {}
+
+    def _thread(self, job: Callable[[], None]) -> None:
+        thread = threading.Thread(target=job, name="schedule-firing", daemon=True)
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
+        thread.start()
+
+    def start(self) -> None:
+        """Remember where each schedule left off (None: never fired, nothing to catch up)."""
+        now = self.clock.now()
+        for schedule in self.schedules:
+            last = self.store.last_scheduled_for(schedule.name)
+            self.last[schedule.name] = last if last is not None else now
+
+    def tick(self) -> None:
+        """Fire everything due now; a failure in one schedule never stops the others."""
+        now = self.clock.now()
+        for schedule in self.schedules:
+            try:
+                p = plan(
+                    schedule, self.last.get(schedule.name), now, late_tolerance=self.late_tolerance
+                )
+                if p.fire_at is not None:
+                    self.last[schedule.name] = p.fire_at
+                elif p.missed_last is not None:
+                    self.last[schedule.name] = p.missed_last
+                record_missed(schedule, p, self.store, now, "serve", self.log)
+                if p.fire_at is not None:
+                    self._launch(schedule, p.fire_at, p.trigger)
+            except Exception as exc:  # noqa: BLE001 - the scheduler outlives any one schedule
+                self.log(
+                    f"{utc_iso(now)} schedule={schedule.name} scheduler_error="
+                    f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
+                )
+
+    def _launch(self, schedule: Schedule, at: datetime, trigger: str) -> None:
+        cancel = threading.Event()
+        key = id(cancel)
+        with self._lock:  # registered before the thread starts: shutdown always sees it
+            self._cancels[key] = cancel
+
+        def job() -> None:
+            try:
+                fire(
+                    schedule,
+                    store=self.store,
+                    trigger=trigger,
+                    scheduled_for=at,
+                    clock=self.clock,
+                    run_fn=self.run_fn,
+                    cancel=cancel,
+                    log=self.log,
+                )
+            except BaseException as exc:  # noqa: BLE001 - logged; the loop goes on
+                self.log(
+                    f"{utc_iso(self.clock.now())} schedule={schedule.name} "
+                    f"firing_error={json.dumps(f'{type(exc).__name__}: {exc}')}"
+                )
+            finally:
+                with self._lock:
+                    self._cancels.pop(key, None)
+
+        self._spawn(job)
+
+    def next_wake(self) -> datetime | None:
+        times = [
+            s.cron.next_after(max(filter(None, [self.last.get(s.name), self.clock.now()])))
+            for s in self.schedules
+        ]
+        return min(times) if times else None
+
+    def serve(self, stop: threading.Event, *, grace: float = 0.0) -> None:
+        """Run until `stop` is set; then let running firings finish for `grace` seconds,
+        cancel the rest (their sandboxes are removed, runs recorded `cancelled`) and return."""
+        self.start()
+        names = ", ".join(s.name for s in self.schedules) or "none"
+        self.log(f"{utc_iso(self.clock.now())} serve started: schedules {names}")
+        while not stop.is_set():
+            self.tick()
+            wake = self.next_wake()
+            wait = self.max_sleep
+            if wake is not None:
+                wait = min(wait, max(0.0, (wake - self.clock.now()).total_seconds()))
+            if self.clock.sleep(wait, stop):
+                break
+        self.shutdown(grace)
+        self.log(f"{utc_iso(self.clock.now())} serve stopped")
+
+    def shutdown(self, grace: float = 0.0) -> None:
+        deadline = time.monotonic() + grace
+        for thread in list(self._threads):
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            for cancel in self._cancels.values():
+                cancel.set()
+        for thread in list(self._threads):
+            thread.join(timeout=60)

@@ -1,0 +1,131 @@
+"""Plain data shared by every layer: what a run is asked to do, what it became, its limits."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+from .errors import ManifestError
+
+#: Exit codes the CLI returns per status, for cron jobs and shell scripts to branch on.
+EXIT_CODES = {
+    "succeeded": 0, "failed": 1, "timed_out": 3, "oom_killed": 4, "infra_error": 5,
+    "cancelled": 130,
+}  # fmt: skip
+
+
+@dataclass
+class RunSpec:
+    """What to run: a payload, a task, a model and a policy. Unset limits come from the
+    payload's manifest, then from the defaults in `Limits`."""
+
+    payload: str | Path
+    task: str | None = None
+    model: str = "mock"
+    api_base: str | None = None
+    model_key_env: str | None = None
+    model_options: dict[str, Any] = field(default_factory=dict)
+    additional_args: dict[str, Any] | None = None
+    #: `docker` or `e2b`; None: the manifest's `payload.backend`, else docker.
+    backend: str | None = None
+    network: str | None = None
+    allow_hosts: tuple[str, ...] = ()
+    max_steps: int | None = None
+    timeout_seconds: float | None = None
+    memory_mb: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    env_file: str | Path | None = None
+    allow_dangerous_imports: bool = False
+    schedule: str | None = None
+    batch: str | None = None
+    run_id: str | None = None
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    status: str
+    answer: Any = None
+    error: dict[str, Any] | None = None
+    exit_code: int | None = None
+    oom_killed: bool = False
+    token_usage: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    record_dir: str = ""
+    payload: str = ""
+    model: str = ""
+    backend: str = ""
+    network: str = ""
+    #: The effective allowlist of an `allowlist` run (hosts, host:port endpoints).
+    allowlist: list[str] = field(default_factory=list)
+    #: Connections refused by the egress proxy or seen blocked in the sandbox.
+    egress_blocked: int = 0
+    image: str = ""
+
+    @property
+    def cli_exit_code(self) -> int:
+        return EXIT_CODES.get(self.status, 5)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class RunCancelled(Exception):
+    """Raised by the CLI's SIGTERM handler so a run is torn down like on Ctrl-C."""
+
+
+#: Where sandboxes can run.
+BACKENDS = ("docker", "e2b")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run. Every limit has a default; nothing is unbounded."""
+
+    max_steps: int = 10
+    timeout_seconds: float = 300.0
+    memory_mb: int = 1024
+    cpus: float = 1.0
+    pids: int = 256
+    tmpfs_mb: int = 256
+
+    def validate(self, where: str) -> None:
+        checks = [
+            ("max_steps", 1 <= self.max_steps <= 1000, "an integer from 1 to 1000"),
+            ("timeout_seconds", 1 <= self.timeout_seconds <= 86400, "1 to 86400 seconds"),
+            ("memory_mb", 64 <= self.memory_mb <= 65536, "64 to 65536 MiB"),
+            ("cpus", 0.1 <= self.cpus <= 64, "0.1 to 64"),
+            ("pids", 16 <= self.pids <= 32768, "16 to 32768"),
+            ("tmpfs_mb", 1 <= self.tmpfs_mb <= 16384, "1 to 16384 MiB"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ManifestError(
+                    f"{where}: limit `{name}` = {getattr(self, name)!r} is out of range.",
+                    f"Use {allowed}.",
+                )
+
+
+@dataclass(frozen=True)
+class NetworkPolicy:
+    """Where a sandbox may connect. `mode` is `none`, `allowlist` or `open`."""
+
+    mode: Literal["none", "allowlist", "open"] = "none"
+    #: Allowed host names (`api.example.com`, `*.example.com`) on ports 80 and 443.
+    hosts: tuple[str, ...] = ()
+    #: A model endpoint on the Docker host itself (`host:port`), reachable only if named.
+    host_endpoints: tuple[tuple[str, int], ...] = ()
+    #: Further exact `(host, port)` pairs, e.g. a model server on a port other than 80/443.
+    endpoints: tuple[tuple[str, int], ...] = ()
+
+
+#: The limits a manifest, a command line, a tasks file or a schedule may set, with their
+#: types (every field of `Limits` but the tmpfs size, which is the image's business).
+SETTABLE_LIMITS: dict[str, type] = {
+    f.name: {"int": int, "float": float}[str(f.type)]
+    for f in fields(Limits)
+    if f.name != "tmpfs_mb"
+}
