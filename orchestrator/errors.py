@@ -11,6 +11,9 @@ class OrchestratorError(Exception):
     """
 
     exit_code = 2
+    #: The input field the problem is in (`payload`, `model`, `limits`...), when known: set by
+    #: `runner.prepare`, so a schedules file or tasks file can point at its own field.
+    field: str | None = None
 
     def __init__(self, cause: str, fix: str = "") -> None:
         self.cause = cause

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +23,7 @@ from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH
 
 from .backends import backend_name, get_backend
 from .backends.base import Backend, ExitInfo, Sandbox, SandboxSpec
-from .errors import ConfigError, ManifestError
+from .errors import ConfigError, ManifestError, OrchestratorError
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
@@ -52,6 +53,8 @@ class PreparedRun:
     network: NetworkPolicy
     secrets: dict[str, str]
     backend: str = "docker"
+    #: The names of the secrets the run gets (the payload's and the model's credential).
+    secret_names: tuple[str, ...] = ()
 
     @property
     def image_requirements(self) -> tuple[str, ...]:
@@ -60,41 +63,56 @@ class PreparedRun:
         return self.manifest.requirements + self.model.extra_requirements
 
 
-def prepare(spec: RunSpec, *, secret_values: bool = True) -> PreparedRun:
+def prepare(
+    spec: RunSpec, *, secret_values: bool = True, limits_from: str = "command line"
+) -> PreparedRun:
     """Check everything that can be checked before a sandbox exists; raise on any problem.
 
-    Raises ManifestError or ConfigError (nothing has started). With `secret_values=False`
-    (schedule validation) the secrets are not read, and the result's `secrets` is empty.
+    Raises ManifestError or ConfigError (nothing has started), with `field` naming the
+    RunSpec field at fault. With `secret_values=False` (schedule validation) the secrets'
+    values are not read: the result's `secrets` is empty, `secret_names` still complete.
+    `limits_from` says where the spec's limits came from, for the error message.
     """
-    manifest = load_manifest(spec.payload)
-    dangerous = manifest.dangerous_imports()
-    if dangerous and not spec.allow_dangerous_imports:
-        raise ManifestError(
-            f"{manifest.path}: field `python.authorized_imports` lists {', '.join(dangerous)}, "
-            "which would let agent-written code escape the inner executor's import allowlist.",
-            "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
-            "(the container stays the boundary).",
+    with _field("payload"):
+        manifest = load_manifest(spec.payload)
+        dangerous = manifest.dangerous_imports()
+        if dangerous and not spec.allow_dangerous_imports:
+            raise ManifestError(
+                f"{manifest.path}: field `python.authorized_imports` lists "
+                f"{', '.join(dangerous)}, which would let agent-written code escape the inner "
+                "executor's import allowlist.",
+                "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
+                "(the container stays the boundary).",
+            )
+    with _field("model"):
+        model = parse_model(
+            spec.model,
+            api_base=spec.api_base,
+            credential_env=spec.model_key_env,
+            options=spec.model_options,
         )
-    model = parse_model(
-        spec.model,
-        api_base=spec.api_base,
-        credential_env=spec.model_key_env,
-        options=spec.model_options,
-    )
     task = spec.task if spec.task is not None else manifest.example_task
     if not task:
-        raise ConfigError(
+        error = ConfigError(
             f"No task given, and {manifest.path} has no `payload.example_task`.",
             'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
         )
-    overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
-    limits = replace(manifest.limits, **overrides)
-    limits.validate("command line")
-    network = resolve_network(spec, manifest, model)
+        error.field = "task"
+        raise error
+    with _field("limits"):
+        overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
+        limits = replace(manifest.limits, **overrides)
+        limits.validate(limits_from)
+    with _field("network"):
+        network = resolve_network(spec, manifest, model)
+    with _field("backend"):
+        backend = backend_name(spec.backend, manifest)
     needed = needed_secrets(manifest, model)
-    secrets = resolve_secrets(needed, env_file=spec.env_file) if secret_values else {}
+    with _field("secrets"):
+        secrets = resolve_secrets(needed, env_file=spec.env_file) if secret_values else {}
     return PreparedRun(
-        backend=backend_name(spec.backend, manifest),
+        backend=backend,
+        secret_names=tuple(needed),
         run_id=spec.run_id or new_run_id(),
         spec=spec,
         manifest=manifest,
@@ -104,6 +122,16 @@ def prepare(spec: RunSpec, *, secret_values: bool = True) -> PreparedRun:
         network=network,
         secrets=secrets,
     )
+
+
+@contextmanager
+def _field(name: str) -> Iterator[None]:
+    """Tag an input error raised inside with the RunSpec field it concerns."""
+    try:
+        yield
+    except OrchestratorError as exc:
+        exc.field = exc.field or name
+        raise
 
 
 def resolve_network(spec: RunSpec, manifest: Manifest, model: ModelSpec) -> NetworkPolicy:

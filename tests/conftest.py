@@ -3,18 +3,22 @@ agent image built once, and a check that no test leaves a container behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOADS = REPO / "agent_payloads"
 TEST_PAYLOADS = REPO / "tests" / "payloads"
+#: The example payloads a new user runs first (every folder of agent_payloads/).
+EXAMPLES = sorted(p for p in PAYLOADS.iterdir() if (p / "manifest.toml").is_file())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -71,6 +75,35 @@ def no_leftovers(docker_client, store_label: str) -> Iterator[Callable[[], list[
     for c in leftover:  # remove them so one failure does not cascade
         docker_client.api.remove_container(c["Id"], force=True)
     assert not leftover, f"containers left behind: {[c['Names'] for c in leftover]}"
+
+
+@pytest.fixture
+def example_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values for every secret an example payload declares."""
+    from orchestrator.manifest import load_manifest
+
+    for folder in EXAMPLES:
+        for name in load_manifest(folder).secrets:
+            monkeypatch.setenv(name, f"example-value-for-{name.lower()}")
+
+
+@pytest.fixture
+def openai_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-egress")
+    return "sk-test-egress"
+
+
+def events_of(result: Any) -> list[dict[str, Any]]:
+    """The events of a run's record (events.jsonl), in order."""
+    path = Path(result.record_dir) / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def write_payload(folder: Path, manifest: str, code: str | None = None) -> Path:
+    """A payload folder with `manifest` and an `agent.py` (by default one that only raises)."""
+    (folder / "manifest.toml").write_text(manifest)
+    (folder / "agent.py").write_text(code or "def build(model):\n    raise NotImplementedError\n")
+    return folder
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 60, interval: float = 0.1):

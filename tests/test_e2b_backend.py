@@ -23,13 +23,11 @@ import pytest
 
 from orchestrator import ConfigError, RunSpec, Store, load_manifest, run
 from orchestrator.backends.e2b import E2BSettings, ensure_template
-from orchestrator.backends.e2b.sandbox import network_options
 from orchestrator.backends.e2b.templates import SANDBOX_USER
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_RUN_ID
-from orchestrator.spec import NetworkPolicy
 
-from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, wait_for
+from .conftest import EXAMPLES, PAYLOADS, REPO, TEST_PAYLOADS, cli, events_of, wait_for
 from .e2b_server import E2BTestServer
 from .e2b_server import fixtures as e2b_fixtures
 from .e2b_server.fixtures import base_image
@@ -38,7 +36,6 @@ pytestmark = pytest.mark.docker
 
 e2b_test_server = e2b_fixtures.e2b_test_server
 
-EXAMPLES = sorted(p for p in PAYLOADS.iterdir() if (p / "manifest.toml").is_file())
 SLEEPER = TEST_PAYLOADS / "sleeper"
 MATH = TEST_PAYLOADS / "batch_math"
 SECRET = "e2b-Secret-Value-That/Must+Not=Leak-42"
@@ -67,18 +64,6 @@ def e2b_env(
     assert not left, f"sandboxes left alive: {left}"
 
 
-@pytest.fixture
-def example_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    for folder in EXAMPLES:
-        for name in load_manifest(folder).secrets:
-            monkeypatch.setenv(name, f"example-value-for-{name.lower()}")
-
-
-def events_of(result: Any) -> list[dict[str, Any]]:
-    path = Path(result.record_dir) / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def agent_trace(result: Any) -> list[tuple[Any, ...]]:
     """What the agents did, without times, ids and host-side bookkeeping."""
     return [
@@ -86,22 +71,6 @@ def agent_trace(result: Any) -> list[tuple[Any, ...]]:
         for e in events_of(result)
         if e.get("source") != "host" and e["type"] not in ("run_start", "run_end")
     ]
-
-
-def test_network_policies_map_onto_e2b_controls() -> None:
-    assert network_options(NetworkPolicy("none")) == {"allow_internet_access": False}
-    assert network_options(NetworkPolicy("open")) == {"allow_internet_access": True}
-    allow = NetworkPolicy(
-        "allowlist", hosts=("api.example.com", "*.example.org"), endpoints=(("llm.io", 8443),)
-    )
-    assert network_options(allow) == {
-        "network": {
-            "deny_out": ["0.0.0.0/0"],
-            "allow_out": ["*.example.org", "api.example.com", "llm.io"],
-        }
-    }
-    with pytest.raises(ConfigError, match="cannot reach"):
-        network_options(NetworkPolicy("allowlist", host_endpoints=(("host", 8080),)))
 
 
 def test_missing_api_key_starts_nothing(

@@ -30,24 +30,23 @@ import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.backends.docker.egress import KIND_EGRESS, KIND_EGRESS_NETWORK, parse_access_log
-from orchestrator.errors import ConfigError
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
-from orchestrator.models import parse_model
-from orchestrator.policy import HOST_ALIAS, is_docker_host, resolve_policy, sandbox_api_base
-from orchestrator.runner import prepare
-from orchestrator.spec import NetworkPolicy
+from orchestrator.policy import HOST_ALIAS
 
-from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+from .conftest import (
+    PAYLOADS,
+    REPO,
+    TEST_PAYLOADS,
+    cli,
+    events_of,
+    our_containers,
+    wait_for,
+)
 from .model_server import ScriptedModelServer, SinkServer, docker_bridge_address, host_address
 
 PROBE = TEST_PAYLOADS / "egress_probe"
 RESEARCH = PAYLOADS / "research_team"
 ALLOWED = "deb.debian.org"  # reachable from containers on the bridge (see the docstring)
-
-
-def events_of(result: Any) -> list[dict[str, Any]]:
-    path = Path(result.record_dir) / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def blocked_events(result: Any) -> list[dict[str, Any]]:
@@ -82,12 +81,6 @@ def nothing_left(docker_client, store_label: str) -> Iterator[None]:
     assert not networks, f"networks left behind: {[n['Name'] for n in networks]}"
 
 
-@pytest.fixture
-def openai_key(monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-egress")
-    return "sk-test-egress"
-
-
 def research_outputs() -> list[str]:
     """research_team's mock trajectory, in the order one shared model is asked."""
     scripts = load_manifest(RESEARCH).mock_scripts
@@ -120,43 +113,6 @@ def container_of(docker_client, run_id: str, kind: str) -> dict[str, Any] | None
 
 
 # ---- the policy (no Docker needed) ---------------------------------------------------------
-
-
-def test_policy_defaults_and_allowlist() -> None:
-    mock = parse_model("mock")
-    assert resolve_policy(None, model=mock, hosts=()).mode == "none"
-    policy = resolve_policy(None, model=mock, hosts=("API.example.com", "*.example.org"))
-    assert policy.mode == "allowlist"
-    assert policy.hosts == ("api.example.com", "*.example.org")
-    hosted = resolve_policy(None, model=parse_model("openai"), hosts=())
-    assert hosted.mode == "allowlist" and hosted.hosts == ("api.openai.com",)
-    hf = resolve_policy(None, model=parse_model("hf"), hosts=("x.example.com",))
-    assert hf.hosts == ("router.huggingface.co", "huggingface.co", "x.example.com")
-    odd_port = parse_model("openai", api_base="https://llm.example.net:8443/v1")
-    assert resolve_policy(None, model=odd_port, hosts=()).endpoints == (("llm.example.net", 8443),)
-    local = parse_model("openai", api_base="http://127.0.0.1:8080/v1")
-    policy = resolve_policy(None, model=local, hosts=())
-    assert policy.hosts == () and policy.host_endpoints == ((HOST_ALIAS, 8080),)
-    assert sandbox_api_base(local.api_base, policy) == f"http://{HOST_ALIAS}:8080/v1"
-    assert sandbox_api_base(local.api_base, NetworkPolicy("none")) == local.api_base
-    assert resolve_policy("open", model=mock, hosts=()).mode == "open"
-    with pytest.raises(ConfigError, match="Unknown network policy"):
-        resolve_policy("wide-open", model=mock, hosts=())
-
-
-def test_open_is_never_a_default(openai_key: str) -> None:
-    for model, hosts in (("mock", ()), ("openai", ()), ("mock", ("*.example.com",))):
-        prepared = prepare(RunSpec(payload=RESEARCH, model=model, allow_hosts=hosts))
-        assert prepared.network.mode in ("none", "allowlist")
-    with pytest.raises(ConfigError, match="allow-host"):
-        prepare(RunSpec(payload=RESEARCH, allow_hosts=("http://x.example.com/",)))
-
-
-def test_docker_host_addresses() -> None:
-    for name in ("localhost", "127.0.0.1", "0.0.0.0", "[::1]", docker_bridge_address()):
-        assert is_docker_host(name), name
-    assert is_docker_host(host_address())
-    assert not is_docker_host("api.openai.com") and not is_docker_host("203.0.113.80")
 
 
 def _render(policy: dict[str, Any]) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from orchestrator.models import parse_model
 from orchestrator.runner import prepare
 from orchestrator.spec import RunSpec
 
-from .conftest import PAYLOADS, TEST_PAYLOADS
+from .conftest import PAYLOADS, TEST_PAYLOADS, write_payload
 
 GOOD = """
 [payload]
@@ -36,12 +36,6 @@ timeout_seconds = 30
 [mock.scripts]
 manager = ["Thought: done\\n<code>\\nfinal_answer(1)\\n</code>"]
 """
-
-
-def write_payload(tmp_path: Path, manifest: str) -> Path:
-    (tmp_path / "manifest.toml").write_text(manifest)
-    (tmp_path / "agent.py").write_text("def build(model):\n    raise NotImplementedError\n")
-    return tmp_path
 
 
 def test_good_manifest_loads(tmp_path: Path) -> None:

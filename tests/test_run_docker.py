@@ -17,25 +17,20 @@ import pytest
 from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.labels import LABEL_RUN_ID
 
-from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+from .conftest import (
+    EXAMPLES,
+    PAYLOADS,
+    REPO,
+    TEST_PAYLOADS,
+    cli,
+    events_of,
+    our_containers,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 
-EXAMPLES = sorted(p for p in PAYLOADS.iterdir() if (p / "manifest.toml").is_file())
 ADVERSARY = TEST_PAYLOADS / "adversary"
-
-
-def events_of(result) -> list[dict]:
-    path = Path(result.record_dir) / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-@pytest.fixture
-def example_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Values for every secret an example payload declares."""
-    for folder in EXAMPLES:
-        for name in load_manifest(folder).secrets:
-            monkeypatch.setenv(name, f"example-value-for-{name.lower()}")
 
 
 @pytest.mark.parametrize("payload", EXAMPLES, ids=lambda p: p.name)

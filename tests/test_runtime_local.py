@@ -25,9 +25,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted(p for p in (REPO / "agent_payloads").iterdir() if (p / "manifest.toml").is_file())
-TEST_PAYLOADS = REPO / "tests" / "payloads"
+from .conftest import EXAMPLES, REPO, TEST_PAYLOADS
+
 SECRET = "correct-horse-battery\nstaple-9d2f41\n  third line with spaces  "
 EXAMPLE_SECRET = "tok-5e1f0c2a9b7d"
 

@@ -20,6 +20,10 @@ Output directory:
   attempts.jsonl  a start and an end line for every attempt, retries and cancels included
   summary.json    written at the end of every session (complete, interrupted or stopped)
   runs/<id>       a link to the run record of each task's final attempt
+
+Over 500 lines for a reason: `_BatchRun` is one worker session whose parts share its state
+(the queue, the counters, the lock, the output folder); split, one life cycle would be
+scattered over files that each need all of it.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 import tenacity
 
 from ..backends import get_backend
-from ..backends.base import Backend, Progress
+from ..backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
 from ..errors import ConfigError
 from ..runner import PreparedRun, execute
 from ..spec import RunResult
@@ -48,17 +52,26 @@ from .scoring import make_scorer, percentile, wilson_interval
 from .tasks import Task
 
 
-class _ImageOnce:
+class _ImageOnce(Backend):
     """A backend whose image is prepared once per batch: the image's inputs cannot change
-    during a batch, so per-run re-hashing is waste, and N workers must never race to build."""
+    during a batch, so per-run re-hashing is waste, and N workers must never race to build.
+    Everything else goes to the wrapped backend."""
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
+        self.name = backend.name
+        self.max_concurrency = backend.max_concurrency
         self._images: dict[tuple[str, ...], str] = {}
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._backend, name)
+    def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
+        return self._backend.create(spec, progress)
+
+    def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        return self._backend.list_sandboxes(labels)
+
+    def remove_sandbox(self, info: SandboxInfo) -> None:
+        self._backend.remove_sandbox(info)
 
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
         key = tuple(extra_requirements)
@@ -241,7 +254,7 @@ class _BatchRun:
         if requested is None:
             memory = max((p.limits.memory_mb for p in self.plan.prepared.values()), default=None)
             requested = default_concurrency(memory)
-        cap = getattr(self.raw_backend, "max_concurrency", None)
+        cap = self.raw_backend.max_concurrency
         if isinstance(cap, int) and 0 < cap < requested:
             self.message(f"concurrency {requested} lowered to {cap}, the backend's limit")
             requested = cap

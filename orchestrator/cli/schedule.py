@@ -1,7 +1,6 @@
 """`orchestrator schedule ...`: list, validate, run, serve and install scheduled agent jobs.
 
-Kept apart from cli.py so the scheduler can grow without touching the run commands; heavy
-imports happen inside the handlers so `orchestrator --help` stays fast.
+Heavy imports happen inside the handlers so `orchestrator --help` stays fast.
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ import re
 import shlex
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError, OrchestratorError
-from ..spec import BACKENDS, SETTABLE_LIMITS, RunSpec
+from ..spec import SETTABLE_LIMITS, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
 
 if sys.version_info >= (3, 11):
@@ -119,27 +119,29 @@ class Schedule:
             **self.limits,
         )
 
-    def check_secrets(self) -> None:
+    def check_secrets(self, needed: tuple[str, ...] | None = None, payload: str = "") -> None:
         """Refuse a run that would get a secret the schedule does not list.
 
         The runner hands a run exactly the payload's declared secrets plus the model's
-        credential; the schedule's `secrets` is the allow-list those must fit in, so a payload
-        that starts asking for a new credential stops firing instead of silently getting it.
+        credential (`needed`; worked out by `runner.prepare` when not given); the schedule's
+        `secrets` is the allow-list those must fit in, so a payload that starts asking for a
+        new credential stops firing instead of silently getting it. Raises ConfigError.
         """
-        from ..manifest import load_manifest
-        from ..models import parse_model
+        if needed is None:
+            from ..runner import prepare
 
-        manifest = load_manifest(self.payload)
-        model = parse_model(self.model, api_base=self.api_base, credential_env=self.model_key_env)
-        needed = [*manifest.secrets, *([model.credential_env] if model.credential_env else [])]
-        extra = [n for n in dict.fromkeys(needed) if n not in self.secrets]
+            prepared = prepare(self.run_spec(), secret_values=False)
+            needed, payload = prepared.secret_names, prepared.manifest.name
+        extra = [n for n in needed if n not in self.secrets]
         if extra:
-            raise ConfigError(
+            error = ConfigError(
                 f'schedule "{self.name}" field `secrets`: the run would get {", ".join(extra)} '
-                f"(declared by the payload {manifest.name} or the model {model.provider}), "
+                f"(declared by the payload {payload} or the model {self.model}), "
                 "which the schedule does not allow.",
                 f"Add them to `secrets = [...]` of schedule {self.name!r} if it may use them.",
             )
+            error.field = "secrets"
+            raise error
 
 
 @dataclass
@@ -363,52 +365,22 @@ def _parse_schedule(
 
 
 def check_schedule(schedule: Schedule) -> list[str]:
-    """Check a schedule against its payload the way a firing will; problems as strings."""
-    from ..manifest import load_manifest
-    from ..models import parse_model
-    from ..runner import resolve_network
+    """Check a schedule the way a firing will: the runner's own `prepare` (secret values are
+    not read), then the schedule's secrets allow-list; problems as strings naming the field."""
+    from ..runner import prepare
 
-    errors: list[str] = []
     label = f'schedule "{schedule.name}"'
     try:
-        manifest = load_manifest(schedule.payload)
-    except OrchestratorError as exc:
-        return [f"{label} field `payload`: {exc.cause}"]
-    if manifest.dangerous_imports():
-        errors.append(
-            f"{label} field `payload`: the manifest authorizes dangerous imports "
-            f"{manifest.dangerous_imports()}, which scheduled runs refuse"
-        )
-    try:
-        model = parse_model(
-            schedule.model, api_base=schedule.api_base, credential_env=schedule.model_key_env
-        )
-    except OrchestratorError as exc:
-        return [*errors, f"{label} field `model`: {exc.cause}"]
-    try:
         spec = schedule.run_spec()
+        prepared = prepare(spec, secret_values=False, limits_from=f"{label} field `limits`")
+        schedule.check_secrets(prepared.secret_names, prepared.manifest.name)
     except OrchestratorError as exc:
-        return [*errors, exc.cause]
-    try:
-        resolve_network(spec, manifest, model)
-    except OrchestratorError as exc:
-        errors.append(
-            f"{label} field `network`: {exc.cause} Set network to none, allowlist or open."
-        )
-    try:
-        limits = replace(manifest.limits, **schedule.limits)
-        limits.validate(f"{label} field `limits`")
-    except OrchestratorError as exc:
-        errors.append(f"{exc.cause} {exc.fix}")
-    if spec.task is None and not manifest.example_task:
-        errors.append(f"{label} field `task`: is required (the payload has no example_task)")
-    if schedule.backend is not None and schedule.backend not in BACKENDS:
-        errors.append(f"{label} field `backend`: {schedule.backend!r} must be one of {BACKENDS}")
-    try:
-        schedule.check_secrets()
-    except OrchestratorError as exc:
-        errors.append(exc.cause)
-    return errors
+        message = f"{exc.cause} {exc.fix}".strip()
+        if message.startswith(label):
+            return [message]
+        where = f"{label} field `{exc.field}`" if exc.field else label
+        return [f"{where}: {message}"]
+    return []
 
 
 def _parse_notify(table: dict[str, Any] | None, bad: Callable[[str, str], None]) -> Notify | None:

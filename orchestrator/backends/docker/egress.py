@@ -13,8 +13,7 @@ An `allowlist` run gets:
 If squid dies, the sandbox has no route anywhere (fail closed); the runner notices through
 `alive()` and ends the run. What squid refused is read back from its access log.
 
-The policy part (which hosts, which model endpoint is on the Docker host) needs no Docker and
-is used by the runner; the container part is used by the Docker backend.
+Which hosts are allowed is decided backend-neutrally in `orchestrator/policy.py`.
 """
 
 from __future__ import annotations

@@ -2,11 +2,9 @@
 
 Everything here is content-addressed and cached:
 
-- the *base* (`python:3.12-slim`, or a Debian base made with debootstrap when no registry is
-  reachable) is probed once for its interpreter (cached per image id);
-- a *wheelhouse* is resolved on the host with the host's pip for that interpreter
-  (`pip download --only-binary=:all: --python-version ... --platform ...`), once per
-  requirements + interpreter + platform; images are then built offline (`--no-index`);
+- the *base* (`base_image.py`) is probed once for its interpreter (cached per image id);
+- a *wheelhouse* (`orchestrator/wheelhouse.py`) is resolved on the host for that interpreter;
+  images are then built offline (`--no-index`);
 - the *agent image* is tagged `orchestrator-agent:<hash>` where the hash covers everything
   that goes into it (Dockerfile, base image id, wheels, runtime code), so unchanged inputs
   never rebuild and a cached `ensure_agent_image` is only file hashing and image inspections;

@@ -1,4 +1,4 @@
-"""Secret masking: plain, base64 at any alignment, and line by line."""
+"""Secret masking (shared by host and runtime): plain, base64 at any alignment, line by line."""
 
 from __future__ import annotations
 
