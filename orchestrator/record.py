@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -139,3 +140,55 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
         input_tokens=result.token_usage.get("input_tokens"),
         output_tokens=result.token_usage.get("output_tokens"),
     )
+
+
+def close_orphan(
+    store: Store,
+    row: dict[str, Any],
+    *,
+    message: str,
+    exit_code: int | None = None,
+    oom_killed: bool = False,
+    started_at: float | None = None,
+    finished_at: float | None = None,
+) -> RunResult | None:
+    """Close a run whose orchestrator process died before recording its end: `infra_error`
+    of type `orphaned`, with result.json, exit code and duration like any other end.
+
+    Returns None when another process closed it first (it is written once)."""
+    ended = finished_at or time.time()
+    if not store.claim_end(row["run_id"], ended):
+        return None
+    started = started_at or row["created_at"]
+    result = RunResult(
+        run_id=row["run_id"],
+        status="infra_error",
+        error={"type": "orphaned", "message": message},
+        exit_code=exit_code,
+        oom_killed=oom_killed,
+        timings={
+            "created": row["created_at"],
+            "started": started,
+            "ended": ended,
+            "duration": round(max(0.0, ended - started), 3),
+        },
+        record_dir=row["record_dir"],
+        payload=row.get("payload") or "",
+        model=row.get("model") or "",
+        backend=row.get("backend") or "",
+        network=row.get("network") or "",
+    )
+    directory = Path(row["record_dir"])
+    with contextlib.suppress(OSError):  # the record folder may be gone; the index is not
+        with open(directory / "events.jsonl", "a", encoding="utf-8") as events:
+            end = {"type": "run_finished", "source": "host", "ts": time.time()}
+            events.write(json.dumps({**end, "status": result.status, "orphaned": True}) + "\n")
+        (directory / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    store.update_run(
+        result.run_id,
+        status=result.status,
+        duration=result.timings["duration"],
+        error=f"orphaned: {message}",
+        exit_code=exit_code,
+    )
+    return result

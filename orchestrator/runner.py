@@ -227,9 +227,12 @@ def execute(
             allowlist=result.allowlist,
         )
         timings["started"] = time.time()
+        # The limit counts from here, before the start (which may wait for the egress proxy):
+        # the containers' own deadline (created just before) comes a grace period later.
+        deadline = time.monotonic() + prepared.limits.timeout_seconds
         sandbox.start(build_request(prepared), prepared.secrets)
         store.update_run(run_id, status="running")
-        outcome = supervise(sandbox, record, prepared.limits.timeout_seconds, cancel)
+        outcome = supervise(sandbox, record, deadline, prepared.limits.timeout_seconds, cancel)
         exit_info = sandbox.wait(timeout=30)
         if record.run_end is None and outcome != "cancelled":
             record.recover(sandbox.recover_stdout())
@@ -266,7 +269,11 @@ def execute(
 
 
 def supervise(
-    sandbox: Sandbox, record: RunRecorder, timeout: float, cancel: threading.Event
+    sandbox: Sandbox,
+    record: RunRecorder,
+    deadline: float,
+    timeout: float,
+    cancel: threading.Event,
 ) -> str:
     """Pump the sandbox's output until it ends, the time limit passes, or the run is
     cancelled, or it loses its network (egress proxy gone); returns `finished`, `timed_out`,
@@ -284,7 +291,6 @@ def supervise(
 
     reader = threading.Thread(target=pump, name="sandbox-stream", daemon=True)
     reader.start()
-    deadline = time.monotonic() + timeout
     outcome = "finished"
     lost: str | None = None
     next_check = time.monotonic()

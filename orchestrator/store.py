@@ -147,6 +147,16 @@ class Store:
             ).fetchall()
         return [dict(r) for r in rows]
 
+    def claim_end(self, run_id: str, ended_at: float) -> bool:
+        """Mark a run ended if nobody has yet; True for the one caller that did (two commands
+        closing the same orphan at once write its record once)."""
+        with self.connect() as db:
+            cursor = db.execute(
+                "UPDATE runs SET ended_at = ? WHERE run_id = ? AND ended_at IS NULL",
+                (ended_at, run_id),
+            )
+        return cursor.rowcount == 1
+
     def unfinished_runs(self) -> list[dict[str, Any]]:
         with self.connect() as db:
             rows = db.execute(

@@ -116,7 +116,11 @@ def test_container_is_hardened_while_live(
     assert host["NanoCpus"] > 0
     assert host["PidsLimit"] == 64
     assert host["NetworkMode"] == "none"
-    assert host["Init"] is True
+    # PID 1 is the deadline keeper (an init that reaps and forwards signals), not docker-init.
+    assert not host["Init"]
+    entrypoint = info["Config"]["Entrypoint"]
+    assert entrypoint[3].endswith("orchestrator_runtime/deadline.py"), entrypoint
+    assert entrypoint[-3:] == ["python", "-m", "orchestrator_runtime"], entrypoint
     assert host["PidMode"] in ("", "private") and host["IpcMode"] in ("private", "")
     assert host["UTSMode"] == "" and host["UsernsMode"] == ""
     assert not host.get("Binds") and not host.get("Mounts")

@@ -47,6 +47,12 @@ class SandboxInfo:
     labels: dict[str, str]
     state: str
     kind: str = "sandbox"
+    #: How a sandbox that is no longer running ended, where the backend can tell (from the
+    #: engine, never from the sandbox): its exit code, an OOM kill, and when it ran.
+    exit_code: int | None = None
+    oom_killed: bool = False
+    started_at: float | None = None
+    finished_at: float | None = None
 
 
 class Sandbox(ABC):

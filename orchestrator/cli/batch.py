@@ -15,7 +15,7 @@ from typing import Any
 from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
-from .common import add_run_options, spec_from_args
+from .common import add_run_options, spec_from_args, tidy_store
 
 #: Plain progress lines (no terminal) come this often, in seconds.
 PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
@@ -111,6 +111,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    tidy_store()
     spec = batch_spec_from_args(args)
     display = BatchDisplay(quiet=args.quiet)
     cancel = threading.Event()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -116,3 +117,19 @@ def install_sigterm_handler() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
+
+
+def tidy_store() -> None:
+    """Close runs whose orchestrator process died (see `cleanup.tidy`), saying so on stderr:
+    every command that opens the store does this first."""
+    from ..cleanup import tidy
+
+    def warn(message: str) -> None:
+        print(f"warning: {message}", file=sys.stderr)
+
+    for run_id in tidy(warn=warn):
+        print(
+            f"orchestrator: closed run {run_id} as infra_error (orphaned): its orchestrator "
+            "process died; what it left was removed",
+            file=sys.stderr,
+        )

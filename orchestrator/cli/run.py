@@ -8,7 +8,13 @@ import sys
 from typing import Any
 
 from ..spec import EXIT_CODES, RunCancelled, RunResult
-from .common import EPILOG_EXIT, add_run_options, install_sigterm_handler, spec_from_args
+from .common import (
+    EPILOG_EXIT,
+    add_run_options,
+    install_sigterm_handler,
+    spec_from_args,
+    tidy_store,
+)
 
 
 def add_run_parser(sub: Any) -> None:
@@ -40,6 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..runner import run
     from .display import RunDisplay
 
+    tidy_store()
     spec = spec_from_args(args)
     display = RunDisplay(quiet=args.quiet)
     install_sigterm_handler()

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import OrchestratorError
 from ..spec import EXIT_CODES
+from .common import tidy_store
 
 
 def add_runs_parser(sub: Any) -> None:
@@ -35,6 +36,7 @@ def add_runs_parser(sub: Any) -> None:
 
 
 def _find_run(run_id: str) -> dict[str, Any]:
+    tidy_store()
     from ..store import Store
 
     row = Store().get_run(run_id)
@@ -48,6 +50,7 @@ def _find_run(run_id: str) -> dict[str, Any]:
 def cmd_runs_list(args: argparse.Namespace) -> int:
     from ..store import Store
 
+    tidy_store()
     rows = Store().list_runs(
         limit=args.limit, status=args.status, schedule=args.schedule, batch=args.batch
     )

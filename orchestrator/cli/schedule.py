@@ -180,11 +180,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..schedules.firing import fire
     from ..schedules.store import ScheduleStore
     from ..spec import RunCancelled
-    from .common import install_sigterm_handler
+    from .common import install_sigterm_handler, tidy_store
     from .display import RunDisplay
 
     sf = load_schedules(args.file, check_payloads=False, only=args.name)
     schedule = sf.get(args.name)
+    tidy_store()
     # Live events only for a person at a terminal; cron's log gets the one firing line.
     display = RunDisplay(quiet=args.quiet or not sys.stderr.isatty())
     install_sigterm_handler()

@@ -8,12 +8,16 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from ..cleanup import tidy as tidy_store
 from .clock import Clock, SystemClock
 from .cron import utc_iso
 from .due import LATE_TOLERANCE, plan, record_missed
 from .file import Schedule
 from .firing import Log, RunFunction, fire, print_log
 from .store import ScheduleStore
+
+#: How often `serve` closes runs whose orchestrator died, in seconds.
+TIDY_INTERVAL = 60.0
 
 
 class Scheduler:
@@ -32,6 +36,7 @@ class Scheduler:
         log: Log = print_log,
         late_tolerance: float = LATE_TOLERANCE,
         max_sleep: float = 60.0,
+        tidy: Callable[[], object] | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
         self.store = store or ScheduleStore()
@@ -40,6 +45,9 @@ class Scheduler:
         self.log = log
         self.late_tolerance = late_tolerance
         self.max_sleep = max_sleep
+        #: Closes runs whose orchestrator died (another process's, or ours before a restart).
+        self.tidy = tidy or (lambda: tidy_store(self.store.store, warn=self.log))
+        self._tidied: datetime | None = None
         self._spawn = spawn or self._thread
         self._threads: list[threading.Thread] = []
         self._cancels: dict[int, threading.Event] = {}
@@ -124,6 +132,10 @@ class Scheduler:
         names = ", ".join(s.name for s in self.schedules) or "none"
         self.log(f"{utc_iso(self.clock.now())} serve started: schedules {names}")
         while not stop.is_set():
+            now = self.clock.now()
+            if self._tidied is None or (now - self._tidied).total_seconds() >= TIDY_INTERVAL:
+                self.tidy()
+                self._tidied = now
             self.tick()
             wake = self.next_wake()
             wait = self.max_sleep

@@ -31,11 +31,12 @@ from filelock import FileLock
 
 from ...config import VERSION, repo_root
 from ...errors import OrchestratorError
-from ...imagedef import digest, images_state_dir, report, sha256
+from ...imagedef import RUNTIME_DIR, digest, images_state_dir, report, sha256
 from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS, describe_allowlist, host_networks
 from ...spec import NetworkPolicy
 from .base_image import resolve_base
+from .deadline import EGRESS_KEEPER, kept
 from .engine import inspect_image
 from .images import build_image
 
@@ -79,6 +80,10 @@ EGRESS_CPUS = 0.5
 NETWORK_OPTIONS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
 
 
+#: What the keeper runs in the egress container: render squid's configuration, become squid.
+EGRESS_COMMAND = ["python3", "-I", "-S", "/etc/squid/orchestrator/entrypoint.py"]
+#: The keeper, shipped into the egress image from the runtime package (the same file).
+KEEPER_SOURCE = RUNTIME_DIR / "deadline.py"
 SQUID_DIRS = ("/tmp", "/var/run/squid", "/var/spool/squid", "/var/log/squid")
 
 
@@ -100,6 +105,7 @@ def ensure_egress_image(
         for path in sorted(EGRESS_IMAGE_DIR.iterdir())
         if path.is_file() and path.suffix != ".pyc"
     }
+    files["deadline.py"] = KEEPER_SOURCE.read_bytes()
     content_hash = digest(
         {
             "version": VERSION,
@@ -142,6 +148,7 @@ class Egress:
         policy: NetworkPolicy,
         labels: dict[str, str],
         image: str,
+        stop_at: float,
         progress: Progress | None = None,
     ) -> Egress:
         """Create the run's network and start squid on it; removes both again on failure.
@@ -172,7 +179,7 @@ class Egress:
         if progress is not None:
             progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
         try:
-            egress._start_proxy(run_id, policy, labels, image)
+            egress._start_proxy(run_id, policy, labels, image, stop_at)
         except BaseException:
             egress.remove()
             raise
@@ -184,6 +191,7 @@ class Egress:
         policy: NetworkPolicy,
         labels: dict[str, str],
         image: str,
+        stop_at: float,
     ) -> None:
         api = self.client.api
         subnets = [c["Subnet"] for c in api.inspect_network(self.network_id)["IPAM"]["Config"]]
@@ -207,12 +215,14 @@ class Egress:
             nano_cpus=int(EGRESS_CPUS * 1e9),
             pids_limit=EGRESS_PIDS,
             ipc_mode="private",
-            init=True,
+            init=False,  # PID 1 is the deadline keeper (see deadline.py)
             extra_hosts={HOST_ALIAS: "host-gateway"} if policy.host_endpoints else None,
             log_config={"Type": "json-file", "Config": {"max-size": "20m", "max-file": "1"}},
         )
         container = api.create_container(
             image=image,
+            entrypoint=kept(EGRESS_KEEPER, stop_at, EGRESS_COMMAND),
+            command=[],
             name=f"orchestrator-egress-{run_id}",
             environment={"EGRESS_POLICY": json.dumps(config)},
             labels={**labels, LABEL_KIND: KIND_EGRESS},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import docker.errors
@@ -28,4 +29,16 @@ def inspect_image(client: docker.DockerClient, ref: str) -> dict[str, Any] | Non
     try:
         return client.api.inspect_image(ref)
     except docker.errors.ImageNotFound:
+        return None
+
+
+def engine_time(text: str | None) -> float | None:
+    """The engine's RFC 3339 times (nanoseconds, `Z`) as epoch seconds; None for Docker's
+    zero time or nothing."""
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, rest = text.rstrip("Z").partition(".")
+    try:
+        return datetime.fromisoformat(f"{head}.{(rest or '0')[:6]:0<6}+00:00").timestamp()
+    except ValueError:
         return None

@@ -6,6 +6,7 @@ import contextlib
 import json
 import socket
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import docker.errors
@@ -16,8 +17,9 @@ from ...labels import LABEL_KIND, LABEL_RUN_ID
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
 from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
+from .deadline import AGENT_KEEPER, deadline_at, kept
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image
-from .engine import connect
+from .engine import connect, engine_time
 
 #: The unprivileged user of the agent image (see images/agent/Dockerfile).
 SANDBOX_USER = "10001:10001"
@@ -47,7 +49,10 @@ def host_config_options(spec: SandboxSpec, egress: Egress | None = None) -> dict
             Ulimit(name="nofile", soft=1024, hard=1024),
             Ulimit(name="core", soft=0, hard=0),
         ],
-        "init": True,  # PID 1 forwards signals and reaps: kill is instant, no grace period
+        # PID 1 is the deadline keeper (deadline.py), not docker-init: it reaps and forwards
+        # signals as an init does (kill is instant, no grace period), and it stops the
+        # container at its deadline even when no orchestrator process is left.
+        "init": False,
         "ipc_mode": "private",
         **network_options(spec.network, egress),
         "log_config": LogConfig(type="json-file", config={"max-size": "50m", "max-file": "1"}),
@@ -171,26 +176,30 @@ class DockerBackend(Backend):
         egress = None
         if spec.network.mode == "allowlist":
             image = ensure_egress_image(self.client, base=self.base_image, progress=progress)
+        stop_at = deadline_at(spec.limits)  # one stop time for the proxy and the sandbox
+        if spec.network.mode == "allowlist":
             egress = Egress.start(
                 self.client,
                 run_id=spec.run_id,
                 policy=spec.network,
                 labels=spec.labels,
                 image=image,
+                stop_at=stop_at,
                 progress=progress,
             )
         try:
-            return self._create(spec, egress)
+            return self._create(spec, egress, stop_at)
         except BaseException:
             if egress is not None:
                 egress.remove()
             raise
 
-    def _create(self, spec: SandboxSpec, egress: Egress | None) -> DockerSandbox:
+    def _create(self, spec: SandboxSpec, egress: Egress | None, stop_at: float) -> DockerSandbox:
         host_config = self.client.api.create_host_config(**host_config_options(spec, egress))
         container = self.client.api.create_container(
             image=spec.image,
-            command=list(spec.command),
+            entrypoint=kept(AGENT_KEEPER, stop_at, list(spec.command)),
+            command=[],
             name=f"orchestrator-{spec.run_id}",
             user=SANDBOX_USER,
             working_dir="/work",
@@ -209,20 +218,35 @@ class DockerBackend(Backend):
         filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
         found = []
         for c in self.client.api.containers(all=True, filters=filters):
-            found.append(
-                SandboxInfo(
-                    id=c["Id"],
-                    name=(c.get("Names") or ["?"])[0].lstrip("/"),
-                    labels=c.get("Labels") or {},
-                    state=c.get("State", "?"),
-                    kind=(c.get("Labels") or {}).get(LABEL_KIND, "sandbox"),
-                )
+            info = SandboxInfo(
+                id=c["Id"],
+                name=(c.get("Names") or ["?"])[0].lstrip("/"),
+                labels=c.get("Labels") or {},
+                state=c.get("State", "?"),
+                kind=(c.get("Labels") or {}).get(LABEL_KIND, "sandbox"),
             )
+            found.append(self._with_end(info) if info.kind == "sandbox" else info)
         for n in self.client.api.networks(filters=filters):
             labels = n.get("Labels") or {}
             if labels.get(LABEL_KIND) == KIND_EGRESS_NETWORK:
                 found.append(SandboxInfo(n["Id"], n["Name"], labels, "-", KIND_EGRESS_NETWORK))
         return found
+
+    def _with_end(self, info: SandboxInfo) -> SandboxInfo:
+        """The engine's record of how a container ended (exit code, OOM kill, times)."""
+        try:
+            state = self.client.api.inspect_container(info.id)["State"]
+        except docker.errors.APIError:
+            return info
+        if state.get("Running") or state.get("Status") == "created":
+            return info
+        return replace(
+            info,
+            exit_code=state.get("ExitCode"),
+            oom_killed=bool(state.get("OOMKilled")),
+            started_at=engine_time(state.get("StartedAt")),
+            finished_at=engine_time(state.get("FinishedAt")),
+        )
 
     def remove_sandbox(self, info: SandboxInfo) -> None:
         with contextlib.suppress(docker.errors.NotFound):

@@ -3,7 +3,10 @@ only the container's limits stand in their way)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 import time
 
 from smolagents import CodeAgent, tool
@@ -15,8 +18,14 @@ def misbehave(mode: str) -> str:
 
     Args:
         mode: "sleep" (sleep for a minute), "memory" (allocate until killed), "forkbomb"
-            (fork until the process limit stops it), or "ok" (do nothing).
+            (fork until the process limit stops it), "outlive" (attack the container's
+            deadline keeper, then try to outlive it), or "ok" (do nothing).
     """
+    if mode == "outlive":
+        print(f"deadline attack: {attack_pid1()}", file=sys.stderr, flush=True)
+        daemonize()
+        while True:
+            time.sleep(1)
     if mode == "sleep":
         time.sleep(60)
         return "slept"
@@ -39,6 +48,42 @@ def misbehave(mode: str) -> str:
                         time.sleep(0.2)
             children += 1
     return "ok"
+
+
+PTRACE_ATTACH = 16
+
+
+def attack_pid1() -> str:
+    """Try to stop, kill, ptrace and read PID 1 (the deadline keeper); report each outcome."""
+    outcomes = []
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        try:
+            os.kill(1, sig)
+            outcomes.append(f"{sig.name}=sent")
+        except OSError as exc:
+            outcomes.append(f"{sig.name}={exc.errno}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = libc.ptrace(PTRACE_ATTACH, 1, None, None)
+    outcomes.append(f"ptrace={'attached' if result == 0 else os.strerror(ctypes.get_errno())}")
+    try:
+        with open("/proc/1/mem", "rb") as mem:
+            mem.read(1)
+        outcomes.append("mem=read")
+    except OSError as exc:
+        outcomes.append(f"mem={exc.strerror}")
+    return " ".join(outcomes)
+
+
+def daemonize() -> None:
+    """Leave a double-forked, session-leading child that ignores every signal it can."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
+            while True:
+                time.sleep(1)
+        os._exit(0)
 
 
 def build(model):

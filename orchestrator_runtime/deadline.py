@@ -1,0 +1,115 @@
+"""The deadline keeper: PID 1 of every container the orchestrator starts for a run.
+
+    python3 -I -S deadline.py --deadline-at EPOCH -- COMMAND [ARG...]
+
+It starts COMMAND as its only child and is its init: it reaps every process, forwards
+SIGTERM/SIGINT/SIGHUP/SIGQUIT to COMMAND, and exits with COMMAND's exit status. At EPOCH
+(a wall-clock time, read once and turned into a monotonic deadline) it exits with
+DEADLINE_EXIT_CODE whatever is still running, and the kernel then kills every process of the
+container: the container stops on time even when every orchestrator process on the host is
+gone.
+
+Why code in the sandbox (same user) cannot remove or extend the deadline:
+
+- it is PID 1 of the container's PID namespace, and the kernel drops SIGKILL and SIGSTOP
+  sent to it from inside the namespace (other signals are forwarded to COMMAND, so sending
+  them only ends the run early);
+- it marks itself not dumpable (`PR_SET_DUMPABLE 0`) before COMMAND exists, so no process of
+  the same user can ptrace-attach it (EPERM), nor read or write its memory through /proc;
+- the deadline is on its command line, fixed when the host created the container, and kept
+  on the monotonic clock (the sandbox cannot set clocks: no CAP_SYS_TIME);
+- when PID 1 exits, every process of the namespace is killed, double-forked daemons included.
+
+Standard library only and self-contained: the egress proxy's image runs the same file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+#: Exit status when the deadline ended the container (as coreutils' `timeout`).
+DEADLINE_EXIT_CODE = 124
+#: Exit status for a bad command line or an environment it refuses to run in.
+USAGE_EXIT_CODE = 125
+PR_SET_DUMPABLE = 4
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+WATCHED = {signal.SIGCHLD, *FORWARDED}
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"orchestrator deadline keeper: {message}\n")
+    sys.stderr.flush()
+    os._exit(USAGE_EXIT_CODE)
+
+
+def parse(argv: list[str]) -> tuple[float, list[str]]:
+    if len(argv) < 4 or argv[0] != "--deadline-at" or argv[2] != "--":
+        fail("usage: deadline.py --deadline-at EPOCH -- COMMAND [ARG...]")
+    try:
+        deadline_at = float(argv[1])
+    except ValueError:
+        fail(f"--deadline-at {argv[1]!r} is not a number")
+    return deadline_at, argv[3:]
+
+
+def make_undumpable() -> None:
+    """No ptrace attach, no /proc/1/mem, for processes of our own user."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        fail(f"prctl(PR_SET_DUMPABLE, 0) failed: {os.strerror(ctypes.get_errno())}")
+
+
+def exit_status(status: int) -> int:
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def main(argv: list[str]) -> None:
+    deadline_at, command = parse(argv)
+    if os.getpid() != 1:
+        fail("must run as PID 1 of the container (without --init), or the deadline is not safe")
+    make_undumpable()
+    deadline = time.monotonic() + (deadline_at - time.time())
+    signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        try:
+            os.execvp(command[0], command)
+        finally:
+            os._exit(127)
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            sys.stderr.write(
+                "orchestrator deadline keeper: the sandbox's deadline passed; stopping it\n"
+            )
+            sys.stderr.flush()
+            os._exit(DEADLINE_EXIT_CODE)
+        info = signal.sigtimedwait(WATCHED, remaining)
+        if info is None:
+            continue
+        if info.si_signo != signal.SIGCHLD:
+            try:
+                os.kill(child, info.si_signo)
+            except ProcessLookupError:
+                pass
+            continue
+        while True:  # reap every child that has ended, ours last
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            if pid == child:
+                os._exit(exit_status(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,140 @@
+"""Nothing outlives its deadline: with every orchestrator process SIGKILLed, a run's
+containers stop by themselves at time limit + grace, whatever the code inside tries."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.docker.deadline import GRACE_SECONDS
+from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
+
+from ..conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+
+pytestmark = pytest.mark.docker
+
+ADVERSARY = TEST_PAYLOADS / "adversary"
+LIMIT = 5.0
+#: Docker's own start and stop bookkeeping around the container's life.
+SLACK = 3.0
+
+
+def docker_time(text: str) -> float:
+    """Docker's RFC 3339 times (nanoseconds, Z) as epoch seconds."""
+    head, _, rest = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(rest or '0')[:6]:0<6}+00:00").timestamp()
+
+
+def start_run(*args: str) -> subprocess.Popen[str]:
+    """`orchestrator run` in its own process group, so the test can SIGKILL all of it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", *args, "--quiet"],
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        text=True,
+    )
+
+
+def running_of_kind(docker_client, store_label: str, run_id: str | None, kind: str):
+    for c in our_containers(docker_client, store_label):
+        labels = c.get("Labels") or {}
+        if labels.get(LABEL_KIND) == kind and c["State"] == "running":
+            if run_id is None or labels.get(LABEL_RUN_ID) == run_id:
+                return c
+    return None
+
+
+def test_code_in_the_sandbox_cannot_stop_ptrace_or_outlive_the_deadline(
+    agent_image: str, docker_client, store_label: str
+) -> None:
+    proc = start_run(str(ADVERSARY), "--arg", 'mode="outlive"', "--timeout", str(LIMIT))
+    try:
+        sandbox = wait_for(
+            lambda: running_of_kind(docker_client, store_label, None, "sandbox"), timeout=120
+        )
+
+        def logs() -> str:
+            return docker_client.api.logs(sandbox["Id"], stdout=False, stderr=True).decode()
+
+        wait_for(lambda: "deadline attack:" in logs(), timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # every orchestrator process of this run
+        proc.wait(timeout=30)
+    state = wait_for(
+        lambda: (
+            (s := docker_client.api.inspect_container(sandbox["Id"])["State"])["Running"] is False
+            and s
+        ),
+        timeout=LIMIT + GRACE_SECONDS + 30,
+    )
+    lived = docker_time(state["FinishedAt"]) - docker_time(state["StartedAt"])
+    attack = next(line for line in logs().splitlines() if "deadline attack:" in line)
+    try:
+        # The tool's attacks on PID 1 changed nothing: it kept the container alive and stopped
+        # it at its deadline (exit 124), with the tool's daemon still trying to outlive it.
+        assert "ptrace=Operation not permitted" in attack, attack
+        assert "mem=Permission denied" in attack, attack
+        assert state["ExitCode"] == 124, state
+        assert LIMIT + GRACE_SECONDS - 2 <= lived <= LIMIT + GRACE_SECONDS + SLACK, lived
+    finally:
+        cli("cleanup")
+    assert not our_containers(docker_client, store_label)
+
+
+@pytest.mark.parametrize("network", ["none", "allowlist"])
+def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
+    agent_image: str, docker_client, store_label: str, network: str
+) -> None:
+    args = ["--arg", "seconds=600", "--timeout", str(LIMIT), "--network", network]
+    if network == "allowlist":
+        args += ["--allow-host", "example.com"]
+    proc = start_run(str(TEST_PAYLOADS / "sleeper"), *args)
+    try:
+        sandbox = wait_for(
+            lambda: running_of_kind(docker_client, store_label, None, "sandbox"), timeout=180
+        )
+        time.sleep(1)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    run_id = sandbox["Labels"][LABEL_RUN_ID]
+    killed_at = time.time()
+
+    def still_running() -> list[str]:
+        return [
+            c["Names"][0]
+            for c in our_containers(docker_client, store_label)
+            if c["Labels"].get(LABEL_RUN_ID) == run_id and c["State"] == "running"
+        ]
+
+    assert still_running(), "the run should still be going when its orchestrator dies"
+    started = docker_time(docker_client.api.inspect_container(sandbox["Id"])["State"]["StartedAt"])
+    wait_for(lambda: not still_running(), timeout=LIMIT + GRACE_SECONDS + 30, interval=0.5)
+    stopped_by = time.time()
+    assert stopped_by - started <= LIMIT + GRACE_SECONDS + SLACK + 1, stopped_by - started
+    assert stopped_by > killed_at
+    # The next command on the store closes the run with a full record and removes the rest.
+    listed = cli("runs", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert f"closed run {run_id} as infra_error (orphaned)" in listed.stderr
+    row = next(r for r in json.loads(listed.stdout) if r["run_id"] == run_id)
+    assert row["status"] == "infra_error" and row["exit_code"] == 124
+    result = json.loads((Path(row["record_dir"]) / "result.json").read_text())
+    assert result["error"]["type"] == "orphaned" and result["exit_code"] == 124
+    assert LIMIT + GRACE_SECONDS - 2 <= result["timings"]["duration"] <= LIMIT + GRACE_SECONDS + 3
+    assert not our_containers(docker_client, store_label)
+    networks = docker_client.api.networks(filters={"label": [store_label]})
+    assert not networks, [n["Name"] for n in networks]
+    again = cli("runs", "list")
+    assert "closed run" not in again.stderr  # closed once
