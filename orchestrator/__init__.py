@@ -3,14 +3,39 @@
 from orchestrator import RunSpec, run
 result = run(RunSpec(payload="agent_payloads/research_team", model="mock"))
 print(result.status, result.answer)
+
+The names below are imported on first use, so that `orchestrator.cli` can install its signal
+handlers before the rest of the package loads.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .config import VERSION as __version__
-from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError
-from .manifest import Manifest, load_manifest
-from .runner import run
-from .spec import Limits, RunResult, RunSpec
-from .store import Store
+
+if TYPE_CHECKING:
+    from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError
+    from .manifest import Manifest, load_manifest
+    from .runner import run
+    from .spec import Limits, RunResult, RunSpec
+    from .store import Store
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "ConfigError": "errors",
+    "EngineUnavailable": "errors",
+    "ManifestError": "errors",
+    "OrchestratorError": "errors",
+    "Manifest": "manifest",
+    "load_manifest": "manifest",
+    "run": "runner",
+    "Limits": "spec",
+    "RunResult": "spec",
+    "RunSpec": "spec",
+    "Store": "store",
+}
 
 __all__ = [
     "ConfigError",
@@ -26,3 +51,11 @@ __all__ = [
     "load_manifest",
     "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -89,18 +89,24 @@ class CommandOutput:
 
 
 def run_streaming(command: list[str], progress: Progress | None, *, prefix: str) -> CommandOutput:
-    """Run a command, passing each output line to `progress`; keeps the last lines."""
+    """Run a command, passing each output line to `progress`; keeps the last lines.
+
+    If `progress` raises (the run was cancelled), the command is killed first."""
     tail: deque[str] = deque(maxlen=ERROR_TAIL_LINES)
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
-            if line:
-                tail.append(line)
-                if progress is not None:
-                    progress(prefix + line)
+        try:
+            for line in proc.stdout:
+                line = line.rstrip()
+                if line:
+                    tail.append(line)
+                    if progress is not None:
+                        progress(prefix + line)
+        except BaseException:
+            proc.kill()
+            raise
     return CommandOutput(proc.returncode, list(tail))
 
 

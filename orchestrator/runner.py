@@ -124,6 +124,12 @@ def prepare(
     )
 
 
+class _Stopped(Exception):
+    """The run's `cancel` event was set; raised only at safe points of `execute` (and from
+    its progress callback, which backends call where stopping leaves nothing half-made), so
+    a signal never lands between creating a container and holding on to it."""
+
+
 @contextmanager
 def _field(name: str) -> Iterator[None]:
     """Tag an input error raised inside with the RunSpec field it concerns."""
@@ -183,8 +189,18 @@ def execute(
     on_progress: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> RunResult:
-    progress = on_progress or (lambda _message: None)
     cancel = cancel or threading.Event()
+    user_progress = on_progress or (lambda _message: None)
+
+    def checkpoint() -> None:
+        """A safe point to stop at: nothing is half-made here (see `_Stopped`)."""
+        if cancel.is_set():
+            raise _Stopped
+
+    def progress(message: str) -> None:  # long image builds stop at their next line
+        checkpoint()
+        user_progress(message)
+
     masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
     record_dir = store.create_run(
@@ -214,9 +230,11 @@ def execute(
     sandbox: Sandbox | None = None
     interrupted: BaseException | None = None
     try:
+        checkpoint()
         t0 = time.monotonic()
         result.image = backend.prepare_image(prepared.image_requirements, progress)
         timings["image_seconds"] = round(time.monotonic() - t0, 3)
+        checkpoint()
         store.update_run(run_id, status="starting")
         sandbox = backend.create(sandbox_spec(prepared, result.image), progress)
         record.host_event(
@@ -230,6 +248,7 @@ def execute(
         # The limit counts from here, before the start (which may wait for the egress proxy):
         # the containers' own deadline (created just before) comes a grace period later.
         deadline = time.monotonic() + prepared.limits.timeout_seconds
+        checkpoint()
         sandbox.start(build_request(prepared), prepared.secrets)
         store.update_run(run_id, status="running")
         outcome = supervise(sandbox, record, deadline, prepared.limits.timeout_seconds, cancel)
@@ -239,12 +258,13 @@ def execute(
         result.status, result.error = decide_status(outcome, exit_info, record.run_end)
         result.exit_code = exit_info.exit_code
         result.oom_killed = exit_info.oom_killed
-    except (KeyboardInterrupt, RunCancelled) as exc:
-        interrupted = exc
+    except (_Stopped, KeyboardInterrupt, RunCancelled) as exc:
+        if not isinstance(exc, _Stopped):
+            interrupted = exc  # the caller's own interrupt: re-raised once all is cleaned up
         if sandbox is not None:
             sandbox.kill()
         result.status = "cancelled"
-        result.error = {"type": type(exc).__name__, "message": "cancelled by the user"}
+        result.error = {"type": "cancelled", "message": "cancelled by the user"}
     except Exception as exc:  # engine errors, image build failures, vanished sandboxes
         result.status = "infra_error"
         result.error = {"type": type(exc).__name__, "message": masker(str(exc))}

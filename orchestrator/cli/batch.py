@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -15,6 +14,7 @@ from typing import Any
 from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
+from . import signals
 from .common import add_run_options, spec_from_args, tidy_store
 
 #: Plain progress lines (no terminal) come this often, in seconds.
@@ -91,7 +91,7 @@ def add_batch_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
-    p.set_defaults(handler=cmd_batch)
+    p.set_defaults(handler=cmd_batch, watches_stop=True)
 
 
 def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
@@ -114,13 +114,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
     tidy_store()
     spec = batch_spec_from_args(args)
     display = BatchDisplay(quiet=args.quiet)
-    cancel = threading.Event()
-    restore = install_stop_handlers(cancel, display)
+    signals.on_stop(display.message)
     try:
-        summary = run_batch(spec, cancel=cancel, monitor=display.update, on_message=display.message)
+        summary = run_batch(
+            spec, cancel=signals.STOP, monitor=display.update, on_message=display.message
+        )
     finally:
         display.stop()
-        restore()
     display.final(summary)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
@@ -133,39 +133,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
         print(f"{what} {spec.output}/results.jsonl", file=sys.stderr)
         print(f"  resume with: {command}", file=sys.stderr)
     return summary.exit_code
-
-
-def install_stop_handlers(cancel: threading.Event, display: BatchDisplay) -> Any:
-    """SIGINT/SIGTERM: stop launching and cancel the running sandboxes (they are removed);
-    a third signal exits at once, leaving orphans to `orchestrator cleanup`."""
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-    count = [0]
-
-    def handler(signum: int, frame: Any) -> None:
-        count[0] += 1
-        if count[0] == 1:
-            display.message(
-                f"{signal.Signals(signum).name}: stopping; cancelling running sandboxes "
-                "(finished results are kept)"
-            )
-            cancel.set()
-        elif count[0] == 2:
-            display.message("still removing sandboxes; signal once more to exit without cleanup")
-        else:
-            print(
-                "exiting without cleanup: run `orchestrator cleanup` to remove leftovers",
-                file=sys.stderr,
-            )
-            os._exit(130)
-
-    saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore() -> None:
-        for sig, old in saved.items():
-            signal.signal(sig, old)
-
-    return restore
 
 
 def _duration(seconds: float | None) -> str:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from typing import Any
 
 from ..errors import OrchestratorError
 from ..models import PROVIDERS
-from ..spec import BACKENDS, EXIT_CODES, RunCancelled, RunSpec
+from ..spec import BACKENDS, EXIT_CODES, RunSpec
 
 EPILOG_EXIT = (
     "Exit codes: "
@@ -107,16 +105,6 @@ def parse_kv_args(items: list[str]) -> dict[str, Any] | None:
         except ValueError:
             result[key] = raw
     return result
-
-
-def install_sigterm_handler() -> None:
-    """SIGTERM tears a run down like Ctrl-C does (the sandbox is removed, status cancelled)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise RunCancelled(f"signal {signum}")
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
 
 
 def tidy_store() -> None:

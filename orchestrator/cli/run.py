@@ -7,11 +7,11 @@ import json
 import sys
 from typing import Any
 
-from ..spec import EXIT_CODES, RunCancelled, RunResult
+from ..spec import RunResult
+from . import signals
 from .common import (
     EPILOG_EXIT,
     add_run_options,
-    install_sigterm_handler,
     spec_from_args,
     tidy_store,
 )
@@ -39,7 +39,7 @@ def add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live output")
-    p.set_defaults(handler=cmd_run)
+    p.set_defaults(handler=cmd_run, watches_stop=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -49,18 +49,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     tidy_store()
     spec = spec_from_args(args)
     display = RunDisplay(quiet=args.quiet)
-    install_sigterm_handler()
+    signals.on_stop(display.progress)
     try:
-        result = run(spec, on_event=display.event, on_progress=display.progress)
-    except (KeyboardInterrupt, RunCancelled):
+        result = run(
+            spec, on_event=display.event, on_progress=display.progress, cancel=signals.STOP
+        )
+    finally:
         display.stop()
+    if result.status == "cancelled":
         print(
             "cancelled: the sandbox was removed and the run recorded as `cancelled`.",
             file=sys.stderr,
         )
-        return EXIT_CODES["cancelled"]
-    finally:
-        display.stop()
     print_result(result, as_json=args.json)
     return result.cli_exit_code
 

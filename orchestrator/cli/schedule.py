@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 from ..schedules.file import DEFAULT_FILE
 from ..schedules.firing import EXIT_SKIPPED
 from ..spec import EXIT_CODES
+from . import signals
 
 EPILOG = f"""\
 Exit codes of `schedule run`: {", ".join(f"{c} {s}" for s, c in EXIT_CODES.items())}
@@ -74,7 +73,7 @@ def add_schedule_parser(sub: Any) -> None:
         help="apply the missed-run rule since the last recorded firing (cron @reboot)",
     )
     rn.add_argument("--quiet", "-q", action="store_true", help="no live events on a terminal")
-    rn.set_defaults(handler=cmd_run)
+    rn.set_defaults(handler=cmd_run, watches_stop=True)
 
     se = ssub.add_parser(
         "serve", parents=[common], help="foreground scheduler (stop with SIGTERM or Ctrl-C)"
@@ -85,7 +84,7 @@ def add_schedule_parser(sub: Any) -> None:
         default=0.0,
         help="on shutdown, seconds to let running firings finish before cancelling them",
     )
-    se.set_defaults(handler=cmd_serve)
+    se.set_defaults(handler=cmd_serve, watches_stop=True)
 
     ins = ssub.add_parser(
         "install", parents=[common], help="write crontab lines that call `schedule run`"
@@ -180,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..schedules.firing import fire
     from ..schedules.store import ScheduleStore
     from ..spec import RunCancelled
-    from .common import install_sigterm_handler, tidy_store
+    from .common import tidy_store
     from .display import RunDisplay
 
     sf = load_schedules(args.file, check_payloads=False, only=args.name)
@@ -188,8 +187,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     tidy_store()
     # Live events only for a person at a terminal; cron's log gets the one firing line.
     display = RunDisplay(quiet=args.quiet or not sys.stderr.isatty())
-    install_sigterm_handler()
-    kwargs: dict[str, Any] = {"on_event": display.event, "on_progress": display.progress}
+    signals.on_stop(display.progress)
+    kwargs: dict[str, Any] = {
+        "on_event": display.event,
+        "on_progress": display.progress,
+        "cancel": signals.STOP,
+    }
     try:
         store = ScheduleStore()
         if args.if_due or args.catch_up:
@@ -208,14 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..schedules.store import ScheduleStore
 
     sf = load_schedules(args.file)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
-    Scheduler(sf.schedules, store=ScheduleStore()).serve(stop, grace=args.grace)
+    Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
     return 0
 
 

@@ -176,9 +176,9 @@ class Egress:
                 '(`"default-address-pools"` in daemon.json, e.g. size 24).',
             ) from exc
         egress = cls(client, network["Id"], f"orchestrator-net-{run_id}")
-        if progress is not None:
-            progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
-        try:
+        try:  # from here on, whatever goes wrong (a cancelling progress too) removes both
+            if progress is not None:
+                progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
             egress._start_proxy(run_id, policy, labels, image, stop_at)
         except BaseException:
             egress.remove()
