@@ -82,6 +82,14 @@ def tidy(store: Store | None = None, *, warn: Callable[[str], None] | None = Non
         return []
 
 
+def closed_line(run_id: str) -> str:
+    """How a command tells the user it closed someone else's orphaned run."""
+    return (
+        f"closed run {run_id} as infra_error (orphaned): its orchestrator process died; "
+        "what it left was removed"
+    )
+
+
 def close_orphaned_runs(
     store: Store,
     *,

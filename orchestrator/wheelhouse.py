@@ -32,7 +32,7 @@ from .imagedef import (
     sha256,
     write_json,
 )
-from .labels import LABEL_KIND, LABEL_VERSION
+from .labels import LABEL_KIND, LABEL_OWNER, LABEL_STORE, LABEL_VERSION, owner_label, store_id
 
 WHEELHOUSE_ENV = "ORCHESTRATOR_WHEELHOUSE"
 
@@ -44,6 +44,8 @@ _PROBE = (
 )
 
 
+#: How long the interpreter probe of a base image may run.
+PROBE_SECONDS = 60
 _WHEELHOUSE_MANIFEST = "wheelhouse.json"  # written last: its presence marks completion
 
 
@@ -92,12 +94,19 @@ def python_target(client: docker.DockerClient, image: str) -> PythonTarget:
         try:
             output = client.containers.run(
                 image,
-                entrypoint=["python3", "-c", _PROBE],
+                # coreutils' timeout (in every Debian-like base): the probe cannot outlive
+                # its deadline even if its owner dies; the labels let cleanup find it.
+                entrypoint=["timeout", "-s", "KILL", str(PROBE_SECONDS), "python3", "-c", _PROBE],
                 command=[],
                 user="65534:65534",
                 network_disabled=True,
                 remove=True,
-                labels={LABEL_KIND: "image-probe", LABEL_VERSION: VERSION},
+                labels={
+                    LABEL_KIND: "image-probe",
+                    LABEL_VERSION: VERSION,
+                    LABEL_OWNER: owner_label(),
+                    LABEL_STORE: store_id(home_dir()),
+                },
             )
             info = json.loads(output.decode().strip().splitlines()[-1])
         except (docker.errors.DockerException, ValueError, IndexError) as exc:

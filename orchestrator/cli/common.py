@@ -110,14 +110,10 @@ def parse_kv_args(items: list[str]) -> dict[str, Any] | None:
 def tidy_store() -> None:
     """Close runs whose orchestrator process died (see `cleanup.tidy`), saying so on stderr:
     every command that opens the store does this first."""
-    from ..cleanup import tidy
+    from ..cleanup import closed_line, tidy
 
     def warn(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
     for run_id in tidy(warn=warn):
-        print(
-            f"orchestrator: closed run {run_id} as infra_error (orphaned): its orchestrator "
-            "process died; what it left was removed",
-            file=sys.stderr,
-        )
+        print(f"orchestrator: {closed_line(run_id)}", file=sys.stderr)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+from ..cleanup import closed_line
 from ..cleanup import tidy as tidy_store
 from .clock import Clock, SystemClock
 from .cron import utc_iso
@@ -46,13 +47,17 @@ class Scheduler:
         self.late_tolerance = late_tolerance
         self.max_sleep = max_sleep
         #: Closes runs whose orchestrator died (another process's, or ours before a restart).
-        self.tidy = tidy or (lambda: tidy_store(self.store.store, warn=self.log))
+        self.tidy = tidy or self._tidy
         self._tidied: datetime | None = None
         self._spawn = spawn or self._thread
         self._threads: list[threading.Thread] = []
         self._cancels: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.last: dict[str, datetime | None] = {}
+
+    def _tidy(self) -> None:
+        for run_id in tidy_store(self.store.store, warn=self.log):
+            self.log(f"{utc_iso(self.clock.now())} {closed_line(run_id)}")
 
     def _thread(self, job: Callable[[], None]) -> None:
         thread = threading.Thread(target=job, name="schedule-firing", daemon=True)
