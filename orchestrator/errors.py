@@ -35,6 +35,12 @@ class EngineUnavailable(OrchestratorError):
     exit_code = 5
 
 
+class RecordError(OrchestratorError):
+    """The run store cannot be written (disk full, read-only, permissions)."""
+
+    exit_code = 5
+
+
 class ImageBuildError(OrchestratorError):
     """An image could not be built."""
 

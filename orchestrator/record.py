@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,9 @@ class RunRecorder:
         }  # fmt: skip
         self._written = {"stdout": 0, "stderr": 0}
         self._closed = False
+        #: Set when the record could not be written (disk full, read-only...): the runner
+        #: then stops the run, which ends `infra_error` saying so.
+        self.write_error: str | None = None
 
     def feed(self, stream: str, chunk: bytes) -> None:
         data = self._partial[stream] + chunk
@@ -73,8 +77,7 @@ class RunRecorder:
             self._written[stream] += len(line)
             if self._written[stream] > MAX_LOG_BYTES:
                 line = f"[orchestrator: {stream} log capped at {MAX_LOG_BYTES} bytes]\n"
-            self._files[stream].write(line)
-            self._files[stream].flush()
+            self._write(stream, line)
 
     def event(self, event: dict[str, Any]) -> None:
         event = self.masker.clean(event)
@@ -86,10 +89,21 @@ class RunRecorder:
                     return  # recovered twice: keep the first
                 self.run_end = event
             self.events.append(event)
-            self._files["events"].write(json.dumps(event, default=str) + "\n")
-            self._files["events"].flush()
+            self._write("events", json.dumps(event, default=str) + "\n")
         if self.on_event:
             self.on_event(event)
+
+    def _write(self, name: str, text: str) -> None:
+        """Append to one of the record's files (lock held); the first failure stops all
+        writing and is kept in `write_error`."""
+        if self.write_error is not None:
+            return
+        file = self._files[name]
+        try:
+            file.write(text)
+            file.flush()
+        except OSError as exc:
+            self.write_error = f"{file.name}: {exc.strerror or exc}"
 
     def host_event(self, type_: str, **fields: Any) -> None:
         self.event({"type": type_, "source": "host", "ts": time.time(), **fields})
@@ -110,7 +124,8 @@ class RunRecorder:
         with self._lock:
             self._closed = True
             for file in self._files.values():
-                file.close()
+                with contextlib.suppress(OSError):  # a full disk fails the last flush too
+                    file.close()
 
 
 def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
@@ -123,10 +138,30 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
     result.answer = record.masker.clean(result.answer)
     result.error = record.masker.clean(result.error)
+    if record.write_error is not None:
+        result.status = "infra_error"
+        result.error = {"type": "record_unwritable", "message": unwritable(record.write_error)}
     record.host_event("run_finished", status=result.status)
     record.close()
     path = Path(result.record_dir) / "result.json"
-    path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    try:
+        path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
+    except OSError as exc:
+        result.status = "infra_error"
+        error = unwritable(f"{path}: {exc.strerror or exc}")
+        result.error = {"type": "record_unwritable", "message": error}
+    with contextlib.suppress(sqlite3.Error):  # the index may be on the same full disk
+        _index_end(result, store)
+
+
+def unwritable(what: str) -> str:
+    return (
+        f"the run record could not be written ({what}); the sandbox was stopped. Free space "
+        "(or fix permissions) in the orchestrator's state directory and run again"
+    )
+
+
+def _index_end(result: RunResult, store: Store) -> None:
     store.update_run(
         result.run_id,
         status=result.status,

@@ -11,6 +11,7 @@ prepare (manifest, model, secrets, network, limits: fail before anything starts)
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +24,7 @@ from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH
 
 from .backends import backend_name, get_backend
 from .backends.base import Backend, ExitInfo, Sandbox, SandboxSpec
-from .errors import ConfigError, ManifestError, OrchestratorError
+from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
@@ -203,19 +204,26 @@ def execute(
 
     masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
-    record_dir = store.create_run(
-        run_id,
-        status="preparing",
-        payload=prepared.manifest.name,
-        model=prepared.model.describe(),
-        backend=backend.name,
-        network=prepared.network.mode,
-        task=masker(prepared.task),
-        schedule=prepared.spec.schedule,
-        batch=prepared.spec.batch,
-        owner=owner_label(),
-    )
-    record = RunRecorder(record_dir, masker, on_event)
+    try:
+        record_dir = store.create_run(
+            run_id,
+            status="preparing",
+            payload=prepared.manifest.name,
+            model=prepared.model.describe(),
+            backend=backend.name,
+            network=prepared.network.mode,
+            task=masker(prepared.task),
+            schedule=prepared.spec.schedule,
+            batch=prepared.spec.batch,
+            owner=owner_label(),
+        )
+        record = RunRecorder(record_dir, masker, on_event)
+    except (OSError, sqlite3.Error) as exc:
+        raise RecordError(
+            f"Cannot create the record of run {run_id} under {store.root}: {exc}.",
+            "Free space (or fix permissions) in the state directory ($ORCHESTRATOR_HOME); "
+            "nothing was started.",
+        ) from exc
     result = RunResult(
         run_id=run_id,
         status="infra_error",
@@ -323,6 +331,8 @@ def supervise(
             outcome = "timed_out"
         elif lost:
             outcome = "network_lost"
+        elif record.write_error:
+            outcome = "record_unwritable"
         else:
             continue
         sandbox.kill()
@@ -375,6 +385,8 @@ def decide_status(
     if outcome in ("timed_out", "cancelled"):
         message = "time limit reached" if outcome == "timed_out" else "cancelled by the user"
         return outcome, {"type": outcome, "message": message}
+    if outcome == "record_unwritable":
+        return "infra_error", {"type": outcome, "message": "the run record could not be written"}
     if outcome == "network_lost":
         message = (
             "the egress proxy stopped during the run, which cut the sandbox off from the "

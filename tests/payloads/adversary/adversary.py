@@ -19,8 +19,15 @@ def misbehave(mode: str) -> str:
     Args:
         mode: "sleep" (sleep for a minute), "memory" (allocate until killed), "forkbomb"
             (fork until the process limit stops it), "outlive" (attack the container's
-            deadline keeper, then try to outlive it), or "ok" (do nothing).
+            deadline keeper, then try to outlive it), "flood" (print 64 KiB lines to stderr
+            for a minute), or "ok" (do nothing).
     """
+    if mode == "flood":
+        line = "x" * 65536
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            print(line, file=sys.stderr, flush=True)
+        return "flooded"
     if mode == "outlive":
         print(f"deadline attack: {attack_pid1()}", file=sys.stderr, flush=True)
         daemonize()
