@@ -46,6 +46,15 @@ def fail(message: str) -> None:
     os._exit(USAGE_EXIT_CODE)
 
 
+def say_without_blocking(message: str) -> None:
+    """A last word on stderr that can never hold up the exit (a flooded pipe, no reader)."""
+    try:
+        os.set_blocking(2, False)
+        os.write(2, f"orchestrator deadline keeper: {message}\n".encode())
+    except OSError:
+        pass
+
+
 def parse(argv: list[str]) -> tuple[float, list[str]]:
     if len(argv) < 4 or argv[0] != "--deadline-at" or argv[2] != "--":
         fail("usage: deadline.py --deadline-at EPOCH -- COMMAND [ARG...]")
@@ -86,10 +95,7 @@ def main(argv: list[str]) -> None:
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            sys.stderr.write(
-                "orchestrator deadline keeper: the sandbox's deadline passed; stopping it\n"
-            )
-            sys.stderr.flush()
+            say_without_blocking("the sandbox's deadline passed; stopping it")
             os._exit(DEADLINE_EXIT_CODE)
         info = signal.sigtimedwait(WATCHED, remaining)
         if info is None:
