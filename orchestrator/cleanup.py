@@ -101,9 +101,18 @@ def close_orphaned_runs(
     found = dict(backends or {})
     closed = []
     for row in orphans:
-        backend = _backend_for(row.get("backend") or "docker", found, warn)
+        name = row.get("backend") or "docker"
+        backend = _backend_for(name, found, warn)
         ended = _remove_leftovers(row["run_id"], backend) if backend else {}
-        where = "its sandbox was removed" if backend else "its sandbox could not be looked for"
+        if backend is not None:
+            where = "what it left was removed"
+        elif name == "e2b":
+            where = (
+                "its E2B sandbox ends with its E2B lifetime (`orchestrator cleanup --backend "
+                "e2b` ends it sooner)"
+            )
+        else:
+            where = "the engine could not be reached to remove what it left"
         message = f"the orchestrator process ({row.get('owner')}) died during the run; {where}"
         if close_orphan(store, row, message=message, **ended) is not None:
             closed.append(row["run_id"])
