@@ -190,7 +190,14 @@ def close_orphan(
     """Close a run whose orchestrator process died before recording its end: `infra_error`
     of type `orphaned`, with result.json, exit code and duration like any other end.
 
-    Returns None when another process closed it first (it is written once)."""
+    Returns None when another process closed it first (it is written once), or when the run
+    had in fact ended and written result.json but could not update the index (a full disk):
+    then the index is brought in line with result.json, which is never overwritten."""
+    written = _written_result(row["record_dir"])
+    if written is not None:
+        if store.claim_end(row["run_id"], written.timings["ended"]):
+            _index_end(written, store)
+        return None
     ended = finished_at or time.time()
     if not store.claim_end(row["run_id"], ended):
         return None
@@ -227,3 +234,16 @@ def close_orphan(
         exit_code=exit_code,
     )
     return result
+
+
+_RESULT_FIELDS = set(RunResult.__dataclass_fields__)
+
+
+def _written_result(record_dir: str) -> RunResult | None:
+    """The run's own result.json, if it was written whole (a torn one counts as absent)."""
+    try:
+        data = json.loads((Path(record_dir) / "result.json").read_text())
+        result = RunResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
+    except (OSError, ValueError, TypeError):
+        return None
+    return result if result.timings.get("ended") else None

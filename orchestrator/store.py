@@ -1,18 +1,37 @@
-"""Run records: one directory per run (events, logs, result) and a row in an SQLite index."""
+"""Run records: one directory per run (events, logs, result) and a row in an SQLite index.
+
+The index is one SQLite file shared by every thread and process of the state directory
+(runs, batches, `schedule serve`, `runs` listings). The rules that keep it whole:
+
+- WAL mode, set once per file when a `Store` opens it (switching modes does not wait on
+  busy_timeout, so it is retried while another process holds the file); the schema likewise.
+- One connection per thread, never shared; writes take the write lock up front
+  (BEGIN IMMEDIATE), reads do not (WAL readers never block writers nor wait for them).
+- Never a connection carried across fork: SQLite keeps its POSIX lock state per process, so a
+  child using (or closing) its parent's connection writes without the locks it believes it
+  holds, and the parent's last close can checkpoint and delete the write-ahead log under it
+  (committed rows lost, "database disk image is malformed"). Idle connections are closed
+  before a fork; a child never touches what it inherited and opens its own.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import secrets as _random
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .config import home_dir
+from .errors import OrchestratorError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -47,6 +66,39 @@ COLUMNS = (
 )  # fmt: skip
 
 _TEXT_LIMIT = 2000
+#: Seconds a statement waits for another connection's lock before "database is locked".
+BUSY_TIMEOUT = 30.0
+#: Seconds a fork waits for other threads' transactions to end, so that it can close their
+#: connections first (transactions take milliseconds; the wait is bounded all the same).
+FORK_WAIT = 5.0
+
+#: Every open store, for the fork hooks below.
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+#: Connections a forked child inherited: kept referenced so that they are never closed (or
+#: rolled back) from the child, which would act on its parent's locks and shared WAL index.
+_INHERITED: list[sqlite3.Connection] = []
+
+
+class StoreError(OrchestratorError, sqlite3.OperationalError):
+    """The run store cannot be opened (disk full, read-only, no permission). Also an
+    `sqlite3.OperationalError`, so code handling SQLite errors handles this one too."""
+
+    exit_code = 5
+
+    def __str__(self) -> str:
+        return self.cause
+
+
+#: SQLite's primary result codes that mean "the disk or its permissions", not "busy".
+_UNWRITABLE = {3: "PERM", 8: "READONLY", 10: "IOERR", 13: "FULL", 14: "CANTOPEN"}
+_UNWRITABLE_TEXT = ("disk I/O error", "disk is full", "unable to open", "readonly database")
+
+
+@dataclass
+class _Connection:
+    db: sqlite3.Connection
+    pid: int
+    busy: int = 0  # inside `connect()` now; only idle connections are ever closed
 
 
 def new_run_id() -> str:
@@ -55,37 +107,155 @@ def new_run_id() -> str:
 
 
 class Store:
-    """The run store under the state directory; safe to share between threads and processes."""
+    """The run store under the state directory; safe to share between threads and processes
+    (and across fork: a child opens its own connections)."""
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or home_dir()
         self.runs_dir = self.root / "runs"
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / "index.sqlite3"
-        self._local = threading.local()
-        with self.connect() as db:  # not executescript: it COMMITs the open transaction
-            for statement in SCHEMA.split(";"):
-                if statement.strip():
-                    db.execute(statement)
+        try:
+            self.runs_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unavailable(self.runs_dir, exc.strerror or str(exc)) from exc
+        self._guard = threading.Condition()
+        self._forking = False  # set by the fork hook: no new transaction until it is done
+        self._pid = os.getpid()
+        self._connections: dict[int, _Connection] = {}  # by thread id
+        _STORES.add(self)
+        self._setup()
+
+    def _setup(self) -> None:
+        """WAL mode and the schema. Several processes may open a fresh directory at once;
+        changing the journal mode fails at once ("database is locked") rather than waiting
+        on busy_timeout while another connection reads, so the setup is retried."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        delay = 0.005
+        while True:
+            try:
+                db = self._checkout()
+                try:
+                    if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        db.execute("PRAGMA journal_mode=WAL")
+                finally:
+                    self._checkin(db)
+                with self.connect() as db:  # not executescript: it COMMITs the transaction
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                if _is_unwritable(exc):
+                    raise _unavailable(self.db_path, str(exc)) from exc
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 0.25)
 
     @contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
-        """A per-thread connection; commits on success. WAL lets readers run beside writers."""
-        db = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
-            db.row_factory = sqlite3.Row
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA busy_timeout=30000")
-            self._local.db = db
-        db.execute("BEGIN IMMEDIATE")
+    def connect(self, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """This thread's connection inside a transaction: committed on success, rolled back
+        on error. `write` takes the write lock up front (BEGIN IMMEDIATE: no deadlock
+        between two readers upgrading); reads pass write=False and never wait for writers."""
+        db = self._checkout()
         try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        else:
-            db.execute("COMMIT")
+            db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            try:
+                yield db
+            except BaseException:
+                _rollback(db)
+                raise
+            try:
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)  # a failed COMMIT (disk full) leaves the transaction open
+                raise
+        finally:
+            self._checkin(db)
+
+    def close(self) -> None:
+        """Close this process's idle connections (they reopen on the next use)."""
+        with self._guard:
+            self._close_idle()
+
+    def _close_idle(self) -> None:
+        self._forget_inherited()
+        for ident, entry in list(self._connections.items()):
+            if not entry.busy:
+                del self._connections[ident]
+                with suppress(sqlite3.Error):
+                    entry.db.close()
+
+    def _before_fork(self) -> None:
+        """Hold new transactions, let running ones end (bounded; not the forking thread's
+        own, if it forks inside one), and close every connection that is idle."""
+        me = threading.get_ident()
+        with self._guard:
+            self._forking = True
+            self._guard.wait_for(
+                lambda: not any(e.busy for i, e in self._connections.items() if i != me),
+                timeout=FORK_WAIT,
+            )
+            self._close_idle()
+
+    def _after_fork_in_parent(self) -> None:
+        with self._guard:
+            self._forking = False
+            self._guard.notify_all()
+
+    def _after_fork_in_child(self) -> None:
+        self._guard = threading.Condition()  # another thread may have held it at the fork
+        self._forking = False
+        self._forget_inherited()
+
+    def _checkout(self) -> sqlite3.Connection:
+        ident = threading.get_ident()
+        with self._guard:
+            self._guard.wait_for(lambda: not self._forking)
+            self._forget_inherited()
+            entry = self._connections.get(ident)
+            if entry is not None:
+                entry.busy += 1
+                return entry.db
+        db = sqlite3.connect(
+            self.db_path,
+            timeout=BUSY_TIMEOUT,
+            isolation_level=None,
+            check_same_thread=False,  # one thread uses it; `close` may come from another
+        )
+        db.row_factory = sqlite3.Row
+        db.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT * 1000)}")
+        db.execute("PRAGMA synchronous=NORMAL")  # in WAL mode: durable enough, never corrupt
+        with self._guard:
+            self._forget_inherited()
+            self._close_dead_threads()
+            self._connections[ident] = _Connection(db, os.getpid(), busy=1)
+        return db
+
+    def _checkin(self, db: sqlite3.Connection) -> None:
+        with self._guard:
+            entry = self._connections.get(threading.get_ident())
+            if entry is not None and entry.db is db:
+                entry.busy -= 1
+                self._guard.notify_all()
+
+    def _forget_inherited(self) -> None:
+        """In a forked child (the pid changed), park the parent's connections for good: those
+        another thread was using at the fork. Called with `_guard` held (or in the child's
+        fork hook, before any other thread exists)."""
+        pid = os.getpid()
+        if self._pid != pid:
+            _INHERITED.extend(entry.db for entry in self._connections.values())
+            self._connections = {}
+            self._pid = pid
+
+    def _close_dead_threads(self) -> None:
+        alive = {thread.ident for thread in threading.enumerate()}
+        for ident, entry in list(self._connections.items()):
+            if ident not in alive and not entry.busy:
+                del self._connections[ident]
+                with suppress(sqlite3.Error):
+                    entry.db.close()
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
@@ -118,7 +288,7 @@ class Store:
                 db.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values, row["run_id"]])
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        with self.connect() as db:
+        with self.connect(write=False) as db:
             row = db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
             if row is None:  # allow unique prefixes, as git does
                 rows = db.execute(
@@ -141,7 +311,7 @@ class Store:
                 where.append(f"{column} = ?")
                 args.append(value)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        with self.connect() as db:
+        with self.connect(write=False) as db:
             rows = db.execute(
                 f"SELECT * FROM runs {clause} ORDER BY created_at DESC LIMIT ?", [*args, limit]
             ).fetchall()
@@ -151,14 +321,14 @@ class Store:
         """Mark a run ended if nobody has yet; True for the one caller that did (two commands
         closing the same orphan at once write its record once)."""
         with self.connect() as db:
-            cursor = db.execute(
+            claimed = db.execute(
                 "UPDATE runs SET ended_at = ? WHERE run_id = ? AND ended_at IS NULL",
                 (ended_at, run_id),
-            )
-        return cursor.rowcount == 1
+            ).rowcount
+        return claimed == 1
 
     def unfinished_runs(self) -> list[dict[str, Any]]:
-        with self.connect() as db:
+        with self.connect(write=False) as db:
             rows = db.execute(
                 "SELECT * FROM runs WHERE ended_at IS NULL ORDER BY created_at"
             ).fetchall()
@@ -168,6 +338,61 @@ class Store:
     def read_result(record_dir: str | Path) -> dict[str, Any] | None:
         path = Path(record_dir) / "result.json"
         return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _is_unwritable(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in _UNWRITABLE
+    return any(text in str(exc) for text in _UNWRITABLE_TEXT)
+
+
+def _unavailable(path: Path, detail: str) -> StoreError:
+    return StoreError(
+        f"The run store cannot be opened: {path}: {detail} (is its disk full, or read-only?).",
+        "Free space (or fix permissions) in the state directory ($ORCHESTRATOR_HOME), then "
+        "run the command again.",
+    )
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open (SQLite ends some itself, on disk full)."""
+    if db.in_transaction:
+        with suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+
+
+def _before_fork() -> None:
+    """Close every connection before a fork: the child then starts with none of SQLite's
+    per-process lock state (the SQLite FAQ: do not carry an open database across fork). A
+    connection still in use after FORK_WAIT is left open; the child parks it unused."""
+    for store in list(_STORES):
+        store._before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for store in list(_STORES):
+        store._after_fork_in_parent()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_STORES):
+        store._after_fork_in_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
 
 
 def _cell(value: Any) -> Any:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,30 @@ from .plan import BatchSummary
 FINISHED = ("succeeded", "failed", "timed_out", "oom_killed")
 
 
+#: What to do when an output file cannot be written (shown with the path and the OS error).
+WRITE_FIX = (
+    "Free space on that file system (or fix its permissions), then re-run the same command "
+    "to resume: finished tasks are kept, the others run again."
+)
+
+
 class BatchLocked(OrchestratorError):
     """Another batch is writing to the same output directory."""
+
+
+class OutputWriteError(OrchestratorError):
+    """A file of the output directory could not be written (disk full, read-only, no
+    permission). Nothing half-written is left behind: a re-run resumes cleanly."""
+
+    exit_code = 5
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path = path
+        self.error = error
+        detail = error.strerror or str(error)
+        if error.errno is not None:
+            detail = f"{detail} (errno {error.errno})"
+        super().__init__(f"cannot write {path}: {detail}", WRITE_FIX)
 
 
 def safe_name(task_id: str) -> str:
@@ -48,15 +71,18 @@ class BatchDir:
         tasks twice. The OS drops the lock when the process dies, even by SIGKILL."""
         from filelock import FileLock, Timeout
 
-        self.path.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.path / ".lock"), timeout=0)
+        lock_path = self.path / ".lock"
+        lock = FileLock(str(lock_path), timeout=0)
         try:
+            self.path.mkdir(parents=True, exist_ok=True)
             lock.acquire()
-        except Timeout:
+        except Timeout:  # before OSError: Timeout is a TimeoutError
             raise BatchLocked(
                 f"Another batch is running with the output directory {self.path}.",
                 "Wait for it to end (or stop it), or use another --output directory.",
             ) from None
+        except OSError as exc:  # read-only, no permission, no inodes left
+            raise OutputWriteError(lock_path, exc) from exc
         try:
             yield self
         finally:
@@ -110,13 +136,31 @@ class BatchDir:
 
     def _append(self, path: Path, row: dict[str, Any]) -> None:
         """One write(2) per line with O_APPEND, then fsync: a line is on disk before the
-        batch moves on, and a kill can at worst tear the line being written."""
+        batch moves on, and a kill can at worst tear the line being written.
+
+        A line is whole or absent: when the write or the fsync fails (disk full, read-only,
+        a short write) the file is cut back to its size before, and `OutputWriteError`
+        (path and OS error) is raised."""
         data = (json.dumps(row, default=str) + "\n").encode()
         with self._lock:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                os.write(fd, data)
-                os.fsync(fd)
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise OutputWriteError(path, exc) from exc
+            try:
+                size = os.fstat(fd).st_size  # the lock: nobody else appends meanwhile
+                try:
+                    written = 0
+                    while written < len(data):
+                        count = os.write(fd, data[written:])
+                        if count <= 0:
+                            raise OSError(errno.ENOSPC, f"short write ({written} bytes)")
+                        written += count
+                    os.fsync(fd)
+                except OSError as exc:
+                    with suppress(OSError):  # shrinking needs no space
+                        os.ftruncate(fd, size)
+                    raise OutputWriteError(path, exc) from exc
             finally:
                 os.close(fd)
 
@@ -125,10 +169,10 @@ class BatchDir:
         if not record_dir:
             return
         runs = self.path / "runs"
-        runs.mkdir(exist_ok=True)
         link = runs / safe_name(task_id)
         tmp = runs / f".{link.name}.{os.getpid()}.tmp"
         try:
+            runs.mkdir(exist_ok=True)
             if tmp.is_symlink():
                 tmp.unlink()
             tmp.symlink_to(record_dir)
@@ -141,14 +185,24 @@ class BatchDir:
 
 
 def _atomic_write(path: Path, text: str) -> None:
+    """Old content or new, never half: a temporary file, fsynced, renamed over `path`. On
+    failure the temporary file is removed and `OutputWriteError` names `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        try:
+            with open(tmp, "w", encoding="utf-8") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            with suppress(OSError):
+                tmp.unlink()
+            raise
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as exc:
+        raise OutputWriteError(path, exc) from exc

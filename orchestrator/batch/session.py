@@ -46,7 +46,7 @@ from ..errors import ConfigError
 from ..runner import PreparedRun, execute
 from ..spec import RunResult
 from ..store import Store, new_run_id
-from .output import FINISHED, BatchDir
+from .output import FINISHED, BatchDir, OutputWriteError
 from .plan import BatchPlan, BatchProgress, BatchSpec, BatchSummary, default_concurrency, plan_batch
 from .scoring import make_scorer, percentile, wilson_interval
 from .tasks import Task
@@ -100,6 +100,10 @@ def run_batch(
     Bad input raises `OrchestratorError` before anything starts. Setting `cancel` (the CLI
     does on SIGINT/SIGTERM) stops launching, cancels running sandboxes and returns an
     `interrupted` summary; so does KeyboardInterrupt, which is re-raised after cleanup.
+    An output file that cannot be written (disk full, read-only) stops the batch the same
+    way: a `stopped` summary whose `stop_reason` is `write_error: cannot write PATH: ERROR`
+    (exit code 5; nothing half-written is left, so the same call resumes). Such an error
+    before any task started raises `OutputWriteError` instead.
     `monitor` is called with a progress snapshot about twice a second from the calling thread.
     """
     plan = plan_batch(spec)
@@ -133,8 +137,10 @@ class _BatchRun:
         self.raw_backend = backend
         self.store = store
         self.cancel = cancel or threading.Event()
-        self.stop = threading.Event()  # set on cancel and on --fail-on-error: runs are killed
+        self.stop = threading.Event()  # on cancel, --fail-on-error, a write error: runs killed
         self.stop_reason: str | None = None
+        #: The first output file that could not be written: the batch stops at it.
+        self.write_error: OutputWriteError | None = None
         self.monitor = monitor
         self.message = on_message or (lambda _text: None)
         self.on_result = on_result
@@ -174,7 +180,11 @@ class _BatchRun:
         except KeyboardInterrupt as exc:
             interrupted = exc
         summary = self.summarize()
-        self.out.write_summary(summary)
+        try:
+            self.out.write_summary(summary)
+        except OutputWriteError as exc:  # the summary says so; the caller reports it
+            self.write_failed(exc)
+            summary = self.summarize()
         if interrupted is not None:
             raise interrupted
         return summary
@@ -296,6 +306,21 @@ class _BatchRun:
                 self.stop_reason = reason
         self.stop.set()
 
+    def write_failed(self, error: OutputWriteError) -> None:
+        """An output file could not be written: stop as on --fail-on-error (cancelled runs
+        record nothing), so that no result is lost and the next session resumes cleanly. Call
+        without holding `self.lock`."""
+        with self.lock:
+            first = self.write_error is None
+            if first:
+                self.write_error = error
+        if first:
+            self.message(
+                f"stopping: an output file cannot be written ({error.error.strerror or error}); "
+                "cancelling the running tasks"
+            )
+        self.halt("write_error")
+
     def worker(self, pending: queue.Queue[Task]) -> None:
         while not self.stop.is_set():
             try:
@@ -305,6 +330,9 @@ class _BatchRun:
             try:
                 self.run_task(task)
             except _Stopped:
+                return
+            except OutputWriteError as exc:
+                self.write_failed(exc)
                 return
             except Exception as exc:  # a bug here must not take the other tasks down
                 self.message(f"task {task.id}: internal error {type(exc).__name__}: {exc}")
@@ -356,11 +384,18 @@ class _BatchRun:
         with self.lock:
             self.attempt_counts[task.id] += 1
             number = self.attempt_counts[task.id]
+        try:
+            self.out.append_attempt(
+                {"event": "start", "id": task.id, "attempt": number, "run_id": run_id,
+                 "session": self.session, "ts": time.time()}
+            )  # fmt: skip
+        except OutputWriteError as exc:  # not started: the next session runs it
+            with self.lock:
+                self.attempt_counts[task.id] -= 1
+            self.write_failed(exc)
+            raise _Stopped from None
+        with self.lock:
             self.running += 1
-        self.out.append_attempt(
-            {"event": "start", "id": task.id, "attempt": number, "run_id": run_id,
-             "session": self.session, "ts": time.time()}
-        )  # fmt: skip
         try:
             result = execute(
                 replace(prepared, run_id=run_id, spec=replace(prepared.spec, batch=self.batch_id)),
@@ -384,7 +419,11 @@ class _BatchRun:
             "duration": result.timings.get("duration"), "tokens": result.token_usage,
             "record_dir": result.record_dir, "ts": time.time(),
         }  # fmt: skip
-        self.out.append_attempt(entry)
+        try:
+            self.out.append_attempt(entry)
+        except OutputWriteError as exc:  # its result could not be kept either: run it again
+            self.write_failed(exc)
+            raise _Stopped from None
         history.append({k: entry[k] for k in ("attempt", "run_id", "status", "session")})
         return result
 
@@ -419,11 +458,19 @@ class _BatchRun:
         with self.lock:
             if task.id in self.results:  # cannot happen; never write a task twice
                 return
-            self.out.append_result(row)
-            self.results[task.id] = row
-            self.ran += 1
-            if result.status == "infra_error":
-                self.infra_failed += 1
+            try:
+                self.out.append_result(row)
+            except OutputWriteError as exc:  # no line at all: the next session runs it again
+                failed: OutputWriteError | None = exc
+            else:
+                failed = None
+                self.results[task.id] = row
+                self.ran += 1
+                if result.status == "infra_error":
+                    self.infra_failed += 1
+        if failed is not None:
+            self.write_failed(failed)
+            raise _Stopped
         self.out.link_record(task.id, result.record_dir)
         if self.on_result:
             self.on_result(row)
@@ -495,6 +542,9 @@ class _BatchRun:
         )
         if state == "complete" and len(rows) < len(self.tasks):
             state = "interrupted"
+        stop_reason = self.stop_reason
+        if self.write_error is not None:  # whatever else happened, the disk needs attention
+            state, stop_reason = "stopped", f"write_error: {self.write_error.cause}"
         elapsed = time.time() - self.started
         first = next(iter(self.plan.prepared.values()))
         return BatchSummary(
@@ -522,7 +572,7 @@ class _BatchRun:
             attempts=attempts,
             retries=sum(max(0, int(row.get("attempts") or 1) - 1) for row in rows),
             skipped_lines=[asdict(b) for b in self.plan.file.bad_lines],
-            stop_reason=self.stop_reason,
+            stop_reason=stop_reason,
             session={
                 "number": self.session,
                 "started_at": self.started,

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from ..batch.output import OutputWriteError
 from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
@@ -34,7 +35,8 @@ Resume: run the same command again with the same --output directory. Finished ta
 kept; unfinished and infrastructure-failed ones run again (--rerun-failed: failed ones too).
 
 Exit codes: 0 every task has an agent outcome (succeeded or not), 2 bad input (nothing
-started), 5 tasks left with infrastructure errors or stopped by --fail-on-error,
+started), 5 tasks left with infrastructure errors, stopped by --fail-on-error, or an output
+file could not be written (disk full: free space, then resume with the same command),
 130 interrupted (resume with the same command).
 """
 
@@ -115,17 +117,24 @@ def cmd_batch(args: argparse.Namespace) -> int:
     spec = batch_spec_from_args(args)
     display = BatchDisplay(quiet=args.quiet)
     signals.on_stop(display.message)
+    command = shlex.join(["orchestrator", *sys.argv[1:]])
     try:
         summary = run_batch(
             spec, cancel=signals.STOP, monitor=display.update, on_message=display.message
         )
+    except OutputWriteError as exc:  # before any task started (batch.json, the lock)
+        print(f"error: {exc.cause}. {write_advice(command)}", file=sys.stderr)
+        return exc.exit_code
     finally:
         display.stop()
     display.final(summary)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))
-    if summary.state != "complete" or summary.counts.get("infra_error"):
-        command = shlex.join(["orchestrator", *sys.argv[1:]])
+    reason = summary.stop_reason or ""
+    if reason.startswith("write_error:"):  # one line: what failed, what to do
+        cause = reason.split(":", 1)[1].strip()
+        print(f"stopped: {cause}. {write_advice(command)}", file=sys.stderr)
+    elif summary.state != "complete" or summary.counts.get("infra_error"):
         what = {
             "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
             "stopped": "stopped by --fail-on-error; finished tasks are in",
@@ -133,6 +142,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
         print(f"{what} {spec.output}/results.jsonl", file=sys.stderr)
         print(f"  resume with: {command}", file=sys.stderr)
     return summary.exit_code
+
+
+def write_advice(command: str) -> str:
+    return (
+        "Finished tasks are kept; free space (or fix permissions), then re-run the same "
+        f"command to resume: {command}"
+    )
 
 
 def _duration(seconds: float | None) -> str:
