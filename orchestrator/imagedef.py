@@ -10,7 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import subprocess
 import threading
 from collections import deque
@@ -21,6 +20,7 @@ from typing import Any
 
 from .config import home_dir, repo_root
 from .errors import ConfigError, ImageBuildError
+from .policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +141,18 @@ def runtime_files_of(root: Path) -> dict[str, bytes]:
 
 
 def normalize_requirements(requirements: Iterable[str]) -> tuple[str, ...]:
-    """Sorted, de-duplicated requirement lines; pip options are refused."""
+    """Sorted, de-duplicated requirement lines, each a package specification.
+
+    The last check before the host's pip sees them (`policy.check_requirement`): pip options,
+    URLs and paths are refused; a `name @ URL` reference only passes as the
+    `policy.AllowedRequirement` that `load_manifest` makes of an entry the run allowed by name.
+    """
     lines: set[str] = set()
     for item in requirements:
+        allowed = (item,) if isinstance(item, AllowedRequirement) else ()
         for line in requirement_lines(item):
-            if line.startswith("-") or not re.match(r"^[A-Za-z0-9]", line):
-                raise ConfigError(
-                    f"Extra requirement {line!r} is not a plain requirement "
-                    "(pip options such as -e, -r or --index-url are not allowed).",
-                    "List package requirements only, e.g. `tabulate==0.9.0`.",
-                )
+            problem = check_requirement(line, allowed)
+            if problem:
+                raise ConfigError(f"Extra requirement {line!r} {problem}.", REQUIREMENT_HELP)
             lines.add(" ".join(line.split()))
     return tuple(sorted(lines))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,14 @@ from typing import Any
 from orchestrator_runtime.protocol import is_dangerous_import
 
 from .errors import ManifestError
-from .policy import HOST_NAME_RE
+from .payload import ShippedFile, payload_files
+from .policy import (
+    HOST_NAME_HELP,
+    REQUIREMENT_HELP,
+    AllowedRequirement,
+    check_host_name,
+    check_requirement,
+)
 from .spec import BACKENDS, SETTABLE_LIMITS, Limits
 
 if sys.version_info >= (3, 11):
@@ -20,13 +28,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 MANIFEST_NAME = "manifest.toml"
-
-
-#: Files shipped into the sandbox with a payload: code and small data, nothing else.
-PAYLOAD_SUFFIXES = frozenset({".py", ".json", ".csv", ".txt", ".md", ".toml", ".yaml", ".yml"})
-
-
-MAX_PAYLOAD_BYTES = 5 * 1024 * 1024
 
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -77,30 +78,19 @@ class Manifest:
     def dangerous_imports(self) -> list[str]:
         return sorted(m for m in self.authorized_imports if is_dangerous_import(m))
 
-    def payload_files(self) -> dict[str, str]:
-        """The payload's code and data as `{relative path: text}`, ready to ship in."""
-        files: dict[str, str] = {}
-        total = 0
-        for file in sorted(self.folder.rglob("*")):
-            rel = file.relative_to(self.folder)
-            if not file.is_file() or file.suffix not in PAYLOAD_SUFFIXES:
-                continue
-            if any(part.startswith(".") or part == "__pycache__" for part in rel.parts):
-                continue
-            text = file.read_text(encoding="utf-8")
-            total += len(text.encode())
-            if total > MAX_PAYLOAD_BYTES:
-                raise ManifestError(
-                    f"{self.path}: the payload folder holds more than "
-                    f"{MAX_PAYLOAD_BYTES // 1024 // 1024} MiB of files.",
-                    "Keep large data out of the payload folder (or bake it into a requirement).",
-                )
-            files[rel.as_posix()] = text
-        return files
+    def payload_files(self) -> dict[str, ShippedFile]:
+        """The payload's files, ready to ship in (see orchestrator/payload.py)."""
+        return payload_files(self.folder)
 
 
-def load_manifest(payload: str | Path) -> Manifest:
-    """Load and validate the manifest of a payload folder (or a manifest file path)."""
+def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] = ()) -> Manifest:
+    """Load and validate the manifest of a payload folder (or a manifest file path).
+
+    `python.requirements` must be package specifications; a `name @ URL` reference passes
+    only if `allowed_requirements` names exactly that string (the run's
+    --allow-requirement), and is then kept as a `policy.AllowedRequirement` so the image
+    build admits it too.
+    """
     path = Path(payload)
     if path.is_dir():
         path = path / MANIFEST_NAME
@@ -111,13 +101,34 @@ def load_manifest(payload: str | Path) -> Manifest:
             "(see agent_payloads/ for examples).",
         )
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = decode_utf8(path.read_bytes())
+    except ValueError as exc:
+        raise ManifestError(f"{path}: {exc}.", "Save the file as UTF-8.") from exc
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc}).", "Fix the syntax.") from exc
-    return _parse(path, data)
+    return _parse(path, data, allowed_requirements)
 
 
-def _parse(path: Path, data: dict[str, Any]) -> Manifest:
+def decode_utf8(data: bytes) -> str:
+    """A user's file as text (a leading byte-order mark dropped). Raises ValueError naming
+    the line and column of the first byte that is not UTF-8, for an error message.
+
+    Shared by every reader of a user's file (manifest, schedules, `.env`)."""
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = len(data[line_start : exc.start].decode()) + 1  # characters, as editors count
+        raise ValueError(
+            f"line {line}, column {column}: byte 0x{data[exc.start]:02x} is not valid UTF-8"
+        ) from None
+
+
+def _parse(path: Path, data: dict[str, Any], allowed_requirements: Collection[str]) -> Manifest:
     def fail(field_name: str, problem: str, allowed: str) -> ManifestError:
         return ManifestError(f"{path}: field `{field_name}` {problem}.", allowed)
 
@@ -191,12 +202,19 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
 
     hosts = str_list("network", "hosts", None, "a host name")
     for host in hosts:
-        if not HOST_NAME_RE.match(host.lower()):
+        problem = check_host_name(host)
+        if problem:
+            raise fail("network.hosts", f"has an entry {host!r} that {problem}", HOST_NAME_HELP)
+
+    requirements = []
+    for item in str_list("python", "requirements", None, "a pip requirement string"):
+        problem = check_requirement(item, allowed_requirements)
+        if problem:
             raise fail(
-                "network.hosts", f"has an invalid host {host!r}",
-                "Use exact names (api.example.com) or one leading wildcard (*.example.com); "
-                "no schemes, ports, paths or IP addresses.",
-            )  # fmt: skip
+                "python.requirements", f"has an entry {item!r} that {problem}", REQUIREMENT_HELP
+            )
+        # Passed only because the run named it: carry the mark to the image build.
+        requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
 
     backend = get("payload", "backend", str)
     if backend is not None and backend not in BACKENDS:
@@ -209,7 +227,7 @@ def _parse(path: Path, data: dict[str, Any]) -> Manifest:
         description=get("payload", "description", str, "") or "",
         example_task=get("payload", "example_task", str),
         example_answer=get("payload", "example_answer", str),
-        requirements=str_list("python", "requirements", None, "a pip requirement string"),
+        requirements=tuple(requirements),
         authorized_imports=str_list("python", "authorized_imports", _MODULE_RE, "a module name"),
         secrets=str_list("secrets", "required", _ENV_RE, "an environment variable name"),
         hosts=tuple(h.lower() for h in hosts),

@@ -1,16 +1,22 @@
 """Network policy, backend-neutral: which hosts a run may reach, and how a user reads it.
 
 Each backend renders a `NetworkPolicy` into its own options (Docker: a private network and
-an egress proxy; E2B: its allow/deny lists).
+an egress proxy; E2B: its allow/deny lists). Also the two rules on what a payload may ask the
+network for: allowlisted hosts are DNS names (`check_host_name`), and requirements are
+package specifications (`check_requirement`), since the host's pip fetches them.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from .errors import ConfigError
 from .spec import NetworkPolicy
@@ -18,8 +24,17 @@ from .spec import NetworkPolicy
 if TYPE_CHECKING:
     from .models import ModelSpec
 
+#: The shape of an allowlist entry; `check_host_name` adds what a pattern cannot say.
 HOST_NAME_RE = re.compile(
     r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+)
+
+
+#: What to do about a refused host (the error's fix, wherever the host was listed).
+HOST_NAME_HELP = (
+    "Use exact DNS names (api.example.com) or one leading wildcard (*.example.com): no "
+    "schemes, ports, paths, IP addresses or localhost. For a model server on this machine, "
+    "pass --api-base http://127.0.0.1:PORT/v1 instead: the sandbox then reaches that one port."
 )
 
 
@@ -29,6 +44,91 @@ HOST_ALIAS = "host.orchestrator.internal"
 
 #: Names that mean "this machine" in an --api-base.
 LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "host.docker.internal", HOST_ALIAS})
+
+
+def check_host_name(host: str) -> str | None:
+    """What is wrong with `host` as an allowlist entry, or None for a DNS name.
+
+    Refused: anything that is not a name (schemes, ports, paths), IP literals (v4, v6, with or
+    without brackets, and names whose last label starts with a digit, which resolvers read as
+    an address: `127.1`, `2130706433`, `0x7f000001`), and names of this machine (`localhost`,
+    `*.localhost`, the Docker host's aliases, or a wildcard covering one of them).
+    """
+    name = host.lower()
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") else name)
+    except ValueError:
+        pass
+    else:
+        return "is an IP address; hosts are DNS names"
+    if not HOST_NAME_RE.match(name):
+        return "is not a host name"
+    if name.rsplit(".", 1)[-1][0].isdigit():
+        return "reads as an IP address (its last label starts with a digit); hosts are DNS names"
+    suffix = name[1:] if name.startswith("*.") else None
+    local = name in LOCAL_NAMES or f".{name}".endswith(".localhost")
+    if local or (suffix and any(n.endswith(suffix) for n in LOCAL_NAMES)):
+        return "names this machine"
+    return None
+
+
+#: Archive names pip installs as files (relative to its working directory), not as packages.
+_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz",
+                     ".txz", ".tar.lz", ".tlz", ".tar.lzma")  # fmt: skip
+
+
+#: What to do about a refused requirement (the error's fix, wherever it was listed).
+REQUIREMENT_HELP = (
+    "Each requirement must be a package specification: a name with optional extras, version "
+    "specifiers and markers (`tabulate==0.9.0`, `pandas[excel]>=2; python_version>='3.10'`). "
+    "A `name @ URL` reference is installed only when the run allows exactly that string with "
+    "--allow-requirement; pip options, bare URLs and paths never are."
+)
+
+
+class AllowedRequirement(str):
+    """A direct reference (`name @ URL`) the user allowed by name (`--allow-requirement`).
+
+    A `str`, so it travels unchanged from the manifest to the image build, where
+    `imagedef.normalize_requirements` admits a direct reference only in this type. Rebuilding
+    the string drops the mark, and the build then refuses it: the mark can be lost, never
+    gained.
+    """
+
+    __slots__ = ()
+
+
+def check_requirement(text: str, allowed: Collection[str] = ()) -> str | None:
+    """What is wrong with one requirement string, or None if the host's pip may install it.
+
+    A package specification (name, extras, version specifiers, markers) is fine. A direct
+    reference (`name @ URL`: pip fetches the URL, or opens the path of a file: URL, on this
+    machine) is fine only when `allowed` names exactly this string (runs of spaces aside).
+    Pip options, bare URLs and paths, archive file names and anything else pip reads
+    differently from a package name are refused, whatever `allowed` says.
+    """
+    text = " ".join(text.split())
+    if not text:
+        return "is empty"
+    if text.startswith("-"):
+        return "is a pip option, not a package specification"
+    try:
+        requirement = Requirement(text)
+    except InvalidRequirement as exc:
+        if "/" in text or "\\" in text or ":" in text.split(";")[0]:
+            return "is a URL or path, not a package specification"
+        return f"is not a package specification ({str(exc).splitlines()[0]})"
+    if requirement.name.lower().endswith(_ARCHIVE_SUFFIXES):
+        return "is an archive file name (pip would install it as a file), not a package"
+    if requirement.url is None:
+        return None
+    if text in {" ".join(a.split()) for a in allowed}:
+        return None
+    return (
+        f"is a direct reference: pip on this machine would fetch or open {requirement.url} "
+        f"while building the image. If you trust it, allow exactly this string with "
+        f"--allow-requirement {shlex.quote(text)}"
+    )
 
 
 def resolve_policy(mode: str | None, *, model: ModelSpec, hosts: tuple[str, ...]) -> NetworkPolicy:

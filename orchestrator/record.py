@@ -18,13 +18,26 @@ from .store import Store
 
 #: Collected logs are capped; the rest is dropped with a note (nothing is unbounded).
 MAX_LOG_BYTES = 20 * 1024 * 1024
+#: How much of an offending frame a protocol_violation event keeps.
+MAX_VIOLATION_FRAME = 2000
+#: The longest line kept from a sandbox's output; the rest of a longer one is dropped (and
+#: the cut recorded), so one endless line costs bounded host memory and linear time.
+MAX_LINE_BYTES = 1024 * 1024
+#: Cuts recorded one by one as `output_cut` events; further ones are only counted.
+MAX_CUT_EVENTS = 20
 
 
 EventHandler = Callable[[dict[str, Any]], None]
 
 
 class RunRecorder:
-    """Writes a run's events and logs to its record directory as they arrive, masked."""
+    """Writes a run's events and logs to its record directory as they arrive, masked.
+
+    The event channel is checked, never trusted: frames must come numbered 0, 1, 2... with
+    one `run_end` last. A frame out of sequence, after the end, a second end or a line that is
+    not a frame is a protocol violation: recorded as a host event, kept in `violations`, and
+    never applied (the runner then never records success). Host events bypass the checks.
+    """
 
     def __init__(self, directory: Path, masker: Masker, on_event: EventHandler | None):
         self.directory = directory
@@ -33,7 +46,12 @@ class RunRecorder:
         self.events: list[dict[str, Any]] = []
         self.run_end: dict[str, Any] | None = None
         self._lock = threading.Lock()
-        self._partial = {"stdout": b"", "stderr": b""}
+        #: The line being received on each stream, at most MAX_LINE_BYTES of it, and how
+        #: many bytes of it were dropped beyond that.
+        self._partial = {"stdout": bytearray(), "stderr": bytearray()}
+        self._dropped = {"stdout": 0, "stderr": 0}
+        #: How many lines were cut to MAX_LINE_BYTES.
+        self.cuts = 0
         self._files: dict[str, TextIO] = {
             name: open(directory / filename, "a", encoding="utf-8")  # noqa: SIM115
             for name, filename in (
@@ -45,18 +63,51 @@ class RunRecorder:
         #: Set when the record could not be written (disk full, read-only...): the runner
         #: then stops the run, which ends `infra_error` saying so.
         self.write_error: str | None = None
+        #: What the sandbox's event channel did wrong, in order (see the class docstring).
+        self.violations: list[str] = []
+        self._next_seq = 0
 
     def feed(self, stream: str, chunk: bytes) -> None:
-        data = self._partial[stream] + chunk
-        *lines, self._partial[stream] = data.split(b"\n")
-        for line in lines:
-            self._line(stream, line.decode("utf-8", errors="replace"))
+        """Take a chunk of a stream. Each byte is looked at once (linear time whatever the
+        line length), and a line keeps at most MAX_LINE_BYTES (bounded memory): the rest is
+        dropped and the cut recorded."""
+        line, start = self._partial[stream], 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = memoryview(chunk)[start : len(chunk) if end < 0 else end]
+            room = max(0, MAX_LINE_BYTES - len(line))
+            line += piece[:room]
+            self._dropped[stream] += max(0, len(piece) - room)
+            if end < 0:
+                return
+            self._complete(stream)
+            start = end + 1
 
     def flush(self) -> None:
         for stream, rest in self._partial.items():
-            if rest:
-                self._line(stream, rest.decode("utf-8", errors="replace"))
-            self._partial[stream] = b""
+            if rest or self._dropped[stream]:
+                self._complete(stream)
+
+    def _complete(self, stream: str) -> None:
+        line, dropped = self._partial[stream], self._dropped[stream]
+        text = line.decode("utf-8", errors="replace")
+        line.clear()
+        self._dropped[stream] = 0
+        if dropped:
+            self._cut(stream, len(text), dropped)
+            if stream == "stdout":  # not a frame the runtime could have written
+                self._violation(f"a frame over {MAX_LINE_BYTES} bytes", text[:200])
+                return
+        self._line(stream, text)
+        if dropped:
+            note = f"[orchestrator: the line above was cut at {MAX_LINE_BYTES} bytes; "
+            self._log(stream, note + f"{dropped} more bytes were dropped]")
+
+    def _cut(self, stream: str, kept: int, dropped: int) -> None:
+        """Say in the record what was cut (the first few cuts one by one, then a count)."""
+        self.cuts += 1
+        if self.cuts <= MAX_CUT_EVENTS:
+            self.host_event("output_cut", stream=stream, kept_bytes=kept, dropped_bytes=dropped)
 
     def _line(self, stream: str, line: str) -> None:
         if stream == "stdout":
@@ -67,6 +118,8 @@ class RunRecorder:
             if isinstance(event, dict) and "type" in event:
                 self.event(event)
                 return
+            if line.strip():
+                self._violation("a line on the event channel that is not an event", line)
         self._log(stream, line)
 
     def _log(self, stream: str, line: str) -> None:
@@ -80,18 +133,38 @@ class RunRecorder:
             self._write(stream, line)
 
     def event(self, event: dict[str, Any]) -> None:
+        """A frame from the sandbox: checked, then recorded (or recorded as a violation)."""
+        seq = event.get("seq")
+        if self.run_end is not None:
+            what = "a second run_end" if event.get("type") == "run_end" else "a frame"
+            self._violation(f"{what} after the run's end", event)
+            return
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq != self._next_seq:
+            self._violation(
+                f"a frame out of sequence (seq {seq!r}, expected {self._next_seq})", event
+            )
+            return
+        self._next_seq += 1
+        self.observed(event)
+
+    def observed(self, event: dict[str, Any]) -> None:
+        """Record an event the host observed itself (egress refusals, its own notes): not a
+        frame of the sandbox's channel, so not subject to its checks."""
         event = self.masker.clean(event)
         with self._lock:
             if self._closed:
                 return
             if event.get("type") == "run_end":
-                if self.run_end is not None:
-                    return  # recovered twice: keep the first
                 self.run_end = event
             self.events.append(event)
             self._write("events", json.dumps(event, default=str) + "\n")
         if self.on_event:
             self.on_event(event)
+
+    def _violation(self, reason: str, frame: Any) -> None:
+        text = frame if isinstance(frame, str) else json.dumps(frame, default=str)
+        self.violations.append(reason)
+        self.host_event("protocol_violation", reason=reason, frame=text[:MAX_VIOLATION_FRAME])
 
     def _write(self, name: str, text: str) -> None:
         """Append to one of the record's files (lock held); the first failure stops all
@@ -106,7 +179,7 @@ class RunRecorder:
             self.write_error = f"{file.name}: {exc.strerror or exc}"
 
     def host_event(self, type_: str, **fields: Any) -> None:
-        self.event({"type": type_, "source": "host", "ts": time.time(), **fields})
+        self.observed({"type": type_, "source": "host", "ts": time.time(), **fields})
 
     def recover(self, stdout: bytes) -> None:
         """Find the run_end in the engine's copy of stdout after a broken live stream."""
@@ -117,7 +190,7 @@ class RunRecorder:
                 continue
             if isinstance(event, dict) and event.get("type") == "run_end":
                 self.host_event("stream_recovered")
-                self.event(event)
+                self.observed(event)  # the live stream broke: its numbering cannot be checked
                 return
 
     def close(self) -> None:
@@ -136,6 +209,8 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     result.token_usage = end.get("token_usage") or {}
     result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
     result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
+    if record.cuts > MAX_CUT_EVENTS:
+        record.host_event("output_cut", lines_cut=record.cuts, recorded_one_by_one=MAX_CUT_EVENTS)
     result.answer = record.masker.clean(result.answer)
     result.error = record.masker.clean(result.error)
     if record.write_error is not None:

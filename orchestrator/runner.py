@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator_runtime.masking import Masker
@@ -28,7 +28,14 @@ from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
-from .policy import describe_allowlist, resolve_policy, sandbox_api_base
+from .payload import ShippedFile, check_task
+from .policy import (
+    HOST_NAME_HELP,
+    check_host_name,
+    describe_allowlist,
+    resolve_policy,
+    sandbox_api_base,
+)
 from .record import EventHandler, RunRecorder, finish
 from .secrets import needed_secrets, resolve_secrets
 from .spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunCancelled, RunResult, RunSpec
@@ -56,6 +63,8 @@ class PreparedRun:
     backend: str = "docker"
     #: The names of the secrets the run gets (the payload's and the model's credential).
     secret_names: tuple[str, ...] = ()
+    #: The payload folder's files as they will be shipped (read and checked by `prepare`).
+    files: dict[str, ShippedFile] = field(default_factory=dict)
 
     @property
     def image_requirements(self) -> tuple[str, ...]:
@@ -75,7 +84,7 @@ def prepare(
     `limits_from` says where the spec's limits came from, for the error message.
     """
     with _field("payload"):
-        manifest = load_manifest(spec.payload)
+        manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
         dangerous = manifest.dangerous_imports()
         if dangerous and not spec.allow_dangerous_imports:
             raise ManifestError(
@@ -85,6 +94,7 @@ def prepare(
                 "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
                 "(the container stays the boundary).",
             )
+        files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
     with _field("model"):
         model = parse_model(
             spec.model,
@@ -100,6 +110,8 @@ def prepare(
         )
         error.field = "task"
         raise error
+    with _field("task"):
+        check_task(task)
     with _field("limits"):
         overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
         limits = replace(manifest.limits, **overrides)
@@ -114,6 +126,7 @@ def prepare(
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),
+        files=files,
         run_id=spec.run_id or new_run_id(),
         spec=spec,
         manifest=manifest,
@@ -144,14 +157,10 @@ def _field(name: str) -> Iterator[None]:
 def resolve_network(spec: RunSpec, manifest: Manifest, model: ModelSpec) -> NetworkPolicy:
     """`none` unless the run needs network; then `allowlist` (the model's host, the payload's
     hosts, --allow-host); `open` only when asked for by name."""
-    from .policy import HOST_NAME_RE
-
     for host in spec.allow_hosts:
-        if not HOST_NAME_RE.match(host.lower()):
-            raise ConfigError(
-                f"--allow-host {host!r} is not a host name.",
-                "Use an exact name (api.example.com) or one leading wildcard (*.example.com).",
-            )
+        problem = check_host_name(host)
+        if problem:
+            raise ConfigError(f"--allow-host {host!r} {problem}.", HOST_NAME_HELP)
     return resolve_policy(spec.network, model=model, hosts=(*manifest.hosts, *spec.allow_hosts))
 
 
@@ -263,7 +272,9 @@ def execute(
         exit_info = sandbox.wait(timeout=30)
         if record.run_end is None and outcome != "cancelled":
             record.recover(sandbox.recover_stdout())
-        result.status, result.error = decide_status(outcome, exit_info, record.run_end)
+        result.status, result.error = decide_status(
+            outcome, exit_info, record.run_end, record.violations
+        )
         result.exit_code = exit_info.exit_code
         result.oom_killed = exit_info.oom_killed
     except (_Stopped, KeyboardInterrupt, RunCancelled) as exc:
@@ -355,7 +366,7 @@ def record_egress_blocked(sandbox: Sandbox, record: RunRecorder) -> None:
         record.host_event("egress_log_unavailable", error=str(exc))
         return
     for attempt in attempts:
-        record.event({"type": "egress_blocked", "source": "egress", **attempt})
+        record.observed({"type": "egress_blocked", "source": "egress", **attempt})
 
 
 def explain_network(prepared: PreparedRun, error: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -379,9 +390,16 @@ def explain_network(prepared: PreparedRun, error: dict[str, Any] | None) -> dict
 
 
 def decide_status(
-    outcome: str, exit_info: ExitInfo, run_end: dict[str, Any] | None
+    outcome: str,
+    exit_info: ExitInfo,
+    run_end: dict[str, Any] | None,
+    violations: list[str] | tuple[str, ...] = (),
 ) -> tuple[str, dict[str, Any] | None]:
-    """Map what happened to one terminal status and an error (None on success)."""
+    """Map what happened to one terminal status and an error (None on success).
+
+    Decided from what the host can check: its own outcome (limit, cancel, network), the
+    engine's exit record, and the event channel's integrity. The sandbox's `run_end` is a
+    claim: success counts only with a clean channel and a runtime process that exited 0."""
     if outcome in ("timed_out", "cancelled"):
         message = "time limit reached" if outcome == "timed_out" else "cancelled by the user"
         return outcome, {"type": outcome, "message": message}
@@ -395,9 +413,24 @@ def decide_status(
         return "infra_error", {"type": "network_lost", "message": message}
     if exit_info.oom_killed:
         return "oom_killed", {"type": "oom_killed", "message": "the sandbox ran out of memory"}
+    code = exit_info.exit_code
+    if violations:
+        message = "; ".join(dict.fromkeys(violations))
+        return "failed", {
+            "type": "protocol_violation",
+            "message": f"the sandbox broke the event protocol: {message} (runtime exit code "
+            f"{code}); nothing it reported can be trusted as this run's end",
+        }
     if run_end is not None:
         if run_end.get("state") == "success":
-            return "succeeded", None
+            if code == 0:
+                return "succeeded", None
+            if exit_info.infra_error:
+                return "infra_error", {"type": "sandbox_lost", "message": exit_info.infra_error}
+            return "failed", {
+                "type": "protocol_violation",
+                "message": f"the sandbox reported success, but its runtime exited with code {code}",
+            }
         error = run_end.get("error") or {"type": run_end.get("state"), "message": ""}
         if error.get("kind") == "model_unavailable":
             return "infra_error", error
@@ -433,7 +466,7 @@ def build_request(prepared: PreparedRun) -> dict[str, Any]:
         "payload": {
             "name": manifest.name,
             "entrypoint": manifest.entrypoint,
-            "files": manifest.payload_files(),
+            "files": prepared.files,
         },
         "authorized_imports": list(manifest.authorized_imports),
         "allow_dangerous_imports": prepared.spec.allow_dangerous_imports,

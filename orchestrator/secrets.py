@@ -5,6 +5,7 @@ Masking is shared with the in-sandbox runtime (`orchestrator_runtime.masking`).
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from dotenv import dotenv_values
 
 from .errors import ConfigError
+from .manifest import decode_utf8
 
 if TYPE_CHECKING:
     from .manifest import Manifest
@@ -33,9 +35,10 @@ def resolve_secrets(
     """Look each name up in the process environment, then in `.env`; fail on any missing.
 
     The environment wins over `.env`. Nothing else from either source is read into the run.
+    A `.env` that is not UTF-8 is a ConfigError naming the file and line.
     """
     dotenv_path = Path(env_file) if env_file else Path.cwd() / ".env"
-    from_file = dotenv_values(dotenv_path) if dotenv_path.is_file() else {}
+    from_file = read_dotenv(dotenv_path) if dotenv_path.is_file() else {}
     found: dict[str, str] = {}
     missing: list[str] = []
     for name in dict.fromkeys(names):
@@ -52,3 +55,15 @@ def resolve_secrets(
             f"Export {missing[0]}=... (or add it to .env) and run again; nothing was started.",
         )
     return found
+
+
+def read_dotenv(path: Path) -> dict[str, str | None]:
+    """The variables of a dotenv file; one that is not UTF-8 is a ConfigError (exit 2)
+    naming the file and line."""
+    try:
+        text = decode_utf8(path.read_bytes())
+    except ValueError as exc:
+        raise ConfigError(
+            f"{path}: {exc}.", "Save the .env file as UTF-8 (or point --env-file elsewhere)."
+        ) from exc
+    return dotenv_values(stream=io.StringIO(text))

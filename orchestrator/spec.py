@@ -31,6 +31,9 @@ class RunSpec:
     backend: str | None = None
     network: str | None = None
     allow_hosts: tuple[str, ...] = ()
+    #: Requirement strings (`name @ URL` references) the payload may install although they are
+    #: not package specifications: each exactly as the manifest spells it.
+    allowed_requirements: tuple[str, ...] = ()
     max_steps: int | None = None
     timeout_seconds: float | None = None
     memory_mb: int | None = None
@@ -51,7 +54,9 @@ class RunResult:
     error: dict[str, Any] | None = None
     exit_code: int | None = None
     oom_killed: bool = False
+    #: As the sandbox reported it (`token_usage_source`): the sandbox can claim any figure.
     token_usage: dict[str, int] = field(default_factory=dict)
+    token_usage_source: str = "sandbox"
     steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     record_dir: str = ""

@@ -1,7 +1,8 @@
 """`python -m orchestrator_runtime [--request PATH]`: one request (stdin, or a file), one run,
 events on stdout.
 
-The life of a run, top to bottom: isolate stdout -> read the request -> secrets into the
+The life of a run, top to bottom: isolate stdout -> read the request -> fork: this process
+relays and checks the child's events (relay.py), the child does the rest -> secrets into the
 environment -> patch smolagents -> write and import the payload -> take control of every
 agent -> run the manager -> run_end (also to result_path). Exit codes: 0 final answer,
 1 the agent failed, 2 bad request or payload, 3 internal error.
@@ -9,7 +10,9 @@ agent -> run the manager -> run_end (also to result_path). Exit codes: 0 final a
 
 from __future__ import annotations
 
+import base64
 import importlib
+import json
 import os
 import shutil
 import sys
@@ -21,6 +24,7 @@ from typing import Any
 
 from .events import EventStream, write_result
 from .masking import Masker
+from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
 EXIT_SUCCESS, EXIT_AGENT_FAILED, EXIT_BAD_REQUEST, EXIT_INTERNAL = 0, 1, 2, 3
@@ -43,14 +47,22 @@ def isolate_stdout() -> int:
     return events_fd
 
 
-def write_payload(root: Path, files: dict[str, str]) -> None:
-    """Write the payload under `root` (a fresh temporary directory), first on sys.path."""
-    for name, text in files.items():
+def write_payload(root: Path, files: dict[str, Any]) -> None:
+    """Write the payload under `root` (a fresh temporary directory), first on sys.path.
+
+    Each file is text (UTF-8) or {"base64": ...} for bytes that are not (docs/PROTOCOL.md)."""
+    for name, content in files.items():
         target = (root / name).resolve()
         if not name or "\\" in name or "\0" in name or root not in target.parents:
             raise PayloadError(f"payload file name {name!r} points outside the payload folder")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+        if isinstance(content, str):
+            target.write_bytes(content.encode("utf-8"))
+        else:
+            try:
+                target.write_bytes(base64.b64decode(content["base64"], validate=True))
+            except ValueError as exc:
+                raise PayloadError(f"payload file {name!r} is not valid base64") from exc
     sys.path.insert(0, str(root))
     importlib.invalidate_caches()
 
@@ -91,11 +103,12 @@ def apply_rlimits(limits: dict[str, int]) -> None:
 class Run:
     """One run: owns the event stream, the totals and the exit code."""
 
-    def __init__(self, events: EventStream) -> None:
+    def __init__(self, events: EventStream, *, write_result_file: bool = True) -> None:
         self.events = events
         self.started = time.time()
         self.recorder: Any = None
         self.result_path: str | None = None
+        self.write_result_file = write_result_file
 
     def fail(self, stage: str, exc: BaseException, kind: str, exit_code: int) -> int:
         """Emit `error` then `run_end` (state error); return the exit code."""
@@ -122,7 +135,7 @@ class Run:
             steps=rec.steps if rec else 0,
             duration=time.time() - self.started,
         )
-        if self.result_path and event is not None:
+        if self.write_result_file and self.result_path and event is not None:
             write_result(self.result_path, event)
 
     def execute(self, raw: bytes) -> int:
@@ -236,18 +249,50 @@ def read_request(argv: list[str]) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    events = EventStream(isolate_stdout())
-    run = Run(events)
+    """Read the request, then run it in a child process whose events this one relays
+    (relay.py): the payload never holds the host's event channel."""
+    events_fd = isolate_stdout()
     try:
-        try:
-            raw = read_request(sys.argv[1:] if argv is None else argv)
-        except (OSError, RequestError) as exc:
-            return run.fail("request", exc, "payload", EXIT_BAD_REQUEST)
+        raw = read_request(sys.argv[1:] if argv is None else argv)
+    except (OSError, RequestError) as exc:
+        return Run(EventStream(events_fd)).fail("request", exc, "payload", EXIT_BAD_REQUEST)
+    run_id, result_path = envelope_of(raw)
+    source, sink = os.pipe()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        os.close(source)
+        os.close(events_fd)
+        code = run_request(EventStream(sink), raw)
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(sink)
+    make_undumpable()
+    return Relay(source, events_fd, run_id, result_path).run(child)
+
+
+def run_request(events: EventStream, raw: bytes) -> int:
+    """The child's whole life: one request, its events on `events`, an exit code."""
+    run = Run(events, write_result_file=False)  # the relay writes result_path
+    try:
         return run.execute(raw)
     except BaseException as exc:  # a bug of the runtime itself: still end the stream properly
         if events.closed:
-            raise
+            return EXIT_INTERNAL
         return run.fail("internal", exc, "internal", EXIT_INTERNAL)
+
+
+def envelope_of(raw: bytes) -> tuple[str | None, str | None]:
+    """The run id and result path of a request, for the relay's own events (best effort: a
+    bad request is the child's to report)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    run_id, path = data.get("run_id"), data.get("result_path")
+    return (run_id if isinstance(run_id, str) else None), (path if isinstance(path, str) else None)
 
 
 if __name__ == "__main__":

@@ -126,9 +126,10 @@ def parse_request(data: dict[str, Any]) -> Request:
         raise RequestError("the task is empty")
     if not _ENTRYPOINT_RE.match(request.entrypoint):
         raise RequestError(f"entrypoint {request.entrypoint!r} is not `module:function`")
-    for path, text in request.files.items():
-        if not isinstance(text, str):
-            raise RequestError(f"payload file {path!r} must be given as text")
+    for path, content in request.files.items():
+        binary = isinstance(content, dict) and isinstance(content.get("base64"), str)
+        if not isinstance(content, str) and not binary:
+            raise RequestError(f"payload file {path!r} must be text or {{'base64': ...}}")
     if not 1 <= request.max_steps <= 1000:
         raise RequestError(f"max_steps must be from 1 to 1000, not {request.max_steps}")
     if request.provider not in PROVIDERS:

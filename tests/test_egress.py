@@ -259,9 +259,11 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
                 {"kind": "http", "url": f"http://{host_ip}:{sink.port}/"},
                 {"kind": "http", "url": f"http://{HOST_ALIAS}:{sink.port}/"},
                 {"kind": "connect", "host": HOST_ALIAS, "port": sink.port},
-                # a listed name that resolves to loopback (DNS rebinding)
+                # names that resolve to loopback or to the proxy itself, one of them listed
+                # (DNS rebinding: `localhost` itself can no longer be listed)
                 {"kind": "proxied", "url": "http://localhost/"},
                 {"kind": "proxied", "url": "http://ip6-localhost/"},
+                {"kind": "proxied", "url": "http://egress/"},
                 # the other sandbox
                 {"kind": "tcp", "host": other_ip, "port": 8000},
                 {"kind": "http", "url": f"http://{other_ip}:8000/"},
@@ -283,7 +285,8 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
                 attempts,
                 model="openai:scripted",
                 api_base=model.api_base(),
-                allow_hosts=("localhost",),
+                # a listed name that resolves to the proxy's own address: still refused
+                allow_hosts=("egress",),
             )
             result = run(spec)
             # The model endpoint itself was reachable, and only under its own name.
@@ -312,7 +315,7 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
     assert result.network == "allowlist"
     assert result.allowlist == [
         ALLOWED,
-        "localhost",
+        "egress",
         f"{HOST_ALIAS}:{model.port} (the Docker host)",
     ]
     proxied = {(e["host"], e["port"]) for e in blocked_events(result) if e["source"] == "egress"}
@@ -325,6 +328,7 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
         (HOST_ALIAS, sink.port),
         ("localhost", 80),
         ("ip6-localhost", 80),
+        ("egress", 80),
         (other_ip, 8000),
         (ALLOWED, 22),
     }

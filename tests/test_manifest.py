@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,104 @@ def test_backend_comes_from_the_run_then_the_manifest_then_docker(
     with pytest.raises(ManifestError, match="payload.backend") as info:
         load_manifest(bad)
     assert "docker, e2b" in info.value.fix
+
+
+# ---- issue 12: requirements are package specifications, hosts are DNS names, files UTF-8 ----
+
+REFERENCE = "x @ file:///etc/passwd"
+
+
+def with_requirements(*requirements: str) -> str:
+    """GOOD with these `python.requirements` (JSON strings are TOML strings)."""
+    return GOOD.replace("[python]", f"[python]\nrequirements = {json.dumps(requirements)}")
+
+
+@pytest.mark.parametrize(
+    ("requirement", "words"),
+    [
+        (REFERENCE, "direct reference"),
+        ("x @ https://example.com/x-1.0.tar.gz", "direct reference"),
+        ("https://example.com/x-1.0-py3-none-any.whl", "URL or path"),
+        ("./vendor/x", "URL or path"),
+        ("/etc/passwd", "URL or path"),
+        ("git+https://example.com/x.git", "URL or path"),
+        ("-e .", "pip option"),
+        ("--index-url https://example.invalid/simple", "pip option"),
+        ("x.whl", "archive file name"),
+        ("tabulate # pinned", "not a package specification"),
+    ],
+)
+def test_requirements_must_be_package_specifications(
+    tmp_path: Path, requirement: str, words: str
+) -> None:
+    folder = write_payload(tmp_path, with_requirements(requirement))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    message = str(info.value)
+    assert str(folder / "manifest.toml") in message and "python.requirements" in message
+    assert repr(requirement) in message and words in message
+    assert "--allow-requirement" in message
+
+
+def test_package_specifications_pass(tmp_path: Path) -> None:
+    specs = ("tabulate==0.9.0", "pandas[excel]>=2,<3; python_version >= '3.10'", "Foo_Bar.baz")
+    assert load_manifest(write_payload(tmp_path, with_requirements(*specs))).requirements == specs
+
+
+def test_a_direct_reference_passes_when_allowed_by_name(tmp_path: Path) -> None:
+    from orchestrator.imagedef import normalize_requirements
+    from orchestrator.policy import AllowedRequirement
+
+    folder = write_payload(tmp_path, with_requirements(REFERENCE, "tabulate"))
+    with pytest.raises(ManifestError):
+        load_manifest(folder, allowed_requirements=["y @ file:///etc/passwd"])  # not this one
+    manifest = load_manifest(folder, allowed_requirements=["x  @  file:///etc/passwd"])
+    assert manifest.requirements == (REFERENCE, "tabulate")
+    assert isinstance(manifest.requirements[0], AllowedRequirement)
+    assert not isinstance(manifest.requirements[1], AllowedRequirement)
+    # The image build admits the reference only with the mark the manifest gave it.
+    assert normalize_requirements(manifest.requirements) == ("tabulate", REFERENCE)
+    with pytest.raises(ConfigError, match="direct reference"):
+        normalize_requirements([REFERENCE])
+    with pytest.raises(ConfigError, match="pip option"):
+        normalize_requirements([AllowedRequirement("--index-url https://example.invalid/")])
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["127.0.0.1", "0.0.0.0", "::1", "[::1]", "10.1.2.3", "127.1", "2130706433", "localhost",
+     "LocalHost", "*.localhost", "app.localhost", "host.docker.internal", "*.internal"],
+)  # fmt: skip
+def test_hosts_must_be_dns_names(tmp_path: Path, host: str) -> None:
+    folder = write_payload(tmp_path, GOOD.replace('"*.wikipedia.org"', f'"{host}"'))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    message = str(info.value)
+    assert str(folder / "manifest.toml") in message and "network.hosts" in message
+    assert repr(host) in message and "--api-base" in info.value.fix
+
+
+@pytest.mark.parametrize("host", ["api.example.com", "*.example.org", "1e100.net", "x-1.io"])
+def test_dns_names_pass(tmp_path: Path, host: str) -> None:
+    manifest = load_manifest(
+        write_payload(tmp_path, GOOD.replace('"*.wikipedia.org"', f'"{host}"'))
+    )
+    assert host in manifest.hosts
+
+
+def test_manifest_that_is_not_utf8_names_line_and_column(tmp_path: Path) -> None:
+    folder = write_payload(tmp_path, GOOD)
+    data = GOOD.encode().replace(b'example_task = "hi"', b'example_task = "h\xe9"')  # line 5
+    (folder / "manifest.toml").write_bytes(data)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    assert info.value.cause == (
+        f"{folder / 'manifest.toml'}: line 5, column 18: byte 0xe9 is not valid UTF-8."
+    )
+    assert "UTF-8" in info.value.fix
+
+
+def test_manifest_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    folder = write_payload(tmp_path, GOOD)
+    (folder / "manifest.toml").write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert load_manifest(folder).name == "demo"

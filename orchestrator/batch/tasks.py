@@ -6,6 +6,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,11 +85,13 @@ def derive_id(task: str, additional_args: dict[str, Any] | None) -> str:
 
 def read_tasks(path: str | Path, *, on_bad_line: OnBadLine = "fail") -> TaskFile:
     """Parse a JSONL or CSV tasks file. Malformed lines are skipped or rejected (naming every
-    one); duplicate ids are always an error, since resuming keys everything on the id."""
+    one; a line with bytes that are not UTF-8 is malformed too); duplicate ids are always an
+    error, since resuming keys everything on the id."""
     path = Path(path)
     if not path.is_file():
         raise TaskFileError(f"No tasks file at {path}.", "Pass a .jsonl or .csv file of tasks.")
-    text = path.read_text(encoding="utf-8-sig")
+    # Bytes that are not UTF-8 become lone surrogates here, found and named line by line.
+    text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
     rows = _csv_rows(path, text) if _is_csv(path, text) else _jsonl_rows(text)
     tasks: list[Task] = []
     bad: list[BadLine] = []
@@ -148,9 +151,25 @@ def _is_csv(path: Path, text: str) -> bool:
     return not text.lstrip().startswith("{")
 
 
+_UNDECODABLE_RE = re.compile("[\udc80-\udcff]")
+
+
+def _undecodable(text: str, unit: str = "column") -> str | None:
+    """The first byte that is not UTF-8 in `text` (left by `surrogateescape`), described."""
+    match = _UNDECODABLE_RE.search(text)
+    if match is None:
+        return None
+    byte = ord(match.group()) - 0xDC00
+    return f"byte 0x{byte:02x} at {unit} {match.start() + 1} is not valid UTF-8"
+
+
 def _jsonl_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
+            continue
+        problem = _undecodable(line)
+        if problem:
+            yield number, BadLine(number, problem)
             continue
         try:
             row = json.loads(line)
@@ -173,6 +192,9 @@ def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any] | Bad
         return
     except csv.Error as exc:
         raise TaskFileError(f"{path}:1: not a CSV header ({exc}).", "Fix the header.") from exc
+    problem = _undecodable(",".join(header), "character")
+    if problem:
+        raise TaskFileError(f"{path}:1: header: {problem}.", "Save the file as UTF-8.")
     header = [h.strip() for h in header]
     header_end = reader.line_num
     unknown = [
@@ -214,6 +236,10 @@ def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any] | Bad
         for name, cell in zip(header, cells, strict=True):
             if cell == "":
                 continue
+            undecodable = _undecodable(cell, "character")
+            if undecodable:
+                problem = f"column `{name}`: {undecodable}"
+                break
             if name in ("additional_args", "metadata"):
                 try:
                     row[name] = json.loads(cell)

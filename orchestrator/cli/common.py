@@ -45,6 +45,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="extra host the sandbox may reach under allowlist (api.example.com or "
         "*.example.com; ports 80 and 443)",
     )
+    p.add_argument(
+        "--allow-requirement", action="append", default=[], metavar="REQ",
+        dest="allowed_requirements",
+        help="let the payload install exactly this requirement string although it is not a "
+        "package specification, e.g. a `name @ file:///...` or `name @ https://...` reference "
+        "(pip on this machine fetches or opens it); repeat for each",
+    )  # fmt: skip
     p.add_argument("--max-steps", type=int, help="steps per agent (default: manifest, else 10)")
     p.add_argument(
         "--timeout",
@@ -77,6 +84,7 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         backend=args.backend,
         network=args.network,
         allow_hosts=tuple(args.allow_host),
+        allowed_requirements=tuple(args.allowed_requirements),
         max_steps=args.max_steps,
         timeout_seconds=args.timeout_seconds,
         memory_mb=args.memory_mb,

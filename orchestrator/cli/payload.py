@@ -18,7 +18,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..manifest import load_manifest
 
     manifest = load_manifest(args.payload)
-    print(f"{manifest.path}: ok ({manifest.name}, entrypoint {manifest.entrypoint})")
+    files = manifest.payload_files()  # what would be shipped, checked the same way
+    print(
+        f"{manifest.path}: ok ({manifest.name}, entrypoint {manifest.entrypoint}, "
+        f"{len(files)} files to ship)"
+    )
     dangerous = manifest.dangerous_imports()
     if dangerous:
         print(

@@ -13,6 +13,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ..errors import ConfigError, OrchestratorError
+from ..manifest import decode_utf8
+from ..policy import check_host_name
 from ..spec import SETTABLE_LIMITS, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
 
@@ -95,11 +97,16 @@ class Schedule:
         if self.task_file is None:
             return self.task
         try:
-            return self.task_file.read_text(encoding="utf-8").strip()
+            return decode_utf8(self.task_file.read_bytes()).strip()
         except OSError as exc:
             raise ConfigError(
                 f'schedule "{self.name}" field `task_file`: cannot read {self.task_file} ({exc}).',
                 "Fix the path (relative paths are relative to the schedules file).",
+            ) from exc
+        except ValueError as exc:
+            raise ConfigError(
+                f'schedule "{self.name}" field `task_file`: {self.task_file}: {exc}.',
+                "Save the task file as UTF-8.",
             ) from exc
 
     def run_spec(self, run_id: str | None = None) -> RunSpec:
@@ -193,9 +200,10 @@ def load_schedules(
             "Pass --file PATH, or start from schedules.example.toml.",
         )
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise ScheduleFileError(path, [f"not valid TOML ({exc})"]) from exc
+        data = tomllib.loads(decode_utf8(path.read_bytes()))
+    except ValueError as exc:  # not UTF-8, or not TOML (TOMLDecodeError): both name the line
+        what = "not valid TOML" if isinstance(exc, tomllib.TOMLDecodeError) else "not UTF-8"
+        raise ScheduleFileError(path, [f"{what}: {exc}"]) from exc
     problems: list[str] = []
     unknown = set(data) - {"schedule"}
     if unknown:
@@ -298,6 +306,14 @@ def _parse_schedule(
     backend = get("backend", str)  # None: the payload's, else docker
     network = get("network", str)
     allow_hosts = _str_list(get("allow_hosts", list, []), "allow_hosts", bad)
+    for host in allow_hosts:
+        problem = check_host_name(host)
+        if problem:
+            bad(
+                "allow_hosts",
+                f"{host!r} {problem}: list DNS names (api.example.com, *.example.com); for a "
+                'model server on this machine set `api_base = "http://127.0.0.1:PORT/v1"` instead',
+            )
     secrets = _str_list(get("secrets", list, []), "secrets", bad)
     for secret in secrets:
         if not _ENV_RE.match(secret):

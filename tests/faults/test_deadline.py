@@ -55,7 +55,21 @@ def running_of_kind(docker_client, store_label: str, run_id: str | None, kind: s
     return None
 
 
-def test_code_in_the_sandbox_cannot_stop_ptrace_or_outlive_the_deadline(
+def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
+    agent_image: str, no_leftovers
+) -> None:
+    # The host is alive here, so the tool's report reaches the record (the sandbox keeps no
+    # engine-side log to read it from later).
+    out = cli("run", str(ADVERSARY), "--arg", 'mode="outlive"', "--timeout", str(LIMIT), "--json")
+    result = json.loads(out.stdout)
+    assert result["status"] == "timed_out", result
+    log = (Path(result["record_dir"]) / "stderr.log").read_text()
+    attack = next(line for line in log.splitlines() if "deadline attack:" in line)
+    assert "ptrace=Operation not permitted" in attack, attack
+    assert "mem=Permission denied" in attack, attack
+
+
+def test_code_in_the_sandbox_cannot_outlive_the_deadline(
     agent_image: str, docker_client, store_label: str
 ) -> None:
     proc = start_run(str(ADVERSARY), "--arg", 'mode="outlive"', "--timeout", str(LIMIT))
@@ -63,11 +77,7 @@ def test_code_in_the_sandbox_cannot_stop_ptrace_or_outlive_the_deadline(
         sandbox = wait_for(
             lambda: running_of_kind(docker_client, store_label, None, "sandbox"), timeout=120
         )
-
-        def logs() -> str:
-            return docker_client.api.logs(sandbox["Id"], stdout=False, stderr=True).decode()
-
-        wait_for(lambda: "deadline attack:" in logs(), timeout=60)
+        time.sleep(2)  # the tool has attacked PID 1 and left its daemon behind
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # every orchestrator process of this run
         proc.wait(timeout=30)
@@ -79,12 +89,9 @@ def test_code_in_the_sandbox_cannot_stop_ptrace_or_outlive_the_deadline(
         timeout=LIMIT + GRACE_SECONDS + 30,
     )
     lived = docker_time(state["FinishedAt"]) - docker_time(state["StartedAt"])
-    attack = next(line for line in logs().splitlines() if "deadline attack:" in line)
     try:
-        # The tool's attacks on PID 1 changed nothing: it kept the container alive and stopped
-        # it at its deadline (exit 124), with the tool's daemon still trying to outlive it.
-        assert "ptrace=Operation not permitted" in attack, attack
-        assert "mem=Permission denied" in attack, attack
+        # The keeper survived the attacks and stopped the container at its deadline (exit
+        # 124), with the tool's double-forked daemon still trying to outlive it.
         assert state["ExitCode"] == 124, state
         assert LIMIT + GRACE_SECONDS - 2 <= lived <= LIMIT + GRACE_SECONDS + SLACK, lived
     finally:

@@ -55,8 +55,12 @@ def host_config_options(spec: SandboxSpec, egress: Egress | None = None) -> dict
         "init": False,
         "ipc_mode": "private",
         **network_options(spec.network, egress),
-        "log_config": LogConfig(type="json-file", config={"max-size": "50m", "max-file": "1"}),
-        "auto_remove": False,  # removed by us after the exit state and logs are read
+        # No engine-side log: what the sandbox prints (secrets a tool prints included) reaches
+        # the host only through the attached streams, masked into the run record; nothing
+        # lands in the engine's data directory, not even while the run is live or after its
+        # orchestrator was killed.
+        "log_config": LogConfig(type="none"),
+        "auto_remove": False,  # removed by us after the exit state is read
     }
 
 
@@ -121,10 +125,9 @@ class DockerSandbox(Sandbox):
         return ExitInfo(int(result.get("StatusCode", -1)), oom_killed=bool(state.get("OOMKilled")))
 
     def recover_stdout(self) -> bytes:
-        try:
-            return self.api.logs(self.id, stdout=True, stderr=False)
-        except docker.errors.APIError:
-            return b""
+        """Nothing: the sandbox keeps no engine-side log to recover from (see
+        `host_config_options`), so a broken live stream ends the run without a result."""
+        return b""
 
     def kill(self) -> None:
         with contextlib.suppress(docker.errors.APIError):

@@ -20,8 +20,16 @@ def misbehave(mode: str) -> str:
         mode: "sleep" (sleep for a minute), "memory" (allocate until killed), "forkbomb"
             (fork until the process limit stops it), "outlive" (attack the container's
             deadline keeper, then try to outlive it), "flood" (print 64 KiB lines to stderr
-            for a minute), or "ok" (do nothing).
+            for a minute), "longline-N" (print one line of N MiB, then a newline), or "ok"
+            (do nothing).
     """
+    if mode.startswith("longline-"):
+        block = "y" * 2**20
+        for _ in range(int(mode.split("-", 1)[1])):
+            sys.stderr.write(block)
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+        return "printed"
     if mode == "flood":
         line = "x" * 65536
         until = time.monotonic() + 60

@@ -1,0 +1,114 @@
+"""Secrets stay off the host's disk: a secret a tool prints is in no engine-side log of the
+sandbox (`docker logs`, the engine's data directory), during a run and after its orchestrator
+was SIGKILLed; in the run record it is masked."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import docker.errors
+import pytest
+
+from orchestrator.labels import LABEL_KIND
+
+from ..conftest import REPO, cli, our_containers, wait_for, write_payload
+
+pytestmark = pytest.mark.docker
+
+SECRET = "hunter2-Very-Secret-7c1f9a"
+ENGINE_CONTAINERS = Path("/var/lib/docker/containers")
+
+MANIFEST = """
+[payload]
+name = "printer"
+entrypoint = "agent:build"
+example_task = "Print the secret."
+
+[secrets]
+required = ["PRINTED_SECRET"]
+
+[mock.scripts]
+manager = [\"\"\"Thought: print it, then wait.
+<code>
+final_answer(shout())
+</code>\"\"\"]
+"""
+
+AGENT = '''
+import os, sys, time, urllib.parse
+
+from smolagents import CodeAgent, tool
+
+
+@tool
+def shout() -> str:
+    """Print the secret every way, then wait a while."""
+    secret = os.environ["PRINTED_SECRET"]
+    for text in (secret, secret.encode().hex(), urllib.parse.quote(secret)):
+        print("stdout:", text, flush=True)
+        print("stderr:", text, file=sys.stderr, flush=True)
+    time.sleep(float(os.environ.get("SHOUT_WAIT", "8")))
+    return "done"
+
+
+def build(model):
+    return CodeAgent(tools=[shout], model=model, max_steps=1)
+'''
+
+
+def engine_files_holding(needle: str) -> list[str]:
+    """Files under the engine's container directory that contain `needle`."""
+    out = subprocess.run(
+        ["grep", "-rlF", needle, str(ENGINE_CONTAINERS)], capture_output=True, text=True
+    )
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize("ending", ["normal", "orchestrator_killed"])
+def test_a_printed_secret_reaches_no_engine_log(
+    ending: str, tmp_path: Path, agent_image: str, docker_client, store_label: str
+) -> None:
+    assert ENGINE_CONTAINERS.is_dir(), "this test reads the engine's data directory (root)"
+    folder = tmp_path / "printer"
+    folder.mkdir()
+    write_payload(folder, MANIFEST, AGENT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "run", str(folder), "--json", "--quiet"],
+        cwd=REPO,
+        env={**os.environ, "PRINTED_SECRET": SECRET},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    sandbox = wait_for(
+        lambda: [
+            c
+            for c in our_containers(docker_client, store_label)
+            if c["Labels"].get(LABEL_KIND) == "sandbox" and c["State"] == "running"
+        ],
+        timeout=180,
+    )[0]
+    time.sleep(3)  # the tool has printed
+    assert not engine_files_holding(SECRET)
+    with pytest.raises(docker.errors.APIError, match="logging driver"):  # no log at all
+        docker_client.api.logs(sandbox["Id"])
+    if ending == "orchestrator_killed":
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert not engine_files_holding(SECRET)
+        cli("runs", "list")  # closes the orphaned run, removes the container
+        assert not our_containers(docker_client, store_label)
+        return
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert not engine_files_holding(SECRET)
+    record = Path(json.loads(out)["record_dir"])
+    for name in ("events.jsonl", "stderr.log", "stdout.log", "result.json"):
+        assert SECRET not in (record / name).read_text(), name
