@@ -38,7 +38,15 @@ from .policy import (
 )
 from .record import EventHandler, RunRecorder, finish
 from .secrets import needed_secrets, resolve_secrets
-from .spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunCancelled, RunResult, RunSpec
+from .spec import (
+    PAYLOAD_ERROR,
+    SETTABLE_LIMITS,
+    Limits,
+    NetworkPolicy,
+    RunCancelled,
+    RunResult,
+    RunSpec,
+)
 from .store import Store, new_run_id
 
 RUNTIME_COMMAND = ("python", "-m", "orchestrator_runtime")
@@ -122,7 +130,10 @@ def prepare(
         backend = backend_name(spec.backend, manifest)
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
-        secrets = resolve_secrets(needed, env_file=spec.env_file) if secret_values else {}
+        if spec.check_only:  # the tree is built, no step runs: no real secret goes in
+            secrets = {name: "placeholder-for-validation" for name in needed}
+        else:
+            secrets = resolve_secrets(needed, env_file=spec.env_file) if secret_values else {}
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),
@@ -434,6 +445,9 @@ def decide_status(
         error = run_end.get("error") or {"type": run_end.get("state"), "message": ""}
         if error.get("kind") == "model_unavailable":
             return "infra_error", error
+        if error.get("kind") == "payload":  # the payload cannot load: bad input, never retried
+            message = f"{error.get('type')}: {error.get('message')}"
+            return "failed", {**error, "type": PAYLOAD_ERROR, "message": message}
         return "failed", error
     if exit_info.infra_error:
         return "infra_error", {"type": "sandbox_lost", "message": exit_info.infra_error}
@@ -477,5 +491,6 @@ def build_request(prepared: PreparedRun) -> dict[str, Any]:
         },
         "mock_scripts": manifest.mock_scripts if prepared.model.provider == "mock" else {},
         "result_path": RESULT_PATH,
+        "check_only": prepared.spec.check_only,
     }
     return request

@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 from .errors import ManifestError
 
+#: The error type of a run whose payload could not be loaded (bad input: exit 2).
+PAYLOAD_ERROR = "payload_error"
+
 #: Exit codes the CLI returns per status, for cron jobs and shell scripts to branch on.
 EXIT_CODES = {
     "succeeded": 0, "failed": 1, "timed_out": 3, "oom_killed": 4, "infra_error": 5,
@@ -44,6 +47,9 @@ class RunSpec:
     schedule: str | None = None
     batch: str | None = None
     run_id: str | None = None
+    #: Load the payload's agent tree in the sandbox and check it, but run no step
+    #: (`orchestrator validate`, and batch before its first task). Secrets get placeholders.
+    check_only: bool = False
 
 
 @dataclass
@@ -72,6 +78,8 @@ class RunResult:
 
     @property
     def cli_exit_code(self) -> int:
+        if self.error and self.error.get("type") == PAYLOAD_ERROR:
+            return 2  # bad input: the payload cannot load
         return EXIT_CODES.get(self.status, 5)
 
     def to_dict(self) -> dict[str, Any]:

@@ -203,7 +203,29 @@ class Run:
             python=sys.version.split()[0],
             smolagents=sys.modules["smolagents"].__version__,
         )
+        if request.check_only:
+            return self.check(nodes, request)
         return self.run_agent(manager, nodes[0].name, request)
+
+    def check(self, nodes: list[Any], request: Request) -> int:
+        """`validate`: the tree loaded; report every problem of its mock scripts at once."""
+        names = [node.name for node in nodes]
+        problems = [
+            f"mock script for {name!r}, which is not an agent of the tree (agents: "
+            f"{', '.join(names)})"
+            for name in sorted(set(request.mock_scripts) - set(names))
+        ]
+        if request.mock_scripts:
+            problems += [
+                f"no mock script for agent {name!r}" for name in names
+                if name not in request.mock_scripts
+            ]  # fmt: skip
+        if not problems:
+            self.end("success", {"agents": names}, None)
+            return EXIT_SUCCESS
+        error = {"type": "PayloadError", "message": "; ".join(problems), "kind": "payload"}
+        self.end("error", None, {**error, "problems": problems})
+        return EXIT_BAD_REQUEST
 
     def run_agent(self, manager: Any, name: str, request: Request) -> int:
         from smolagents.utils import AgentGenerationError, AgentMaxStepsError

@@ -42,6 +42,8 @@ class Request:
     additional_args: dict[str, Any] | None = None
     allow_dangerous_imports: bool = False
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
+    #: Build the agent tree and check it, but run no step (`orchestrator validate`).
+    check_only: bool = False
     secrets: dict[str, str] = field(default_factory=dict)
     result_path: str | None = None
     #: Process limits the runtime sets on itself (E2B, where the sandbox has no per-run
@@ -113,6 +115,7 @@ def parse_request(data: dict[str, Any]) -> Request:
         additional_args=_get(data, "additional_args", dict, None),
         allow_dangerous_imports=_get(data, "allow_dangerous_imports", bool, False),
         mock_scripts=_get(data, "mock_scripts", dict, {}),
+        check_only=_get(data, "check_only", bool, False),
         secrets=secrets_of(data),
         result_path=_get(data, "result_path", str, None),
         rlimits=_get(data, "rlimits", dict, {}),

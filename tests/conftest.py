@@ -106,6 +106,26 @@ def write_payload(folder: Path, manifest: str, code: str | None = None) -> Path:
     return folder
 
 
+def running_sandboxes(docker_client, store_label: str) -> list[dict]:
+    """This test session's sandbox containers that are running now (no egress proxies)."""
+    return [
+        c
+        for c in our_containers(docker_client, store_label)
+        if (c.get("Labels") or {}).get("orchestrator.kind") == "sandbox" and c["State"] == "running"
+    ]
+
+
+def start_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
+    """The real `orchestrator` command in the background, in its own process group (so a
+    test can SIGKILL all of it with os.killpg); stdout and stderr piped."""
+    options: dict[str, Any] = dict(
+        cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    options.update(kwargs)
+    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], **options)
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 60, interval: float = 0.1):
     """Poll until `predicate()` is truthy; return its value or fail after `timeout`."""
     deadline = time.monotonic() + timeout

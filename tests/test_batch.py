@@ -179,6 +179,16 @@ def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
 
 # --- batches in real containers -------------------------------------------------------------
 
+
+def task_sandboxes(docker_client, store_label: str) -> list[dict]:
+    """Sandboxes of batch tasks (not the batch's up-front payload check, which has no batch)."""
+    return [
+        c
+        for c in our_containers(docker_client, store_label)
+        if (Store().get_run(c["Labels"][LABEL_RUN_ID]) or {}).get("batch")
+    ]
+
+
 docker = pytest.mark.docker
 
 
@@ -290,7 +300,7 @@ def test_sigkill_then_same_command_finishes_each_task_once(
     try:
         results = out / "results.jsonl"
         wait_for(lambda: results.is_file() and len(results.read_text().splitlines()) >= 4, 180)
-        wait_for(lambda: our_containers(docker_client, store_label), 30)  # kill mid-task
+        wait_for(lambda: task_sandboxes(docker_client, store_label), 30)  # kill mid-task
         proc.kill()
         proc.wait(timeout=10)
     finally:
@@ -337,7 +347,7 @@ def test_container_killed_from_outside_is_retried(
     thread = threading.Thread(target=lambda: box.update(summary=run_batch(spec)))
     thread.start()
     try:
-        victim = wait_for(lambda: our_containers(docker_client, store_label), 120)[0]
+        victim = wait_for(lambda: task_sandboxes(docker_client, store_label), 120)[0]
         time.sleep(1)
         docker_client.api.kill(victim["Id"])
     finally:
@@ -369,7 +379,7 @@ def test_signal_stops_cleanly_and_keeps_results(
     try:
         results = out / "results.jsonl"
         wait_for(lambda: results.is_file() and len(results.read_text().splitlines()) == 3, 180)
-        wait_for(lambda: len(our_containers(docker_client, store_label)) == 2, 60)
+        wait_for(lambda: len(task_sandboxes(docker_client, store_label)) == 2, 60)
         time.sleep(1)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=60)

@@ -255,7 +255,8 @@ def test_batch_respects_the_sandbox_cap(
     assert summary.counts["succeeded"] == 10 and summary.accuracy == 1.0
     assert [m for m in messages if "lowered to 3" in m]
     assert 1 <= e2b_env.max_alive <= 3
-    assert len(e2b_env.create_requests) == 10
+    # one sandbox per task, plus the batch's up-front check that the payload loads
+    assert len(e2b_env.create_requests) == 10 + 1
     assert e2b_env.alive_count() == 0
 
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, OrchestratorError
-from ..runner import PreparedRun, prepare
-from ..spec import RunSpec
+from ..backends.base import Backend
+from ..errors import ConfigError, ManifestError, OrchestratorError
+from ..runner import PreparedRun, execute, prepare
+from ..spec import PAYLOAD_ERROR, RunSpec
+from ..store import Store
 from .scoring import make_scorer
 from .tasks import (
     BadLine,
@@ -191,3 +194,24 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
     }
     return BatchPlan(file=file, prepared=prepared, fingerprint=fingerprint)
+
+
+def check_payload_loads(
+    plan: BatchPlan, backend: Backend, store: Store, cancel: threading.Event | None
+) -> None:
+    """Before any task: one sandbox loads the payload's agent tree (no step runs). A payload
+    that cannot load is bad input (ManifestError, exit 2), not a thousand failed tasks, and
+    is never retried. Other outcomes are left to the tasks to meet."""
+    if not plan.prepared:
+        return
+    first = next(iter(plan.prepared.values()))
+    check = prepare(replace(first.spec, check_only=True, run_id=None, batch=None))
+    result = execute(check, backend=backend, store=store, cancel=cancel)
+    if result.error and result.error.get("type") == PAYLOAD_ERROR:
+        problems = result.error.get("problems") or [result.error.get("message")]
+        raise ManifestError(
+            f"The payload {first.manifest.name} cannot load: {'; '.join(problems)} "
+            f"(check run {result.run_id}).",
+            "Fix the payload (`orchestrator validate PAYLOAD` reports every problem at once); "
+            "no task was started.",
+        )

@@ -47,7 +47,15 @@ from ..runner import PreparedRun, execute
 from ..spec import RunResult
 from ..store import Store, new_run_id
 from .output import FINISHED, BatchDir, OutputWriteError
-from .plan import BatchPlan, BatchProgress, BatchSpec, BatchSummary, default_concurrency, plan_batch
+from .plan import (
+    BatchPlan,
+    BatchProgress,
+    BatchSpec,
+    BatchSummary,
+    check_payload_loads,
+    default_concurrency,
+    plan_batch,
+)
 from .scoring import make_scorer, percentile, wilson_interval
 from .tasks import Task
 
@@ -109,6 +117,7 @@ def run_batch(
     plan = plan_batch(spec)
     backend = backend or get_backend(plan.fingerprint["backend"], env_file=spec.run.env_file)
     store = store or Store()
+    check_payload_loads(plan, backend, store, cancel)
     out = BatchDir(Path(spec.output))
     with out.locked():
         return _BatchRun(spec, plan, out, backend, store, cancel, monitor, on_message, on_result)()

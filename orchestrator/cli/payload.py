@@ -3,33 +3,105 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from typing import Any
 
 from ..spec import BACKENDS
 
 
 def add_payload_parser(sub: Any) -> None:
-    p = sub.add_parser("validate", help="validate a payload's manifest without running it")
-    p.add_argument("payload")
+    p = sub.add_parser(
+        "validate",
+        help="check a payload: manifest, files, and that its agent tree loads (no step runs)",
+        description="Check a payload without running it: its manifest, what its folder would "
+        "ship, and (unless --no-load) that its agent tree loads in a sandbox with the mock "
+        "model and placeholder secrets, no step run; every problem is reported at once "
+        "(a missing function, an import error, mock scripts for unknown agents or missing "
+        "for known ones). Exit codes: 0 ok, 2 problems found, 5 the sandbox could not run.",
+    )
+    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "--no-load", action="store_true",
+        help="check the manifest and files only (no sandbox; faster, finds less)",
+    )  # fmt: skip
+    p.add_argument(
+        "--backend", choices=BACKENDS,
+        help="where to load it (default: the payload's `payload.backend`, else docker)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(handler=cmd_validate)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from ..errors import OrchestratorError
     from ..manifest import load_manifest
 
-    manifest = load_manifest(args.payload)
-    files = manifest.payload_files()  # what would be shipped, checked the same way
-    print(
-        f"{manifest.path}: ok ({manifest.name}, entrypoint {manifest.entrypoint}, "
-        f"{len(files)} files to ship)"
-    )
+    report: dict[str, Any] = {"payload": args.payload, "ok": False, "problems": []}
+    try:
+        manifest = load_manifest(args.payload)
+        report.update(payload=manifest.name, manifest=str(manifest.path))
+        report["files"] = len(manifest.payload_files())  # what would be shipped, checked
+    except OrchestratorError as exc:
+        if not args.json:
+            raise
+        report["problems"] = [f"{exc.cause} {exc.fix}".strip()]
+        print(json.dumps(report, indent=2))
+        return exc.exit_code
     dangerous = manifest.dangerous_imports()
-    if dangerous:
+    report["warnings"] = (
+        [f"dangerous authorized_imports {dangerous} need --i-understand-dangerous-imports"]
+        if dangerous
+        else []
+    )
+    code = 0
+    if not args.no_load:
+        code = load_check(args, manifest.example_task, report)
+    report["ok"] = not report["problems"]
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return code
+    for problem in report["problems"]:
+        print(f"problem: {problem}", file=sys.stderr)
+    for warning in report["warnings"]:
+        print(f"warning: {warning}")
+    if report["ok"]:
+        loaded = f", agents {', '.join(report['agents'])}" if report.get("agents") else ""
         print(
-            f"warning: dangerous authorized_imports {dangerous} "
-            "need --i-understand-dangerous-imports"
+            f"{report['manifest']}: ok ({report['payload']}, entrypoint {manifest.entrypoint}, "
+            f"{report['files']} files to ship{loaded})"
         )
-    return 0
+    return code
+
+
+def load_check(args: argparse.Namespace, example_task: str | None, report: dict) -> int:
+    """Load the payload's tree in a sandbox (mock model, no step); fill `report`; exit code."""
+    from ..runner import run
+    from ..spec import PAYLOAD_ERROR, RunSpec
+
+    spec = RunSpec(
+        payload=args.payload,
+        task=example_task or "(validation: no step runs)",
+        model="mock",
+        backend=args.backend,
+        network="none",
+        timeout_seconds=120,
+        allow_dangerous_imports=True,  # reported as a warning above; loading is not running
+        check_only=True,
+    )
+    result = run(spec)
+    report["check_run"] = result.run_id
+    if result.status == "succeeded":
+        report["agents"] = (result.answer or {}).get("agents", [])
+        return 0
+    error = result.error or {}
+    if error.get("type") == PAYLOAD_ERROR:
+        report["problems"] += error.get("problems") or [error.get("message")]
+        return 2
+    report["problems"].append(
+        f"the payload could not be loaded in a sandbox ({result.status}: {error.get('message')})"
+    )
+    return result.cli_exit_code
 
 
 def add_cleanup_parser(sub: Any) -> None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -15,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.docker.deadline import GRACE_SECONDS
-from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
+from orchestrator.labels import LABEL_RUN_ID
 
-from ..conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -31,28 +29,6 @@ def docker_time(text: str) -> float:
     """Docker's RFC 3339 times (nanoseconds, Z) as epoch seconds."""
     head, _, rest = text.rstrip("Z").partition(".")
     return datetime.fromisoformat(f"{head}.{(rest or '0')[:6]:0<6}+00:00").timestamp()
-
-
-def start_run(*args: str) -> subprocess.Popen[str]:
-    """`orchestrator run` in its own process group, so the test can SIGKILL all of it."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", *args, "--quiet"],
-        cwd=REPO,
-        env=dict(os.environ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        text=True,
-    )
-
-
-def running_of_kind(docker_client, store_label: str, run_id: str | None, kind: str):
-    for c in our_containers(docker_client, store_label):
-        labels = c.get("Labels") or {}
-        if labels.get(LABEL_KIND) == kind and c["State"] == "running":
-            if run_id is None or labels.get(LABEL_RUN_ID) == run_id:
-                return c
-    return None
 
 
 def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
@@ -72,10 +48,12 @@ def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
 def test_code_in_the_sandbox_cannot_outlive_the_deadline(
     agent_image: str, docker_client, store_label: str
 ) -> None:
-    proc = start_run(str(ADVERSARY), "--arg", 'mode="outlive"', "--timeout", str(LIMIT))
+    proc = start_cli(
+        "run", str(ADVERSARY), "--arg", 'mode="outlive"', "--timeout", str(LIMIT), "-q"
+    )
     try:
         sandbox = wait_for(
-            lambda: running_of_kind(docker_client, store_label, None, "sandbox"), timeout=120
+            lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=120
         )
         time.sleep(2)  # the tool has attacked PID 1 and left its daemon behind
     finally:
@@ -106,10 +84,10 @@ def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
     args = ["--arg", "seconds=600", "--timeout", str(LIMIT), "--network", network]
     if network == "allowlist":
         args += ["--allow-host", "example.com"]
-    proc = start_run(str(TEST_PAYLOADS / "sleeper"), *args)
+    proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), *args, "-q")
     try:
         sandbox = wait_for(
-            lambda: running_of_kind(docker_client, store_label, None, "sandbox"), timeout=180
+            lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=180
         )
         time.sleep(1)
     finally:

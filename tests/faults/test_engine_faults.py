@@ -4,7 +4,6 @@ the index is being read."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -13,10 +12,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RunSpec, run
-from orchestrator.labels import LABEL_KIND
 from orchestrator.store import Store
 
-from ..conftest import REPO, TEST_PAYLOADS, our_containers, wait_for
+from ..conftest import REPO, TEST_PAYLOADS, running_sandboxes, start_cli, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -26,23 +24,8 @@ SLEEPER = TEST_PAYLOADS / "sleeper"
 def test_a_sandbox_killed_from_outside_ends_infra_error_with_nothing_left(
     agent_image: str, docker_client, store_label: str, no_leftovers
 ) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", str(SLEEPER), "--arg", "seconds=60"]
-        + ["--json", "--quiet"],
-        cwd=REPO,
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    sandbox = wait_for(
-        lambda: [
-            c
-            for c in our_containers(docker_client, store_label)
-            if c["Labels"].get(LABEL_KIND) == "sandbox" and c["State"] == "running"
-        ],
-        timeout=180,
-    )[0]
+    proc = start_cli("run", str(SLEEPER), "--arg", "seconds=60", "--json", "--quiet")
+    sandbox = wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=180)[0]
     docker_client.api.kill(sandbox["Id"])  # `docker kill`
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 5, err

@@ -8,48 +8,26 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, owner_label
+from orchestrator.labels import LABEL_RUN_ID, owner_label
 from orchestrator.schedules.store import ScheduleStore
 from orchestrator.store import Store
 
-from ..conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
 
 pytestmark = pytest.mark.docker
 
 SLEEPER = TEST_PAYLOADS / "sleeper"
 
 
-def start(*args: str) -> subprocess.Popen[str]:
-    """An orchestrator command in its own process group (SIGKILLed whole by `kill_all`)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=REPO,
-        env=dict(os.environ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        text=True,
-    )
-
-
 def kill_all(proc: subprocess.Popen[str]) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
-
-
-def running_sandboxes(docker_client, store_label: str) -> list[dict]:
-    return [
-        c
-        for c in our_containers(docker_client, store_label)
-        if c["Labels"].get(LABEL_KIND) == "sandbox" and c["State"] == "running"
-    ]
 
 
 def assert_closed_as_orphans(run_ids: set[str], stderr: str) -> None:
@@ -74,7 +52,9 @@ def test_sigkill_of_a_batch_then_the_next_command(
         {"id": f"t{i}", "task": "sleep", "additional_args": {"seconds": 120}} for i in range(4)
     ]
     tasks.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    proc = start("batch", str(SLEEPER), str(tasks), "-o", str(tmp_path / "out"), "-j", "2", "-q")
+    proc = start_cli(
+        "batch", str(SLEEPER), str(tasks), "-o", str(tmp_path / "out"), "-j", "2", "-q"
+    )
     try:
         wait_for(lambda: len(running_sandboxes(docker_client, store_label)) == 2, timeout=180)
     finally:
@@ -106,13 +86,13 @@ def test_sigkill_of_schedule_run_then_a_restarted_serve_closes_it(
 ) -> None:
     name = f"killed-run-{os.getpid()}"
     path = write_schedule(tmp_path, name, cron="0 0 1 1 *")
-    proc = start("schedule", "run", name, "--file", str(path), "--quiet")
+    proc = start_cli("schedule", "run", name, "--file", str(path), "--quiet")
     try:
         sandbox = wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=180)[0]
     finally:
         kill_all(proc)
     run_id = sandbox["Labels"][LABEL_RUN_ID]
-    serve = start("schedule", "serve", "--file", str(path))
+    serve = start_cli("schedule", "serve", "--file", str(path))
     try:
         wait_for(lambda: Store().get_run(run_id)["status"] == "infra_error", timeout=60)
     finally:
@@ -131,7 +111,7 @@ def test_sigkill_of_serve_then_the_next_firing(
     # A firing recorded ten minutes ago: serve catches up at once (missed = run-once).
     past = datetime.now(timezone.utc) - timedelta(minutes=10)
     ScheduleStore().claim(name, past, past, "serve", owner_label(), outcome="succeeded")
-    serve = start("schedule", "serve", "--file", str(path))
+    serve = start_cli("schedule", "serve", "--file", str(path))
     try:
         sandbox = wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=180)[0]
     finally:
@@ -139,7 +119,7 @@ def test_sigkill_of_serve_then_the_next_firing(
     run_id = sandbox["Labels"][LABEL_RUN_ID]
     # The next firing (a manual one) closes the dead one's run, then fires: its lock was
     # dropped by the OS with the dead process.
-    fired = start("schedule", "run", name, "--file", str(path), "--quiet")
+    fired = start_cli("schedule", "run", name, "--file", str(path), "--quiet")
     try:
         wait_for(lambda: Store().get_run(run_id)["status"] == "infra_error", timeout=60)
         wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=120)
@@ -154,7 +134,7 @@ def test_sigkill_of_serve_then_the_next_firing(
 def test_a_paused_sandbox_ends_at_its_limit_and_is_removed(
     agent_image: str, docker_client, store_label: str
 ) -> None:
-    proc = start("run", str(SLEEPER), "--arg", "seconds=120", "--timeout", "6", "--json", "-q")
+    proc = start_cli("run", str(SLEEPER), "--arg", "seconds=120", "--timeout", "6", "--json", "-q")
     sandbox = wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=180)[0]
     docker_client.api.pause(sandbox["Id"])
     paused_at = time.monotonic()

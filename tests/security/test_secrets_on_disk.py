@@ -8,16 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import docker.errors
 import pytest
 
-from orchestrator.labels import LABEL_KIND
-
-from ..conftest import REPO, cli, our_containers, wait_for, write_payload
+from ..conftest import cli, our_containers, running_sandboxes, start_cli, wait_for, write_payload
 
 pytestmark = pytest.mark.docker
 
@@ -78,23 +75,10 @@ def test_a_printed_secret_reaches_no_engine_log(
     folder = tmp_path / "printer"
     folder.mkdir()
     write_payload(folder, MANIFEST, AGENT)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "run", str(folder), "--json", "--quiet"],
-        cwd=REPO,
-        env={**os.environ, "PRINTED_SECRET": SECRET},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    proc = start_cli(
+        "run", str(folder), "--json", "--quiet", env={**os.environ, "PRINTED_SECRET": SECRET}
     )
-    sandbox = wait_for(
-        lambda: [
-            c
-            for c in our_containers(docker_client, store_label)
-            if c["Labels"].get(LABEL_KIND) == "sandbox" and c["State"] == "running"
-        ],
-        timeout=180,
-    )[0]
+    sandbox = wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=180)[0]
     time.sleep(3)  # the tool has printed
     assert not engine_files_holding(SECRET)
     with pytest.raises(docker.errors.APIError, match="logging driver"):  # no log at all

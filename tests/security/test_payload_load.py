@@ -1,0 +1,90 @@
+"""A payload that cannot load is bad input: `validate` loads it for real (in a sandbox, no
+step) and names every problem; `run` exits 2 with error type payload_error; a batch starts no
+task."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store import Store
+
+from ..conftest import cli, write_payload
+
+pytestmark = pytest.mark.docker
+
+MANIFEST = """
+[payload]
+name = "broken"
+entrypoint = "agent:{function}"
+example_task = "Answer."
+
+[mock.scripts]
+{scripts}
+"""
+SCRIPT = '["Thought: done.\\n<code>\\nfinal_answer(1)\\n</code>"]'
+
+AGENT = """
+from smolagents import CodeAgent, ToolCallingAgent
+
+
+def build(model):
+    helper = ToolCallingAgent(tools=[], model=model, name="helper", description="helps")
+    return CodeAgent(tools=[], model=model, managed_agents=[helper])
+"""
+
+
+def broken(tmp_path: Path, *, function: str = "build", scripts: str = "", code: str = AGENT):
+    folder = tmp_path / "broken"
+    folder.mkdir(parents=True)
+    scripts = scripts or f"manager = {SCRIPT}\nhelper = {SCRIPT}"
+    return write_payload(folder, MANIFEST.format(function=function, scripts=scripts), code)
+
+
+def test_a_missing_entrypoint_function_is_bad_input(tmp_path: Path, agent_image: str) -> None:
+    folder = broken(tmp_path, function="no_such_function")
+    checked = cli("validate", str(folder), "--json")
+    assert checked.returncode == 2, checked.stderr
+    report = json.loads(checked.stdout)
+    assert not report["ok"] and "no_such_function" in report["problems"][0]
+    ran = cli("run", str(folder), "--json", "--quiet")
+    assert ran.returncode == 2, ran.stderr
+    result = json.loads(ran.stdout)
+    assert result["status"] == "failed" and result["error"]["type"] == "payload_error"
+
+
+def test_an_import_error_is_named(tmp_path: Path, agent_image: str) -> None:
+    folder = broken(tmp_path, code="import no_such_module_xyz\n" + AGENT)
+    checked = cli("validate", str(folder))
+    assert checked.returncode == 2
+    assert "no_such_module_xyz" in checked.stderr, checked.stderr
+
+
+def test_mock_scripts_for_unknown_and_missing_agents_are_all_reported(
+    tmp_path: Path, agent_image: str
+) -> None:
+    folder = broken(tmp_path, scripts=f"manager = {SCRIPT}\nlibrarian = {SCRIPT}")
+    checked = cli("validate", str(folder), "--json")
+    assert checked.returncode == 2
+    problems = json.loads(checked.stdout)["problems"]
+    assert any("'librarian', which is not an agent" in p for p in problems), problems
+    assert any("no mock script for agent 'helper'" in p for p in problems), problems
+    good = broken(tmp_path / "good")
+    assert cli("validate", str(good)).returncode == 0
+
+
+def test_a_batch_on_a_payload_that_cannot_load_starts_no_task(
+    tmp_path: Path, agent_image: str
+) -> None:
+    folder = broken(tmp_path, function="no_such_function")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task": f"t{i}"}) + "\n" for i in range(20)))
+    before = {r["run_id"] for r in Store().list_runs(limit=10_000)}
+    out = cli("batch", str(folder), str(tasks), "-o", str(tmp_path / "out"), "-q")
+    assert out.returncode == 2, out.stderr
+    assert "cannot load" in out.stderr and "no_such_function" in out.stderr
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+    new = [r for r in Store().list_runs(limit=10_000) if r["run_id"] not in before]
+    assert len(new) == 1 and new[0]["batch"] is None, new  # the one check, no task
