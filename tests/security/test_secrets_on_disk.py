@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 
 import docker.errors
@@ -18,7 +19,7 @@ from ..conftest import cli, our_containers, running_sandboxes, start_cli, wait_f
 
 pytestmark = pytest.mark.docker
 
-SECRET = "hunter2-Very-Secret-7c1f9a"
+SECRET = "hunter2 Very/Secret+7c1f9a?"  # characters that percent-encoding changes
 ENGINE_CONTAINERS = Path("/var/lib/docker/containers")
 
 MANIFEST = """
@@ -47,7 +48,8 @@ from smolagents import CodeAgent, tool
 def shout() -> str:
     """Print the secret every way, then wait a while."""
     secret = os.environ["PRINTED_SECRET"]
-    for text in (secret, secret.encode().hex(), urllib.parse.quote(secret)):
+    for text in (secret, secret.encode().hex(), secret.encode().hex().upper(),
+                 urllib.parse.quote(secret)):
         print("stdout:", text, flush=True)
         print("stderr:", text, file=sys.stderr, flush=True)
     time.sleep(float(os.environ.get("SHOUT_WAIT", "8")))
@@ -94,5 +96,14 @@ def test_a_printed_secret_reaches_no_engine_log(
     assert proc.returncode == 0, err
     assert not engine_files_holding(SECRET)
     record = Path(json.loads(out)["record_dir"])
+    forms = {
+        "plain": SECRET,
+        "hex": SECRET.encode().hex(),
+        "HEX": SECRET.encode().hex().upper(),
+        "percent": urllib.parse.quote(SECRET),
+    }
+    assert len(set(forms.values())) == len(forms)  # four different strings to look for
     for name in ("events.jsonl", "stderr.log", "stdout.log", "result.json"):
-        assert SECRET not in (record / name).read_text(), name
+        text = (record / name).read_text()
+        assert not [form for form, value in forms.items() if value in text], name
+    assert "***" in (record / "stderr.log").read_text()
