@@ -14,7 +14,7 @@ import docker.errors
 import pytest
 
 from orchestrator import imagedef, wheelhouse
-from orchestrator.backends.docker import base_image, prune
+from orchestrator.backends.docker import base_image, egress, prune
 from orchestrator.backends.docker import images as docker_images
 from orchestrator.config import VERSION
 from orchestrator.errors import ImageBuildError, OrchestratorError
@@ -285,6 +285,12 @@ def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.Mon
         f"{docker_images.AGENT_IMAGE}:test0000old0",
         {LABEL_KIND: docker_images.KIND_AGENT, LABEL_VERSION: "0.0.0"},
     )
+    old_egress = _fake_image(
+        docker_client,
+        f"{egress.EGRESS_IMAGE}:test0000old0",
+        {LABEL_KIND: egress.KIND_EGRESS_IMAGE, LABEL_VERSION: "0.0.0"},
+    )
+    current_egress = egress.ensure_egress_image(docker_client)
     try:
         rows = {row["tag"]: row for row in prune.list_images(docker_client)}
         assert rows[agent_image]["kind"] == docker_images.KIND_AGENT
@@ -292,25 +298,30 @@ def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.Mon
         assert rows[base_image.BASE_IMAGE]["kind"] == base_image.KIND_BASE
         assert {"tag", "id", "kind", "created", "size", "in_use"} <= set(rows[old])
 
+        assert rows[old_egress]["kind"] == egress.KIND_EGRESS_IMAGE
         would = prune.prune_images(docker_client, dry_run=True)
-        assert old in would
+        assert old in would and old_egress in would
         assert agent_image not in would and base_image.BASE_IMAGE not in would
+        assert current_egress not in would
         assert docker_client.api.inspect_image(old)  # dry run: still there
 
         # Remove for real, but only among our own images: the engine may hold other
         # sessions' images, which a test must not touch.
-        mine = {old, agent_image, base_image.BASE_IMAGE}
+        mine = {old, old_egress, agent_image, current_egress, base_image.BASE_IMAGE}
         real_list = prune.list_images
         monkeypatch.setattr(
             prune, "list_images", lambda c: [r for r in real_list(c) if r["tag"] in mine]
         )
-        assert prune.prune_images(docker_client) == [old]
-        with pytest.raises(docker.errors.ImageNotFound):
-            docker_client.api.inspect_image(old)
+        assert sorted(prune.prune_images(docker_client)) == sorted([old, old_egress])
+        for gone in (old, old_egress):
+            with pytest.raises(docker.errors.ImageNotFound):
+                docker_client.api.inspect_image(gone)
+        assert docker_client.api.inspect_image(current_egress)
         assert docker_client.api.inspect_image(agent_image)
         assert docker_client.api.inspect_image(base_image.BASE_IMAGE)
     finally:
-        try:
-            docker_client.api.remove_image(old, force=True)
-        except docker.errors.ImageNotFound:
-            pass
+        for tag in (old, old_egress):
+            try:
+                docker_client.api.remove_image(tag, force=True)
+            except docker.errors.ImageNotFound:
+                pass

@@ -57,6 +57,7 @@ KIND_EGRESS = "egress"
 
 
 KIND_EGRESS_NETWORK = "egress-network"
+KIND_EGRESS_IMAGE = "egress-image"  # set by images/egress/Dockerfile
 
 
 #: squid's port on the run's network (see images/egress/squid.conf.template).
@@ -93,11 +94,22 @@ class EgressError(OrchestratorError):
     exit_code = 5
 
 
-def ensure_egress_image(
+@dataclass(frozen=True)
+class EgressImagePlan:
+    """What the egress image for one base is made of, and its content-addressed tag."""
+
+    tag: str
+    content_hash: str
+    base: str
+    base_id: str
+    files: dict[str, bytes]
+
+
+def plan_egress_image(
     client: docker.DockerClient, *, base: str | None = None, progress: Progress | None = None
-) -> str:
-    """The tag of the egress image, built on demand and content-addressed like the agent
-    image (its definition files, the base image id and the version)."""
+) -> EgressImagePlan:
+    """The egress image's tag, content-addressed like the agent image (its definition files,
+    the keeper, the base image id and the version); builds nothing."""
     base = resolve_base(client, base, progress)
     base_id = client.api.inspect_image(base)["Id"]
     files = {
@@ -114,19 +126,27 @@ def ensure_egress_image(
         }
     )
     tag = f"{EGRESS_IMAGE}:{content_hash[:12]}"
-    if inspect_image(client, tag) is not None:
-        return tag
-    with FileLock(str(images_state_dir() / f".build-{content_hash[:16]}.lock")):
-        if inspect_image(client, tag) is None:
-            report(progress, f"building {tag} (squid) on {base}")
+    return EgressImagePlan(tag, content_hash, base, base_id, files)
+
+
+def ensure_egress_image(
+    client: docker.DockerClient, *, base: str | None = None, progress: Progress | None = None
+) -> str:
+    """The tag of the egress image, built on demand (see `plan_egress_image`)."""
+    plan = plan_egress_image(client, base=base, progress=progress)
+    if inspect_image(client, plan.tag) is not None:
+        return plan.tag
+    with FileLock(str(images_state_dir() / f".build-{plan.content_hash[:16]}.lock")):
+        if inspect_image(client, plan.tag) is None:
+            report(progress, f"building {plan.tag} (squid) on {plan.base}")
             buildargs = {
-                "BASE_IMAGE": base_id,
-                "ORCHESTRATOR_BASE": base,
+                "BASE_IMAGE": plan.base_id,
+                "ORCHESTRATOR_BASE": plan.base,
                 "ORCHESTRATOR_VERSION": VERSION,
-                "ORCHESTRATOR_CONTENT_HASH": content_hash,
+                "ORCHESTRATOR_CONTENT_HASH": plan.content_hash,
             }
-            build_image(client, tag, files, {}, buildargs, progress)
-    return tag
+            build_image(client, plan.tag, plan.files, {}, buildargs, progress)
+    return plan.tag
 
 
 @dataclass

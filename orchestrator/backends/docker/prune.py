@@ -10,6 +10,7 @@ import docker.errors
 from ...imagedef import Progress, report
 from ...labels import LABEL_KIND
 from .base_image import BASE_IMAGE, KIND_BASE
+from .egress import KIND_EGRESS_IMAGE, plan_egress_image
 from .images import KIND_AGENT, KIND_PAYLOAD, LABEL_AGENT_IMAGE, plan_agent_image
 
 
@@ -25,7 +26,7 @@ def _kind(image: dict[str, Any]) -> str | None:
 
 
 def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
-    """The orchestrator's tagged images (agent, payload and base), newest first.
+    """The orchestrator's tagged images (agent, payload, egress and base), newest first.
 
     Each is `{tag, id, kind, created, size, in_use, labels}`; `in_use` means a container
     (running or not) was made from it. Untagged images left by multi-stage builds are the
@@ -35,7 +36,7 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
     rows = []
     for image in client.api.images():
         kind = _kind(image)
-        if kind not in (KIND_AGENT, KIND_PAYLOAD, KIND_BASE):
+        if kind not in (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_BASE):
             continue
         for tag in _tags(image):
             rows.append(
@@ -64,7 +65,8 @@ def prune_images(
     """Remove the orchestrator's images other than the current ones; returns what went.
 
     Current: the agent image the configured base would get now (working that out may
-    resolve the base and the wheelhouse), its base, and the payload images built on it.
+    resolve the base and the wheelhouse), its base, the payload images built on it, and the
+    egress image of that base.
     Images in use by a container are kept. The debootstrap base is removed only with
     `include_base`. Payload images go before agent images, agent images before bases.
     """
@@ -74,7 +76,8 @@ def prune_images(
         plan = plan_agent_image(client, progress=progress)
         keep |= {plan.tag, plan.base}
         keep |= {row["tag"] for row in rows if row["labels"].get(LABEL_AGENT_IMAGE) == plan.tag}
-    order = {KIND_PAYLOAD: 0, KIND_AGENT: 1, KIND_BASE: 2}
+        keep.add(plan_egress_image(client, progress=progress).tag)
+    order = {KIND_PAYLOAD: 0, KIND_AGENT: 1, KIND_EGRESS_IMAGE: 1, KIND_BASE: 2}
     removed = []
     for row in sorted(rows, key=lambda row: order[row["kind"]]):
         if row["tag"] in keep or row["in_use"]:
