@@ -25,6 +25,10 @@ DEFAULT_MAX_PAYLOAD_FILES = 500
 MAX_TASK_KB_ENV = "ORCHESTRATOR_MAX_TASK_KB"
 DEFAULT_MAX_TASK_KB = 1024
 
+#: Folders read lately, by path: (what their entries looked like, what was read).
+_READ: dict[Path, tuple[tuple[object, ...], dict[str, ShippedFile]]] = {}
+MAX_CACHED_FOLDERS = 8
+
 #: A shipped file: its text, or {"base64": ...} for bytes that are not UTF-8.
 ShippedFile = str | dict[str, str]
 
@@ -50,13 +54,20 @@ def payload_files(folder: Path) -> dict[str, ShippedFile]:
     """The payload's files as `{relative path: text or {"base64": ...}}`, ready to ship.
 
     Raises ManifestError naming the file for anything that is not a regular file inside the
-    folder, and naming the limit when the folder holds too many files or bytes."""
+    folder, and naming the limit when the folder holds too many files or bytes. A folder
+    unchanged since the last call (same entries, sizes and times) is not read again: a batch
+    prepares every task with the same payload."""
     root = folder.resolve()
     max_bytes = limit_from_env(MAX_PAYLOAD_MB_ENV, DEFAULT_MAX_PAYLOAD_MB) * 1024 * 1024
     max_files = limit_from_env(MAX_PAYLOAD_FILES_ENV, DEFAULT_MAX_PAYLOAD_FILES)
+    paths = _walk(root)
+    key = (max_bytes, max_files, tuple(_stamp(path) for path in paths))
+    cached = _READ.get(root)
+    if cached is not None and cached[0] == key:
+        return dict(cached[1])
     files: dict[str, ShippedFile] = {}
     total = 0
-    for path in _walk(root):
+    for path in paths:
         data = _read_regular(root, path)
         total += len(data)
         if len(files) + 1 > max_files:
@@ -71,7 +82,22 @@ def payload_files(folder: Path) -> dict[str, ShippedFile]:
                 f"or raise ${MAX_PAYLOAD_MB_ENV}.",
             )
         files[path.relative_to(root).as_posix()] = _encoded(data)
-    return files
+    if len(_READ) >= MAX_CACHED_FOLDERS:
+        _READ.clear()
+    _READ[root] = (key, files)
+    return dict(files)
+
+
+def _stamp(path: Path) -> tuple[object, ...]:
+    """What changes when an entry changes: itself (a link re-made is another inode) and,
+    for a link, what it points to."""
+    link = os.lstat(path)
+    try:
+        target = os.stat(path)
+    except OSError:  # a dangling link: `_read_regular` names it
+        target = link
+    return (str(path), link.st_ino, link.st_mtime_ns, target.st_ino, target.st_mode,
+            target.st_size, target.st_mtime_ns)  # fmt: skip
 
 
 def check_task(task: str) -> None:

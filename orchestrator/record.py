@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator_runtime.masking import Masker
+from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
 
 from .spec import RunResult
 from .store import Store
@@ -22,7 +23,7 @@ MAX_LOG_BYTES = 20 * 1024 * 1024
 MAX_VIOLATION_FRAME = 2000
 #: The longest line kept from a sandbox's output; the rest of a longer one is dropped (and
 #: the cut recorded), so one endless line costs bounded host memory and linear time.
-MAX_LINE_BYTES = 1024 * 1024
+MAX_LINE_BYTES = MAX_FRAME_BYTES
 #: Cuts recorded one by one as `output_cut` events; further ones are only counted.
 MAX_CUT_EVENTS = 20
 
@@ -65,7 +66,7 @@ class RunRecorder:
         self.write_error: str | None = None
         #: What the sandbox's event channel did wrong, in order (see the class docstring).
         self.violations: list[str] = []
-        self._next_seq = 0
+        self._frames = FrameCheck()
 
     def feed(self, stream: str, chunk: bytes) -> None:
         """Take a chunk of a stream. Each byte is looked at once (linear time whatever the
@@ -110,16 +111,14 @@ class RunRecorder:
             self.host_event("output_cut", stream=stream, kept_bytes=kept, dropped_bytes=dropped)
 
     def _line(self, stream: str, line: str) -> None:
-        if stream == "stdout":
-            try:
-                event = json.loads(line)
-            except ValueError:
-                event = None
-            if isinstance(event, dict) and "type" in event:
-                self.event(event)
+        if stream == "stdout" and line.strip():
+            event, problem = self._frames.check(line)
+            if problem is None:
+                self.observed(event)
                 return
-            if line.strip():
-                self._violation("a line on the event channel that is not an event", line)
+            self._violation(problem, event if event is not None else line)
+            if event is not None:
+                return
         self._log(stream, line)
 
     def _log(self, stream: str, line: str) -> None:
@@ -131,21 +130,6 @@ class RunRecorder:
             if self._written[stream] > MAX_LOG_BYTES:
                 line = f"[orchestrator: {stream} log capped at {MAX_LOG_BYTES} bytes]\n"
             self._write(stream, line)
-
-    def event(self, event: dict[str, Any]) -> None:
-        """A frame from the sandbox: checked, then recorded (or recorded as a violation)."""
-        seq = event.get("seq")
-        if self.run_end is not None:
-            what = "a second run_end" if event.get("type") == "run_end" else "a frame"
-            self._violation(f"{what} after the run's end", event)
-            return
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq != self._next_seq:
-            self._violation(
-                f"a frame out of sequence (seq {seq!r}, expected {self._next_seq})", event
-            )
-            return
-        self._next_seq += 1
-        self.observed(event)
 
     def observed(self, event: dict[str, Any]) -> None:
         """Record an event the host observed itself (egress refusals, its own notes): not a

@@ -132,8 +132,10 @@ def prepare(
     with _field("secrets"):
         if spec.check_only:  # the tree is built, no step runs: no real secret goes in
             secrets = {name: "placeholder-for-validation" for name in needed}
+        elif secret_values:
+            secrets = resolve_secrets(needed, env_file=spec.env_file)
         else:
-            secrets = resolve_secrets(needed, env_file=spec.env_file) if secret_values else {}
+            secrets = {}
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),

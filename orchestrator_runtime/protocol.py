@@ -6,6 +6,9 @@ imports the host. docs/PROTOCOL.md describes the protocol these constants belong
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 #: The request's `protocol` field; the runtime refuses any other.
 PROTOCOL_VERSION = 1
 
@@ -34,3 +37,37 @@ def is_dangerous_import(module: str) -> bool:
     """True for `os`, `os.path`, `os.*`, `*`, `_io`... (a module or any submodule of one)."""
     root = module.split(".")[0]
     return module == "*" or root in DANGEROUS_IMPORTS or root.startswith("_")
+
+
+#: The longest frame (one JSON line) on the event channel; a longer one is a violation, and
+#: the host keeps at most this much of any output line.
+MAX_FRAME_BYTES = 1024 * 1024
+
+
+class FrameCheck:
+    """The event channel's rules, frame by frame: one JSON object with a string `type`,
+    numbered `seq` 0, 1, 2, ..., and one `run_end`, last. The runtime's relay checks the
+    agent process's frames with it, and the host checks the relayed stream again."""
+
+    def __init__(self) -> None:
+        self.expected = 0
+        self.ended = False
+
+    def check(self, line: str | bytes) -> tuple[Any, str | None]:
+        """`(frame, None)` for a good frame (the count moves on), else `(frame, what is
+        wrong)`, with no frame when the line is not one."""
+        try:
+            event = json.loads(line)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            return None, "a line on the event channel that is not an event"
+        if self.ended:
+            what = "a second run_end" if event["type"] == "run_end" else f"a {event['type']} frame"
+            return event, f"{what} after the run's end"
+        seq = event.get("seq")
+        if isinstance(seq, bool) or seq != self.expected:
+            return event, f"a frame out of sequence (seq {seq!r}, expected {self.expected})"
+        self.expected += 1
+        self.ended = event["type"] == "run_end"
+        return event, None

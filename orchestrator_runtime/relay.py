@@ -30,9 +30,8 @@ import time
 from typing import Any
 
 from .events import write_result
+from .protocol import MAX_FRAME_BYTES, FrameCheck
 
-#: The longest frame relayed (the host cuts lines at the same size).
-MAX_FRAME_BYTES = 1024 * 1024
 #: Exit status when the parent ended the run itself (as the runtime's EXIT_AGENT_FAILED).
 EXIT_VIOLATION = 1
 PR_SET_DUMPABLE = 4
@@ -63,9 +62,9 @@ class Relay:
         self.sink = sink
         self.run_id = run_id
         self.result_path = result_path
-        #: The next seq the child must send, and the next seq the host gets (the parent's own
-        #: events are numbered in between, so relayed frames are renumbered).
-        self.expected = 0
+        #: The child's frames are checked as they come; the host gets its own numbering (the
+        #: parent's events come in between, so relayed frames are renumbered).
+        self.frames = FrameCheck()
         self.seq = 0
         self.end: dict[str, Any] | None = None
         self.problems: list[str] = []
@@ -115,22 +114,12 @@ class Relay:
         return self.settle(code)
 
     def frame(self, line: bytes) -> None:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            event = None
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
-            if line.strip():
-                self.problem("a line on the event channel that is not an event")
+        if not line.strip():
             return
-        if self.end is not None:
-            self.problem(f"a {event['type']} frame after the run's end")
+        event, problem = self.frames.check(line)
+        if problem is not None:
+            self.problem(problem)
             return
-        seq = event.get("seq")
-        if seq != self.expected or isinstance(seq, bool):
-            self.problem(f"a frame out of sequence (seq {seq!r}, expected {self.expected})")
-            return
-        self.expected += 1
         if event["type"] == "run_end":
             self.end = event  # held back until the exit is known
             return

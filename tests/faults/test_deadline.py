@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from orchestrator.backends.docker.deadline import GRACE_SECONDS
+from orchestrator.backends.docker.engine import engine_time
 from orchestrator.labels import LABEL_RUN_ID
 
 from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
@@ -23,12 +23,6 @@ ADVERSARY = TEST_PAYLOADS / "adversary"
 LIMIT = 5.0
 #: Docker's own start and stop bookkeeping around the container's life.
 SLACK = 3.0
-
-
-def docker_time(text: str) -> float:
-    """Docker's RFC 3339 times (nanoseconds, Z) as epoch seconds."""
-    head, _, rest = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(f"{head}.{(rest or '0')[:6]:0<6}+00:00").timestamp()
 
 
 def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
@@ -66,7 +60,7 @@ def test_code_in_the_sandbox_cannot_outlive_the_deadline(
         ),
         timeout=LIMIT + GRACE_SECONDS + 30,
     )
-    lived = docker_time(state["FinishedAt"]) - docker_time(state["StartedAt"])
+    lived = engine_time(state["FinishedAt"]) - engine_time(state["StartedAt"])
     try:
         # The keeper survived the attacks and stopped the container at its deadline (exit
         # 124), with the tool's double-forked daemon still trying to outlive it.
@@ -104,7 +98,7 @@ def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
         ]
 
     assert still_running(), "the run should still be going when its orchestrator dies"
-    started = docker_time(docker_client.api.inspect_container(sandbox["Id"])["State"]["StartedAt"])
+    started = engine_time(docker_client.api.inspect_container(sandbox["Id"])["State"]["StartedAt"])
     wait_for(lambda: not still_running(), timeout=LIMIT + GRACE_SECONDS + 30, interval=0.5)
     stopped_by = time.time()
     assert stopped_by - started <= LIMIT + GRACE_SECONDS + SLACK + 1, stopped_by - started
