@@ -37,7 +37,7 @@ from ...policy import HOST_ALIAS, describe_allowlist, host_networks
 from ...spec import NetworkPolicy
 from .base_image import resolve_base
 from .deadline import EGRESS_KEEPER, kept
-from .engine import inspect_image
+from .engine import inspect_image, stopped
 from .images import build_image
 
 if TYPE_CHECKING:
@@ -309,21 +309,13 @@ class Egress:
 
     def alive(self) -> str | None:
         """None while squid runs; else why the sandbox has lost its network."""
-        import docker.errors
-
         if self.container_id is None:
             return None
-        try:
-            state = self.client.api.inspect_container(self.container_id)["State"]
-        except docker.errors.NotFound:
-            return "the egress proxy container vanished during the run"
-        except docker.errors.APIError:
-            return None  # the engine hiccuped: not evidence that the proxy is gone
-        if state.get("Running"):
-            return None
-        return (
-            f"the egress proxy stopped during the run (exit code {state.get('ExitCode')}); "
-            "the sandbox had no network from then on"
+        return stopped(
+            self.client,
+            self.container_id,
+            "egress proxy",
+            "the sandbox had no network from then on",
         )
 
     def blocked(self) -> list[dict[str, Any]]:

@@ -25,6 +25,21 @@ def connect() -> docker.DockerClient:
     return client
 
 
+def stopped(client: docker.DockerClient, container_id: str, what: str, then: str) -> str | None:
+    """None while a helper container of a run (egress proxy, model gateway) runs; else why
+    the run lost it: `what` names it, `then` says what that cost the sandbox. An engine that
+    hiccups is not evidence that the container is gone."""
+    try:
+        state = client.api.inspect_container(container_id)["State"]
+    except docker.errors.NotFound:
+        return f"the {what} container vanished during the run; {then}"
+    except docker.errors.APIError:
+        return None
+    if state.get("Running"):
+        return None
+    return f"the {what} stopped during the run (exit code {state.get('ExitCode')}); {then}"
+
+
 def inspect_image(client: docker.DockerClient, ref: str) -> dict[str, Any] | None:
     try:
         return client.api.inspect_image(ref)

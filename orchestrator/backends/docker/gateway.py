@@ -29,6 +29,7 @@ from ...gateway import GatewaySpec
 from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS
 from .deadline import AGENT_KEEPER, kept
+from .engine import stopped
 
 if TYPE_CHECKING:
     import docker
@@ -214,19 +215,11 @@ class Gateway:
 
     def alive(self) -> str | None:
         """None while the gateway runs; else why the sandbox has lost its model."""
-        import docker.errors
-
-        try:
-            state = self.client.api.inspect_container(self.container_id)["State"]
-        except docker.errors.NotFound:
-            return "the model gateway container vanished during the run"
-        except docker.errors.APIError:
-            return None  # the engine hiccuped: not evidence that the gateway is gone
-        if state.get("Running"):
-            return None
-        return (
-            f"the model gateway stopped during the run (exit code {state.get('ExitCode')}); "
-            "the sandbox could not reach its model from then on"
+        return stopped(
+            self.client,
+            self.container_id,
+            "model gateway",
+            "the sandbox could not reach its model from then on",
         )
 
     def remove(self) -> None:
