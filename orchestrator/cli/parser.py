@@ -14,6 +14,7 @@ from .report import add_batch_verbs
 from .run import add_run_parser
 from .runs import add_runs_parser
 from .schedule import add_schedule_parser
+from .view import add_view_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_batch_parser(sub)
     add_schedule_parser(sub)
     add_batch_verbs(sub)
+    add_view_parser(sub)
     return parser
 
 
