@@ -4,6 +4,7 @@ HTML."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,12 @@ def serve(app: Any, host: str, port: int, token: str | None) -> int:
             url = f"http://{shown}:{bound}/"
             if token:
                 url += f"?token={token}"
-                print("access token required on this address; open:", flush=True)
+                print(
+                    "access token required on this address: open the URL below (it sets a "
+                    "cookie); without the token nothing is served",
+                    file=sys.stderr,
+                    flush=True,
+                )
             print(f"orchestrator view: {url}", flush=True)
         await task
 

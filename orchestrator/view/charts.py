@@ -23,6 +23,11 @@ STYLE = Style(
     foreground_subtle="#888",
     colors=("#2b6cb0", "#c53030", "#d69e2e", "#718096", "#2f855a", "#805ad5"),
     font_family="sans-serif",
+    title_font_size=18,
+    label_font_size=13,
+    major_label_font_size=13,
+    legend_font_size=13,
+    value_font_size=13,
 )
 _SCRIPT = re.compile(r"<script\b.*?</script>", re.S)
 STATUS_COLOURS = {
@@ -91,7 +96,7 @@ def status_breakdown(counts: dict[str, int]) -> str | None:
     colours = tuple(STATUS_COLOURS.get(k, "#4a5568") for k in present)
     style = Style(**{**STYLE.to_dict(), "colors": colours})
     chart = pygal.HorizontalBar(**{**_config(), "style": style, "show_legend": True,
-                                   "height": 60 + 40 * len(present)},
+                                   "height": 120 + 40 * len(present)},
                                 title="Tasks by status")  # fmt: skip
     for status, count in present.items():
         chart.add(status, count)
