@@ -50,6 +50,12 @@ def _config() -> dict[str, Any]:
     }
 
 
+def whole_counts(chart: Any, top: int) -> None:
+    """Label a count axis with whole numbers (pygal would write 0.2, 0.4... for small ones)."""
+    step = max(1, -(-top // 10))
+    chart.y_labels = list(range(0, top + step, step))
+
+
 def data_uri(chart: Any) -> str:
     """The chart as a data URI, without the configuration script pygal always writes (inert
     in an `<img>`, but a picture needs none; labels are escaped, so only pygal's is matched)."""
@@ -70,6 +76,7 @@ def duration_histogram(durations: list[float], bins: int = 12) -> str | None:
     chart = pygal.Histogram(**_config(), title="Task duration (s)", x_title="seconds",
                             y_title="tasks")  # fmt: skip
     chart.add("tasks", [(n, low + i * width, low + (i + 1) * width) for i, n in enumerate(counts)])
+    whole_counts(chart, max(counts))
     return data_uri(chart)
 
 
@@ -100,4 +107,5 @@ def status_breakdown(counts: dict[str, int]) -> str | None:
                                 title="Tasks by status")  # fmt: skip
     for status, count in present.items():
         chart.add(status, count)
+    whole_counts(chart, max(present.values()))
     return data_uri(chart)
