@@ -100,9 +100,9 @@ def open_batch_dir(path: str | Path) -> BatchDir:
     """The batch folder at `path`, or a ConfigError (exit 2) saying what is missing."""
     folder = Path(path)
     out = BatchDir(folder)
-    if not out.results_path.is_file():
+    if not out.results_path.is_file() and not (folder / "batch.json").is_file():
         raise ConfigError(
-            f"{folder} is not a batch output folder (no results.jsonl in it).",
+            f"{folder} is not a batch output folder (no batch.json or results.jsonl in it).",
             "Give the folder passed to `orchestrator batch ... --output DIR`.",
         )
     return out
@@ -111,7 +111,9 @@ def open_batch_dir(path: str | Path) -> BatchDir:
 def task_rows(out: BatchDir) -> list[dict[str, Any]]:
     """results.jsonl as report rows: flat fields, a verdict, the error as text. Read only:
     the file is never rewritten here (a torn last line is skipped, not repaired)."""
-    rows = []
+    rows: list[dict[str, Any]] = []
+    if not out.results_path.is_file():  # a batch whose first task has not ended yet
+        return rows
     for line in out.results_path.read_text(encoding="utf-8").splitlines():
         try:
             raw = json.loads(line)
