@@ -293,3 +293,22 @@ def test_static_export_opens_from_file(browser, world: World):
     assert world.team_run in all_text(browser, "table.runs td a")
     bad = cli("view", "--export", str(folder), "no-such-run")
     assert bad.returncode == 2 and "neither a run" in bad.stderr
+
+
+def test_the_policy_alone_stops_markup_that_got_through(browser, tmp_path: Path):
+    """Defence in depth: were escaping ever missed, the pages' Content-Security-Policy still
+    keeps inline script and event handlers from running (shown against the same page
+    without the policy, where they do run)."""
+    from orchestrator.view.render import CSP
+
+    hostile = (
+        '<img src="x" onerror="window.__pwned = 1"><script>window.__pwned = 2</script>'
+        '<svg onload="window.__pwned = 3"></svg>'
+    )
+    page = tmp_path / "page.html"
+    for policy, expected in ((f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+                              True), ("", False)):  # fmt: skip
+        page.write_text(f"<!doctype html><html><head>{policy}</head><body>{hostile}</body></html>")
+        browser.get(page.as_uri())
+        time.sleep(0.3)
+        assert browser.execute_script("return window.__pwned === undefined") is expected

@@ -86,35 +86,36 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def serve(app: Any, host: str, port: int, token: str | None) -> int:
-    """Run uvicorn in the foreground; the address (and token) are printed once it listens."""
-    import asyncio
+    """Bind first (a port in use is a plain error, not a server traceback), print the address
+    (and token), then run uvicorn in the foreground until Ctrl-C or SIGTERM."""
+    import socket
 
     import uvicorn
 
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
-    server = uvicorn.Server(config)
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve())
-        while not server.started and not task.done():
-            await asyncio.sleep(0.05)
-        if server.started:
-            bound = server.servers[0].sockets[0].getsockname()[1]
-            shown = f"[{host}]" if ":" in host else host
-            url = f"http://{shown}:{bound}/"
-            if token:
-                url += f"?token={token}"
-                print(
-                    "access token required on this address: open the URL below (it sets a "
-                    "cookie); without the token nothing is served",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            print(f"orchestrator view: {url}", flush=True)
-        await task
-
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        asyncio.run(main())
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"Cannot listen on {host}:{port}: {exc.strerror or exc}.",
+            "Choose another --port (0: any free one), or a --host of this machine.",
+        ) from exc
+    bound = sock.getsockname()[1]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/"
+    if token:
+        url += f"?token={token}"
+        print("access token required on this address: open the URL below (it sets a cookie); "
+              "without the token nothing is served", file=sys.stderr, flush=True)  # fmt: skip
+    print(f"orchestrator view: {url}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
-    return 0 if server.started else 5
+    finally:
+        sock.close()
+    return 0

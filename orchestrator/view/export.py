@@ -55,7 +55,11 @@ def export(
             )
         run_ids.append(row["run_id"])
     run_ids = list(dict.fromkeys(run_ids))
-    links = Links(static=True, exported_runs=frozenset(run_ids))
+    links = Links(
+        static=True,
+        exported_runs=frozenset(run_ids),
+        exported_batches=frozenset(batches.folders),
+    )
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copytree(STATIC, folder / "static", dirs_exist_ok=True)
     rows = []

@@ -29,6 +29,7 @@ class Links:
 
     static: bool = False
     exported_runs: frozenset[str] = frozenset()
+    exported_batches: frozenset[str] = frozenset()
 
     def runs(self, **params: Any) -> str:
         query = urlencode({k: v for k, v in params.items() if v not in ("", None)})
@@ -41,8 +42,10 @@ class Links:
             return f"run-{run_id}.html" if run_id in self.exported_runs else None
         return f"/run/{quote(run_id)}"
 
-    def batch(self, batch_id: str) -> str:
-        return f"batch-{batch_id}.html" if self.static else f"/batch/{quote(batch_id)}"
+    def batch(self, batch_id: str) -> str | None:
+        if self.static:
+            return f"batch-{batch_id}.html" if batch_id in self.exported_batches else None
+        return f"/batch/{quote(batch_id)}"
 
     def batches(self) -> str:
         return "batches.html" if self.static else "/batches"
