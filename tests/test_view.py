@@ -131,3 +131,42 @@ def test_view_bad_input_exits_2(tmp_path):
     assert empty.returncode == 2 and "Nothing to export" in empty.stderr
     bad_port = cli("view", "--port", "70000")
     assert bad_port.returncode == 2
+
+
+def test_runs_list_filters_search_dates_and_pages(tmp_path):
+    """The runs page's query over a real SQLite index (rows written as the store writes them)."""
+    from datetime import datetime, timezone
+
+    from orchestrator.errors import ConfigError
+    from orchestrator.store import Store
+    from orchestrator.view.queries import PAGE_SIZE, RunFilter, list_runs
+
+    store = Store(tmp_path)
+    day = datetime(2026, 3, 1, tzinfo=timezone.utc).timestamp()
+    for i in range(120):
+        status = "failed" if i % 4 == 0 else "succeeded"
+        batch = "b-1" if i < 10 else None
+        store.create_run(f"r-test-{i:03d}", status=status, payload="ba"[i % 2], batch=batch)
+        store.update_run(f"r-test-{i:03d}", ended_at=day + i * 3600)
+    with store.connect() as db:  # creation times a day apart, oldest first
+        for i in range(120):
+            db.execute("UPDATE runs SET created_at = ? WHERE run_id = ?",
+                       (day + i * 86400, f"r-test-{i:03d}"))  # fmt: skip
+    first = list_runs(store, RunFilter())
+    assert (first.total, first.pages, len(first.rows)) == (120, 3, PAGE_SIZE)
+    assert first.rows[0]["run_id"] == "r-test-119"  # newest first
+    last = list_runs(store, RunFilter(page=99))  # clamped to the last page
+    assert last.page == 3 and len(last.rows) == 120 - 2 * PAGE_SIZE
+    assert last.rows[-1]["run_id"] == "r-test-000"
+    failed_b = list_runs(store, RunFilter(status="failed", payload="b"))
+    assert failed_b.total == 30 and all(r["status"] == "failed" for r in failed_b.rows)
+    assert list_runs(store, RunFilter(batch="b-1")).total == 10
+    assert [r["run_id"] for r in list_runs(store, RunFilter(q="t-07")).rows] == [
+        f"r-test-{i:03d}" for i in range(79, 69, -1)
+    ]
+    assert list_runs(store, RunFilter(q="%")).total == 0  # LIKE wildcards are literal
+    march = list_runs(store, RunFilter(since="2026-03-01", until="2026-03-31"))
+    assert march.total == 31
+    assert sorted(first.facets["payload"]) == ["a", "b"] and first.facets["batch"] == ["b-1"]
+    with pytest.raises(ConfigError):
+        list_runs(store, RunFilter(since="March"))
