@@ -83,6 +83,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> World:
     )
     fired = cli("schedule", "run", "nightly-team", "--file", str(schedules), "-q")
     assert fired.returncode == 0, fired.stderr
+    rescored = cli("batch", "rescore", str(batch_a), "--scorer", "numeric", "--tolerance", "0.5")
+    assert rescored.returncode == 0, rescored.stderr
     batch_a_id = json.loads((batch_a / "batch.json").read_text())["batch_id"]
     return World(team["run_id"], hostile["run_id"], batch_a, batch_b, batch_a_id, schedules, root)
 
@@ -216,6 +218,8 @@ def test_batch_page_wrong_first_sortable_and_charts(browser, server: str, world:
     load(browser, f"{server}/batch/{world.batch_a_id}")
     assert text(browser, "#accuracy").startswith("50.0%")
     assert "95% CI 15.0%–85.0%" in text(browser, "#accuracy")
+    assert text(browser, "dd.rescore").startswith("75.0% (95% CI")  # batch rescore's summary
+    assert "scorer numeric" in text(browser, "dd.rescore")
     ids = all_text(browser, "#tasks tbody td.task-id")
     assert ids[:2] == ["loops", "off-by-one"] and sorted(ids[2:]) == ["add", "mul"]
     rows = all_text(browser, "#tasks tbody tr")

@@ -3,7 +3,8 @@ comparisons) and, for the others, what the store's index says of their runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,21 @@ class BatchView:
     report: BatchReport | None  # None: only the store's runs are known (no folder given)
     runs: list[dict[str, Any]]
     charts: dict[str, str | None]
+    #: `batch rescore` results beside the summary: scorer, accuracy, interval, file.
+    rescores: list[dict[str, Any]] = field(default_factory=list)
+
+
+def rescores(folder: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(folder.glob("summary.rescore-*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being written, or not ours
+        found.append({key: data.get(key) for key in ("scorer", "accuracy", "accuracy_ci95",
+                                                     "scored", "rescored_at")}
+                     | {"file": path.name})  # fmt: skip
+    return found
 
 
 class Batches:
@@ -78,6 +94,7 @@ class Batches:
                 "tokens": charts.tokens_per_task(rows),
                 "status": charts.status_breakdown(counts),
             },
+            rescores=rescores(folder) if folder else [],
         )
 
     def compare(self, a: str, b: str) -> Comparison | None:

@@ -41,10 +41,9 @@ def export(
     run_ids: list[str] = []
     for item in items:
         if Path(item).is_dir():
-            batch_id = batches.add(Path(item))
-            view = batches.get(batch_id)
-            run_ids += [r["run_id"] for r in view.report.rows if r.get("run_id")] if view and \
-                view.report else []  # fmt: skip
+            view = batches.get(batches.add(Path(item)))
+            report = view.report if view else None
+            run_ids += [r["run_id"] for r in (report.rows if report else []) if r.get("run_id")]
             continue
         row = store.get_run(item)
         if row is None:
