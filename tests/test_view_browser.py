@@ -183,12 +183,12 @@ def check_run_page(driver, world: World) -> None:
 def test_runs_page_filters_and_links(browser, server: str, world: World):
     load(browser, f"{server}/")
     assert world.team_run in all_text(browser, "table.runs td a")
+    shot(browser, "runs")
     load(browser, f"{server}/?payload=hostile_output")
     runs = all_text(browser, "table.runs td:first-child")
     assert runs == [world.hostile_run]
     load(browser, f"{server}/?q={world.team_run[-8:]}")
     assert all_text(browser, "table.runs td:first-child") == [world.team_run]
-    shot(browser, "runs")
 
 
 def test_run_page_shows_the_tree_and_every_step(browser, server: str, world: World):
