@@ -93,7 +93,7 @@ class BatchDir:
         return json.loads(path.read_text()) if path.is_file() else None
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        _atomic_write(self.path / "batch.json", json.dumps(meta, indent=2) + "\n")
+        atomic_write(self.path / "batch.json", json.dumps(meta, indent=2) + "\n")
 
     def load_results(self) -> dict[str, dict[str, Any]]:
         """Result lines by task id. A torn last line (the process died mid-write) is dropped
@@ -126,7 +126,7 @@ class BatchDir:
         """Replace results.jsonl atomically (old or new, never half), before re-running tasks
         whose old lines must go so that no task is ever written twice."""
         text = "".join(json.dumps(row, default=str) + "\n" for row in rows)
-        _atomic_write(self.results_path, text)
+        atomic_write(self.results_path, text)
 
     def append_result(self, row: dict[str, Any]) -> None:
         self._append(self.results_path, row)
@@ -181,10 +181,10 @@ class BatchDir:
             pass  # the record path is in results.jsonl anyway
 
     def write_summary(self, summary: BatchSummary) -> None:
-        _atomic_write(self.path / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
+        atomic_write(self.path / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     """Old content or new, never half: a temporary file, fsynced, renamed over `path`. On
     failure the temporary file is removed and `OutputWriteError` names `path`."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -1,0 +1,135 @@
+"""`orchestrator batch report DIR` and `orchestrator batch rescore DIR --scorer S`: a batch's
+figures and the tasks to look at, read from its folder; nothing runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..batch.report import BatchReport, build_report
+from ..batch.rescore import rescore, rescore_path
+from ..batch.scoring import BUILTIN_SCORERS
+from ..errors import OrchestratorError
+
+#: How much of an answer, expected answer or error a terminal line shows (--json and --csv
+#: have them whole).
+CELL = 120
+
+
+def add_batch_verbs(sub: Any) -> None:
+    """Hang `report` and `rescore` on the `batch` command (see `parser.CommandParser`)."""
+    batch = sub.choices["batch"]
+    batch.description += (
+        " Also: `batch report DIR` (the figures, and the wrong and failed tasks) and "
+        "`batch rescore DIR --scorer S` (score the recorded answers again)."
+    )
+    report = batch.add_verb(
+        "report",
+        description="A batch's accuracy (95% Wilson interval), counts by status, and its wrong "
+        "and failed tasks first with answer vs expected and the error. Runs nothing.",
+    )
+    report.add_argument("dir", help="the batch's output folder (batch ... --output DIR)")
+    report.add_argument("--json", action="store_true", help="the whole report as JSON")
+    report.add_argument("--csv", metavar="FILE", help="also write every task as a CSV row")
+    report.add_argument("--all", action="store_true", help="list every task, right ones too")
+    report.set_defaults(handler=cmd_report)
+    again = batch.add_verb(
+        "rescore",
+        description="Score a batch's recorded answers again with another scorer, running "
+        "nothing. Writes DIR/summary.rescore-<scorer>.json beside summary.json; results.jsonl "
+        "is left as it is.",
+    )
+    again.add_argument("dir", help="the batch's output folder")
+    again.add_argument(
+        "--scorer", required=True,
+        help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function",
+    )  # fmt: skip
+    again.add_argument("--tolerance", type=float, default=1e-6, help="numeric scorer tolerance")
+    again.add_argument("--json", action="store_true", help="the new report as JSON")
+    again.add_argument("--csv", metavar="FILE", help="also write every task as a CSV row")
+    again.set_defaults(handler=cmd_rescore)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    report = build_report(args.dir)
+    return show(report, args, every=args.all)
+
+
+def cmd_rescore(args: argparse.Namespace) -> int:
+    report = rescore(args.dir, args.scorer, tolerance=args.tolerance)
+    code = show(report, args, every=False)
+    if not args.json:
+        print(f"written: {rescore_path(args.dir, args.scorer)}")
+    return code
+
+
+def show(report: BatchReport, args: argparse.Namespace, *, every: bool) -> int:
+    if args.csv:
+        try:
+            Path(args.csv).write_text(report.to_csv(), encoding="utf-8")
+        except OSError as exc:
+            error = OrchestratorError(
+                f"Cannot write {args.csv}: {exc.strerror or exc}.",
+                "Choose a path in a folder you can write to.",
+            )
+            error.exit_code = 5
+            raise error from exc
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print_report(report, every=every)
+    return 0
+
+
+def clip(value: Any) -> str:
+    text = "" if value is None else value if isinstance(value, str) else json.dumps(value)
+    text = " ".join(text.split())
+    return text if len(text) <= CELL else text[: CELL - 1] + "…"
+
+
+def figures(report: BatchReport) -> list[tuple[str, str]]:
+    """The report's header as (label, value) lines."""
+    lines = [("batch", f"{report.batch_id} ({report.path})")]
+    if report.payload:
+        lines.append(("payload", f"{report.payload} · model {report.model}"))
+    scorer = report.scorer
+    if report.rescored_from:
+        scorer += f" (rescored; the batch ran with {report.rescored_from})"
+    if report.accuracy is not None and report.accuracy_ci95:
+        low, high = report.accuracy_ci95
+        lines.append((
+            "accuracy",
+            f"{report.accuracy:.1%} ({report.correct:g}/{report.scored} scored, "
+            f"95% CI {low:.1%}–{high:.1%}, scorer {scorer})",
+        ))  # fmt: skip
+    else:
+        lines.append(("accuracy", f"n/a (no task scored; scorer {scorer})"))
+    counts = " · ".join(f"{k} {v}" for k, v in report.counts.items() if v or k == "succeeded")
+    lines.append(("status", f"{counts} · total {report.total}"))
+    if report.duration_p50 is not None:
+        p50, p95 = report.duration_p50, report.duration_p95 or 0.0
+        lines.append(("duration", f"p50 {p50:.1f}s · p95 {p95:.1f}s"))
+    lines.append(("tokens", f"{report.tokens['input']} in · {report.tokens['output']} out"))
+    return lines
+
+
+def print_report(report: BatchReport, *, every: bool) -> None:
+    for label, value in figures(report):
+        print(f"{label:>9}  {value}")
+    rows = report.rows if every else report.to_review
+    if not rows:
+        print("\nno wrong or failed task")
+        return
+    title = "every task" if every else f"{len(rows)} task(s) to look at"
+    print(f"\n{title} (wrong and failed first):")
+    for row in rows:
+        head = f"{row['verdict'].upper():<8} {row['id']}  [{row['status']}]"
+        print(f"\n  {head}  run {row['run_id']}")
+        print(f"    answer:   {clip(row['answer'])}")
+        print(f"    expected: {clip(row['expected'])}")
+        if row["error"]:
+            print(f"    error:    {clip(row['error'])}")
+    sys.stdout.flush()

@@ -1,0 +1,121 @@
+"""`orchestrator view`: serve the web viewer over the store, or `--export DIR` it as static
+HTML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .common import tidy_store
+
+EPILOG = """\
+Serving: http://127.0.0.1:8765/ by default. Any other --host (0.0.0.0, a LAN address) needs
+the access token printed at start: open the printed URL once (it sets a cookie); without the
+token nothing is served. Stop with Ctrl-C.
+
+Batches: give their output folders (orchestrator view out/ other-out/) to see scores,
+expected answers, charts and comparisons; runs of other batches are listed from the store.
+
+Export: orchestrator view --export DIR RUN_ID|BATCH_DIR ... writes static pages to DIR (open
+DIR/index.html from disk; no server, no network).
+"""
+
+
+def add_view_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "view",
+        help="browse runs, agent trees, batches and schedules in a local web page",
+        description="A local web viewer over the run store: runs (filters, search), a run's "
+        "agent tree with every step, batches (accuracy, charts, comparisons), schedules.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "items", nargs="*", metavar="RUN_ID|BATCH_DIR",
+        help="batch output folders to show with their scores; with --export, also run ids",
+    )  # fmt: skip
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free one)")
+    p.add_argument("--schedules", metavar="FILE", help="schedules file, for next fire times "
+                   "(default: schedules.toml here, if there is one)")  # fmt: skip
+    p.add_argument("--export", metavar="DIR", help="write static HTML to DIR instead of serving")
+    p.set_defaults(handler=cmd_view)
+
+
+def schedules_file(args: argparse.Namespace) -> Path | None:
+    if args.schedules:
+        path = Path(args.schedules)
+        if not path.is_file():
+            raise ConfigError(f"No schedules file at {path}.", "Give an existing --schedules FILE.")
+        return path
+    default = Path("schedules.toml")
+    return default if default.is_file() else None
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from ..store import Store
+    from ..view import Batches, create_app, export, is_loopback, new_token
+
+    tidy_store()
+    store = Store()
+    if args.export:
+        done = export(store, Path(args.export), args.items, schedules_file(args))
+        print(
+            f"exported {len(done.runs)} run(s) and {len(done.batches)} batch(es) to "
+            f"{done.folder}/index.html"
+        )
+        return 0
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port {args.port} is not a port.", "Use 0 to 65535.")
+    folders = []
+    for item in args.items:
+        if not Path(item).is_dir():
+            raise ConfigError(
+                f"{item!r} is not a batch output folder.",
+                "Serving takes batch folders only; open a run from the runs page, or use "
+                "--export DIR to write a run's page.",
+            )
+        folders.append(Path(item))
+    batches = Batches(store, folders)
+    token = None if is_loopback(args.host) else new_token()
+    app = create_app(store, batches, schedules_file(args), token)
+    return serve(app, args.host, args.port, token)
+
+
+def serve(app: Any, host: str, port: int, token: str | None) -> int:
+    """Bind first (a port in use is a plain error, not a server traceback), print the address
+    (and token), then run uvicorn in the foreground until Ctrl-C or SIGTERM."""
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"Cannot listen on {host}:{port}: {exc.strerror or exc}.",
+            "Choose another --port (0: any free one), or a --host of this machine.",
+        ) from exc
+    bound = sock.getsockname()[1]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/"
+    if token:
+        url += f"?token={token}"
+        print("access token required on this address: open the URL below (it sets a cookie); "
+              "without the token nothing is served", file=sys.stderr, flush=True)  # fmt: skip
+    print(f"orchestrator view: {url}", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,318 @@
+"""`orchestrator view` in a real browser (Debian's chromium, headless, driven by Selenium) over
+a store made by real runs and real batches: each page shows what a person looks for, a live
+run updates until it ends without a reload, hostile agent output runs nothing, and the static
+export shows the same from file://. Screenshots go to .ci/output/screenshots/."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.store import Store
+
+from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, start_cli, wait_for
+
+pytestmark = pytest.mark.docker
+
+SHOTS = REPO / ".ci" / "output" / "screenshots"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+TASKS = [
+    {"id": "mul", "task": "6*7?", "additional_args": {"op": "mul", "a": 6, "b": 7}, "expected": 42},
+    {"id": "off-by-one", "task": "1+2?", "additional_args": {"op": "add", "a": 1, "b": 2},
+     "expected": 4},
+    {"id": "add", "task": "2+2?", "additional_args": {"op": "add", "a": 2, "b": 2}, "expected": 4},
+    {"id": "loops", "task": "loop", "additional_args": {"op": "loop"}, "expected": 1},
+]  # fmt: skip
+
+
+@dataclass
+class World:
+    team_run: str
+    hostile_run: str
+    batch_a: Path
+    batch_b: Path
+    batch_a_id: str
+    schedules: Path
+    root: Path
+
+
+def run_json(*args: str) -> dict:
+    done = cli("run", *args, "--model", "mock", "--json")
+    assert done.stdout, done.stderr
+    return json.loads(done.stdout)
+
+
+def batch(root: Path, name: str, tasks: list[dict]) -> Path:
+    path = root / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    out = root / name
+    done = cli("batch", str(TEST_PAYLOADS / "batch_math"), str(path), "-o", str(out), "--model",
+               "mock", "-q")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> World:
+    """The store every test here looks at: a multi-agent run, a hostile run, two batches over
+    the same tasks (the second expects 3 for 1+2, so one task flips) and a schedule firing."""
+    root = tmp_path_factory.mktemp("view")
+    team = run_json(str(PAYLOADS / "research_team"))
+    assert team["status"] == "succeeded"
+    hostile = run_json(str(TEST_PAYLOADS / "hostile_output"))
+    assert "<script>" in hostile["answer"]
+    batch_a = batch(root, "batch-a", TASKS)
+    flipped = [dict(t, expected=3) if t["id"] == "off-by-one" else t for t in TASKS]
+    batch_b = batch(root, "batch-b", flipped)
+    schedules = root / "schedules.toml"
+    schedules.write_text(
+        '[[schedule]]\nname = "nightly-team"\ncron = "30 2 * * *"\ntimezone = "UTC"\n'
+        f'payload = "{PAYLOADS / "research_team"}"\nmodel = "mock"\n'
+    )
+    fired = cli("schedule", "run", "nightly-team", "--file", str(schedules), "-q")
+    assert fired.returncode == 0, fired.stderr
+    rescored = cli("batch", "rescore", str(batch_a), "--scorer", "numeric", "--tolerance", "0.5")
+    assert rescored.returncode == 0, rescored.stderr
+    batch_a_id = json.loads((batch_a / "batch.json").read_text())["batch_id"]
+    return World(team["run_id"], hostile["run_id"], batch_a, batch_b, batch_a_id, schedules, root)
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float = 30) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no output from `orchestrator view`"
+    return proc.stdout.readline()
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(world: World) -> Iterator[str]:
+    proc = start_cli("view", str(world.batch_a), str(world.batch_b), "--port", "0",
+                     "--schedules", str(world.schedules))  # fmt: skip
+    try:
+        line = read_line(proc)
+        assert line.startswith("orchestrator view: http://127.0.0.1:"), line
+        yield line.split(": ", 1)[1].strip().rstrip("/")
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.fail("chromium and chromium-driver are needed (apt-get install chromium "
+                    "chromium-driver; .ci/run installs them)")  # fmt: skip
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                 "--window-size=1400,1800", "--allow-file-access-from-files"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(30)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def load(driver, url: str) -> None:
+    driver.get(url)
+    wait_for(lambda: driver.execute_script("return document.body.dataset.ready"), timeout=10)
+
+
+def text(driver, css: str) -> str:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, css).text
+
+
+def all_text(driver, css: str) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [e.get_attribute("textContent") for e in driver.find_elements(By.CSS_SELECTOR, css)]
+
+
+def shot(driver, name: str) -> None:
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1400, min(max(900, height + 40), 6000))
+    driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    driver.set_window_size(1400, 1800)
+
+
+def check_run_page(driver, world: World) -> None:
+    assert text(driver, "#answer") == "48"
+    assert text(driver, "#run-status") == "succeeded"
+    names = all_text(driver, ".agent-name")
+    assert names[:2] == ["manager", "librarian"]
+    code = all_text(driver, "pre.code")
+    assert any('lookup_landmark(name="Golden Gate Bridge")' in c for c in code)
+    assert any('final_answer(years_between(start=years["Eiffel Tower"]' in c for c in code)
+    # The librarian is nested inside the manager's first step, not flattened after it.
+    nested = driver.execute_script(
+        "return Array.from(document.querySelectorAll('details.step details.agent "
+        ".agent-name')).map(e => e.textContent)"
+    )
+    assert nested == ["librarian"]
+
+
+def test_runs_page_filters_and_links(browser, server: str, world: World):
+    load(browser, f"{server}/")
+    assert world.team_run in all_text(browser, "table.runs td a")
+    shot(browser, "runs")
+    load(browser, f"{server}/?payload=hostile_output")
+    runs = all_text(browser, "table.runs td:first-child")
+    assert runs == [world.hostile_run]
+    load(browser, f"{server}/?q={world.team_run[-8:]}")
+    assert all_text(browser, "table.runs td:first-child") == [world.team_run]
+
+
+def test_run_page_shows_the_tree_and_every_step(browser, server: str, world: World):
+    load(browser, f"{server}/run/{world.team_run}")
+    check_run_page(browser, world)
+    assert "mock:scripted" in text(browser, "dl.facts")
+    browser.execute_script("document.querySelector('button.expand-all').click()")
+    shot(browser, "run")
+
+
+def test_hostile_output_runs_nothing(browser, server: str, world: World):
+    load(browser, f"{server}/run/{world.hostile_run}")
+    answer = text(browser, "#answer")
+    assert answer.startswith('<script>window.__pwned = "answer"</script><img src=x onerror=')
+    browser.execute_script("document.querySelector('button.expand-all').click()")
+    time.sleep(0.5)  # an injected image would have failed to load by now
+    assert browser.execute_script("return window.__pwned === undefined")
+    assert not browser.execute_script("return document.querySelector('main script, main img')")
+    assert "onerror=" in " ".join(all_text(browser, "pre.observations"))
+    assert '<script>window.__pwned = "stderr"</script>' in browser.execute_script(
+        "return document.getElementById('stderr').textContent"
+    )
+    shot(browser, "hostile")
+
+
+def test_batch_page_wrong_first_sortable_and_charts(browser, server: str, world: World):
+    load(browser, f"{server}/batch/{world.batch_a_id}")
+    assert text(browser, "#accuracy").startswith("50.0%")
+    assert "95% CI 15.0%–85.0%" in text(browser, "#accuracy")
+    assert text(browser, "dd.rescore").startswith("75.0% (95% CI")  # batch rescore's summary
+    assert "scorer numeric" in text(browser, "dd.rescore")
+    ids = all_text(browser, "#tasks tbody td.task-id")
+    assert ids[:2] == ["loops", "off-by-one"] and sorted(ids[2:]) == ["add", "mul"]
+    rows = all_text(browser, "#tasks tbody tr")
+    assert "3" in rows[1] and "4" in rows[1]  # answer vs expected of the wrong task
+    for name in ("status", "duration", "tokens"):
+        width = browser.execute_script(
+            f"const i = document.getElementById('chart-{name}'); "
+            "return i && i.complete ? i.naturalWidth : 0"
+        )
+        assert width > 100, name
+    shot(browser, "batch")
+    browser.execute_script("document.querySelector('#tasks th').click()")
+    assert all_text(browser, "#tasks tbody td.task-id") == sorted(ids)
+    href = browser.execute_script("return document.querySelector('#tasks tbody a').href")
+    load(browser, href)
+    assert text(browser, "#run-status") in ("failed", "succeeded")
+
+
+def test_comparison_of_two_batches(browser, server: str, world: World):
+    load(browser, f"{server}/batch/{world.batch_a_id}")
+    browser.execute_script("document.querySelector('form.compare').submit()")
+    wait_for(lambda: "/compare" in browser.current_url, timeout=10)
+    wait_for(lambda: browser.execute_script("return document.body.dataset.ready"), timeout=10)
+    assert "50.0% → 75.0%" in text(browser, "#cmp-accuracy")
+    assert "+25.0 points" in text(browser, "#cmp-accuracy")
+    assert text(browser, "#mcnemar").startswith("p = 1")
+    assert "off-by-one" in " ".join(all_text(browser, "table.flips td"))
+    shot(browser, "compare")
+
+
+def test_schedules_page(browser, server: str, world: World):
+    load(browser, f"{server}/schedules")
+    page = text(browser, "main")
+    assert "nightly-team" in page and "30 2 * * *" in page
+    assert "T02:30+00:00" in page  # next fire times
+    assert "succeeded" in page  # the last outcome
+    shot(browser, "schedules")
+
+
+def test_live_run_updates_until_it_ends(browser, server: str, world: World, no_leftovers):
+    proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), "--model", "mock", "--arg",
+                     "seconds=6", "-q")  # fmt: skip
+    try:
+        store = Store()
+        row = wait_for(
+            lambda: next(iter(store.list_runs(limit=1, status="running")), None), timeout=60
+        )
+        load(browser, f"{server}/run/{row['run_id']}")
+        assert text(browser, "#run-status") in ("running", "preparing")
+        browser.execute_script("window.__sameDocument = 42")
+        wait_for(lambda: text(browser, "#run-status") == "succeeded", timeout=60, interval=0.5)
+        assert browser.execute_script("return window.__sameDocument") == 42  # no reload
+        assert text(browser, "#answer") == "awake"
+        assert browser.execute_script("return document.body.dataset.runEnded") == "1"
+        assert proc.wait(60) == 0
+    finally:
+        stop(proc)
+
+
+def test_static_export_opens_from_file(browser, world: World):
+    folder = world.root / "export"
+    done = cli("view", "--export", str(folder), world.team_run, world.hostile_run,
+               str(world.batch_a))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    load(browser, (folder / f"run-{world.team_run}.html").as_uri())
+    check_run_page(browser, world)
+    load(browser, (folder / f"run-{world.hostile_run}.html").as_uri())
+    assert text(browser, "#answer").startswith("<script>")
+    assert browser.execute_script("return window.__pwned === undefined")
+    load(browser, (folder / f"batch-{world.batch_a_id}.html").as_uri())
+    assert all_text(browser, "#tasks tbody td.task-id")[:2] == ["loops", "off-by-one"]
+    assert browser.execute_script("return document.getElementById('chart-tokens').naturalWidth")
+    shot(browser, "export-batch")
+    load(browser, (folder / "index.html").as_uri())
+    assert world.team_run in all_text(browser, "table.runs td a")
+    bad = cli("view", "--export", str(folder), "no-such-run")
+    assert bad.returncode == 2 and "neither a run" in bad.stderr
+
+
+def test_the_policy_alone_stops_markup_that_got_through(browser, tmp_path: Path):
+    """Defence in depth: were escaping ever missed, the pages' Content-Security-Policy still
+    keeps inline script and event handlers from running (shown against the same page
+    without the policy, where they do run)."""
+    from orchestrator.view.render import CSP
+
+    hostile = (
+        '<img src="x" onerror="window.__pwned = 1"><script>window.__pwned = 2</script>'
+        '<svg onload="window.__pwned = 3"></svg>'
+    )
+    page = tmp_path / "page.html"
+    for policy, expected in ((f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+                              True), ("", False)):  # fmt: skip
+        page.write_text(f"<!doctype html><html><head>{policy}</head><body>{hostile}</body></html>")
+        browser.get(page.as_uri())
+        time.sleep(0.3)
+        assert browser.execute_script("return window.__pwned === undefined") is expected
