@@ -198,6 +198,43 @@ def test_the_gateway_swaps_the_token_for_the_key_and_refuses_everything_else() -
     assert kinds[-1] == "gateway_closed" and gateway.events[-1]["calls"] == 2
 
 
+def test_only_model_calls_under_the_endpoints_path_are_forwarded() -> None:
+    """The key is for the model: not the provider's files, fine-tunes or billing, and no path
+    may climb out of the endpoint's base path (dot segments, encoded or not)."""
+    import http.client
+
+    with ScriptedModelServer(["one"]) as server:
+        gateway = LocalGateway(server.api_base())
+        statuses = {}
+        try:
+            for method, target in (
+                ("GET", "/v1/files"),
+                ("DELETE", "/v1/files/file-1"),
+                ("POST", "/v1/fine_tuning/jobs"),
+                ("POST", "/v1/%2e%2e/dashboard/billing"),
+                ("POST", "/v1/chat/../files"),
+                ("POST", "http://evil.example/v1/chat/completions"),
+                ("GET", "/v1/models"),
+            ):
+                conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+                conn.request(method, target, body=b"{}",
+                             headers={"Authorization": f"Bearer {gateway.token}"})  # fmt: skip
+                statuses[(method, target)] = conn.getresponse().status
+                conn.close()
+        finally:
+            gateway.stop()
+        forwarded = [(r["method"], r["path"]) for r in server.requests]
+    assert forwarded == [("GET", "/v1/models")], forwarded  # the one model-list call
+    assert statuses[("GET", "/v1/files")] == 403
+    assert statuses[("DELETE", "/v1/files/file-1")] == 403
+    assert statuses[("POST", "/v1/fine_tuning/jobs")] == 403
+    assert statuses[("POST", "/v1/%2e%2e/dashboard/billing")] == 404
+    assert statuses[("POST", "/v1/chat/../files")] == 404
+    assert statuses[("POST", "http://evil.example/v1/chat/completions")] in (400, 404)
+    reasons = {e["reason"] for e in gateway.events if e["type"] == "model_call_refused"}
+    assert reasons == {"not_a_model_call", "outside_upstream"}
+
+
 def test_a_client_outside_the_runs_network_is_refused() -> None:
     with ScriptedModelServer(["one"]) as server:
         gateway = LocalGateway(server.api_base(), clients=("10.99.0.0/16",))

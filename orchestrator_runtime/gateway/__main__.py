@@ -61,7 +61,7 @@ async def serve(raw_config: dict[str, Any], emit: Channel) -> int:
             uvicorn.Config(
                 app, host="0.0.0.0", port=config.port, lifespan="off", access_log=False,
                 log_level="warning", http="h11", loop="asyncio", server_header=False,
-                date_header=False, timeout_graceful_shutdown=1,
+                date_header=False, timeout_graceful_shutdown=1, limit_concurrency=64,
             )
         )  # fmt: skip
         loop = asyncio.get_running_loop()

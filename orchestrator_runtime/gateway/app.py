@@ -7,8 +7,10 @@ buffered) while reading its token usage on the side. Every call, refusal and bud
 reported through `emit` (the host records them).
 
 Refused without forwarding: a client outside the run's network (403), a missing or wrong
-token (401), a path outside the upstream's base path (404), a body over MAX_REQUEST_BYTES
-(413), and once the run's budget of calls or tokens is spent, every further call (429).
+token (401), a path outside the upstream's base path or with dot segments (404), a request
+that is not a model call (403: the key is for the model, not for the provider's account,
+its files or its billing), a body over MAX_REQUEST_BYTES (413), and once the run's budget
+of calls or tokens is spent, every further call (429).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ CREDENTIAL_HEADERS = {
     b"api-key": "",
     b"x-goog-api-key": "",
 }
+#: What a model call looks like: POST to a generation or embedding endpoint (OpenAI and
+#: compatible servers, Azure deployments, Anthropic's messages, Gemini's `:generateContent`),
+#: or GET of the model list. Matched on the end of the path.
+MODEL_CALLS = {
+    "POST": ("/chat/completions", "/completions", "/responses", "/embeddings", "/messages",
+             ":generateContent", ":streamGenerateContent"),
+    "GET": ("/models",),
+}  # fmt: skip
+#: Refusals reported one by one; further ones are only counted (a flood stays small).
+MAX_REFUSAL_EVENTS = 100
 #: Not forwarded in either direction (RFC 9110 7.6.1), plus what httpx and the server set.
 HOP_BY_HOP = frozenset(
     {
@@ -141,8 +153,10 @@ class Gateway:
         if problem is not None:
             status, kind, message = problem
             self.ledger.refused += 1
-            self.emit({"type": "model_call_refused", "ts": started, "path": path,
-                       "status": status, "reason": kind})  # fmt: skip
+            if self.ledger.refused <= MAX_REFUSAL_EVENTS:
+                self.emit({"type": "model_call_refused", "ts": started, "path": path[:200],
+                           "method": scope.get("method"), "status": status,
+                           "reason": kind})  # fmt: skip
             await _reply(send, status, kind, message)
             return
         body = await _read_body(receive)
@@ -169,8 +183,23 @@ class Gateway:
             return 403, "not_this_run", "this gateway serves one run's sandbox only"
         if not self._token_of(scope):
             return 401, "bad_token", "missing or wrong run token"
+        segments = path.split("/")
+        if ".." in segments or "." in segments or "//" in path or "\\" in path:
+            return 404, "outside_upstream", "paths with dot segments are not served"
         if path != self.base_path and not path.startswith(self.base_path + "/"):
             return 404, "outside_upstream", f"only paths under {self.base_path or '/'} are served"
+        method = scope.get("method", "")
+        tail = path[len(self.base_path) :]
+        ends = MODEL_CALLS.get(method, ())
+        if not (tail.endswith(ends) or (method == "GET" and "/models/" in tail)):
+            return (
+                403,
+                "not_a_model_call",
+                (
+                    f"{method} {path} is not a model call; the gateway forwards only generation "
+                    "and embedding requests (and the model list)"
+                ),
+            )
         return None
 
     def _token_of(self, scope: Scope) -> bool:
@@ -228,7 +257,8 @@ class Gateway:
         self, scope: Scope, path: str, body: bytes, send: Send, started: float
     ) -> None:
         query = scope.get("query_string") or b""
-        url = self.origin + path + (f"?{query.decode('latin-1')}" if query else "")
+        raw = (scope.get("raw_path") or path.encode()).decode("latin-1")  # as the client sent it
+        url = self.origin + raw + (f"?{query.decode('latin-1')}" if query else "")
         request = self.client.build_request(
             scope["method"], url, headers=self._upstream_headers(scope), content=body
         )
