@@ -80,7 +80,8 @@ class Guard:
             given = query.pop("token", None)
             if given is not None and self.matches(given):
                 rest = urlencode(query)
-                location = scope["path"] + (f"?{rest}" if rest else "")
+                # One leading slash: `//host` would send the browser to another site.
+                location = "/" + scope["path"].lstrip("/") + (f"?{rest}" if rest else "")
                 cookie = f"{COOKIE}={given}; Path=/; HttpOnly; SameSite=Strict"
                 await respond(send, 303, "", [(b"location", location.encode()),
                                               (b"set-cookie", cookie.encode())])  # fmt: skip
