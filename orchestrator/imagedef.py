@@ -45,6 +45,15 @@ RUNTIME_DIR = repo_root() / "orchestrator_runtime"
 ERROR_TAIL_LINES = 25
 
 
+#: Progress lines that quote a build tool's own output, or repeat a notice already given: a
+#: person needs them only when asking (`-v`); an ImageBuildError quotes the tail anyway.
+DETAIL_PREFIXES = ("pip: ", "build: ", "debootstrap: ", "note: ")
+
+
+def is_detail(message: str) -> bool:
+    return message.startswith(DETAIL_PREFIXES)
+
+
 def report(progress: Progress | None, message: str) -> None:
     log.info("%s", message)
     if progress is not None:

@@ -406,7 +406,7 @@ def test_bad_input_is_named_and_starts_nothing(
     out = tmp_path / "out"
     refused = cli(*batch_cmd(malformed, out)[3:])
     assert refused.returncode == 2
-    assert refused.stderr.startswith("error: ") and f"{malformed}:2: not valid JSON" in (
+    assert refused.stderr.startswith("orchestrator: error: ") and f"{malformed}:2: not valid JSON" in (
         refused.stderr
     )
     assert "--on-bad-line skip" in refused.stderr and "Traceback" not in refused.stderr

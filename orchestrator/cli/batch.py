@@ -17,6 +17,7 @@ from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
 from . import signals
 from .common import add_run_options, spec_from_args, tidy_store
+from .output import PREFIX, say
 
 #: Plain progress lines (no terminal) come this often, in seconds.
 PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
@@ -123,7 +124,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             spec, cancel=signals.STOP, monitor=display.update, on_message=display.message
         )
     except OutputWriteError as exc:  # before any task started (batch.json, the lock)
-        print(f"error: {exc.cause}. {write_advice(command)}", file=sys.stderr)
+        say(f"{exc.cause}. {write_advice(command)}", kind="error")
         return exc.exit_code
     finally:
         display.stop()
@@ -133,13 +134,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
     reason = summary.stop_reason or ""
     if reason.startswith("write_error:"):  # one line: what failed, what to do
         cause = reason.split(":", 1)[1].strip()
-        print(f"stopped: {cause}. {write_advice(command)}", file=sys.stderr)
+        say(f"{cause}. {write_advice(command)}", kind="stopped")
     elif summary.state != "complete" or summary.counts.get("infra_error"):
         what = {
             "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
             "stopped": "stopped by --fail-on-error; finished tasks are in",
         }.get(summary.state, "tasks ended in infra_error; results are in")
-        print(f"{what} {spec.output}/results.jsonl", file=sys.stderr)
+        say(f"{what} {spec.output}/results.jsonl")
         print(f"  resume with: {command}", file=sys.stderr)
     return summary.exit_code
 
@@ -205,11 +206,17 @@ class BatchDisplay:
     def message(self, text: str) -> None:
         if self.quiet and not text.startswith(("warning", "stopping", "SIG")):
             return
+        from rich.markup import escape
+
+        from .display import shown
+
+        if not shown(text):
+            return
         with self._lock:
             if self.tty:
-                self.console.print(f"[dim]·[/dim] {text}", markup=False)
+                self.console.print(f"[dim]·[/dim] {escape(text)}")
             else:
-                print(f"batch: {text}", file=self.stream, flush=True)
+                print(f"{PREFIX}{text}", file=self.stream, flush=True)
 
     def update(self, p: BatchProgress) -> None:
         if self.quiet:
@@ -221,7 +228,7 @@ class BatchDisplay:
             due = now - self._last_plain >= PLAIN_INTERVAL
             if line != self._last_line and (due or final):
                 self._last_plain, self._last_line = now, line
-                print(f"batch: {line}", file=self.stream, flush=True)
+                print(f"{PREFIX}batch: {line}", file=self.stream, flush=True)
             return
         from rich.console import Group
         from rich.live import Live

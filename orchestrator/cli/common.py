@@ -121,7 +121,7 @@ def tidy_store() -> None:
     from ..cleanup import closed_line, tidy
 
     def warn(message: str) -> None:
-        print(f"warning: {message}", file=sys.stderr)
+        print(f"orchestrator: warning: {message}", file=sys.stderr)
 
     for run_id in tidy(warn=warn):
         print(f"orchestrator: {closed_line(run_id)}", file=sys.stderr)

@@ -4,7 +4,9 @@ own subcommands."""
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
+from ..config import VERSION
 from .batch import add_batch_parser
 from .common import EPILOG_EXIT
 from .images import add_images_parser
@@ -14,13 +16,59 @@ from .runs import add_runs_parser
 from .schedule import add_schedule_parser
 
 
+class UsageError(Exception):
+    """A command line argparse refuses: reported like every other bad input (exit 2, a JSON
+    error object under --json) instead of argparse's own exit."""
+
+    exit_code = 2
+    fix = "See the command's --help."
+    field: str | None = None
+
+    def __init__(self, parser: argparse.ArgumentParser, cause: str) -> None:
+        super().__init__(cause)
+        self.parser = parser
+        self.cause = cause
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with every option's default shown in --help and errors raised, not exited."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        if kwargs.get("formatter_class") in (None, argparse.RawDescriptionHelpFormatter):
+            kwargs["formatter_class"] = HelpFormatter
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; each option's default appended to its help
+    unless the help already says it (`default`) or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default in (None, False, [], argparse.SUPPRESS)
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="orchestrator",
         description="Run whole smolagents multi-agent programs in hardened sandboxes.",
         epilog=EPILOG_EXIT,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"orchestrator {VERSION}")
+    parser.add_argument(
+        "--verbose", "-v", action="store_true",
+        help="also show build tools' output (pip, docker build) and repeated notices",
+    )  # fmt: skip
     sub = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_run_parser(sub)
     add_images_parser(sub)
@@ -29,4 +77,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_cleanup_parser(sub)
     add_batch_parser(sub)
     add_schedule_parser(sub)
+    for command in subcommands(parser):  # -v works after the command too: `run -v ...`
+        command.add_argument(
+            "--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+            help="also show build tools' output and repeated notices",
+        )  # fmt: skip
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every command's parser that takes options (leaves and groups), depth first."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                found += [child, *subcommands(child)]
+    return found

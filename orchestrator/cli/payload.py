@@ -121,7 +121,8 @@ def add_cleanup_parser(sub: Any) -> None:
     p.add_argument(
         "--force", action="store_true", help="also remove sandboxes whose orchestrator still runs"
     )
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    p.add_argument("--json", action="store_true", help="print the report as a JSON object")
     p.set_defaults(handler=cmd_cleanup)
 
 
@@ -135,6 +136,19 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         force=args.force,
         dry_run=args.dry_run,
     )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dry_run": args.dry_run,
+                    "removed": [sandbox_dict(info) for info in report.removed],
+                    "kept": [sandbox_dict(info) for info in report.kept],
+                    "closed_runs": report.closed_runs,
+                },
+                indent=2,
+            )
+        )
+        return 0
     verb = "would remove" if args.dry_run else "removed"
     for info in report.removed:
         print(f"{verb} {info.kind} {info.name} (run {info.labels.get('orchestrator.run-id')})")
@@ -145,3 +159,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if not (report.removed or report.kept or report.closed_runs):
         print("nothing to clean up")
     return 0
+
+
+def sandbox_dict(info: Any) -> dict[str, Any]:
+    return {"kind": info.kind, "name": info.name, "run_id": info.labels.get("orchestrator.run-id")}
