@@ -15,6 +15,7 @@ from ..batch.output import OutputWriteError
 from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
+from ..defaults import fill
 from . import signals
 from .common import add_run_options, spec_from_args, tidy_store
 from .output import PREFIX, say
@@ -55,12 +56,15 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument("payload", help="payload folder (holding manifest.toml)")
     p.add_argument("tasks", help="tasks file (.jsonl or .csv)")
     p.add_argument(
-        "--output", "-o", required=True, help="batch directory (created; reuse it to resume)"
-    )
+        "--output", "-o",
+        help="batch directory, created; the same one resumes (default: "
+        "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
+    )  # fmt: skip
     add_run_options(p)
     p.add_argument(
         "--concurrency", "-j", type=int,
-        help="sandboxes at once (default: min(4, CPUs, 75%% of memory / memory limit))",
+        help="sandboxes at once (default: $ORCHESTRATOR_CONCURRENCY, the config file's "
+        "concurrency, else min(4, CPUs, 75%% of memory / memory limit))",
     )  # fmt: skip
     p.add_argument(
         "--scorer", default="exact",
@@ -102,7 +106,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         tasks=args.tasks,
         output=args.output,
         run=spec_from_args(args, task=None, additional_args=None),
-        concurrency=args.concurrency,
+        concurrency=fill({"concurrency": args.concurrency})["concurrency"],
         scorer=args.scorer,
         tolerance=args.tolerance,
         max_attempts=args.max_attempts,
@@ -140,7 +144,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
             "stopped": "stopped by --fail-on-error; finished tasks are in",
         }.get(summary.state, "tasks ended in infra_error; results are in")
-        say(f"{what} {spec.output}/results.jsonl")
+        say(f"{what} {summary.output_dir}/results.jsonl")
         print(f"  resume with: {command}", file=sys.stderr)
     return summary.exit_code
 
