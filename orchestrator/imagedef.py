@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import home_dir, repo_root
+from .config import data_root, home_dir, repo_root
 from .errors import ConfigError, ImageBuildError
 from .policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
@@ -35,7 +35,7 @@ BASE_IMAGE_ENV = "ORCHESTRATOR_BASE_IMAGE"
 
 
 #: Where the image definitions and the runtime live (read at call time, so tests can patch).
-AGENT_IMAGE_DIR = repo_root() / "images" / "agent"
+AGENT_IMAGE_DIR = data_root() / "images" / "agent"
 
 
 RUNTIME_DIR = repo_root() / "orchestrator_runtime"

@@ -53,7 +53,9 @@ def add_batch_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+    )
     p.add_argument("tasks", help="tasks file (.jsonl or .csv)")
     p.add_argument(
         "--output", "-o",

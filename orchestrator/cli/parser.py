@@ -10,6 +10,7 @@ from ..config import VERSION
 from .batch import add_batch_parser
 from .common import EPILOG_EXIT
 from .images import add_images_parser
+from .new import add_new_parser
 from .payload import add_cleanup_parser, add_payload_parser
 from .run import add_run_parser
 from .runs import add_runs_parser
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cleanup_parser(sub)
     add_batch_parser(sub)
     add_schedule_parser(sub)
+    add_new_parser(sub)
     for command in subcommands(parser):  # -v works after the command too: `run -v ...`
         command.add_argument(
             "--verbose", "-v", action="store_true", default=argparse.SUPPRESS,

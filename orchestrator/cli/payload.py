@@ -20,7 +20,9 @@ def add_payload_parser(sub: Any) -> None:
         "(a missing function, an import error, mock scripts for unknown agents or missing "
         "for known ones). Exit codes: 0 ok, 2 problems found, 5 the sandbox could not run.",
     )
-    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+    )
     p.add_argument(
         "--no-load", action="store_true",
         help="check the manifest and files only (no sandbox; faster, finds less)",

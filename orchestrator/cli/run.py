@@ -28,7 +28,9 @@ def add_run_parser(sub: Any) -> None:
         + EPILOG_EXIT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+    )
     p.add_argument("task", nargs="?", help="the task (default: the manifest's example_task)")
     add_run_options(p)
     p.add_argument(
