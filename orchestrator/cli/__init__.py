@@ -38,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         display.VERBOSE = bool(args.verbose)
         if not getattr(args, "watches_stop", False):
             signals.restore_defaults()
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
     except (OrchestratorError, UsageError) as exc:
         if isinstance(exc, UsageError):
             exc.parser.print_usage(sys.stderr)
