@@ -18,7 +18,7 @@ from ..batch.session import run_batch
 from ..defaults import fill
 from . import signals
 from .common import add_run_options, spec_from_args, tidy_store
-from .output import PREFIX, say
+from .output import PREFIX, is_terminal, say
 
 #: Plain progress lines (no terminal) come this often, in seconds.
 PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
@@ -198,7 +198,8 @@ class BatchDisplay:
         from rich.console import Console
 
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
+        self.tty = is_terminal(self.stream)  # styled lines (also under FORCE_COLOR=1)
+        self.interactive = self.stream.isatty()  # the live bar only where a person watches
         self.console = Console(file=self.stream, highlight=False, no_color=not self.tty)
         self.quiet = quiet
         self._live: Any = None
@@ -227,7 +228,7 @@ class BatchDisplay:
     def update(self, p: BatchProgress) -> None:
         if self.quiet:
             return
-        if not self.tty:
+        if not self.interactive:
             now = time.monotonic()
             line = progress_line(p)
             final = p.done == p.total

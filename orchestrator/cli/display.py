@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ..imagedef import is_detail
-from .output import PREFIX
+from .output import PREFIX, is_terminal
 
 #: Show detail progress lines (build tools' output, repeated notices): `-v`, set by `main`.
 VERBOSE = False
@@ -35,7 +35,8 @@ class RunDisplay:
 
     def __init__(self, *, quiet: bool = False, stream: Any = None) -> None:
         stream = stream or sys.stderr
-        self.tty = stream.isatty()
+        self.tty = is_terminal(stream)  # styled lines (FORCE_COLOR=1 asks for them in a pipe)
+        self.interactive = stream.isatty()  # a spinner only where a person watches
         self.console = Console(file=stream, highlight=False, no_color=not self.tty)
         self.quiet = quiet
         self._status: Any = None
@@ -56,7 +57,8 @@ class RunDisplay:
             return
         if self.tty:
             self.console.print(escape(line))
-            self._spin(event)
+            if self.interactive:
+                self._spin(event)
         else:
             print(line, file=self.console.file, flush=True)
 
