@@ -47,7 +47,7 @@ ERROR_TAIL_LINES = 25
 
 #: Progress lines that quote a build tool's own output, or repeat a notice already given: a
 #: person needs them only when asking (`-v`); an ImageBuildError quotes the tail anyway.
-DETAIL_PREFIXES = ("pip: ", "build: ", "debootstrap: ", "note: ")
+DETAIL_PREFIXES = ("pip: ", "build: ", "e2b build: ", "debootstrap: ", "note: ")
 
 
 def is_detail(message: str) -> bool:

@@ -276,3 +276,24 @@ def test_snapshots_of_human_output(
     else:
         assert "\x1b[" in listed  # rich's table, on a terminal
         assert "[dim]" not in batch.stderr + ran.stderr  # markup rendered, never shown
+
+
+def test_build_tool_output_and_repeated_notices_only_with_verbose(docker_client) -> None:
+    from orchestrator.backends.docker.base_image import BASE_IMAGE, resolve_base
+    from orchestrator.cli import display
+
+    said: list[str] = []
+    wanted = "registry.invalid/no-such-base:1"  # a pull that fails at once (no such host)
+    assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
+    assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
+    notices = [m for m in said if "is not available" in m]
+    assert len(notices) == 2 and not display.is_detail(notices[0])
+    assert display.is_detail(notices[1]) and notices[1].startswith("note: ")
+    for line in ("pip: Collecting smolagents", "build: Step 1/17", notices[1]):
+        assert not display.shown(line)
+    assert display.shown("building orchestrator-agent:abc on orchestrator-base:bookworm")
+    display.VERBOSE = True
+    try:
+        assert display.shown("pip: Collecting smolagents") and display.shown(notices[1])
+    finally:
+        display.VERBOSE = False
