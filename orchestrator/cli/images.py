@@ -38,6 +38,7 @@ def add_images_parser(sub: Any) -> None:
     )
     bb.add_argument("--suite", default="bookworm", help="Debian release to bootstrap")
     bb.add_argument("--mirror", default="http://deb.debian.org/debian", help="Debian mirror")
+    bb.add_argument("--json", action="store_true", help="print {image} as JSON")
     bb.set_defaults(handler=cmd_images_bootstrap)
     ls = isub.add_parser("list", help="list orchestrator images")
     ls.add_argument("--json", action="store_true", help="print the images as a JSON array")
@@ -83,9 +84,8 @@ def cmd_images_bootstrap(args: argparse.Namespace) -> int:
     from .display import RunDisplay
 
     display = RunDisplay()
-    print(
-        bootstrap_base(connect(), suite=args.suite, mirror=args.mirror, progress=display.progress)
-    )
+    tag = bootstrap_base(connect(), suite=args.suite, mirror=args.mirror, progress=display.progress)
+    print(json.dumps({"image": tag}) if args.json else tag)
     return 0
 
 

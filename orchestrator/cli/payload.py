@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from ..spec import BACKENDS
+from .output import say
 
 
 def add_payload_parser(sub: Any) -> None:
@@ -64,9 +64,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return code
     for problem in report["problems"]:
-        print(f"problem: {problem}", file=sys.stderr)
+        say(problem, kind="problem")
     for warning in report["warnings"]:
-        print(f"warning: {warning}")
+        say(warning, kind="warning")
     if report["ok"]:
         loaded = f", agents {', '.join(report['agents'])}" if report.get("agents") else ""
         print(

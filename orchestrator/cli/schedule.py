@@ -258,7 +258,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     _, block = install(sf, log_dir=args.log_dir, remove=args.remove)
     verb = "removed from" if args.remove else "installed in"
     count = sum(1 for line in block if line and not line.startswith(("#", "@reboot")))
-    print(f"{count} schedule line(s) of {sf.path} {verb} the crontab", file=sys.stderr)
+    say(f"{count} schedule line(s) of {sf.path} {verb} the crontab")
     return 0
 
 
