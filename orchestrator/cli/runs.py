@@ -228,10 +228,13 @@ def read_lines(path: Path) -> Iterator[str]:
 
 
 def follow(store: Any, run_id: str, path: Path) -> Iterator[str]:
-    """The file's lines as they are written, until the run has ended and all is read."""
+    """The file's lines as they are written, until the run has ended (or its orchestrator
+    process is gone) and all is read."""
+    from ..housekeeping import is_live
+
     position, partial = 0, ""
     while True:
-        ended = (store.get_run(run_id) or {}).get("ended_at") is not None
+        ended = not is_live(store.get_run(run_id) or {})
         if path.is_file():
             with path.open(encoding="utf-8", errors="replace") as f:
                 f.seek(position)
