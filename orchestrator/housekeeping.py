@@ -18,10 +18,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .labels import owner_alive
+from .spec import EXIT_CODES
 from .store import Store
 
 #: Statuses a run has before it ends.
 LIVE_STATUSES = ("created", "running")
+#: Every status a run can have in the store: before it ends, then its end.
+STATUSES = (*LIVE_STATUSES, *EXIT_CODES)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

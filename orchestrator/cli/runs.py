@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..spec import EXIT_CODES
+from ..housekeeping import STATUSES
 from .common import tidy_store
 from .output import (
     age,
@@ -21,8 +21,6 @@ from .output import (
     say,
 )
 
-#: Every status a run can have in the store: before it ends, then its end.
-STATUSES = ("created", "running", *EXIT_CODES)
 #: Seconds between looks at a followed run's files (`runs logs -f`).
 FOLLOW_INTERVAL = 0.2
 
