@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
 
+from .gateway import measured_usage, usage_mismatch
 from .spec import RunResult
 from .store import Store
 
@@ -66,6 +67,8 @@ class RunRecorder:
         self.write_error: str | None = None
         #: What the sandbox's event channel did wrong, in order (see the class docstring).
         self.violations: list[str] = []
+        #: Why the host stopped the run early (a lost proxy or gateway, a spent budget).
+        self.stop_reason: str | None = None
         self._frames = FrameCheck()
 
     def feed(self, stream: str, chunk: bytes) -> None:
@@ -190,7 +193,10 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     end = record.run_end or {}
     if result.status == "succeeded":
         result.answer = end.get("answer")
-    result.token_usage = end.get("token_usage") or {}
+    reported = end.get("token_usage") or {}
+    result.token_usage = reported
+    if result.gateway.get("enabled"):
+        account_gateway(result, record, reported)
     result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
     result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
     if record.cuts > MAX_CUT_EVENTS:
@@ -211,6 +217,25 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
         result.error = {"type": "record_unwritable", "message": error}
     with contextlib.suppress(sqlite3.Error):  # the index may be on the same full disk
         _index_end(result, store)
+
+
+def account_gateway(result: RunResult, record: RunRecorder, reported: dict[str, Any]) -> None:
+    """Token usage as the gateway measured it; what the sandbox claimed is kept beside it,
+    and a difference is flagged (`token_usage_mismatch`, and an event saying both)."""
+    measured = measured_usage(record.events)
+    result.token_usage, result.token_usage_source = measured, "gateway"
+    result.token_usage_reported = dict(reported)
+    result.token_usage_mismatch = usage_mismatch(measured, reported)
+    if result.token_usage_mismatch:
+        record.host_event("token_usage_mismatch", measured=measured, reported=reported)
+    closed = [e for e in record.events if e.get("type") == "gateway_closed"]
+    totals = closed[-1] if closed else {}
+    calls = sum(1 for e in record.events if e.get("type") == "model_call")
+    result.gateway.update(
+        calls=totals.get("calls", calls),
+        refused=totals.get("refused"),
+        unmeasured=totals.get("unmeasured"),
+    )
 
 
 def unwritable(what: str) -> str:

@@ -23,11 +23,19 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH
 
 from .backends import backend_name, get_backend
-from .backends.base import Backend, ExitInfo, Sandbox, SandboxSpec
+from .backends.base import Backend, Sandbox, SandboxSpec
 from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
+from .gateway import (
+    GatewaySpec,
+    describe_gateway,
+    plan_gateway,
+    sandbox_network,
+    sandbox_secrets,
+)
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
+from .outcome import decide_status, explain_network
 from .payload import ShippedFile, check_task
 from .policy import (
     HOST_NAME_HELP,
@@ -39,7 +47,6 @@ from .policy import (
 from .record import EventHandler, RunRecorder, finish
 from .secrets import needed_secrets, resolve_secrets
 from .spec import (
-    PAYLOAD_ERROR,
     SETTABLE_LIMITS,
     Limits,
     NetworkPolicy,
@@ -73,6 +80,21 @@ class PreparedRun:
     secret_names: tuple[str, ...] = ()
     #: The payload folder's files as they will be shipped (read and checked by `prepare`).
     files: dict[str, ShippedFile] = field(default_factory=dict)
+    #: The run's model gateway (None: no gateway, and `gateway_off` says why).
+    gateway: GatewaySpec | None = None
+    gateway_off: str | None = None
+
+    @property
+    def sandbox_network(self) -> NetworkPolicy:
+        """What the sandbox itself may reach (with a gateway, not the model's endpoint)."""
+        hosts = (*self.manifest.hosts, *self.spec.allow_hosts)
+        return sandbox_network(self.network, self.gateway, hosts)
+
+    @property
+    def allowlist(self) -> list[str]:
+        """The effective allowlist as the record shows it."""
+        items = describe_allowlist(self.sandbox_network)
+        return items + ([describe_gateway(self.gateway)] if self.gateway else [])
 
     @property
     def image_requirements(self) -> tuple[str, ...]:
@@ -128,6 +150,10 @@ def prepare(
         network = resolve_network(spec, manifest, model)
     with _field("backend"):
         backend = backend_name(spec.backend, manifest)
+    with _field("model"):
+        gateway, gateway_off = plan_gateway(
+            enabled=spec.gateway, model=model, network=network, backend=backend, limits=limits
+        )
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
         if spec.check_only:  # the tree is built, no step runs: no real secret goes in
@@ -148,6 +174,8 @@ def prepare(
         limits=limits,
         network=network,
         secrets=secrets,
+        gateway=gateway,
+        gateway_off=gateway_off,
     )
 
 
@@ -254,7 +282,10 @@ def execute(
         model=prepared.model.describe(),
         backend=backend.name,
         network=prepared.network.mode,
-        allowlist=describe_allowlist(prepared.network),
+        allowlist=prepared.allowlist,
+        gateway=prepared.gateway.describe()
+        if prepared.gateway
+        else {"enabled": False, "reason": prepared.gateway_off},
     )
     timings: dict[str, float] = {"created": time.time()}
     sandbox: Sandbox | None = None
@@ -273,20 +304,23 @@ def execute(
             sandbox_id=sandbox.id,
             network=prepared.network.mode,
             allowlist=result.allowlist,
+            gateway=prepared.gateway is not None,
         )
         timings["started"] = time.time()
         # The limit counts from here, before the start (which may wait for the egress proxy):
         # the containers' own deadline (created just before) comes a grace period later.
         deadline = time.monotonic() + prepared.limits.timeout_seconds
         checkpoint()
-        sandbox.start(build_request(prepared), prepared.secrets)
+        secrets, model_key = sandbox_secrets(prepared.secrets, prepared.gateway)
+        request = build_request(prepared, api_base=sandbox.model_api_base)
+        sandbox.start(request, secrets, gateway_key=model_key)
         store.update_run(run_id, status="running")
         outcome = supervise(sandbox, record, deadline, prepared.limits.timeout_seconds, cancel)
         exit_info = sandbox.wait(timeout=30)
         if record.run_end is None and outcome != "cancelled":
             record.recover(sandbox.recover_stdout())
         result.status, result.error = decide_status(
-            outcome, exit_info, record.run_end, record.violations
+            outcome, exit_info, record.run_end, record.violations, reason=record.stop_reason
         )
         result.exit_code = exit_info.exit_code
         result.oom_killed = exit_info.oom_killed
@@ -303,6 +337,7 @@ def execute(
     finally:
         if sandbox is not None:
             record_egress_blocked(sandbox, record)
+            record_gateway(sandbox, record, close=True)
             try:
                 sandbox.remove()
             except Exception as exc:  # never mask the run's own outcome
@@ -313,7 +348,7 @@ def execute(
         )
         result.timings = timings
         if result.status == "infra_error":
-            result.error = explain_network(prepared, result.error)
+            result.error = explain_network(prepared.network, prepared.model, result.error)
         finish(result, record, store)
     if interrupted is not None:
         raise interrupted
@@ -349,8 +384,12 @@ def supervise(
     while not done.wait(timeout=0.05):
         if time.monotonic() >= next_check:
             lost, next_check = sandbox.health(), time.monotonic() + HEALTH_INTERVAL
+        spent = record_gateway(sandbox, record)
         if cancel.is_set():
             outcome = "cancelled"
+        elif spent:
+            outcome = "budget_exceeded"
+            lost = spent
         elif time.monotonic() >= deadline:
             outcome = "timed_out"
         elif lost:
@@ -360,15 +399,37 @@ def supervise(
         else:
             continue
         sandbox.kill()
+        record.stop_reason = lost
         record.host_event(outcome, **({"reason": lost} if lost else {"limit_seconds": timeout}))
         break
     reader.join(timeout=10)
     failed = (record.run_end or {}).get("state") != "success"
-    if outcome == "finished" and failed and (lost := sandbox.health()):
+    spent = record_gateway(sandbox, record)
+    if outcome == "finished" and failed and spent:
+        outcome, record.stop_reason = "budget_exceeded", spent  # the 429 ended it first
+        record.host_event(outcome, reason=spent)
+    elif outcome == "finished" and failed and (lost := sandbox.health()):
         # The runtime ended first (say, on a model connection error): name the real cause.
-        outcome = "network_lost"
+        outcome, record.stop_reason = "network_lost", lost
         record.host_event(outcome, reason=lost)
     return outcome
+
+
+def record_gateway(sandbox: Sandbox, record: RunRecorder, *, close: bool = False) -> str | None:
+    """Record what the run's model gateway reported since the last look (source `gateway`);
+    with `close`, end its service first so that its last reports are in. Returns the
+    message of a `budget_exceeded` report, if one came."""
+    if close:
+        try:
+            sandbox.close_gateway()
+        except Exception as exc:  # the run's outcome matters more than the last report
+            record.host_event("gateway_close_failed", error=str(exc))
+    spent = None
+    for event in sandbox.gateway_events():
+        record.observed({**event, "source": "gateway"})
+        if event.get("type") == "budget_exceeded":
+            spent = str(event.get("message") or "the run's model budget is spent")
+    return spent
 
 
 def record_egress_blocked(sandbox: Sandbox, record: RunRecorder) -> None:
@@ -382,97 +443,22 @@ def record_egress_blocked(sandbox: Sandbox, record: RunRecorder) -> None:
         record.observed({"type": "egress_blocked", "source": "egress", **attempt})
 
 
-def explain_network(prepared: PreparedRun, error: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Add the likely network cause when the model could not be reached."""
-    if not error or error.get("kind") != "model_unavailable":
-        return error
-    if prepared.network.mode == "none" and prepared.model.needs_network:
-        hint = (
-            "this run has no network (--network none), so the sandbox cannot reach the model "
-            f"at {prepared.model.api_base}"
-        )
-    elif prepared.network.host_endpoints:
-        hint = (
-            f"the model server at {prepared.model.api_base} is reached from containers through "
-            "the Docker bridge: it must listen on 0.0.0.0 or the docker0 address, not only "
-            "on 127.0.0.1"
-        )
-    else:
-        return error
-    return {**error, "message": f"{error.get('message') or ''} ({hint})".strip()}
-
-
-def decide_status(
-    outcome: str,
-    exit_info: ExitInfo,
-    run_end: dict[str, Any] | None,
-    violations: list[str] | tuple[str, ...] = (),
-) -> tuple[str, dict[str, Any] | None]:
-    """Map what happened to one terminal status and an error (None on success).
-
-    Decided from what the host can check: its own outcome (limit, cancel, network), the
-    engine's exit record, and the event channel's integrity. The sandbox's `run_end` is a
-    claim: success counts only with a clean channel and a runtime process that exited 0."""
-    if outcome in ("timed_out", "cancelled"):
-        message = "time limit reached" if outcome == "timed_out" else "cancelled by the user"
-        return outcome, {"type": outcome, "message": message}
-    if outcome == "record_unwritable":
-        return "infra_error", {"type": outcome, "message": "the run record could not be written"}
-    if outcome == "network_lost":
-        message = (
-            "the egress proxy stopped during the run, which cut the sandbox off from the "
-            "network (fail closed); the sandbox was stopped"
-        )
-        return "infra_error", {"type": "network_lost", "message": message}
-    if exit_info.oom_killed:
-        return "oom_killed", {"type": "oom_killed", "message": "the sandbox ran out of memory"}
-    code = exit_info.exit_code
-    if violations:
-        message = "; ".join(dict.fromkeys(violations))
-        return "failed", {
-            "type": "protocol_violation",
-            "message": f"the sandbox broke the event protocol: {message} (runtime exit code "
-            f"{code}); nothing it reported can be trusted as this run's end",
-        }
-    if run_end is not None:
-        if run_end.get("state") == "success":
-            if code == 0:
-                return "succeeded", None
-            if exit_info.infra_error:
-                return "infra_error", {"type": "sandbox_lost", "message": exit_info.infra_error}
-            return "failed", {
-                "type": "protocol_violation",
-                "message": f"the sandbox reported success, but its runtime exited with code {code}",
-            }
-        error = run_end.get("error") or {"type": run_end.get("state"), "message": ""}
-        if error.get("kind") == "model_unavailable":
-            return "infra_error", error
-        if error.get("kind") == "payload":  # the payload cannot load: bad input, never retried
-            message = f"{error.get('type')}: {error.get('message')}"
-            return "failed", {**error, "type": PAYLOAD_ERROR, "message": message}
-        return "failed", error
-    if exit_info.infra_error:
-        return "infra_error", {"type": "sandbox_lost", "message": exit_info.infra_error}
-    return "infra_error", {
-        "type": "no_result",
-        "message": f"the runtime exited with code {exit_info.exit_code} without a result",
-    }
-
-
 def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
     return SandboxSpec(
         run_id=prepared.run_id,
         image=image,
         command=RUNTIME_COMMAND,
         limits=prepared.limits,
-        network=prepared.network,
+        network=prepared.sandbox_network,
         labels=run_labels(prepared.run_id),
+        gateway=prepared.gateway,
     )
 
 
-def build_request(prepared: PreparedRun) -> dict[str, Any]:
+def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> dict[str, Any]:
     """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
-    ships those separately (`Sandbox.start`)."""
+    ships those separately (`Sandbox.start`). `api_base`: the run's model gateway, which
+    then stands in for the model's endpoint."""
     manifest = prepared.manifest
     request = {
         "protocol": PROTOCOL_VERSION,
@@ -489,7 +475,7 @@ def build_request(prepared: PreparedRun) -> dict[str, Any]:
         "max_steps": prepared.limits.max_steps,
         "model": {
             **prepared.model.to_request(),
-            "api_base": sandbox_api_base(prepared.model.api_base, prepared.network),
+            "api_base": api_base or sandbox_api_base(prepared.model.api_base, prepared.network),
         },
         "mock_scripts": manifest.mock_scripts if prepared.model.provider == "mock" else {},
         "result_path": RESULT_PATH,

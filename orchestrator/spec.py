@@ -42,6 +42,11 @@ class RunSpec:
     memory_mb: int | None = None
     cpus: float | None = None
     pids: int | None = None
+    max_model_calls: int | None = None
+    max_tokens: int | None = None
+    #: Serve the model through a per-run gateway that holds its key (the sandbox gets only a
+    #: run token). False (`--no-gateway`) sends the key into the sandbox, as before.
+    gateway: bool = True
     env_file: str | Path | None = None
     allow_dangerous_imports: bool = False
     schedule: str | None = None
@@ -60,9 +65,16 @@ class RunResult:
     error: dict[str, Any] | None = None
     exit_code: int | None = None
     oom_killed: bool = False
-    #: As the sandbox reported it (`token_usage_source`): the sandbox can claim any figure.
+    #: Measured by the model gateway when the run had one (`token_usage_source: gateway`),
+    #: else as the sandbox reported it (`sandbox`: the sandbox can claim any figure).
     token_usage: dict[str, int] = field(default_factory=dict)
     token_usage_source: str = "sandbox"
+    #: What the sandbox itself reported, kept beside a measured figure.
+    token_usage_reported: dict[str, int] = field(default_factory=dict)
+    #: True when the sandbox reported other figures than the gateway measured.
+    token_usage_mismatch: bool = False
+    #: The model gateway of the run: `enabled`, and `calls`, `refused`, `upstream`, or why not.
+    gateway: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
     record_dir: str = ""
@@ -104,6 +116,11 @@ class Limits:
     cpus: float = 1.0
     pids: int = 256
     tmpfs_mb: int = 256
+    #: Model calls the gateway forwards in one run (call N+1 is refused; the run ends).
+    max_model_calls: int = 200
+    #: Input plus output tokens the gateway lets one run spend (measured from responses; the
+    #: call that crosses the line completes, the next is refused).
+    max_tokens: int = 2_000_000
 
     def validate(self, where: str) -> None:
         checks = [
@@ -113,6 +130,8 @@ class Limits:
             ("cpus", 0.1 <= self.cpus <= 64, "0.1 to 64"),
             ("pids", 16 <= self.pids <= 32768, "16 to 32768"),
             ("tmpfs_mb", 1 <= self.tmpfs_mb <= 16384, "1 to 16384 MiB"),
+            ("max_model_calls", 1 <= self.max_model_calls <= 100_000, "1 to 100000 calls"),
+            ("max_tokens", 1 <= self.max_tokens <= 1_000_000_000, "1 to 1000000000 tokens"),
         ]
         for name, ok, allowed in checks:
             if not ok:

@@ -123,10 +123,19 @@ def build_model(request: Request) -> Model:
             request.model_id, api_base=request.api_base, api_key=key or "unused", **options
         )
     if request.provider == "hf":
+        if request.api_base:
+            # An OpenAI-compatible base URL: the run's model gateway (which forwards to Hugging
+            # Face's router, https://router.huggingface.co/v1), or an Inference Endpoint / TGI
+            # server's /v1. huggingface_hub's client cannot take both a base URL and a model
+            # id, and the router needs the id, so these speak OpenAI's protocol directly.
+            from smolagents.models import OpenAIServerModel
+
+            return OpenAIServerModel(
+                request.model_id, api_base=request.api_base, api_key=key or "unused", **options
+            )
         from smolagents.models import InferenceClientModel
 
-        # huggingface_hub takes an endpoint URL in place of the model id (not both).
-        return InferenceClientModel(request.api_base or request.model_id, token=key, **options)
+        return InferenceClientModel(request.model_id, token=key, **options)
     from smolagents.models import LiteLLMModel
 
     return LiteLLMModel(request.model_id, api_base=request.api_base, api_key=key, **options)

@@ -1,9 +1,11 @@
 """Host-side test servers: a scripted OpenAI-compatible model, and a sink.
 
-`ScriptedModelServer` is a real HTTP server (so the sandbox → egress proxy → Docker host path
-is exercised for real) bound to 0.0.0.0 on a free port. It answers
-`POST /v1/chat/completions` with the next output of its script, records every request, and
-can be told to fail the next requests with a status (429, 500, ...).
+`ScriptedModelServer` is a real HTTP server (so the sandbox → gateway or egress proxy →
+Docker host path is exercised for real) bound to 0.0.0.0 on a free port. It answers
+`POST /v1/chat/completions` with the next output of its script (as server-sent events when
+the request says `stream`, with usage in the last event when `stream_options.include_usage`
+asks for it), records every request, counts the tokens it reports (`usage`: its own figures,
+which differ per request), and can be told to fail the next requests with a status.
 
 `SinkServer` listens on 0.0.0.0 and records every connection it gets: tests assert it got
 none, whatever the sandbox tried.
@@ -16,6 +18,7 @@ import json
 import socket
 import socketserver
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -27,6 +30,10 @@ class ScriptedModelServer:
         self.outputs = deque(outputs)
         self.requests: list[dict[str, Any]] = []
         self.failures: deque[int] = deque()
+        #: The tokens this server reported, summed over its answers.
+        self.usage = {"input_tokens": 0, "output_tokens": 0}
+        #: Seconds between the events of a streamed answer.
+        self.stream_delay = 0.0
         self._lock = threading.Lock()
         self._server = http.server.ThreadingHTTPServer((host, 0), self._handler())
         self._server.daemon_threads = True
@@ -49,6 +56,11 @@ class ScriptedModelServer:
                 return 500, {"error": {"message": "the script is exhausted", "type": "scripted"}}
             text = self.outputs.popleft()
             number = len(self.requests)
+            # Figures of its own, different for every request, so a count cannot match by luck.
+            prompt = 1 + len(json.dumps(body.get("messages", []))) // 4
+            completion = 1 + len(text) // 4
+            self.usage["input_tokens"] += prompt
+            self.usage["output_tokens"] += completion
         return 200, {
             "id": f"chatcmpl-{number}",
             "object": "chat.completion",
@@ -61,7 +73,11 @@ class ScriptedModelServer:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110},
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
         }
 
     def _handler(self) -> type[http.server.BaseHTTPRequestHandler]:
@@ -69,6 +85,7 @@ class ScriptedModelServer:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # as real model servers: no 40 ms ACK stalls
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's naming
                 """Recorded, then 404: only chat completions are served."""
@@ -95,12 +112,41 @@ class ScriptedModelServer:
                     status, reply = server._reply(body)
                 else:
                     status, reply = 404, {"error": {"message": "not found"}}
+                if status == 200 and body.get("stream"):
+                    return self._stream(reply, bool((body.get("stream_options") or {}).get(
+                        "include_usage")))  # fmt: skip
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, reply: dict[str, Any], include_usage: bool) -> None:
+                """The answer as chat.completion.chunk events, a few characters each."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                text = reply["choices"][0]["message"]["content"]
+                pieces = [text[i : i + 40] for i in range(0, len(text), 40)] or [""]
+                base = {k: reply[k] for k in ("id", "created", "model")}
+                base["object"] = "chat.completion.chunk"
+                events = [
+                    {**base, "choices": [{"index": 0, "delta": {"content": piece},
+                                          "finish_reason": None}]}
+                    for piece in pieces
+                ]  # fmt: skip
+                events[-1]["choices"][0]["finish_reason"] = "stop"
+                if include_usage:
+                    events.append({**base, "choices": [], "usage": reply["usage"]})
+                for event in events:
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(server.stream_delay)
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
 
             def log_message(self, *args: Any) -> None:
                 pass

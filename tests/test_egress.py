@@ -173,8 +173,13 @@ def test_access_log_parsing() -> None:
 def test_openai_payload_runs_through_the_allowlist(
     agent_image: str, openai_key: str, nothing_left: None
 ) -> None:
+    """Without the model gateway (tests/test_gateway.py), the sandbox reaches the model
+    endpoint itself, through the egress proxy."""
     with ScriptedModelServer(research_outputs()) as server:
-        result = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=server.api_base()))
+        spec = RunSpec(
+            payload=RESEARCH, model="openai:scripted", api_base=server.api_base(), gateway=False
+        )
+        result = run(spec)
     assert result.status == "succeeded", result.error
     assert str(result.answer).strip() == load_manifest(RESEARCH).example_answer
     assert result.network == "allowlist"
@@ -287,6 +292,7 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
                 api_base=model.api_base(),
                 # a listed name that resolves to the proxy's own address: still refused
                 allow_hosts=("egress",),
+                gateway=False,  # the sandbox reaches the model endpoint itself, via squid
             )
             result = run(spec)
             # The model endpoint itself was reachable, and only under its own name.

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..gateway import GatewaySpec
 from ..spec import Limits, NetworkPolicy
 
 Progress = Callable[[str], None]
@@ -28,6 +29,8 @@ class SandboxSpec:
     limits: Limits
     network: NetworkPolicy
     labels: dict[str, str] = field(default_factory=dict)
+    #: The run's model gateway, for backends that run one (Docker); None: no gateway.
+    gateway: GatewaySpec | None = None
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,15 @@ class Sandbox(ABC):
     id: str
 
     @abstractmethod
-    def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
+    def start(
+        self, request: dict[str, Any], secrets: dict[str, str], *, gateway_key: str | None = None
+    ) -> None:
         """Start the runtime and hand it the run request and the run's secrets.
 
         Each backend ships them its own way (Docker: one JSON object on stdin; E2B: the request
         as an uploaded file, the secrets as the command's environment), never through the
-        sandbox's configuration or an image. Raises the engine's errors if it cannot start.
+        sandbox's configuration or an image. `gateway_key` is the model's real key, for the
+        run's gateway only (never the sandbox). Raises the engine's errors if it cannot start.
         """
 
     @abstractmethod
@@ -102,6 +108,21 @@ class Sandbox(ABC):
     def egress_blocked(self) -> list[dict[str, Any]]:
         """Connections the backend's egress control refused (host, port, method, reason)."""
         return []
+
+    @property
+    def model_api_base(self) -> str | None:
+        """The `api_base` the runtime must use when the run has a gateway (after create)."""
+        return None
+
+    def gateway_events(self) -> list[dict[str, Any]]:
+        """What the run's gateway reported since the last call (model calls, refusals,
+        budget stops); empty without a gateway. Never raises."""
+        return []
+
+    def close_gateway(self) -> None:
+        """End the gateway's service (its token is refused from now on) and collect its
+        last reports, so that `gateway_events` then holds everything; no-op without one."""
+        return None  # noqa: B027 - optional part, no gateway by default
 
 
 class Backend(ABC):

@@ -100,6 +100,8 @@ class BatchSummary:
     duration_p95: float | None
     tokens: dict[str, int]
     tokens_all_attempts: dict[str, int]
+    #: `gateway` (measured on the host), `sandbox` (as reported) or `mixed`.
+    tokens_source: str
     attempts: int
     retries: int
     skipped_lines: list[dict[str, Any]]

@@ -455,6 +455,7 @@ class _BatchRun:
             "tokens": {
                 "input": int(result.token_usage.get("input_tokens") or 0),
                 "output": int(result.token_usage.get("output_tokens") or 0),
+                "source": result.token_usage_source,  # gateway: measured on the host
             },
             "steps": result.steps,
             "attempts": self.attempt_counts[task.id],
@@ -581,6 +582,7 @@ class _BatchRun:
                 "output": sum(row["tokens"]["output"] for row in rows),
             },
             tokens_all_attempts=all_tokens,
+            tokens_source=tokens_source(rows),
             attempts=attempts,
             retries=sum(max(0, int(row.get("attempts") or 1) - 1) for row in rows),
             skipped_lines=[asdict(b) for b in self.plan.file.bad_lines],
@@ -595,3 +597,10 @@ class _BatchRun:
                 "concurrency": self.limit,
             },
         )
+
+
+def tokens_source(rows: list[dict[str, Any]]) -> str:
+    """Where the batch's token figures come from: `gateway` (measured on the host for every
+    task), `sandbox` (as the sandboxes reported them) or `mixed`."""
+    sources = {(row.get("tokens") or {}).get("source", "sandbox") for row in rows}
+    return sources.pop() if len(sources) == 1 else ("mixed" if sources else "sandbox")

@@ -301,6 +301,9 @@ class BatchDisplay:
                 f"{s.tokens_all_attempts['output']} out)"
                 if s.tokens_all_attempts != s.tokens
                 else ""
+            )
+            + {"gateway": " (measured by the model gateway)", "sandbox": " (as reported)"}.get(
+                s.tokens_source, " (partly measured, partly as reported)"
             ),
         )
         table.add_row("retries", f"{s.retries} ({s.attempts} attempts in all)")

@@ -72,6 +72,22 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--cpus", type=float, help="CPU limit (default: manifest, else 1.0)")
     p.add_argument("--pids", type=int, help="process limit (default: manifest, else 256)")
+    p.add_argument(
+        "--max-model-calls", type=int, metavar="N",
+        help="model calls the run's gateway forwards; call N+1 ends the run with "
+        "budget_exceeded (default: manifest, else 200)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-tokens", type=int, metavar="N",
+        help="input + output tokens the run may spend, as the gateway measures them "
+        "(default: manifest, else 2000000)",
+    )  # fmt: skip
+    p.add_argument(
+        "--no-gateway", action="store_false", dest="gateway",
+        help="put the model key into the sandbox instead of serving the model through the "
+        "run's gateway (default: a gateway for openai, hf and litellm models on Docker; no "
+        "host-measured tokens or budgets without it)",
+    )  # fmt: skip
     p.add_argument("--env-file", help="dotenv file to read secrets from (default: ./.env)")
     p.add_argument(
         "--i-understand-dangerous-imports", action="store_true", dest="allow_dangerous_imports",
@@ -95,6 +111,9 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         memory_mb=args.memory_mb,
         cpus=args.cpus,
         pids=args.pids,
+        max_model_calls=args.max_model_calls,
+        max_tokens=args.max_tokens,
+        gateway=args.gateway,
         env_file=args.env_file,
         allow_dangerous_imports=args.allow_dangerous_imports,
         additional_args=parse_kv_args(getattr(args, "arg", [])),

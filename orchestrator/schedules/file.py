@@ -49,6 +49,7 @@ _KEYS = {
     "name", "cron", "timezone", "payload", "task", "task_file", "model", "api_base",
     "model_key_env", "backend", "network", "allow_hosts", "limits", "secrets", "env_file",
     "additional_args", "concurrency", "missed", "missed_deadline", "notify", "enabled",
+    "gateway",
 }  # fmt: skip
 
 
@@ -91,6 +92,8 @@ class Schedule:
     missed_deadline: float | None = None
     notify: Notify | None = None
     enabled: bool = True
+    #: false: no model gateway, the key goes into the sandbox (`--no-gateway`).
+    gateway: bool = True
 
     def read_task(self) -> str | None:
         """The task, read from `task_file` at firing time so edits need no reinstall."""
@@ -120,6 +123,7 @@ class Schedule:
             backend=self.backend,
             network=self.network,
             allow_hosts=self.allow_hosts,
+            gateway=self.gateway,
             env_file=self.env_file or self.source.parent / ".env",
             schedule=self.name,
             run_id=run_id,
@@ -375,6 +379,7 @@ def _parse_schedule(
         missed_deadline=deadline,
         notify=notify,
         enabled=bool(enabled),
+        gateway=get("gateway", bool, True),
     )
     if check_payloads and not errors:
         errors.extend(check_schedule(schedule))

@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ import pytest
 from orchestrator.backends.docker.deadline import GRACE_SECONDS
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.manifest import load_manifest
 
 from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
+from ..model_server import ScriptedModelServer
 
 pytestmark = pytest.mark.docker
 
@@ -71,18 +75,44 @@ def test_code_in_the_sandbox_cannot_outlive_the_deadline(
     assert not our_containers(docker_client, store_label)
 
 
-@pytest.mark.parametrize("network", ["none", "allowlist"])
+@pytest.mark.parametrize("network", ["none", "allowlist", "gateway"])
 def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
     agent_image: str, docker_client, store_label: str, network: str
 ) -> None:
-    args = ["--arg", "seconds=600", "--timeout", str(LIMIT), "--network", network]
-    if network == "allowlist":
-        args += ["--allow-host", "example.com"]
-    proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), *args, "-q")
+    """`gateway`: an openai model through the run's model gateway (a third container)."""
+    args = ["--arg", "seconds=600", "--timeout", str(LIMIT)]
+    script = load_manifest(TEST_PAYLOADS / "sleeper").mock_scripts["manager"]
+    with ExitStack() as stack:
+        in_the_tool: Callable[[], object] = lambda: True  # noqa: E731
+        if network == "gateway":
+            server = stack.enter_context(ScriptedModelServer(script))
+            args += ["--model", "openai:scripted", "--api-base", server.api_base()]
+            env = {**os.environ, "OPENAI_API_KEY": "sk-deadline-test"}
+            # Killed once the model has answered: the sandbox is then in its 600 s tool
+            # (earlier, its gateway, which stops serving when its host is gone, fails the call
+            # and the sandbox ends sooner, with exit code 1).
+            in_the_tool = lambda: server.requests  # noqa: E731
+        else:
+            args += ["--network", network]
+            env = dict(os.environ)
+        if network == "allowlist":
+            args += ["--allow-host", "example.com"]
+        _kill_mid_run_and_check(docker_client, store_label, args, env, in_the_tool)
+
+
+def _kill_mid_run_and_check(
+    docker_client,
+    store_label: str,
+    args: list[str],
+    env: dict[str, str],
+    in_the_tool: Callable[[], object],
+) -> None:
+    proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), *args, "-q", env=env)
     try:
         sandbox = wait_for(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=180
         )
+        wait_for(in_the_tool, timeout=120)
         time.sleep(1)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -167,11 +167,13 @@ class Egress:
         run_id: str,
         policy: NetworkPolicy,
         labels: dict[str, str],
-        image: str,
+        image: str | None,
         stop_at: float,
         progress: Progress | None = None,
     ) -> Egress:
-        """Create the run's network and start squid on it; removes both again on failure.
+        """Create the run's network and, when `image` is given, start squid on it; removes
+        both again on failure. Without an image the network has no way out at all (a run
+        whose only destination is its model gateway).
 
         Does not wait for squid to listen: call `wait_ready` before the sandbox makes its
         first request (the sandbox's own start overlaps squid's).
@@ -196,6 +198,8 @@ class Egress:
                 '(`"default-address-pools"` in daemon.json, e.g. size 24).',
             ) from exc
         egress = cls(client, network["Id"], f"orchestrator-net-{run_id}")
+        if image is None:
+            return egress
         try:  # from here on, whatever goes wrong (a cancelling progress too) removes both
             if progress is not None:
                 progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
@@ -204,6 +208,11 @@ class Egress:
             egress.remove()
             raise
         return egress
+
+    def subnets(self) -> list[str]:
+        """The run's network's address ranges (its only clients)."""
+        config = self.client.api.inspect_network(self.network_id)["IPAM"]["Config"]
+        return [c["Subnet"] for c in config]
 
     def _start_proxy(
         self,
@@ -214,7 +223,7 @@ class Egress:
         stop_at: float,
     ) -> None:
         api = self.client.api
-        subnets = [c["Subnet"] for c in api.inspect_network(self.network_id)["IPAM"]["Config"]]
+        subnets = self.subnets()
         config = {
             "hosts": [h for h in policy.hosts if not h.startswith("*.")],
             "wildcards": [h[2:] for h in policy.hosts if h.startswith("*.")],
@@ -267,6 +276,8 @@ class Egress:
 
     def wait_ready(self) -> None:
         """Until squid accepts connections on both its ports, or fail with its log."""
+        if self.container_id is None:
+            return
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             log = self.client.api.logs(self.container_id, stdout=False, stderr=True)
@@ -284,19 +295,24 @@ class Egress:
                 )
             time.sleep(0.05)
 
-    def proxy_env(self) -> dict[str, str]:
-        """The standard proxy variables for the sandbox (not secret)."""
+    def proxy_env(self, direct: tuple[str, ...] = ()) -> dict[str, str]:
+        """The standard proxy variables for the sandbox (not secret); `direct` names
+        addresses on the run's network reached without the proxy (the model gateway)."""
+        if self.container_id is None:
+            return {}
         url = f"http://{self.proxy_ip}:{PROXY_PORT}"
         env = {}
         for name in ("HTTP_PROXY", "HTTPS_PROXY"):
             env[name] = env[name.lower()] = url
-        env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1"
+        env["NO_PROXY"] = env["no_proxy"] = ",".join(("localhost", "127.0.0.1", *direct))
         return env
 
     def alive(self) -> str | None:
         """None while squid runs; else why the sandbox has lost its network."""
         import docker.errors
 
+        if self.container_id is None:
+            return None
         try:
             state = self.client.api.inspect_container(self.container_id)["State"]
         except docker.errors.NotFound:
@@ -314,6 +330,8 @@ class Egress:
         """What squid refused, from its access log: host, port, method, time, reason."""
         import docker.errors
 
+        if self.container_id is None:
+            return []
         try:
             log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
         except docker.errors.APIError:
@@ -337,8 +355,27 @@ class Egress:
                 also()
         finally:
             worker.join()
+        remove_network(self.client, self.network_id)
+
+
+def remove_network(client: docker.DockerClient, network_id: str) -> None:
+    """Remove a run's network, first cutting off anything still attached to it (a container
+    someone connected by hand, say), so that nothing keeps it alive; gone already is fine."""
+    import docker.errors
+
+    try:
+        client.api.remove_network(network_id)
+    except docker.errors.NotFound:
+        return
+    except docker.errors.APIError:
         with contextlib.suppress(docker.errors.NotFound):
-            self.client.api.remove_network(self.network_id)
+            attached = client.api.inspect_network(network_id).get("Containers") or {}
+            for container_id in attached:
+                with contextlib.suppress(docker.errors.APIError):
+                    client.api.disconnect_container_from_network(
+                        container_id, network_id, force=True
+                    )
+            client.api.remove_network(network_id)
 
 
 def parse_access_log(text: str) -> list[dict[str, Any]]:

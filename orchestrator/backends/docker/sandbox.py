@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -18,8 +19,9 @@ from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
 from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
 from .deadline import AGENT_KEEPER, deadline_at, kept
-from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image
+from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
+from .gateway import Gateway
 
 #: The unprivileged user of the agent image (see images/agent/Dockerfile).
 SANDBOX_USER = "10001:10001"
@@ -82,25 +84,46 @@ class DockerSandbox(Sandbox):
     """A created container; the stream is the attached stdout/stderr of the runtime."""
 
     def __init__(
-        self, client: docker.DockerClient, container_id: str, egress: Egress | None = None
+        self,
+        client: docker.DockerClient,
+        container_id: str,
+        egress: Egress | None = None,
+        gateway: Gateway | None = None,
+        spec: SandboxSpec | None = None,
     ) -> None:
         self.client = client
         self.api = client.api
         self.id = container_id
         self.egress = egress
+        self.gateway = gateway
+        self.spec = spec
         self._socket: Any = None
 
-    def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
+    @property
+    def model_api_base(self) -> str | None:
+        if self.gateway is None or self.spec is None or self.spec.gateway is None:
+            return None
+        return self.gateway.api_base(self.spec.gateway.upstream)
+
+    def start(
+        self, request: dict[str, Any], secrets: dict[str, str], *, gateway_key: str | None = None
+    ) -> None:
         """The request and its secrets go in as one JSON object on the runtime's stdin: a
-        read-only root leaves no other way in, and stdin is in no `docker inspect`."""
+        read-only root leaves no other way in, and stdin is in no `docker inspect`. The
+        model's key goes to the gateway's stdin alone."""
         stdin = json.dumps({**request, "secrets": secrets}).encode()
         # Attach before start so not a byte of output is missed.
         self._socket = self.api.attach_socket(
             self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
         )
         self.api.start(self.id)
+        if self.gateway is not None and self.egress is not None and self.spec is not None:
+            assert self.spec.gateway is not None
+            self.gateway.configure(self.spec.gateway, gateway_key, self.egress.subnets())
         if self.egress is not None:
             self.egress.wait_ready()  # squid started first; its start overlaps this one's
+        if self.gateway is not None:
+            self.gateway.wait_ready()
         raw: socket.socket = self._socket._sock
         raw.sendall(stdin)
         raw.shutdown(socket.SHUT_WR)  # EOF on the runtime's stdin (stdin_once)
@@ -134,8 +157,19 @@ class DockerSandbox(Sandbox):
             self.api.kill(self.id)
 
     def health(self) -> str | None:
-        """None while the sandbox can work; else why not (its egress proxy is gone)."""
-        return self.egress.alive() if self.egress else None
+        """None while the sandbox can work; else why not (its egress proxy or its model
+        gateway is gone)."""
+        lost = self.egress.alive() if self.egress else None
+        if lost is None and self.gateway is not None:
+            lost = self.gateway.alive()
+        return lost
+
+    def gateway_events(self) -> list[dict[str, Any]]:
+        return self.gateway.events() if self.gateway else []
+
+    def close_gateway(self) -> None:
+        if self.gateway is not None:
+            self.gateway.close()
 
     def egress_blocked(self) -> list[dict[str, Any]]:
         """Requests the egress proxy refused (none without one)."""
@@ -150,10 +184,20 @@ class DockerSandbox(Sandbox):
             with contextlib.suppress(docker.errors.NotFound):
                 self.api.remove_container(self.id, force=True, v=True)
 
+        def remove_containers() -> None:
+            if self.gateway is None:
+                return remove_container()
+            worker = threading.Thread(target=self.gateway.remove, name="gateway-remove")
+            worker.start()
+            try:
+                remove_container()
+            finally:
+                worker.join()
+
         if self.egress is None:
-            remove_container()
-        else:  # both containers at once, then the network
-            self.egress.remove(also=remove_container)
+            remove_containers()
+        else:  # every container at once, then the network
+            self.egress.remove(also=remove_containers)
 
 
 class DockerBackend(Backend):
@@ -176,29 +220,54 @@ class DockerBackend(Backend):
         )
 
     def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
-        egress = None
-        if spec.network.mode == "allowlist":
-            image = ensure_egress_image(self.client, base=self.base_image, progress=progress)
-        stop_at = deadline_at(spec.limits)  # one stop time for the proxy and the sandbox
-        if spec.network.mode == "allowlist":
-            egress = Egress.start(
-                self.client,
-                run_id=spec.run_id,
-                policy=spec.network,
-                labels=spec.labels,
-                image=image,
-                stop_at=stop_at,
-                progress=progress,
-            )
+        """The sandbox container, and what its network policy needs beside it: a private
+        network (allowlist, or any run with a gateway), squid on it (when the sandbox has
+        hosts of its own to reach) and the model gateway. All removed again on failure."""
+        needs_proxy = spec.network.mode == "allowlist" and bool(
+            spec.network.hosts or spec.network.endpoints or spec.network.host_endpoints
+        )
+        needs_network = spec.network.mode == "allowlist" or spec.gateway is not None
+        proxy_image = None
+        if needs_proxy:
+            proxy_image = ensure_egress_image(self.client, base=self.base_image, progress=progress)
+        stop_at = deadline_at(spec.limits)  # one stop time for every container of the run
+        egress = gateway = None
         try:
-            return self._create(spec, egress, stop_at)
+            if needs_network:
+                egress = Egress.start(
+                    self.client,
+                    run_id=spec.run_id,
+                    policy=spec.network,
+                    labels=spec.labels,
+                    image=proxy_image,
+                    stop_at=stop_at,
+                    progress=progress,
+                )
+            if spec.gateway is not None and egress is not None:
+                progress("model gateway")
+                gateway = Gateway.start(
+                    self.client,
+                    run_id=spec.run_id,
+                    spec=spec.gateway,
+                    network_id=egress.network_id,
+                    network_name=egress.network_name,
+                    labels=spec.labels,
+                    image=spec.image,
+                    stop_at=stop_at,
+                )
+            return self._create(spec, egress, gateway, stop_at)
         except BaseException:
+            if gateway is not None:
+                gateway.remove()
             if egress is not None:
                 egress.remove()
             raise
 
-    def _create(self, spec: SandboxSpec, egress: Egress | None, stop_at: float) -> DockerSandbox:
+    def _create(
+        self, spec: SandboxSpec, egress: Egress | None, gateway: Gateway | None, stop_at: float
+    ) -> DockerSandbox:
         host_config = self.client.api.create_host_config(**host_config_options(spec, egress))
+        direct = (gateway.ip,) if gateway is not None and gateway.ip else ()
         container = self.client.api.create_container(
             image=spec.image,
             entrypoint=kept(AGENT_KEEPER, stop_at, list(spec.command)),
@@ -206,14 +275,16 @@ class DockerBackend(Backend):
             name=f"orchestrator-{spec.run_id}",
             user=SANDBOX_USER,
             working_dir="/work",
-            environment=egress.proxy_env() if egress else {},
+            environment=egress.proxy_env(direct) if egress else {},
             labels={**spec.labels, LABEL_KIND: "sandbox"},
             hostname="sandbox",
             stdin_open=True,  # the SDK sets StdinOnce with it: EOF ends the stdin
             tty=False,
             host_config=host_config,
         )
-        return DockerSandbox(self.client, container["Id"], egress)
+        if spec.network.mode == "open" and egress is not None:  # the bridge, and the gateway
+            self.client.api.connect_container_to_network(container["Id"], egress.network_id)
+        return DockerSandbox(self.client, container["Id"], egress, gateway, spec)
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Containers (sandboxes, egress proxies), then the runs' networks: in that order
@@ -254,6 +325,6 @@ class DockerBackend(Backend):
     def remove_sandbox(self, info: SandboxInfo) -> None:
         with contextlib.suppress(docker.errors.NotFound):
             if info.kind == KIND_EGRESS_NETWORK:
-                self.client.api.remove_network(info.id)
+                remove_network(self.client, info.id)
             else:
                 self.client.api.remove_container(info.id, force=True, v=True)

@@ -53,9 +53,11 @@ class E2BSandbox(Sandbox):
         self._removed = False
         self._lost: str | None = None
 
-    def start(self, request: dict[str, Any], secrets: dict[str, str]) -> None:
+    def start(
+        self, request: dict[str, Any], secrets: dict[str, str], *, gateway_key: str | None = None
+    ) -> None:
         """Upload the request (one request, no secrets in it), then start the runtime with the
-        secrets in its own environment only."""
+        secrets in its own environment only. (No gateway on E2B: `gateway_key` is unused.)"""
         path = f"/tmp/orchestrator-request-{self.spec.run_id}.json"
         limits = {"nproc": self.spec.limits.pids, "nofile": 1024, "core": 0}
         body = json.dumps({**request, "secret_env": sorted(secrets), "rlimits": limits})

@@ -1,0 +1,240 @@
+"""One run's model gateway as a container (`orchestrator_runtime/gateway`, from the agent image).
+
+It sits on the run's private network, where the sandbox reaches it, and on the default bridge,
+from where it reaches the model (a server on the Docker host through `host-gateway`). It is
+hardened like the egress proxy, carries the run's labels and the same deadline keeper, keeps
+no engine-side log, and gets the model's key only through its stdin: never in its
+environment, `docker inspect` or a file. It answers only clients of the run's network that
+hold the run's token.
+
+Its reports (one JSON line each on its stdout) are read live by a thread and handed to the
+runner through `events()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from docker.types import LogConfig
+from docker.utils.socket import frames_iter
+
+from ...errors import OrchestratorError
+from ...gateway import GatewaySpec
+from ...labels import LABEL_KIND
+from ...policy import HOST_ALIAS
+from .deadline import AGENT_KEEPER, kept
+
+if TYPE_CHECKING:
+    import docker
+
+#: The `orchestrator.kind` label of gateway containers.
+KIND_GATEWAY = "gateway"
+#: The gateway's port on the run's network.
+GATEWAY_PORT = 8000
+GATEWAY_COMMAND = ["python", "-m", "orchestrator_runtime.gateway"]
+#: The gateway's limits: small, it only relays.
+GATEWAY_MEMORY = "256m"
+GATEWAY_PIDS = 64
+GATEWAY_CPUS = 1.0
+#: The unprivileged user of the agent image.
+GATEWAY_USER = "10001:10001"
+#: How long the gateway may take to listen, and to hand in its totals at the end.
+READY_TIMEOUT = 20.0
+CLOSE_TIMEOUT = 3.0
+#: The longest report line kept (a line is a few hundred bytes; nothing is unbounded).
+MAX_LINE = 64 * 1024
+
+
+class GatewayError(OrchestratorError):
+    """The model gateway could not be started (the run never starts without it)."""
+
+    exit_code = 5
+
+
+class Gateway:
+    """The gateway container of one run, and the live reading of its reports."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str, network_name: str):
+        self.client = client
+        self.container_id = container_id
+        self.network_name = network_name
+        self.ip: str | None = None
+        self._socket: Any = None
+        self._events: deque[dict[str, Any]] = deque()
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._ready = threading.Event()
+        self._closed = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @classmethod
+    def start(
+        cls,
+        client: docker.DockerClient,
+        *,
+        run_id: str,
+        spec: GatewaySpec,
+        network_id: str,
+        network_name: str,
+        labels: dict[str, str],
+        image: str,
+        stop_at: float,
+    ) -> Gateway:
+        """Create and start the container on the run's network; it then waits for its
+        configuration (`configure`). Removes the container again on failure."""
+        api = client.api
+        tmpfs = "rw,nosuid,nodev,noexec,size=16m,mode=1777"
+        host_config = api.create_host_config(
+            network_mode="bridge",  # outbound to the model; the run's network is added below
+            cap_drop=["ALL"],  # port 8000 needs no capability
+            security_opt=["no-new-privileges:true"],
+            read_only=True,
+            tmpfs={"/tmp": tmpfs},
+            mem_limit=GATEWAY_MEMORY,
+            memswap_limit=GATEWAY_MEMORY,
+            nano_cpus=int(GATEWAY_CPUS * 1e9),
+            pids_limit=GATEWAY_PIDS,
+            ipc_mode="private",
+            init=False,  # PID 1 is the deadline keeper
+            extra_hosts={HOST_ALIAS: "host-gateway"} if spec.on_docker_host else None,
+            log_config=LogConfig(type="none"),  # the key and the calls stay off the disk
+        )
+        container = api.create_container(
+            image=image,
+            entrypoint=kept(AGENT_KEEPER, stop_at, GATEWAY_COMMAND),
+            command=[],
+            name=f"orchestrator-gateway-{run_id}",
+            user=GATEWAY_USER,
+            working_dir="/tmp",
+            labels={**labels, LABEL_KIND: KIND_GATEWAY},
+            hostname="gateway",
+            stdin_open=True,
+            tty=False,
+            host_config=host_config,
+        )
+        gateway = cls(client, container["Id"], network_name)
+        try:
+            api.connect_container_to_network(gateway.container_id, network_id)
+            gateway._socket = api.attach_socket(
+                gateway.container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            api.start(gateway.container_id)
+            networks = api.inspect_container(gateway.container_id)["NetworkSettings"]["Networks"]
+            gateway.ip = networks[network_name]["IPAddress"]
+            gateway._reader = threading.Thread(target=gateway._read, name="gateway-reports")
+            gateway._reader.daemon = True
+            gateway._reader.start()
+        except BaseException:
+            gateway.remove()
+            raise
+        return gateway
+
+    def api_base(self, upstream: str) -> str:
+        """The URL the sandbox uses: this gateway, with the upstream's base path."""
+        path = urlsplit(upstream).path.rstrip("/")
+        return f"http://{self.ip}:{GATEWAY_PORT}{path}"
+
+    def configure(self, spec: GatewaySpec, key: str | None, clients: list[str]) -> None:
+        """Hand the gateway its configuration, the key included, on its stdin."""
+        config = {
+            "token": spec.token,
+            "key": key,
+            "upstream": spec.upstream,
+            "clients": clients,
+            "max_calls": spec.max_calls,
+            "max_tokens": spec.max_tokens,
+            "port": GATEWAY_PORT,
+        }
+        self._socket._sock.sendall(json.dumps(config).encode() + b"\n")
+
+    def wait_ready(self) -> None:
+        """Until the gateway listens; raises GatewayError with its last words if it will not."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not self._ready.wait(timeout=0.02):
+            if self.alive() is not None or time.monotonic() > deadline:
+                raise GatewayError(
+                    "The model gateway did not start. Its last output:\n"
+                    + ("\n".join(self._stderr) or "(none)"),
+                    "Rebuild the agent image (`orchestrator images prune`, then run again), or "
+                    "run with --no-gateway.",
+                )
+
+    def _read(self) -> None:
+        """Reports from stdout, one JSON object a line; stderr kept for diagnostics."""
+        partial = {1: b"", 2: b""}
+        try:
+            for stream_id, chunk in frames_iter(self._socket, tty=False):
+                data = partial.get(stream_id, b"") + chunk
+                *lines, rest = data.split(b"\n")
+                partial[stream_id] = rest[-MAX_LINE:]
+                for line in lines:
+                    self._line(stream_id, line[:MAX_LINE])
+        except (OSError, ValueError):  # closed under us (remove): the run is over
+            pass
+        finally:
+            self._closed.set()
+
+    def _line(self, stream_id: int, line: bytes) -> None:
+        text = line.decode("utf-8", "replace").strip()
+        if stream_id != 1:
+            if text:
+                self._stderr.append(text)
+            return
+        try:
+            event = json.loads(text)
+        except ValueError:
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            return
+        if event["type"] == "gateway_ready":
+            self._ready.set()
+            return
+        self._events.append(event)
+        if event["type"] == "gateway_closed":
+            self._closed.set()
+
+    def events(self) -> list[dict[str, Any]]:
+        taken = []
+        while self._events:
+            taken.append(self._events.popleft())
+        return taken
+
+    def close(self) -> None:
+        """Tell the gateway the run has ended and wait (briefly) for its totals."""
+        if self._socket is None or not self._ready.is_set():
+            return
+        with contextlib.suppress(OSError):
+            self._socket._sock.sendall(b"stop\n")
+        self._closed.wait(timeout=CLOSE_TIMEOUT)
+
+    def alive(self) -> str | None:
+        """None while the gateway runs; else why the sandbox has lost its model."""
+        import docker.errors
+
+        try:
+            state = self.client.api.inspect_container(self.container_id)["State"]
+        except docker.errors.NotFound:
+            return "the model gateway container vanished during the run"
+        except docker.errors.APIError:
+            return None  # the engine hiccuped: not evidence that the gateway is gone
+        if state.get("Running"):
+            return None
+        return (
+            f"the model gateway stopped during the run (exit code {state.get('ExitCode')}); "
+            "the sandbox could not reach its model from then on"
+        )
+
+    def remove(self) -> None:
+        """Remove the container; idempotent."""
+        import docker.errors
+
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                self._socket.close()
+        with contextlib.suppress(docker.errors.NotFound):
+            self.client.api.remove_container(self.container_id, force=True, v=True)

@@ -1,0 +1,142 @@
+"""The model gateway, backend-neutral: when a run gets one, what the sandbox then holds, and
+what the host makes of the gateway's account.
+
+A run whose model talks HTTP gets a per-run gateway by default (Docker): the sandbox holds a
+random run token in place of the key and reaches the model only through the gateway, which
+swaps the token for the key, forwards, measures every call and keeps the run's budget
+(`orchestrator_runtime/gateway/`). The backend starts it (`backends/docker/gateway.py`); this
+module holds the rules.
+"""
+
+from __future__ import annotations
+
+import secrets as random_tokens
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from .errors import ConfigError
+from .models import ModelSpec
+from .policy import HOST_ALIAS, is_docker_host
+from .spec import Limits, NetworkPolicy
+
+#: Where Hugging Face's router serves its OpenAI-compatible API (the `hf` provider's upstream
+#: when no --api-base is given).
+HF_ROUTER = "https://router.huggingface.co/v1"
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """One run's gateway, as a backend starts it (the key goes in only at start)."""
+
+    #: The real endpoint, as the gateway reaches it (a server on the Docker host under
+    #: `HOST_ALIAS`, which the backend maps to the host).
+    upstream: str
+    token: str
+    max_calls: int
+    max_tokens: int
+    #: The credential's environment variable (its value is the key the gateway holds).
+    credential_env: str | None
+    on_docker_host: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        """For the run record (no token, no key)."""
+        return {"enabled": True, "upstream": self.upstream, "max_model_calls": self.max_calls,
+                "max_tokens": self.max_tokens}  # fmt: skip
+
+
+def plan_gateway(
+    *, enabled: bool, model: ModelSpec, network: NetworkPolicy, backend: str, limits: Limits
+) -> tuple[GatewaySpec | None, str | None]:
+    """The run's gateway, or None and why not (for the record).
+
+    Raises ConfigError when the gateway should serve the model but cannot (a LiteLLM model
+    with no --api-base has no single endpoint to forward to): fail closed, `--no-gateway`
+    opts out by name.
+    """
+    if not model.needs_network:
+        return None, "the mock model makes no network calls"
+    if not enabled:
+        return None, "turned off with --no-gateway: the model key is in the sandbox"
+    if backend != "docker":
+        return None, (
+            f"the {backend} backend's sandboxes cannot reach a gateway on this host: the model "
+            "key goes into the sandbox (as the command's environment), masked in the record"
+        )
+    if network.mode == "none":
+        return None, "the run has no network (--network none)"
+    upstream = model.api_base or (HF_ROUTER if model.provider == "hf" else None)
+    if upstream is None:
+        raise ConfigError(
+            f"The model gateway needs the endpoint of the {model.provider} model "
+            f"{model.model_id!r}, and there is none: LiteLLM picks it per provider.",
+            "Pass --api-base with the provider's base URL (the gateway forwards there), or "
+            "run with --no-gateway to put the key into the sandbox as before.",
+        )
+    parts = urlsplit(upstream)
+    on_host = is_docker_host(parts.hostname or "")
+    if on_host:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        upstream = urlunsplit(parts._replace(netloc=f"{HOST_ALIAS}:{port}"))
+    gateway = GatewaySpec(
+        upstream=upstream.rstrip("/"),
+        token=random_tokens.token_urlsafe(32),
+        max_calls=limits.max_model_calls,
+        max_tokens=limits.max_tokens,
+        credential_env=model.credential_env,
+        on_docker_host=on_host,
+    )
+    return gateway, None
+
+
+def sandbox_network(
+    network: NetworkPolicy, gateway: GatewaySpec | None, payload_hosts: tuple[str, ...]
+) -> NetworkPolicy:
+    """What the sandbox itself may reach. With a gateway, the model's endpoint and its
+    provider's hosts leave the allowlist (only the gateway reaches them); the hosts the
+    payload and --allow-host listed stay. An allowlist left empty needs no egress proxy."""
+    if gateway is None or network.mode != "allowlist":
+        return network
+    hosts = tuple(dict.fromkeys(h.lower() for h in payload_hosts))
+    return NetworkPolicy(mode="allowlist", hosts=hosts)
+
+
+def describe_gateway(gateway: GatewaySpec) -> str:
+    """The model endpoint as an allowlist entry of the record."""
+    parts = urlsplit(gateway.upstream)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    where = " on the Docker host" if gateway.on_docker_host else ""
+    return f"{parts.hostname}:{port} (the model, through the run's gateway{where})"
+
+
+def sandbox_secrets(
+    secrets: dict[str, str], gateway: GatewaySpec | None
+) -> tuple[dict[str, str], str | None]:
+    """The secrets the sandbox gets, and the key the gateway gets: with a gateway, the
+    model's credential is replaced by the run token and never enters the sandbox."""
+    if gateway is None or gateway.credential_env is None:
+        return dict(secrets), None
+    key = secrets.get(gateway.credential_env)
+    return {**secrets, gateway.credential_env: gateway.token}, key
+
+
+def measured_usage(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Token usage summed from the gateway's `model_call` events (host-side records)."""
+    calls = [e for e in events if e.get("type") == "model_call" and e.get("source") == "gateway"]
+    input_tokens = sum(int(e.get("input_tokens") or 0) for e in calls)
+    output_tokens = sum(int(e.get("output_tokens") or 0) for e in calls)
+    return {
+        "input_tokens": input_tokens,
+        "output_tokens": output_tokens,
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def usage_mismatch(measured: dict[str, int], reported: dict[str, Any]) -> bool:
+    """True when the sandbox claimed figures other than those measured (a sandbox that
+    reported nothing claims nothing)."""
+    for name in ("input_tokens", "output_tokens"):
+        claimed = reported.get(name)
+        if claimed is not None and claimed != measured.get(name):
+            return True
+    return False

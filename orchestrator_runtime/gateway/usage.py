@@ -1,0 +1,102 @@
+"""Token usage read from model responses as they pass through the gateway.
+
+OpenAI-compatible servers (OpenAI, vLLM, llama.cpp, Ollama, Hugging Face's router) put
+`usage: {prompt_tokens, completion_tokens}` in a JSON response, and in the last event of a
+streamed one (`stream_options.include_usage`). Anthropic-style responses say
+`input_tokens`/`output_tokens`, in a stream spread over `message_start` (input) and
+`message_delta` (output so far). Reading the last value seen of each field is right for all
+of them.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+#: Response bytes kept to read a non-streamed body's usage; a larger body is still forwarded
+#: whole, but its usage is unknown (recorded as such).
+MAX_USAGE_BODY = 16 * 1024 * 1024
+#: The longest SSE line looked at; a longer one is forwarded but not parsed.
+MAX_SSE_LINE = 1024 * 1024
+
+
+def usage_of(obj: Any) -> tuple[int | None, int | None]:
+    """(input, output) tokens of one response object or stream event, None where absent."""
+    if not isinstance(obj, dict):
+        return None, None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        message = obj.get("message")  # Anthropic's `message_start` event
+        usage = message.get("usage") if isinstance(message, dict) else None
+    if not isinstance(usage, dict):
+        return None, None
+
+    def number(*names: str) -> int | None:
+        for name in names:
+            value = usage.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+        return None
+
+    return number("prompt_tokens", "input_tokens"), number("completion_tokens", "output_tokens")
+
+
+class UsageReader:
+    """Fed the response body chunk by chunk (never holding up a chunk); `input_tokens` and
+    `output_tokens` hold what the response said, None if it said nothing."""
+
+    def __init__(self, content_type: str) -> None:
+        self.streamed = "text/event-stream" in content_type.lower()
+        self.input_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self._buffer = bytearray()
+        self._overflow = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self._overflow:
+            if self.streamed and b"\n" in chunk:  # resynchronise at the next line
+                self._overflow = False
+                chunk = chunk[chunk.index(b"\n") + 1 :]
+            else:
+                return
+        self._buffer += chunk
+        if self.streamed:
+            *lines, rest = bytes(self._buffer).split(b"\n")
+            self._buffer = bytearray(rest)
+            for line in lines:
+                self._line(line)
+        limit = MAX_SSE_LINE if self.streamed else MAX_USAGE_BODY
+        if len(self._buffer) > limit:
+            self._buffer.clear()
+            self._overflow = True
+
+    def close(self) -> None:
+        if self.streamed:
+            self._line(bytes(self._buffer))
+        elif not self._overflow:
+            try:
+                self._take(json.loads(self._buffer or b"null"))
+            except ValueError:
+                pass
+        self._buffer.clear()
+
+    def _line(self, line: bytes) -> None:
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if not data or data == b"[DONE]":
+            return
+        try:
+            self._take(json.loads(data))
+        except ValueError:
+            pass
+
+    def _take(self, obj: Any) -> None:
+        input_tokens, output_tokens = usage_of(obj)
+        if input_tokens is not None:
+            self.input_tokens = input_tokens
+        if output_tokens is not None:
+            self.output_tokens = output_tokens
