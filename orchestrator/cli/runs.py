@@ -187,6 +187,8 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("egress blocked", result.get("egress_blocked") or None),
         ("steps", result.get("steps") if result else None),
         ("tokens", tokens),
+        ("tokens reported", _reported(result) if result.get("token_usage_mismatch") else None),
+        ("model calls", (result.get("gateway") or {}).get("calls")),
         ("created", f"{local_time(row['created_at'])} ({age(row['created_at'])})"),
         ("ended", local_time(ended) if ended else None),
         ("duration", human_duration(duration) if duration is not None else None),
@@ -195,6 +197,12 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("image", result.get("image")),
         ("record", row.get("record_dir")),
     ]
+
+
+def _reported(result: dict[str, Any]) -> str:
+    """What the sandbox claimed, shown when it differs from what the gateway measured."""
+    usage = result.get("token_usage_reported") or {}
+    return f"{usage.get('input_tokens', 0)} in · {usage.get('output_tokens', 0)} out (sandbox)"
 
 
 def cmd_runs_logs(args: argparse.Namespace) -> int:
