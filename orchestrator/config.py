@@ -16,5 +16,17 @@ def home_dir() -> Path:
 
 
 def repo_root() -> Path:
-    """The folder holding `images/` and `agent_payloads/` (the source checkout)."""
+    """The folder holding the `orchestrator` package (in a source checkout, the checkout)."""
     return Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    """The folder holding `images/` and `agent_payloads/`: the package's `share/` once
+    installed from a wheel (setup.py copies them there), else the source checkout."""
+    installed = Path(__file__).resolve().parent / "share"
+    return installed if (installed / "images").is_dir() else repo_root()
+
+
+def examples_dir() -> Path:
+    """The shipped example payloads."""
+    return data_root() / "agent_payloads"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import home_dir, repo_root
+from .config import data_root, home_dir, repo_root
 from .errors import ConfigError, ImageBuildError
 from .policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
@@ -35,7 +35,7 @@ BASE_IMAGE_ENV = "ORCHESTRATOR_BASE_IMAGE"
 
 
 #: Where the image definitions and the runtime live (read at call time, so tests can patch).
-AGENT_IMAGE_DIR = repo_root() / "images" / "agent"
+AGENT_IMAGE_DIR = data_root() / "images" / "agent"
 
 
 RUNTIME_DIR = repo_root() / "orchestrator_runtime"
@@ -43,6 +43,15 @@ RUNTIME_DIR = repo_root() / "orchestrator_runtime"
 
 #: Build output lines quoted in an ImageBuildError.
 ERROR_TAIL_LINES = 25
+
+
+#: Progress lines that quote a build tool's own output, or repeat a notice already given: a
+#: person needs them only when asking (`-v`); an ImageBuildError quotes the tail anyway.
+DETAIL_PREFIXES = ("pip: ", "build: ", "e2b build: ", "debootstrap: ", "note: ")
+
+
+def is_detail(message: str) -> bool:
+    return message.startswith(DETAIL_PREFIXES)
 
 
 def report(progress: Progress | None, message: str) -> None:

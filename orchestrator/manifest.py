@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator_runtime.protocol import is_dangerous_import
 
+from .config import examples_dir
 from .errors import ManifestError
 from .payload import ShippedFile, payload_files
 from .policy import (
@@ -92,13 +93,16 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
     build admits it too.
     """
     path = Path(payload)
+    example = examples_dir() / str(payload)
+    if not path.exists() and path.name == str(payload) and (example / MANIFEST_NAME).is_file():
+        path = example  # a bare name that is no folder here: a shipped example
     if path.is_dir():
         path = path / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(
             f"No payload manifest at {path}.",
-            f"Point to a payload folder that holds a `{MANIFEST_NAME}` "
-            "(see agent_payloads/ for examples).",
+            f"Point to a payload folder that holds a `{MANIFEST_NAME}`, or name a shipped "
+            "example (`orchestrator examples` lists them; `orchestrator new NAME` makes one).",
         )
     try:
         text = decode_utf8(path.read_bytes())

@@ -288,14 +288,51 @@ class Store:
                 db.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values, row["run_id"]])
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
+        """The run `run_id` names: its full id, or a unique prefix or suffix; None when it
+        names no run or several (`resolve_run` says which)."""
+        rows = self.find_runs(run_id, limit=2)
+        return rows[0] if len(rows) == 1 else None
+
+    def find_runs(self, ref: str, *, limit: int = 10) -> list[dict[str, Any]]:
+        """Runs whose id is `ref`, or starts or ends with it (as git takes a short hash; the
+        random tail is what a person copies), newest first."""
+        pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         with self.connect(write=False) as db:
-            row = db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            if row is None:  # allow unique prefixes, as git does
-                rows = db.execute(
-                    "SELECT * FROM runs WHERE run_id LIKE ? LIMIT 2", (run_id + "%",)
-                ).fetchall()
-                row = rows[0] if len(rows) == 1 else None
-        return dict(row) if row else None
+            row = db.execute("SELECT * FROM runs WHERE run_id = ?", (ref,)).fetchone()
+            if row is not None or not ref:
+                return [dict(row)] if row else []
+            rows = db.execute(
+                "SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' OR run_id LIKE ? ESCAPE '\\' "
+                "ORDER BY created_at DESC LIMIT ?",
+                (pattern + "%", "%" + pattern, limit),
+            ).fetchall()
+        return [dict(r) for r in rows]
+
+    def resolve_run(self, ref: str) -> dict[str, Any]:
+        """The one run `ref` names (see `find_runs`), or an error that says why not: no run,
+        or several (listing them)."""
+        rows = self.find_runs(ref, limit=6)
+        if len(rows) == 1:
+            return rows[0]
+        if not rows:
+            raise OrchestratorError(
+                f"No run {ref!r} in this store ({self.root}).",
+                "List runs with `orchestrator runs list`; a run id, or a unique prefix or "
+                "suffix of one, names a run.",
+            )
+        shown = ", ".join(r["run_id"] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
+        raise OrchestratorError(
+            f"Run id {ref!r} is ambiguous: it matches {shown}.",
+            "Give more characters of the id (its end is unique too).",
+        )
+
+    def delete_run(self, run_id: str) -> None:
+        """Forget a run: its index row, then its folder."""
+        import shutil
+
+        with self.connect() as db:
+            db.execute("DELETE FROM runs WHERE run_id = ?", (run_id,))
+        shutil.rmtree(self.run_dir(run_id), ignore_errors=True)
 
     def list_runs(
         self,
@@ -304,12 +341,24 @@ class Store:
         status: str | None = None,
         schedule: str | None = None,
         batch: str | None = None,
+        before: float | None = None,
     ) -> list[dict[str, Any]]:
-        where, args = [], []
-        for column, value in (("status", status), ("schedule", schedule), ("batch", batch)):
+        """Newest first; `status` may be several, comma-separated; `before`: created before
+        this time; `limit` 0 for all."""
+        where: list[str] = []
+        args: list[Any] = []
+        if status is not None:
+            names = [s for s in status.split(",") if s]
+            where.append(f"status IN ({', '.join('?' for _ in names)})")
+            args += names
+        for column, value in (("schedule", schedule), ("batch", batch)):
             if value is not None:
                 where.append(f"{column} = ?")
                 args.append(value)
+        if before is not None:
+            where.append("created_at < ?")
+            args.append(before)
+        limit = limit or -1  # SQLite: a negative LIMIT is none
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         with self.connect(write=False) as db:
             rows = db.execute(

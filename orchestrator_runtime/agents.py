@@ -25,7 +25,7 @@ from smolagents.local_python_executor import BASE_BUILTIN_MODULES, LocalPythonEx
 from smolagents.memory import ActionStep, PlanningStep, SystemPromptStep
 
 from .events import EventStream
-from .models import ScriptedModel
+from .models import ScriptedModel, last_step_error
 
 TOP_LEVEL_NAME = "manager"
 
@@ -186,7 +186,12 @@ def take_control(
             if isinstance(tool, PythonInterpreterTool):  # a ToolCallingAgent's code tool
                 tool.authorized_imports = interpreter_imports
         if mock_scripts is not None:
-            agent.model = ScriptedModel(node.name, mock_scripts.get(node.name, []), model_id)
+            agent.model = ScriptedModel(
+                node.name,
+                mock_scripts.get(node.name, []),
+                model_id,
+                last_error=lambda agent=agent: last_step_error(agent),
+            )
             agent.monitor.tracked_model = agent.model
         agent.step_callbacks.register(ActionStep, recorder.on_step)
         agent.step_callbacks.register(PlanningStep, recorder.on_step)

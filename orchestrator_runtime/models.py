@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from smolagents.models import (
@@ -25,14 +25,24 @@ class ScriptedModel(Model):
     """Plays one agent's script in order, like a model would answer; needs no network.
 
     Stop sequences are applied as a real endpoint would, and token usage is a rough estimate
-    (4 characters a token) so that accounting code sees plausible numbers.
+    (4 characters a token) so that accounting code sees plausible numbers. `last_error`
+    returns the agent's latest step error, so that a script running out because a step failed
+    (an undefined name, a managed agent without a script) names that failure first: it is
+    the cause, the exhausted script only its consequence.
     """
 
-    def __init__(self, agent_name: str | None, outputs: list[str], model_id: str = "scripted"):
+    def __init__(
+        self,
+        agent_name: str | None,
+        outputs: list[str],
+        model_id: str = "scripted",
+        last_error: Callable[[], str | None] | None = None,
+    ):
         super().__init__(model_id=model_id)
         self.agent_name = agent_name
         self.outputs = list(outputs)
         self.calls = 0
+        self.last_error = last_error
 
     def generate(
         self,
@@ -48,10 +58,14 @@ class ScriptedModel(Model):
                 "managed agents, so no script is known for it"
             )
         if self.calls >= len(self.outputs):
-            raise MockScriptExhausted(
+            exhausted = (
                 f"mock script of agent '{self.agent_name}' is exhausted: it holds "
                 f"{len(self.outputs)} output(s) and the agent asked for output {self.calls + 1}"
             )
+            cause = self.last_error() if self.last_error else None
+            if cause:  # the real failure first; the script ran out because of it
+                exhausted = f"agent '{self.agent_name}' failed: {cause} (and then its {exhausted})"
+            raise MockScriptExhausted(exhausted)
         text = self.outputs[self.calls]
         self.calls += 1
         content = remove_content_after_stop_sequences(text, stop_sequences)
@@ -69,6 +83,16 @@ class ScriptedModel(Model):
         """One delta with the whole output, so agents built with `stream_outputs=True` work."""
         message = self.generate(messages, **kwargs)
         yield ChatMessageStreamDelta(content=message.content, token_usage=message.token_usage)
+
+
+def last_step_error(agent: Any) -> str | None:
+    """The error of the agent's latest step that failed, as `Type: message`, or None."""
+    for step in reversed(getattr(agent.memory, "steps", [])):
+        error = getattr(step, "error", None)
+        if error is not None:
+            message = " ".join(str(getattr(error, "message", error)).split())
+            return f"{type(error).__name__}: {message[:2000]}"
+    return None
 
 
 def _estimate_tokens(messages: list[ChatMessage | dict]) -> int:

@@ -406,9 +406,8 @@ def test_bad_input_is_named_and_starts_nothing(
     out = tmp_path / "out"
     refused = cli(*batch_cmd(malformed, out)[3:])
     assert refused.returncode == 2
-    assert refused.stderr.startswith("error: ") and f"{malformed}:2: not valid JSON" in (
-        refused.stderr
-    )
+    assert refused.stderr.startswith("orchestrator: error: ")
+    assert f"{malformed}:2: not valid JSON" in refused.stderr
     assert "--on-bad-line skip" in refused.stderr and "Traceback" not in refused.stderr
     dupes = write_jsonl(tmp_path / "dupes.jsonl", [good[0], good[1], good[0]])
     refused = cli(*batch_cmd(dupes, out, "--on-bad-line", "skip")[3:])

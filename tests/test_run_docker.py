@@ -287,7 +287,7 @@ def test_cleanup_keeps_sandboxes_of_live_runs(
 
 def _assert_clean_refusal(out, *needles: str) -> None:
     assert out.returncode not in (0, None)
-    assert out.stderr.startswith("error: "), out.stderr
+    assert out.stderr.startswith("orchestrator: error: "), out.stderr
     assert "fix:" in out.stderr
     for needle in needles:
         assert needle in out.stderr

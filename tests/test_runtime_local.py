@@ -304,6 +304,18 @@ def test_exhausted_mock_script_of_a_managed_agent_is_a_step_error_of_its_caller(
     assert "librarian" in manager_steps[0]["error"]["message"]
 
 
+def test_exhausted_mock_script_names_the_step_error_that_caused_it() -> None:
+    """A script that runs out because a step failed reports that failure first."""
+    folder = REPO / "agent_payloads" / "research_team"
+    scripts = manifest_of(folder)["mock"]["scripts"]
+    broken = ["Thought: typo.\n<code>\nprint(undefined_name_42)\n</code>"]
+    outcome = run_runtime(build_request(folder, mock_scripts={**scripts, "manager": broken}))
+    message = outcome.end["error"]["message"]
+    assert "agent 'manager' failed: AgentExecutionError" in message
+    assert "undefined_name_42" in message and "is exhausted" in message
+    assert message.index("undefined_name_42") < message.index("is exhausted")
+
+
 def test_max_steps_error_ends_with_exit_1() -> None:
     outcome = run_runtime(build_request(TEST_PAYLOADS / "forbidden_import", max_steps=1))
     assert outcome.returncode == 1

@@ -769,7 +769,7 @@ def test_real_firing_runs_in_a_container_and_links_to_the_schedule(
     (firing,) = json.loads(history.stdout)["firings"]
     assert firing["run_id"] == run_id and firing["outcome"] == "succeeded"
     listing = cli("schedule", "list", "--file", str(path))
-    assert "last succeeded" in listing.stdout and run_id in listing.stdout
+    assert "LAST" in listing.stdout and "succeeded" in listing.stdout and run_id in listing.stdout
 
 
 @pytest.mark.docker

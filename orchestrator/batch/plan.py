@@ -32,7 +32,9 @@ class BatchSpec:
     each task's text, arguments and limit overrides are filled in per task)."""
 
     tasks: str | Path
-    output: str | Path
+    #: The batch directory; None: `default_output` (the same for the same payload and tasks
+    #: file, so running the same command again resumes).
+    output: str | Path | None
     run: RunSpec
     concurrency: int | None = None
     scorer: str = "exact"
@@ -45,6 +47,11 @@ class BatchSpec:
     #: Stop when this share (< 1) or number (>= 1) of tasks ended in `infra_error`.
     fail_on_error: float | None = None
     on_bad_line: OnBadLine = "fail"
+
+
+def default_output(payload: str | Path, tasks: str | Path) -> Path:
+    """`./batches/<payload folder>-<tasks file stem>`: predictable, so a resume finds it."""
+    return Path("batches") / f"{Path(payload).name}-{Path(tasks).stem}"
 
 
 @dataclass

@@ -54,6 +54,7 @@ from .plan import (
     BatchSummary,
     check_payload_loads,
     default_concurrency,
+    default_output,
     plan_batch,
 )
 from .scoring import make_scorer, percentile, wilson_interval
@@ -114,6 +115,8 @@ def run_batch(
     before any task started raises `OutputWriteError` instead.
     `monitor` is called with a progress snapshot about twice a second from the calling thread.
     """
+    if spec.output is None:
+        spec = replace(spec, output=default_output(spec.run.payload, spec.tasks))
     plan = plan_batch(spec)
     backend = backend or get_backend(plan.fingerprint["backend"], env_file=spec.run.env_file)
     store = store or Store()

@@ -6,6 +6,7 @@ a SIGINT or SIGTERM at any moment is handled the same way.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import signals
@@ -14,21 +15,50 @@ from . import signals
 def main(argv: list[str] | None = None) -> int:
     signals.install()
     from ..errors import OrchestratorError
-    from .parser import build_parser
+    from .output import error_object, print_json, say
+    from .parser import UsageError, build_parser
 
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_help()
-        return 2
     try:
+        import argcomplete  # shell completion: a no-op unless the shell asks for completions
+    except ImportError:  # pragma: no cover - a dependency; completion is optional all the same
+        pass
+    else:
+        argcomplete.autocomplete(parser)
+    args = None
+    wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(argv)
+        wants_json = bool(getattr(args, "json", False))
+        if not getattr(args, "handler", None):
+            parser.print_help()
+            return 2
+        from . import display
+
+        display.VERBOSE = bool(args.verbose)
         if not getattr(args, "watches_stop", False):
             signals.restore_defaults()
-        return int(args.handler(args) or 0)
-    except OrchestratorError as exc:
-        print(f"error: {exc.cause}", file=sys.stderr)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
+    except (OrchestratorError, UsageError) as exc:
+        if isinstance(exc, UsageError):
+            exc.parser.print_usage(sys.stderr)
+        say(exc.cause, kind="error")
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
+        if wants_json:  # scripts read stdout: they get an object, not an empty stream
+            print_json(error_object(exc.cause, exc.fix, exc.exit_code, exc.field))
         return exc.exit_code
     except KeyboardInterrupt:
         return signals.EXIT_STOPPED
+    except BrokenPipeError:
+        return reader_went_away()
+
+
+def reader_went_away() -> int:
+    """stdout's reader closed it (`| head`): stop quietly, as `cat` does. Python would print a
+    traceback, then another one when it flushes stdout at exit, so stdout becomes /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe

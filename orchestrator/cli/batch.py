@@ -15,8 +15,10 @@ from ..batch.output import OutputWriteError
 from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
+from ..defaults import fill
 from . import signals
 from .common import add_run_options, spec_from_args, tidy_store
+from .output import PREFIX, is_terminal, say
 
 #: Plain progress lines (no terminal) come this often, in seconds.
 PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
@@ -51,15 +53,20 @@ def add_batch_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+    )
     p.add_argument("tasks", help="tasks file (.jsonl or .csv)")
     p.add_argument(
-        "--output", "-o", required=True, help="batch directory (created; reuse it to resume)"
-    )
+        "--output", "-o",
+        help="batch directory, created; the same one resumes (default: "
+        "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
+    )  # fmt: skip
     add_run_options(p)
     p.add_argument(
         "--concurrency", "-j", type=int,
-        help="sandboxes at once (default: min(4, CPUs, 75%% of memory / memory limit))",
+        help="sandboxes at once (default: $ORCHESTRATOR_CONCURRENCY, the config file's "
+        "concurrency, else min(4, CPUs, 75%% of memory / memory limit))",
     )  # fmt: skip
     p.add_argument(
         "--scorer", default="exact",
@@ -101,7 +108,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         tasks=args.tasks,
         output=args.output,
         run=spec_from_args(args, task=None, additional_args=None),
-        concurrency=args.concurrency,
+        concurrency=fill({"concurrency": args.concurrency})["concurrency"],
         scorer=args.scorer,
         tolerance=args.tolerance,
         max_attempts=args.max_attempts,
@@ -123,7 +130,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             spec, cancel=signals.STOP, monitor=display.update, on_message=display.message
         )
     except OutputWriteError as exc:  # before any task started (batch.json, the lock)
-        print(f"error: {exc.cause}. {write_advice(command)}", file=sys.stderr)
+        say(f"{exc.cause}. {write_advice(command)}", kind="error")
         return exc.exit_code
     finally:
         display.stop()
@@ -133,13 +140,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
     reason = summary.stop_reason or ""
     if reason.startswith("write_error:"):  # one line: what failed, what to do
         cause = reason.split(":", 1)[1].strip()
-        print(f"stopped: {cause}. {write_advice(command)}", file=sys.stderr)
+        say(f"{cause}. {write_advice(command)}", kind="stopped")
     elif summary.state != "complete" or summary.counts.get("infra_error"):
         what = {
             "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
             "stopped": "stopped by --fail-on-error; finished tasks are in",
         }.get(summary.state, "tasks ended in infra_error; results are in")
-        print(f"{what} {spec.output}/results.jsonl", file=sys.stderr)
+        say(f"{what} {summary.output_dir}/results.jsonl")
         print(f"  resume with: {command}", file=sys.stderr)
     return summary.exit_code
 
@@ -191,7 +198,8 @@ class BatchDisplay:
         from rich.console import Console
 
         self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
+        self.tty = is_terminal(self.stream)  # styled lines (also under FORCE_COLOR=1)
+        self.interactive = self.stream.isatty()  # the live bar only where a person watches
         self.console = Console(file=self.stream, highlight=False, no_color=not self.tty)
         self.quiet = quiet
         self._live: Any = None
@@ -205,23 +213,29 @@ class BatchDisplay:
     def message(self, text: str) -> None:
         if self.quiet and not text.startswith(("warning", "stopping", "SIG")):
             return
+        from rich.markup import escape
+
+        from .display import shown
+
+        if not shown(text):
+            return
         with self._lock:
             if self.tty:
-                self.console.print(f"[dim]·[/dim] {text}", markup=False)
+                self.console.print(f"[dim]·[/dim] {escape(text)}")
             else:
-                print(f"batch: {text}", file=self.stream, flush=True)
+                print(f"{PREFIX}{text}", file=self.stream, flush=True)
 
     def update(self, p: BatchProgress) -> None:
         if self.quiet:
             return
-        if not self.tty:
+        if not self.interactive:
             now = time.monotonic()
             line = progress_line(p)
             final = p.done == p.total
             due = now - self._last_plain >= PLAIN_INTERVAL
             if line != self._last_line and (due or final):
                 self._last_plain, self._last_line = now, line
-                print(f"batch: {line}", file=self.stream, flush=True)
+                print(f"{PREFIX}batch: {line}", file=self.stream, flush=True)
             return
         from rich.console import Group
         from rich.live import Live

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ..defaults import fill
 from ..errors import OrchestratorError
 from ..models import PROVIDERS
 from ..spec import BACKENDS, EXIT_CODES, RunSpec
@@ -22,20 +23,24 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and the commands built on it (batch, schedules)."""
     providers = "; ".join(f"{name}: {p.summary}" for name, p in PROVIDERS.items())
     p.add_argument(
-        "--model", default="mock", help=f"provider[:model_id] ({providers}). Default: mock"
+        "--model",
+        help=f"provider[:model_id] ({providers}). Default: $ORCHESTRATOR_MODEL, the config "
+        "file's model, else mock",
     )
     p.add_argument("--api-base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)")
     p.add_argument("--model-key-env", help="environment variable holding the model's API key")
     p.add_argument(
         "--backend", choices=BACKENDS,
         help="where sandboxes run: docker (this host's engine) or e2b (E2B's cloud; needs "
-        "E2B_API_KEY). Default: the payload's `payload.backend`, else docker",
+        "E2B_API_KEY). Default: $ORCHESTRATOR_BACKEND, the config file's backend, the "
+        "payload's `payload.backend`, else docker",
     )  # fmt: skip
     p.add_argument(
         "--network", choices=["none", "allowlist", "open"],
         help="network policy: none (default for a mock model and no declared hosts), "
         "allowlist (default otherwise: the model's host, the payload's [network] hosts and "
-        "--allow-host, through an egress proxy) or open (unrestricted; only when named)",
+        "--allow-host, through an egress proxy) or open (unrestricted; only when named); "
+        "$ORCHESTRATOR_NETWORK or the config file's network come first when set",
     )  # fmt: skip
     p.add_argument(
         "--allow-host",
@@ -114,6 +119,8 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         additional_args=parse_kv_args(getattr(args, "arg", [])),
     )
     fields.update(overrides)
+    fields.update(fill({k: fields[k] for k in ("model", "backend", "network")}))
+    fields["model"] = fields["model"] or "mock"
     return RunSpec(**fields)
 
 
@@ -140,7 +147,7 @@ def tidy_store() -> None:
     from ..cleanup import closed_line, tidy
 
     def warn(message: str) -> None:
-        print(f"warning: {message}", file=sys.stderr)
+        print(f"orchestrator: warning: {message}", file=sys.stderr)
 
     for run_id in tidy(warn=warn):
         print(f"orchestrator: {closed_line(run_id)}", file=sys.stderr)

@@ -8,10 +8,26 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from ..imagedef import is_detail
+from .output import PREFIX, is_terminal
 
-def _short(value: Any, limit: int = 100) -> str:
+#: Show detail progress lines (build tools' output, repeated notices): `-v`, set by `main`.
+VERBOSE = False
+
+
+def _short(value: Any, limit: int | None = 100) -> str:
+    """One line, cut at `limit` characters (None: whole); never Python's `None`."""
+    if value is None:
+        return "-"
     text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if limit is None or len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+def shown(message: str, *, quiet: bool = False) -> bool:
+    """Whether a progress message is worth a line: not when quiet; details only with -v."""
+    return not quiet and (VERBOSE or not is_detail(message))
 
 
 class RunDisplay:
@@ -19,18 +35,19 @@ class RunDisplay:
 
     def __init__(self, *, quiet: bool = False, stream: Any = None) -> None:
         stream = stream or sys.stderr
-        self.tty = stream.isatty()
+        self.tty = is_terminal(stream)  # styled lines (FORCE_COLOR=1 asks for them in a pipe)
+        self.interactive = stream.isatty()  # a spinner only where a person watches
         self.console = Console(file=stream, highlight=False, no_color=not self.tty)
         self.quiet = quiet
         self._status: Any = None
 
     def progress(self, message: str) -> None:
-        if self.quiet:
+        if not shown(message, quiet=self.quiet):
             return
         if self.tty:
             self.console.print(f"[dim]· {escape(message)}[/dim]")
         else:
-            print(f"orchestrator: {message}", file=self.console.file, flush=True)
+            print(f"{PREFIX}{message}", file=self.console.file, flush=True)
 
     def event(self, event: dict[str, Any]) -> None:
         if self.quiet:
@@ -40,7 +57,8 @@ class RunDisplay:
             return
         if self.tty:
             self.console.print(escape(line))
-            self._spin(event)
+            if self.interactive:
+                self._spin(event)
         else:
             print(line, file=self.console.file, flush=True)
 
@@ -61,8 +79,10 @@ class RunDisplay:
             self._status = None
 
 
-def describe_event(event: dict[str, Any]) -> str | None:
-    """One human line per event, or None for events not worth a line."""
+def describe_event(event: dict[str, Any], *, full: bool = False) -> str | None:
+    """One human line per event, or None for events not worth a line. `full`: code and
+    observations whole, on the lines under the step's (for `runs logs --full`)."""
+    limit = None if full else 100
     kind = event.get("type")
     if kind == "run_start":
         agents = ", ".join(a.get("name", "?") for a in event.get("agents", []))
@@ -76,6 +96,8 @@ def describe_event(event: dict[str, Any]) -> str | None:
         )
         duration = f" · {event.get('duration', 0):.1f}s" if event.get("duration") else ""
         head = f"  [{event.get('agent')}] step {event.get('step_number')}{duration}{tokens}"
+        if full:
+            return head + _full_step(event)
         if event.get("error"):
             error = event["error"]
             return f"{head} ✗ {_short(error.get('type'))}: {_short(error.get('message'))}"
@@ -83,13 +105,22 @@ def describe_event(event: dict[str, Any]) -> str | None:
             return f"{head} ✓ final answer"
         return f"{head} · {_short(event.get('observations') or event.get('code') or '')}"
     if kind == "managed_agent_call":
-        return (
-            f"  → {event.get('caller')} asks {event.get('agent')}: {_short(event.get('task'), 80)}"
-        )
+        task = _short(event.get("task"), None if full else 80)
+        return f"  → {event.get('caller')} asks {event.get('agent')}: {task}"
     if kind == "managed_agent_result":
-        return f"  ← {event.get('agent')} answered: {_short(event.get('output'), 80)}"
+        error = event.get("error")
+        if error:
+            return (
+                f"  ← {event.get('agent')} failed: {_short(error.get('type'))}: "
+                f"{_short(error.get('message'), limit)}"
+            )
+        return f"  ← {event.get('agent')} answered: {_short(event.get('output'), limit)}"
     if kind == "error":
-        return f"  ✗ {event.get('stage')} error {event.get('type')}: {_short(event.get('message'))}"
+        error = event.get("error") or {}
+        return (
+            f"  ✗ {event.get('stage')} error: {_short(error.get('type'))}: "
+            f"{_short(error.get('message'), limit)}"
+        )
     if kind == "run_end":
         return f"■ agent finished: {event.get('state')}"
     if kind in ("timed_out", "cancelled"):
@@ -97,3 +128,22 @@ def describe_event(event: dict[str, Any]) -> str | None:
     if kind == "egress_blocked":
         return f"  ⛔ blocked egress to {event.get('host')}:{event.get('port')}"
     return None
+
+
+def _full_step(event: dict[str, Any]) -> str:
+    """A step's code, observations and error, whole, indented under its head line."""
+    parts = []
+    for label, value in (
+        ("code", event.get("code")),
+        ("model output", None if event.get("code") else event.get("model_output")),
+        ("observations", event.get("observations")),
+        ("error", _error_text(event.get("error"))),
+    ):
+        if value not in (None, ""):
+            body = "\n".join("      " + line for line in str(value).splitlines())
+            parts.append(f"\n    {label}:\n{body}")
+    return "".join(parts)
+
+
+def _error_text(error: dict[str, Any] | None) -> str | None:
+    return f"{error.get('type')}: {error.get('message')}" if error else None

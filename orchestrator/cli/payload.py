@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from ..spec import BACKENDS
+from .output import say
 
 
 def add_payload_parser(sub: Any) -> None:
@@ -20,7 +20,9 @@ def add_payload_parser(sub: Any) -> None:
         "(a missing function, an import error, mock scripts for unknown agents or missing "
         "for known ones). Exit codes: 0 ok, 2 problems found, 5 the sandbox could not run.",
     )
-    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+    )
     p.add_argument(
         "--no-load", action="store_true",
         help="check the manifest and files only (no sandbox; faster, finds less)",
@@ -62,9 +64,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return code
     for problem in report["problems"]:
-        print(f"problem: {problem}", file=sys.stderr)
+        say(problem, kind="problem")
     for warning in report["warnings"]:
-        print(f"warning: {warning}")
+        say(warning, kind="warning")
     if report["ok"]:
         loaded = f", agents {', '.join(report['agents'])}" if report.get("agents") else ""
         print(
@@ -121,7 +123,8 @@ def add_cleanup_parser(sub: Any) -> None:
     p.add_argument(
         "--force", action="store_true", help="also remove sandboxes whose orchestrator still runs"
     )
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    p.add_argument("--json", action="store_true", help="print the report as a JSON object")
     p.set_defaults(handler=cmd_cleanup)
 
 
@@ -135,6 +138,19 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         force=args.force,
         dry_run=args.dry_run,
     )
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "dry_run": args.dry_run,
+                    "removed": [sandbox_dict(info) for info in report.removed],
+                    "kept": [sandbox_dict(info) for info in report.kept],
+                    "closed_runs": report.closed_runs,
+                },
+                indent=2,
+            )
+        )
+        return 0
     verb = "would remove" if args.dry_run else "removed"
     for info in report.removed:
         print(f"{verb} {info.kind} {info.name} (run {info.labels.get('orchestrator.run-id')})")
@@ -145,3 +161,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if not (report.removed or report.kept or report.closed_runs):
         print("nothing to clean up")
     return 0
+
+
+def sandbox_dict(info: Any) -> dict[str, Any]:
+    return {"kind": info.kind, "name": info.name, "run_id": info.labels.get("orchestrator.run-id")}

@@ -15,6 +15,7 @@ from .common import (
     spec_from_args,
     tidy_store,
 )
+from .output import human_duration, print_json, say
 
 
 def add_run_parser(sub: Any) -> None:
@@ -27,7 +28,9 @@ def add_run_parser(sub: Any) -> None:
         + EPILOG_EXIT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("payload", help="payload folder (holding manifest.toml)")
+    p.add_argument(
+        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+    )
     p.add_argument("task", nargs="?", help="the task (default: the manifest's example_task)")
     add_run_options(p)
     p.add_argument(
@@ -57,26 +60,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         display.stop()
     if result.status == "cancelled":
-        print(
-            "cancelled: the sandbox was removed and the run recorded as `cancelled`.",
-            file=sys.stderr,
-        )
+        say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
     print_result(result, as_json=args.json)
     return result.cli_exit_code
 
 
 def print_result(result: RunResult, *, as_json: bool) -> None:
+    """The answer on stdout (or the whole result as JSON); how the run ended on stderr."""
     if as_json:
-        print(json.dumps(result.to_dict(), indent=2, default=str))
+        print_json(result.to_dict())
         return
-    print(
-        f"run {result.run_id}: {result.status} in {result.timings.get('duration', 0):.1f}s",
-        file=sys.stderr,
-    )
+    duration = human_duration(result.timings.get("duration", 0))
+    say(f"run {result.run_id}: {result.status} in {duration}")
     if result.error:
-        print(
-            f"  error: {result.error.get('type')}: {result.error.get('message')}", file=sys.stderr
-        )
+        error = result.error
+        print(f"  error: {error.get('type')}: {error.get('message')}", file=sys.stderr)
     print(f"  record: {result.record_dir}", file=sys.stderr)
     if result.status == "succeeded":
         answer = result.answer

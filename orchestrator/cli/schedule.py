@@ -16,6 +16,7 @@ from ..schedules.file import DEFAULT_FILE
 from ..schedules.firing import EXIT_SKIPPED
 from ..spec import EXIT_CODES
 from . import signals
+from .output import print_table, say
 
 EPILOG = f"""\
 Exit codes of `schedule run`: {", ".join(f"{c} {s}" for s, c in EXIT_CODES.items())}
@@ -47,12 +48,13 @@ def add_schedule_parser(sub: Any) -> None:
     ssub = p.add_subparsers(title="schedule commands", metavar="ACTION")
 
     ls = ssub.add_parser("list", parents=[common], help="schedules, next fire times, last status")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--json", action="store_true", help="print the schedules as a JSON array")
     ls.set_defaults(handler=cmd_list)
 
     va = ssub.add_parser(
         "validate", parents=[common], help="check the file and payloads; show next fire times"
     )
+    va.add_argument("--json", action="store_true", help="print the report as a JSON object")
     va.set_defaults(handler=cmd_validate)
 
     rn = ssub.add_parser(
@@ -62,7 +64,7 @@ def add_schedule_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rn.add_argument("name")
+    rn.add_argument("name", help="the schedule's `name` in the file")
     mode = rn.add_mutually_exclusive_group()
     mode.add_argument(
         "--if-due", action="store_true", help="fire only if a fire time is due this minute (cron)"
@@ -82,7 +84,8 @@ def add_schedule_parser(sub: Any) -> None:
         "--grace",
         type=float,
         default=0.0,
-        help="on shutdown, seconds to let running firings finish before cancelling them",
+        help="on shutdown, seconds to let running firings finish before cancelling them "
+        "(default: 0)",
     )
     se.set_defaults(handler=cmd_serve, watches_stop=True)
 
@@ -91,15 +94,18 @@ def add_schedule_parser(sub: Any) -> None:
     )
     ins.add_argument("--dry-run", action="store_true", help="print the lines, change nothing")
     ins.add_argument("--remove", action="store_true", help="remove this file's lines")
-    ins.add_argument("--log-dir", type=Path, help="log files (default: $ORCHESTRATOR_HOME/...)")
+    ins.add_argument(
+        "--log-dir", type=Path,
+        help="folder of the cron jobs' log files (default: $ORCHESTRATOR_HOME/schedules/logs)",
+    )  # fmt: skip
     ins.set_defaults(handler=cmd_install)
 
     hi = ssub.add_parser(
         "history", parents=[common], help="a schedule's firings, skips, misses and notifications"
     )
-    hi.add_argument("name", nargs="?")
-    hi.add_argument("--limit", type=int, default=20)
-    hi.add_argument("--json", action="store_true")
+    hi.add_argument("name", nargs="?", help="one schedule (default: every schedule)")
+    hi.add_argument("--limit", type=int, default=20, help="at most this many firings")
+    hi.add_argument("--json", action="store_true", help="firings and notifications as JSON")
     hi.set_defaults(handler=cmd_history)
 
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
@@ -144,18 +150,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    for r in rows:
-        nxt = r["next"][0] if r["next"] else "disabled"
-        last = (
-            f"{r['last_outcome']} at {r['last_fired_at']} ({r['last_run_id'] or '-'})"
-            if r["last_outcome"]
-            else "never fired"
-        )
-        running = f"  running: {', '.join(filter(None, r['running']))}" if r["running"] else ""
-        print(
-            f"{r['name']:<20} {r['cron']:<16} {r['timezone']:<16} next {nxt}  "
-            f"[{r['concurrency']}/{r['missed']}]  last {last}{running}"
-        )
+    if not rows:
+        say(f"no schedules in {sf.path}")
+        return 0
+    print_table(
+        ("NAME", "CRON", "TIMEZONE", "NEXT", "CONCURRENCY", "MISSED", "LAST", "RUNNING"),
+        [
+            (
+                r["name"],
+                r["cron"],
+                r["timezone"],
+                r["next"][0] if r["next"] else "disabled",
+                r["concurrency"],
+                r["missed"],
+                f"{r['last_outcome']} {r['last_fired_at']} {r['last_run_id'] or ''}".strip()
+                if r["last_outcome"]
+                else "never fired",
+                ", ".join(filter(None, r["running"])),
+            )
+            for r in rows
+        ],
+    )
     return 0
 
 
@@ -165,10 +180,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     sf = load_schedules(args.file)
     now = datetime.now(timezone.utc)
-    for s in sf.schedules:
-        times = ", ".join(local_iso(t, s.cron.tz) for t in s.cron.next_times(now, 5))
-        state = "" if s.enabled else " (disabled)"
-        print(f"{s.name}: ok{state}: {s.cron.expression} in {s.timezone}; next: {times}")
+    report = {
+        "file": str(sf.path),
+        "ok": True,
+        "schedules": [
+            {
+                "name": s.name,
+                "cron": s.cron.expression,
+                "timezone": s.timezone,
+                "enabled": s.enabled,
+                "next": [local_iso(t, s.cron.tz) for t in s.cron.next_times(now, 5)],
+            }
+            for s in sf.schedules
+        ],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for s in report["schedules"]:
+        state = "" if s["enabled"] else " (disabled)"
+        times = ", ".join(s["next"])
+        print(f"{s['name']}: ok{state}: {s['cron']} in {s['timezone']}; next: {times}")
     print(f"{sf.path}: {len(sf.schedules)} schedule(s) ok")
     return 0
 
@@ -226,7 +258,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     _, block = install(sf, log_dir=args.log_dir, remove=args.remove)
     verb = "removed from" if args.remove else "installed in"
     count = sum(1 for line in block if line and not line.startswith(("#", "@reboot")))
-    print(f"{count} schedule line(s) of {sf.path} {verb} the crontab", file=sys.stderr)
+    say(f"{count} schedule line(s) of {sf.path} {verb} the crontab")
     return 0
 
 
@@ -239,14 +271,25 @@ def cmd_history(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"firings": rows, "notifications": notes}, indent=2))
         return 0
-    for r in rows:
-        reason = f"  {r['reason']}" if r["reason"] else ""
-        print(
-            f"{_ts(r['fired_at'])}  {r['schedule']:<16} {r['trigger']:<8} "
-            f"scheduled {_ts(r['scheduled_for'])}  {r['outcome']:<11} "
-            f"{r['run_id'] or '-'}  exit {r['exit_code'] if r['exit_code'] is not None else '-'}"
-            f"{reason}"
-        )
+    if not rows and not notes:
+        say("no firings recorded" + (f" for schedule {args.name!r}" if args.name else ""))
+        return 0
+    print_table(
+        ("FIRED", "SCHEDULE", "TRIGGER", "SCHEDULED FOR", "OUTCOME", "RUN", "EXIT", "REASON"),
+        [
+            (
+                _ts(r["fired_at"]),
+                r["schedule"],
+                r["trigger"],
+                _ts(r["scheduled_for"]),
+                r["outcome"],
+                r["run_id"],
+                r["exit_code"],
+                r["reason"],
+            )
+            for r in rows
+        ],
+    )
     for n in notes:
         state = "ok" if n["ok"] else "FAILED"
         print(f"notify {_ts(n['at'])}  {n['kind']} {state}: {n['target']}  {n['detail'] or ''}")

@@ -32,8 +32,8 @@ def _handler(signum: int, frame: Any) -> None:
     name = signal.Signals(signum).name
     if _count[0] >= 3:
         sys.stderr.write(
-            f"{name} again: exiting without cleanup; the next orchestrator command (or "
-            "`orchestrator cleanup`) removes what was left\n"
+            f"orchestrator: {name} again: exiting without cleanup; the next orchestrator "
+            "command (or `orchestrator cleanup`) removes what was left\n"
         )
         os._exit(EXIT_STOPPED)
     message = (

@@ -220,9 +220,13 @@ def load_schedules(
     schedules: list[Schedule] = []
     seen: set[str] = set()
     if only is not None:
+        names = [str(t.get("name")) for t in tables if t.get("name") is not None]
         tables = [t for t in tables if t.get("name") == only]
         if not tables:
-            raise ConfigError(f"No schedule named {only!r} in {path}.", "Check the name.")
+            raise ConfigError(
+                f"No schedule named {only!r} in {path}.",
+                f"Schedules in this file: {', '.join(names) or 'none'}.",
+            )
     for index, table in enumerate(tables, 1):
         schedule, errors = _parse_schedule(path, index, table, check_payloads, now)
         name = table.get("name")

@@ -184,7 +184,7 @@ def test_a_full_disk_stops_the_batch_cleanly_and_it_resumes(
         said = [line for line in full.stderr.splitlines() if "re-run the same command" in line]
         assert len(said) == 1, full.stderr
         (line,) = said
-        assert line.startswith(f"stopped: cannot write {out}/"), line
+        assert line.startswith(f"orchestrator: stopped: cannot write {out}/"), line
         assert "No space left on device" in line and "to resume: orchestrator batch" in line
         failed = line.split("cannot write ", 1)[1].split(":", 1)[0]
         assert Path(failed).name in ("results.jsonl", "attempts.jsonl", "summary.json"), line

@@ -46,7 +46,7 @@ def refused(result: CompletedProcess, *places: str) -> str:
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert "Traceback" not in output, output
-    assert result.stderr.startswith("error: "), output
+    assert result.stderr.startswith("orchestrator: error: "), output
     for place in places:
         assert place in result.stderr, (place, result.stderr)
     return result.stderr

@@ -154,13 +154,15 @@ def resolve_base(
     if inspect_image(client, wanted) is not None:
         return wanted
     if wanted != BASE_IMAGE:
-        reason = _pull(client, wanted, progress)
+        reason, remembered = _pull(client, wanted, progress)
         if reason is None:
             return wanted
         message = (
             f"base image {wanted} is not available ({reason}); "
             f"falling back to {BASE_IMAGE} (set {BASE_IMAGE_ENV} to choose a base)"
         )
+        if remembered:  # said when the pull failed; a repeat is a detail (shown with -v)
+            message = f"note: {message}"
         if progress is not None:
             progress(message)
         else:
@@ -171,14 +173,17 @@ def resolve_base(
     return BASE_IMAGE
 
 
-def _pull(client: docker.DockerClient, ref: str, progress: Progress | None) -> str | None:
-    """Pull `ref`; None on success, else why not. Failures are remembered for an hour."""
+def _pull(
+    client: docker.DockerClient, ref: str, progress: Progress | None
+) -> tuple[str | None, bool]:
+    """Pull `ref`: (None, False) on success, else (why not, whether the failure is one
+    remembered from an earlier try). Failures are remembered for an hour."""
     failures_file = images_state_dir() / "pull-failures.json"
     failures = read_json(failures_file)
     failed = failures.get(ref)
     if failed and time.time() - failed.get("time", 0) < PULL_RETRY_SECONDS:
         minutes = int((time.time() - failed["time"]) / 60)
-        return f"pull failed {minutes} min ago: {failed.get('error', '?')}"
+        return f"pull failed {minutes} min ago: {failed.get('error', '?')}", True
     report(progress, f"pulling {ref}")
     repository, _, tag = ref.rpartition(":")
     if not repository or "/" in tag:
@@ -189,7 +194,7 @@ def _pull(client: docker.DockerClient, ref: str, progress: Progress | None) -> s
         error = str(getattr(exc, "explanation", None) or exc).splitlines()[0][:300]
         failures[ref] = {"time": time.time(), "error": error}
         write_json(failures_file, failures)
-        return f"pull failed: {error}"
+        return f"pull failed: {error}", False
     failures.pop(ref, None)
     write_json(failures_file, failures)
-    return None
+    return None, False

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 
 from filelock import FileLock
 
-from ...config import VERSION, repo_root
+from ...config import VERSION, data_root
 from ...errors import OrchestratorError
 from ...imagedef import RUNTIME_DIR, digest, images_state_dir, report, sha256
 from ...labels import LABEL_KIND
@@ -49,7 +49,7 @@ Progress = Callable[[str], None]
 EGRESS_IMAGE = "orchestrator-egress"
 
 
-EGRESS_IMAGE_DIR = repo_root() / "images" / "egress"
+EGRESS_IMAGE_DIR = data_root() / "images" / "egress"
 
 
 #: Values of the `orchestrator.kind` label.

@@ -10,8 +10,19 @@ import docker.errors
 from ...imagedef import Progress, report
 from ...labels import LABEL_KIND
 from .base_image import BASE_IMAGE, KIND_BASE
-from .egress import KIND_EGRESS_IMAGE, plan_egress_image
-from .images import KIND_AGENT, KIND_PAYLOAD, LABEL_AGENT_IMAGE, plan_agent_image
+from .egress import EGRESS_IMAGE, KIND_EGRESS_IMAGE, plan_egress_image
+from .images import (
+    AGENT_IMAGE,
+    KIND_AGENT,
+    KIND_PAYLOAD,
+    LABEL_AGENT_IMAGE,
+    PAYLOAD_IMAGE,
+    plan_agent_image,
+)
+
+#: The repositories our images are tagged in. An image built FROM one of ours inherits its
+#: labels; its name tells it apart (another project's image is not ours to list or prune).
+REPOSITORIES = {AGENT_IMAGE, PAYLOAD_IMAGE, EGRESS_IMAGE, BASE_IMAGE.rpartition(":")[0]}
 
 
 def _tags(image: dict[str, Any]) -> list[str]:
@@ -39,6 +50,8 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
         if kind not in (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_BASE):
             continue
         for tag in _tags(image):
+            if tag.rpartition(":")[0] not in REPOSITORIES:
+                continue
             rows.append(
                 {
                     "tag": tag,

@@ -1,0 +1,132 @@
+"""How every command writes: one message style on stderr, tables, JSON, human units.
+
+One style so that a person (and grep) reads every command the same way:
+- stderr lines the tool writes on its own behalf start with `orchestrator: `; problems add
+  their kind (`orchestrator: error: ...`, `orchestrator: warning: ...`), and an error's fix
+  follows on its own line (`  fix: ...`);
+- data goes to stdout: a rich table when stdout is a terminal (or rich is told it is one,
+  `FORCE_COLOR=1`), plain space-aligned columns with a header row otherwise, so `awk`, `cut`
+  and `column` work; `--json` prints JSON instead, errors included.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+PREFIX = "orchestrator: "
+
+
+def say(text: str, *, kind: str | None = None, stream: TextIO | None = None) -> None:
+    """One message line on stderr: `orchestrator: [kind: ]text`."""
+    head = f"{PREFIX}{kind}: " if kind else PREFIX
+    print(head + text, file=stream or sys.stderr, flush=True)
+
+
+def is_terminal(stream: TextIO) -> bool:
+    """Whether `stream` gets terminal output (rich's rule: a tty, or FORCE_COLOR set)."""
+    from rich.console import Console
+
+    return Console(file=stream).is_terminal
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def error_object(cause: str, fix: str = "", exit_code: int = 2, field: str | None = None) -> dict:
+    """What `--json` commands print on stdout when they refuse their input."""
+    return {"error": {"cause": cause, "fix": fix, "exit_code": exit_code, "field": field}}
+
+
+def print_table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    title: str | None = None,
+    stream: TextIO | None = None,
+    right: Sequence[str] = (),
+) -> None:
+    """Rows under a header row: a rich table on a terminal, aligned plain text otherwise.
+
+    `right` names columns aligned right (numbers, durations, sizes)."""
+    stream = stream or sys.stdout
+    cells = [["-" if v is None or v == "" else str(v) for v in row] for row in rows]
+    if is_terminal(stream):
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(
+            title=title, title_justify="left", box=None, header_style="bold", pad_edge=False
+        )
+        for name in headers:
+            table.add_column(name, justify="right" if name in right else "left", overflow="fold")
+        for row in cells:
+            table.add_row(*row)
+        Console(file=stream, highlight=False).print(table)
+        return
+    if title:
+        print(title, file=stream)
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    for row in [list(headers), *cells]:
+        parts = [
+            value.rjust(width) if name in right else value.ljust(width)
+            for name, value, width in zip(headers, row, widths, strict=True)
+        ]
+        print("  ".join(parts).rstrip(), file=stream)
+
+
+def print_fields(fields: Sequence[tuple[str, Any]], *, stream: TextIO | None = None) -> None:
+    """`name: value` lines, names aligned; absent values (None, "") are left out."""
+    stream = stream or sys.stdout
+    present = [(k, v) for k, v in fields if v is not None and v != ""]
+    width = max((len(k) for k, _ in present), default=0)
+    for key, value in present:
+        text = str(value)
+        first, *rest = text.splitlines() or [""]
+        print(f"{key + ':':<{width + 1}} {first}", file=stream)
+        for line in rest:
+            print(f"{'':<{width + 1}} {line}", file=stream)
+
+
+def human_size(size: float | None) -> str:
+    """Bytes as 1.2 kB / 345 MB / 1.1 GB (decimal units, as `docker images` shows them)."""
+    if size is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(size) < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.3g} {unit}"
+        size /= 1000
+    return f"{size:.3g} TB"  # pragma: no cover - unreachable
+
+
+def human_duration(seconds: float | None) -> str:
+    """1.2s, 3m05s, 2h10m; `-` when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    whole = int(seconds)
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def local_time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+def age(epoch: float | None, now: float | None = None) -> str:
+    """How long ago, coarse: 12s ago, 5m ago, 3h ago, 4d ago."""
+    if epoch is None:
+        return "-"
+    delta = max(0.0, (now or time.time()) - epoch)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if delta >= size:
+            return f"{int(delta // size)}{unit} ago"
+    return f"{int(delta)}s ago"

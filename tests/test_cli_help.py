@@ -1,0 +1,118 @@
+"""The command line explains itself: every command's --help runs, every option has help text
+(and shows its default), the README's command reference lists exactly the commands there are,
+--version answers, and shell completion completes. No Docker needed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator.cli.parser import build_parser, subcommands
+
+from .conftest import REPO, cli
+
+PARSER = build_parser()
+
+
+def command_paths(parser: argparse.ArgumentParser = PARSER, prefix: tuple[str, ...] = ()):
+    """('run',), ('runs', 'list'), ... for every command and action."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield (*prefix, name)
+                yield from command_paths(child, (*prefix, name))
+                for verb in getattr(child, "verbs", {}):  # `batch report`, `batch rescore`
+                    yield (*prefix, name, verb)
+
+
+COMMANDS = sorted(set(command_paths()))
+
+
+def test_every_option_and_command_has_help_text() -> None:
+    missing = []
+    for parser in [PARSER, *subcommands(PARSER)]:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [
+                    f"{parser.prog} {choice.dest}" for choice in action._choices_actions
+                    if not choice.help
+                ]  # fmt: skip
+            elif not action.help:
+                missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+    assert not missing, f"no help text: {missing}"
+
+
+def test_defaults_are_shown_in_help() -> None:
+    """An option with a default says it: in its own words or as the appended `(default: X)`."""
+    unsaid = []
+    for parser in subcommands(PARSER):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            trivial = action.default in (None, False, [], argparse.SUPPRESS)
+            if action.option_strings and not trivial:
+                if "default" not in (formatter._get_help_string(action) or "").lower():
+                    unsaid.append(f"{parser.prog} {action.option_strings[0]}")
+    assert not unsaid, f"default not shown: {unsaid}"
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
+def test_every_command_help_runs(path: tuple[str, ...]) -> None:
+    parser = PARSER
+    for name in path:
+        verbs = getattr(parser, "verbs", {})
+        parser = verbs[name] if name in verbs else next(
+            a.choices[name] for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+        )  # fmt: skip
+    text = parser.format_help()
+    assert text.startswith(f"usage: orchestrator {' '.join(path)}")
+    assert "--help" in text
+
+
+def test_help_and_version_from_the_real_command() -> None:
+    out = cli("--help")
+    assert out.returncode == 0 and "commands:" in out.stdout
+    version = cli("--version")
+    assert version.returncode == 0 and re.fullmatch(r"orchestrator \d+\.\d+\.\d+\n", version.stdout)
+    listed = cli("runs", "list", "--help")
+    assert "--limit LIMIT" in listed.stdout and "(default: 20)" in listed.stdout
+
+
+def test_readme_command_reference_matches_the_parser() -> None:
+    """The README's table names every command group and action, and no other."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("<!-- commands:", 1)[1].split("<!-- /commands -->", 1)[0]
+    documented: set[tuple[str, ...]] = set()
+    for cell in re.findall(r"^\| `orchestrator ([^`]+)`", table, flags=re.M):
+        words = [w for w in cell.split() if re.fullmatch(r"[a-z][a-z/-]*", w)]
+        head, *rest = words
+        documented.add((head,))
+        for action in (rest[0].split("/") if rest else []):
+            documented.add((head, action))
+    assert documented == set(COMMANDS), (
+        f"missing from README: {sorted(set(COMMANDS) - documented)}; "
+        f"not commands: {sorted(documented - set(COMMANDS))}"
+    )
+
+
+def test_shell_completion_completes_commands_and_choices() -> None:
+    def complete(line: str) -> set[str]:
+        """What bash's completion hook gets: argcomplete writes the words on fd 8."""
+        env = {
+            **os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_SHELL": "bash",
+        }  # fmt: skip
+        command = f"{shlex.quote(sys.executable)} -m orchestrator 8>&1 9>/dev/null"
+        proc = subprocess.run(
+            ["bash", "-c", command], env=env, cwd=REPO, capture_output=True, text=True, timeout=30
+        )
+        assert proc.returncode == 0, proc.stderr
+        return {w.strip() for w in proc.stdout.split("\n") if w.strip()}
+
+    assert {"run", "runs"} <= complete("orchestrator ru")
+    assert {"running", "succeeded"} <= complete("orchestrator runs list --status ")

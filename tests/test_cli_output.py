@@ -1,0 +1,299 @@
+"""The command line as a user and a script meet it, through the real `orchestrator` command
+and real sandboxes: closed pipes, JSON errors, run ids, housekeeping, defaults precedence,
+`new`, and snapshots of the main human outputs on a terminal and piped
+(tests/snapshots/, rewritten with UPDATE_SNAPSHOTS=1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, TEST_PAYLOADS, cli, start_cli, wait_for
+
+pytestmark = pytest.mark.docker
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+#: Rich believes it writes to a terminal: tables, colours (stripped below), a fixed width.
+TERMINAL = {"FORCE_COLOR": "1", "TTY_COMPATIBLE": "1", "COLUMNS": "200", "TERM": "xterm"}
+PIPED = {"NO_COLOR": "1", "FORCE_COLOR": "", "TTY_COMPATIBLE": "0"}
+
+
+@pytest.fixture(scope="module")
+def two_runs(agent_image: str) -> list[str]:
+    """Two runs of the shipped example, named by its bare name (no folder of that name here)."""
+    ids = []
+    for _ in range(2):
+        out = cli("run", "research_team", "--json", env=PIPED)
+        assert out.returncode == 0, out.stderr
+        ids.append(json.loads(out.stdout)["run_id"])
+    return ids
+
+
+def closed_early(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command with a stdout whose reader has gone before the first byte (`| head -0`)."""
+    proc = start_cli(*args)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    return subprocess.CompletedProcess(args, proc.wait(timeout=120), "", stderr)
+
+
+def test_a_reader_that_closes_early_sees_no_traceback(two_runs: list[str], no_leftovers) -> None:
+    for args in (
+        ("runs", "list", "--json"),
+        ("runs", "logs", two_runs[0]),
+        ("run", "research_team", "--json"),
+    ):
+        out = closed_early(*args)
+        assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
+        assert out.returncode == 141, (args, out.returncode, out.stderr)  # as `cat` would
+
+
+def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) -> None:
+    first, second = two_runs
+    by_suffix = cli("runs", "show", first[-6:], "--json")
+    assert by_suffix.returncode == 0 and json.loads(by_suffix.stdout)["run_id"] == first
+    by_prefix = cli("runs", "show", first[:-3], "--json")
+    assert json.loads(by_prefix.stdout)["run_id"] == first
+    ambiguous = cli("runs", "show", "r-")
+    assert ambiguous.returncode == 2
+    assert "ambiguous" in ambiguous.stderr and first in ambiguous.stderr
+    assert second in ambiguous.stderr
+    unknown = cli("runs", "logs", "no-such-run")
+    assert unknown.returncode == 2 and "No run 'no-such-run'" in unknown.stderr
+
+
+def test_bad_input_under_json_prints_an_error_object(tmp_path: Path) -> None:
+    missing = cli("run", str(tmp_path / "nothing-here"), "--json")
+    assert missing.returncode == 2
+    error = json.loads(missing.stdout)["error"]
+    assert "No payload manifest" in error["cause"] and error["fix"] and error["exit_code"] == 2
+    usage = cli("run", "--json")  # argparse's own refusal: no payload given
+    assert usage.returncode == 2 and "payload" in json.loads(usage.stdout)["error"]["cause"]
+    no_schedule = cli("schedule", "run", "nosuch", "--file", str(REPO / "schedules.example.toml"))
+    assert no_schedule.returncode == 2
+    assert "landmarks-hourly, landmarks-nightly" in no_schedule.stderr
+
+
+def test_empty_store_and_status_filters(tmp_path: Path) -> None:
+    empty = cli("runs", "list", env={"ORCHESTRATOR_HOME": str(tmp_path)})
+    assert empty.returncode == 0 and empty.stdout == ""
+    assert empty.stderr.startswith("orchestrator: no runs in ")
+    running = cli("runs", "list", "--status", "running", "--json")
+    assert running.returncode == 0 and isinstance(json.loads(running.stdout), list)
+
+
+def test_logs_full_and_follow(two_runs: list[str], no_leftovers) -> None:
+    short = cli("runs", "logs", two_runs[0], env=PIPED).stdout
+    full = cli("runs", "logs", two_runs[0], "--full", env=PIPED).stdout
+    code_line = 'tower = json.loads(lookup_landmark(name="Eiffel Tower"))'
+    assert code_line in full and code_line not in short
+    assert "KeyError: 'year'" in full
+    assert not re.search(r"(answered|error|step \d+.*): None", short + full)  # never Python's None
+    assert max(len(line) for line in short.splitlines()) < 200
+
+    proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), "--arg", "seconds=4", "-q")
+    try:
+
+        def live() -> str | None:
+            rows = json.loads(cli("runs", "list", "--status", "running", "--json").stdout)
+            return rows[0]["run_id"] if rows else None
+
+        run_id = wait_for(live, timeout=60)
+        followed = cli("runs", "logs", run_id, "-f", timeout=60)
+        assert followed.returncode == 0
+        assert followed.stdout.rstrip().endswith("■ agent finished: success"), followed.stdout
+    finally:
+        proc.wait(timeout=60)
+
+
+def test_rm_prune_export(tmp_path: Path, agent_image: str, no_leftovers) -> None:
+    home = {"ORCHESTRATOR_HOME": str(tmp_path / "home")}
+    ids = [
+        json.loads(cli("run", "research_team", "--json", env=home).stdout)["run_id"]
+        for _ in range(2)
+    ]
+    archive = cli("runs", "export", ids[0], "-o", str(tmp_path), "--json", env=home)
+    path = Path(json.loads(archive.stdout)["path"])
+    with tarfile.open(path) as tar:
+        names = set(tar.getnames())
+    assert {f"{ids[0]}/result.json", f"{ids[0]}/events.jsonl", f"{ids[0]}/index.json"} <= names
+    removed = cli("runs", "rm", ids[0][-8:], "--json", env=home)
+    assert json.loads(removed.stdout)["removed"] == [ids[0]]
+    assert cli("runs", "show", ids[0], env=home).returncode == 2
+    assert cli("runs", "prune", "--older-than", "soon", env=home).returncode == 2
+    kept = cli("runs", "prune", "--older-than", "1d", "--json", env=home)
+    assert json.loads(kept.stdout)["removed"] == []
+    dry = cli("runs", "prune", "--older-than", "0s", "--status", "succeeded", "--dry-run", env=home)
+    assert ids[1] in dry.stdout and "would remove 1 run(s)" in dry.stderr
+    gone = cli("runs", "prune", "--older-than", "0s", "--json", env=home)
+    assert json.loads(gone.stdout)["removed"] == [ids[1]]
+    assert not (tmp_path / "home" / "runs" / ids[1]).exists()
+
+
+def test_defaults_precedence_flag_env_config(tmp_path: Path, agent_image: str) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[defaults]\nmodel = "nosuch:from-config"\n')
+    env = {"ORCHESTRATOR_CONFIG": str(config)}
+    from_config = cli("run", "research_team", "--json", env=env)
+    assert from_config.returncode == 2 and "from-config" in from_config.stdout
+    from_env = cli("run", "research_team", "--json", env={**env, "ORCHESTRATOR_MODEL": "mock"})
+    assert from_env.returncode == 0, from_env.stdout
+    flagged = cli(
+        "run", "research_team", "--model", "mock", "--json",
+        env={**env, "ORCHESTRATOR_MODEL": "nosuch:from-env"},
+    )  # fmt: skip
+    assert flagged.returncode == 0, flagged.stdout
+    config.write_text('[defaults]\nnetwork = "sideways"\n')
+    bad = cli("run", "research_team", env=env)
+    assert bad.returncode == 2 and str(config) in bad.stderr and "sideways" in bad.stderr
+
+
+def test_new_payload_runs_and_validates(tmp_path: Path, agent_image: str, no_leftovers) -> None:
+    def here(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ),
+        )  # fmt: skip
+
+    assert here("new", "demo").returncode == 0
+    ran = here("run", "demo")
+    assert ran.returncode == 0 and ran.stdout.strip() == "100", ran.stderr
+    events = ran.stderr
+    assert "researcher answered" in events and "[researcher] step 1" in events
+    report = json.loads(here("validate", "demo", "--json").stdout)
+    assert report["ok"] is True and report["agents"] == ["manager", "researcher"]
+    again = here("new", "demo")
+    assert again.returncode == 2 and "already exists" in again.stderr
+    examples = json.loads(here("examples", "--json").stdout)
+    assert {"research_team", "data_analyst"} <= {e["name"] for e in examples}
+
+
+def test_images_list_shows_only_our_images(docker_client, agent_image: str) -> None:
+    """An image built FROM ours inherits its labels; its name says it is someone else's."""
+    import io
+
+    other = "cli-test-other-project:1"
+    docker_client.images.build(
+        fileobj=io.BytesIO(f"FROM {agent_image}\nLABEL other=1\n".encode()), tag=other, rm=True
+    )
+    try:
+        listed = json.loads(cli("images", "list", "--json").stdout)
+        tags = {image["tag"] for image in listed}
+        assert agent_image in tags and other not in tags
+        table = cli("images", "list", env=PIPED).stdout
+        assert table.splitlines()[0].split() == ["IMAGE", "KIND", "CREATED", "SIZE", "IN", "USE"]
+        assert re.search(r" \d+(\.\d+)? MB ", table), table
+    finally:
+        docker_client.images.remove(other, force=True)
+
+
+# --- snapshots -----------------------------------------------------------------------------
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]")
+NORMALIZE = [
+    (re.compile(r"r-\d{8}-\d{6}-[0-9a-f]{12}"), "RUN_ID"),
+    (re.compile(r"b-\d{8}-\d{6}-[0-9a-f]+"), "BATCH_ID"),
+    (re.compile(r"concurrency \d+"), "concurrency N"),  # from this machine's CPUs and memory
+    (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d(:\d\d)?(Z|[+-]\d\d:\d\d)?"), "TIME"),
+    (re.compile(r"\(\d+[smhd] ago\)|\b\d+[smhd] ago\b"), "AGE"),
+    (re.compile(r"\b\d+(\.\d+)?s\b"), "N.Ns"),
+    (re.compile(r"\d+(\.\d+)? tasks/min"), "N tasks/min"),
+    (re.compile(r"orchestrator-agent:[0-9a-f]{12}"), "AGENT_IMAGE"),
+    (re.compile(r"/\S*/(runs|batches)/"), r"STORE/\1/"),
+    (re.compile(r"[ \t]+"), " "),  # alignment is checked on its own (see aligned())
+]
+
+
+def normalize(text: str) -> str:
+    text = ANSI.sub("", text)
+    for pattern, replacement in NORMALIZE:
+        text = pattern.sub(replacement, text)
+    return "\n".join(line.rstrip() for line in text.splitlines() if line.strip()) + "\n"
+
+
+def check_snapshot(name: str, text: str) -> None:
+    path = SNAPSHOTS / f"{name}.txt"
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        SNAPSHOTS.mkdir(exist_ok=True)
+        path.write_text(normalize(text))
+    assert path.is_file(), f"no snapshot {path.name}: run with UPDATE_SNAPSHOTS=1 once"
+    assert normalize(text) == path.read_text(), f"{name} differs from {path}"
+
+
+def aligned(table: str) -> None:
+    """A plain table: each row's cell starts where its header does (left-aligned columns) or
+    ends where it does (right-aligned ones)."""
+    header, *rows = table.splitlines()
+    spans = [m.span() for m in re.finditer(r"\S+", header)]
+    for row in rows:
+        row = row.ljust(len(header))
+        for start, end in spans:
+            left = row[start] != " " and (start == 0 or row[start - 1] == " ")
+            right = row[end - 1] != " " and (end >= len(row) or row[end] == " ")
+            assert left or right, (header, row)
+
+
+@pytest.mark.parametrize("mode", ["terminal", "piped"])
+def test_snapshots_of_human_output(
+    mode: str, tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    output = TERMINAL if mode == "terminal" else PIPED
+    # The base the agent image was built on, so that no machine-dependent pull is tried.
+    base = docker_client.images.get(agent_image).labels["orchestrator.base"]
+    env = {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_BASE_IMAGE": base, **output}
+    ran = cli("run", "research_team", env=env)
+    assert ran.returncode == 0, ran.stderr
+    check_snapshot(f"run-{mode}", f"stdout:\n{ran.stdout}stderr:\n{ran.stderr}")
+    listed = cli("runs", "list", env=env).stdout
+    check_snapshot(f"runs-list-{mode}", listed)
+    run_id = re.search(r"r-\d{8}-\d{6}-[0-9a-f]{12}", listed).group(0)
+    check_snapshot(f"runs-show-{mode}", cli("runs", "show", run_id, env=env).stdout)
+    check_snapshot(f"runs-logs-{mode}", cli("runs", "logs", run_id, env=env).stdout)
+    schedules = cli("schedule", "list", "--file", str(REPO / "schedules.example.toml"), env=env)
+    check_snapshot(f"schedule-list-{mode}", schedules.stdout)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        json.dumps({"id": "t1", "task": "How many years?", "expected": "48"}) + "\n"
+    )
+    batch = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "batch", "research_team", str(tasks), "-q"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, **env},
+    )  # fmt: skip
+    assert batch.returncode == 0, batch.stderr
+    assert (tmp_path / "batches" / "research_team-tasks" / "results.jsonl").is_file()
+    check_snapshot(f"batch-summary-{mode}", batch.stderr)
+    if mode == "piped":
+        aligned(listed)
+        aligned(schedules.stdout)
+        assert "\x1b[" not in ran.stderr + listed
+    else:
+        assert "\x1b[" in listed  # rich's table, on a terminal
+        assert "[dim]" not in batch.stderr + ran.stderr  # markup rendered, never shown
+
+
+def test_build_tool_output_and_repeated_notices_only_with_verbose(docker_client) -> None:
+    from orchestrator.backends.docker.base_image import BASE_IMAGE, resolve_base
+    from orchestrator.cli import display
+
+    said: list[str] = []
+    wanted = "registry.invalid/no-such-base:1"  # a pull that fails at once (no such host)
+    assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
+    assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
+    notices = [m for m in said if "is not available" in m]
+    assert len(notices) == 2 and not display.is_detail(notices[0])
+    assert display.is_detail(notices[1]) and notices[1].startswith("note: ")
+    for line in ("pip: Collecting smolagents", "build: Step 1/17", notices[1]):
+        assert not display.shown(line)
+    assert display.shown("building orchestrator-agent:abc on orchestrator-base:bookworm")
+    display.VERBOSE = True
+    try:
+        assert display.shown("pip: Collecting smolagents") and display.shown(notices[1])
+    finally:
+        display.VERBOSE = False
