@@ -607,3 +607,28 @@ def test_hf_models_go_through_the_gateway_too(
     assert {r["body"]["model"] for r in requests} == {"Qwen/Qwen2.5-Coder-32B-Instruct"}
     assert result.token_usage_source == "gateway"
     assert result.token_usage == {**served, "total_tokens": sum(served.values())}
+
+
+@pytest.mark.docker
+def test_a_batch_summary_counts_the_tokens_the_gateway_measured(
+    agent_image: str, model_key: str, tmp_path: Path, nothing_left: None
+) -> None:
+    from orchestrator.batch import BatchSpec, run_batch
+    from orchestrator.manifest import load_manifest
+
+    from .test_batch import MATH, math_rows, write_jsonl
+
+    step = load_manifest(MATH).mock_scripts["manager"][0]
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3))
+    with ScriptedModelServer([step] * 4) as server:  # the load check asks no model
+        spec = BatchSpec(
+            tasks=tasks, output=tmp_path / "out", concurrency=1,
+            run=RunSpec(payload=MATH, model="openai:scripted", api_base=server.api_base()),
+        )  # fmt: skip
+        summary = run_batch(spec)
+        served = dict(server.usage)
+    assert summary.state == "complete" and summary.counts["succeeded"] == 3, summary
+    assert summary.tokens_source == "gateway"
+    assert summary.tokens == {"input": served["input_tokens"], "output": served["output_tokens"]}
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").open()]
+    assert {row["tokens"]["source"] for row in rows} == {"gateway"}
