@@ -24,6 +24,9 @@ LABEL_STORE = "orchestrator.store"
 LABEL_OWNER = "orchestrator.owner"  # "<hostname>:<pid>:<process start time>"
 
 
+LABEL_WARM = "orchestrator.warm"  # "true" on a sandbox started before its run took it
+
+
 LABEL_KIND = "orchestrator.kind"  # "sandbox", "egress", "agent-image", "payload-image"
 
 
