@@ -225,6 +225,8 @@ class Pool:
         The backend must be the one given to the pool. Prepares the image first (so it may
         raise `ImageBuildError`)."""
         backend = self._backend_for(prepared)
+        if prepared.backend != backend.name or not _supports_pool(backend):
+            return
         spec = self._key_spec(prepared, backend)
         key = pool_key(spec)
         wanted = self.size if count is None else max(0, min(count, self.size))
@@ -242,7 +244,8 @@ class Pool:
         """A ready sandbox for `prepared`, waiting while one is being made for it; None when
         there is none to have (the run then goes cold). Marks the sandbox `warm` and how long
         the run waited."""
-        if self._closed or not _supports_pool(self._backend_for(prepared)):
+        backend = self._backend_for(prepared)
+        if self._closed or prepared.backend != backend.name or not _supports_pool(backend):
             return None
         started = time.monotonic()
         spec = self._key_spec(prepared, self._backend_for(prepared))

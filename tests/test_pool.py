@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -256,3 +257,44 @@ def test_record_says_cold(agent_image: str, no_leftovers) -> None:
     assert "sandbox_wait" not in result.timings
     saved = json.loads((Path(result.record_dir) / "result.json").read_text())
     assert saved["warm"] is False
+
+
+def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
+    tmp_path: Path, agent_image: str, no_leftovers
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.schedules.file import load_schedules
+    from orchestrator.schedules.serve import WARM_AHEAD, Scheduler
+    from orchestrator.schedules.store import ScheduleStore
+    from orchestrator.store import Store
+
+    from .test_schedules import FakeClock, sync, unique, write_schedules
+
+    name = unique("warm")
+    path = write_schedules(
+        tmp_path,
+        {
+            "name": name,
+            "cron": "@hourly",
+            "payload": str(SLEEPER),
+            "additional_args": {"seconds": 0},
+        },
+    )
+    start = datetime(2026, 11, 24, 10, 59, 20, tzinfo=UTC)
+    clock = FakeClock(start, start + timedelta(seconds=45))
+    log: list[str] = []
+    store = ScheduleStore()
+    with Pool(size=1, ttl=60) as pool:
+        scheduler = Scheduler(
+            load_schedules(path).schedules, store=store, clock=clock, spawn=sync,
+            log=log.append, pool=pool,
+        )  # fmt: skip
+        scheduler.serve(threading.Event())
+        assert pool.stats() == {"idle": 0, "making": 0}, "a sandbox was made past the firing"
+    assert clock.slept >= 40 - WARM_AHEAD  # it woke WARM_AHEAD before the firing
+    rows = store.history(name, limit=10)
+    assert [r["outcome"] for r in rows] == ["succeeded"], log
+    run = Store().get_run(rows[0]["run_id"])
+    saved = json.loads((Path(run["record_dir"]) / "result.json").read_text())
+    assert saved["warm"] is True and saved["run_id"] == rows[0]["run_id"]
