@@ -44,8 +44,9 @@ DEFAULT_TTL = 120.0
 #: An idle sandbox this close to its time-to-live is replaced, not handed out: the run
 #: must have read its request (which moves the keeper's deadline) before the keeper stops it.
 EXPIRY_MARGIN = 10.0
-#: Sandboxes made at once in the background: few, so that running work is not starved.
-DEFAULT_BUILDERS = 1
+#: Sandboxes made at once in the background: few, so that running work is not starved (two
+#: overlap one sandbox's engine calls with another's imports).
+DEFAULT_BUILDERS = 2
 #: After a failed creation, how long the builder leaves that key alone (runs go cold).
 FAILURE_BACKOFF = 30.0
 
@@ -74,6 +75,9 @@ class _Slot:
     wanted: int
     ready: deque[_Idle] = field(default_factory=deque)
     making: int = 0
+    #: Runs waiting for a sandbox being made (never more than are being made: the others
+    #: start cold rather than queue behind the builders).
+    waiting: int = 0
     failed_until: float = 0.0
     error: str | None = None
 
@@ -255,18 +259,25 @@ class Pool:
             if slot is None:
                 slot = self._slots[key] = _Slot(spec=spec, wanted=self.size)
                 self._lock.notify_all()
-            while not self._closed and not (cancel is not None and cancel.is_set()):
-                while slot.ready:
-                    idle = slot.ready.popleft()
-                    self._lock.notify_all()  # a slot is free: the builder refills it
-                    if idle.idle_until - time.time() > EXPIRY_MARGIN:
-                        idle.sandbox.warm = True
-                        idle.sandbox.waited = round(time.monotonic() - started, 3)
-                        return Claim(idle.run_id, idle.sandbox)
-                    _remove_later(idle.sandbox)
-                if slot.making == 0 and not self._can_make(slot):
-                    return None
-                self._lock.wait(timeout=0.5)
+            if not slot.ready and slot.waiting >= slot.making:
+                self._lock.notify_all()  # none coming for this run: cold, and refill
+                return None
+            slot.waiting += 1
+            try:
+                while not self._closed and not (cancel is not None and cancel.is_set()):
+                    while slot.ready:
+                        idle = slot.ready.popleft()
+                        self._lock.notify_all()  # a slot is free: the builder refills it
+                        if idle.idle_until - time.time() > EXPIRY_MARGIN:
+                            idle.sandbox.warm = True
+                            idle.sandbox.waited = round(time.monotonic() - started, 3)
+                            return Claim(idle.run_id, idle.sandbox)
+                        _remove_later(idle.sandbox)
+                    if slot.making < slot.waiting:
+                        return None
+                    self._lock.wait(timeout=0.5)
+            finally:
+                slot.waiting -= 1
         return None
 
     def close(self) -> None:
