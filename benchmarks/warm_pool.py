@@ -113,7 +113,6 @@ def warm_runs(pool: Pool, rounds: int) -> tuple[list[float], list[float]]:
     for _ in range(rounds):
         while pool.stats()["idle"] < pool.size:
             time.sleep(0.05)
-        time.sleep(0.5)  # the runtimes have imported smolagents and wait on their stdin
         first: dict[str, float] = {}
 
         def seen(event: dict, first: dict[str, float] = first) -> None:
@@ -164,7 +163,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--tasks", type=int, default=100)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 4])
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="warm-bench-"))

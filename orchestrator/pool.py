@@ -47,6 +47,9 @@ EXPIRY_MARGIN = 10.0
 #: Sandboxes made at once in the background: few, so that running work is not starved (two
 #: overlap one sandbox's engine calls with another's imports).
 DEFAULT_BUILDERS = 2
+#: A refill starts this long after a run took its sandbox, so that the run's own start (the
+#: latency that matters) does not share the CPU with the next sandbox's start.
+REFILL_DELAY = 0.3
 #: After a failed creation, how long the builder leaves that key alone (runs go cold).
 FAILURE_BACKOFF = 30.0
 
@@ -80,6 +83,8 @@ class _Slot:
     waiting: int = 0
     failed_until: float = 0.0
     error: str | None = None
+    #: When a run last took a sandbox of this key (monotonic).
+    claimed_at: float = 0.0
 
 
 class Pool:
@@ -269,6 +274,7 @@ class Pool:
                         idle = slot.ready.popleft()
                         self._lock.notify_all()  # a slot is free: the builder refills it
                         if idle.idle_until - time.time() > EXPIRY_MARGIN:
+                            slot.claimed_at = time.monotonic()
                             idle.sandbox.warm = True
                             idle.sandbox.waited = round(time.monotonic() - started, 3)
                             return Claim(idle.run_id, idle.sandbox)
@@ -297,6 +303,7 @@ class Pool:
             worker.start()
         for worker in workers:
             worker.join(timeout=60)
+        _wait_removals()
 
     def stats(self) -> dict[str, int]:
         """Idle and being-made sandboxes, over every key."""
@@ -339,6 +346,9 @@ class Pool:
                 if self._closed or job is None:
                     return
             slot, run_id = job
+            pause = slot.claimed_at + REFILL_DELAY - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
             idle = self._make(slot, run_id)
             with self._lock:
                 slot.making -= 1
@@ -390,14 +400,30 @@ def _supports_pool(backend: Backend) -> bool:
     return type(backend).create_idle is not Backend.create_idle
 
 
+_removals: list[threading.Thread] = []
+_removals_lock = threading.Lock()
+
+
 def _remove_later(sandbox: Sandbox) -> None:
-    """Remove a sandbox without holding up the caller (it holds the pool's lock)."""
+    """Remove a sandbox without holding up the caller (it holds the pool's lock);
+    `_wait_removals` waits for every such removal."""
 
     def remove() -> None:
         with contextlib.suppress(Exception):
             sandbox.remove()
 
-    threading.Thread(target=remove, name="pool-remove", daemon=True).start()
+    thread = threading.Thread(target=remove, name="pool-remove", daemon=True)
+    with _removals_lock:
+        _removals[:] = [t for t in _removals if t.is_alive()]
+        _removals.append(thread)
+    thread.start()
+
+
+def _wait_removals(timeout: float = 60.0) -> None:
+    with _removals_lock:
+        pending = list(_removals)
+    for thread in pending:
+        thread.join(timeout=timeout)
 
 
 class _Claimed(Backend):

@@ -28,6 +28,7 @@ from typing import Any
 from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
 from .masking import Masker
+from .protocol import READY_LINE
 from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
         preload()
     except Exception:  # the child reports it properly when it imports them again
         traceback.print_exc()
+    if KEEPER_FD_ENV in os.environ:  # a pooled sandbox: tell the pool it is ready
+        sys.stderr.write(READY_LINE)
+        sys.stderr.flush()
     try:
         raw = read_request(sys.argv[1:] if argv is None else argv)
     except (OSError, RequestError) as exc:

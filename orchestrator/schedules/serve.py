@@ -133,8 +133,8 @@ class Scheduler:
         if self.pool is None or warmed is None:
             return None, self.run_fn
         pool, prepared = self.pool, warmed[1]
-        claim = pool.claim(prepared)
         pool.warm(prepared, 0)  # one sandbox per firing: no refill until the next one
+        claim = pool.claim(prepared)  # the one being made (or made) is still handed out
         if claim is None:
             return None, self.run_fn
 

@@ -15,6 +15,8 @@ import docker.errors
 from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
+from orchestrator_runtime.protocol import READY_LINE
+
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
@@ -24,6 +26,8 @@ from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_net
 from .engine import connect, engine_time
 from .gateway import Gateway
 
+#: How long a pooled sandbox's runtime may take to import everything before it is given up.
+IDLE_READY_TIMEOUT = 60.0
 #: The unprivileged user of the agent image (see images/agent/Dockerfile).
 SANDBOX_USER = "10001:10001"
 
@@ -99,6 +103,9 @@ class DockerSandbox(Sandbox):
         self.gateway = gateway
         self.spec = spec
         self._socket: Any = None
+        #: A pooled sandbox's output read while it became ready, and the rest of it.
+        self._early: list[tuple[StreamName, bytes]] = []
+        self._frames: Iterator[tuple[int, bytes]] | None = None
 
     @property
     def model_api_base(self) -> str | None:
@@ -136,6 +143,34 @@ class DockerSandbox(Sandbox):
         )
         self.api.start(self.id)
 
+    def wait_idle(self, timeout: float) -> None:
+        """Until the runtime of a prestarted sandbox has imported everything (its READY_LINE
+        on stderr). What it wrote before is kept for `stream`. Raises RuntimeError when the
+        output ends first, or when it is not ready within `timeout` (it is killed then)."""
+        self._frames = frames_iter(self._socket, tty=False)
+        marker, seen = READY_LINE.encode(), b""
+        watchdog = threading.Timer(timeout, self.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            for stream_id, chunk in self._frames:
+                name = STREAM_NAMES.get(stream_id)
+                if name == "stderr":
+                    seen += chunk
+                    if marker in seen:
+                        self._early += [("stderr", p) for p in seen.split(marker, 1) if p]
+                        return
+                elif name and chunk:
+                    self._early.append((name, chunk))
+        except OSError:
+            pass
+        finally:
+            watchdog.cancel()
+        raise RuntimeError(
+            f"the pooled sandbox ended before it was ready (within {timeout:g} s); its last "
+            f"words: {seen[-500:].decode(errors='replace')!r}"
+        )
+
     def take(self, spec: SandboxSpec) -> None:
         """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
         start; its gateway's token is the run's own)."""
@@ -144,8 +179,10 @@ class DockerSandbox(Sandbox):
         self.spec = spec
 
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        yield from self._early
+        self._early = []
         try:
-            for stream_id, chunk in frames_iter(self._socket, tty=False):
+            for stream_id, chunk in self._frames or frames_iter(self._socket, tty=False):
                 name = STREAM_NAMES.get(stream_id)
                 if name and chunk:
                     yield name, chunk
@@ -301,6 +338,7 @@ class DockerBackend(Backend):
             raise
         try:
             sandbox.prestart()
+            sandbox.wait_idle(IDLE_READY_TIMEOUT)
         except BaseException:
             sandbox.remove()
             raise
