@@ -26,12 +26,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from .backends import get_backend
 from .backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
 from .errors import ConfigError
-from .labels import run_labels
+from .labels import owner_label, pool_marker, run_labels
 from .record import EventHandler
 from .runner import PreparedRun, execute, prepare, sandbox_spec
 from .spec import RunResult, RunSpec
@@ -121,6 +122,7 @@ class Pool:
         self._images: dict[tuple[str, ...], str] = {}
         self._lock = threading.Condition()
         self._closed = False
+        self._marker: Path | None = None
         self._builders = [
             threading.Thread(target=self._build_loop, name=f"pool-builder-{n}", daemon=True)
             for n in range(max(1, builders))
@@ -304,6 +306,9 @@ class Pool:
         for worker in workers:
             worker.join(timeout=60)
         _wait_removals()
+        if self._marker is not None:
+            with contextlib.suppress(OSError):
+                self._marker.unlink()
 
     def stats(self) -> dict[str, int]:
         """Idle and being-made sandboxes, over every key."""
@@ -358,10 +363,20 @@ class Pool:
                     slot.ready.append(idle)
                 self._lock.notify_all()
 
+    def _mark(self) -> None:
+        """Leave this process's marker in the state directory before the first sandbox, so
+        that if it dies the next command removes what it left (`cleanup.reap_dead_pools`)."""
+        if self._marker is None:
+            marker = pool_marker((self.store or Store()).root)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(owner_label() + "\n")
+            self._marker = marker
+
     def _make(self, slot: _Slot, run_id: str) -> _Idle | None:
         assert self.backend is not None
         spec = replace(slot.spec, run_id=run_id, labels=run_labels(run_id))
         try:
+            self._mark()
             idle_until = time.time() + self.ttl
             sandbox = self.backend.create_idle(spec, lambda _m: None, self.ttl)
         except Exception as exc:  # the runs go cold meanwhile; said once per failure
