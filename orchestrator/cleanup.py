@@ -21,7 +21,15 @@ from .backends import get_backend
 from .backends.base import Backend, SandboxInfo
 from .config import home_dir
 from .errors import OrchestratorError
-from .labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, owner_alive, store_id
+from .labels import (
+    LABEL_OWNER,
+    LABEL_RUN_ID,
+    LABEL_STORE,
+    LABEL_WARM,
+    POOLS_DIR,
+    owner_alive,
+    store_id,
+)
 from .record import close_orphan
 from .store import Store
 
@@ -116,7 +124,32 @@ def close_orphaned_runs(
         message = f"the orchestrator process ({row.get('owner')}) died during the run; {where}"
         if close_orphan(store, row, message=message, **ended) is not None:
             closed.append(row["run_id"])
+    reap_dead_pools(store, found, warn)
     return closed
+
+
+def reap_dead_pools(
+    store: Store, found: dict[str, Backend | None], warn: Callable[[str], None] | None = None
+) -> None:
+    """Remove the warm sandboxes of pools whose process died (their markers say whose);
+    one directory listing when there are none."""
+    folder = store.root / POOLS_DIR
+    if not folder.is_dir():
+        return
+    for marker in folder.glob("*.owner"):
+        try:
+            owner = marker.read_text().strip()
+        except OSError:
+            continue
+        if owner_alive(owner):
+            continue
+        backend = _backend_for("docker", found, warn)
+        if backend is None:
+            return
+        with contextlib.suppress(Exception):  # gone already, or the engine hiccuped
+            for info in backend.list_sandboxes({LABEL_OWNER: owner, LABEL_WARM: "true"}):
+                backend.remove_sandbox(info)
+            marker.unlink(missing_ok=True)
 
 
 def _backend_for(

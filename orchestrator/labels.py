@@ -24,6 +24,9 @@ LABEL_STORE = "orchestrator.store"
 LABEL_OWNER = "orchestrator.owner"  # "<hostname>:<pid>:<process start time>"
 
 
+LABEL_WARM = "orchestrator.warm"  # "true" on a sandbox started before its run took it
+
+
 LABEL_KIND = "orchestrator.kind"  # "sandbox", "egress", "agent-image", "payload-image"
 
 
@@ -75,3 +78,13 @@ def owner_alive(owner: str) -> bool:
     except PermissionError:
         return True
     return process_start_time(pid) == started
+
+
+#: Under the state directory: one file per live pool, holding its owner label, so that the
+#: next command can remove the warm sandboxes of a pool whose process died (`cleanup.tidy`).
+POOLS_DIR = "pools"
+
+
+def pool_marker(root: Path) -> Path:
+    """This process's pool marker under the state directory `root` (not created)."""
+    return root / POOLS_DIR / f"{os.getpid()}-{process_start_time(os.getpid())}.owner"

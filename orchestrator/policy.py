@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from .errors import ConfigError
 from .spec import NetworkPolicy
 
@@ -112,6 +110,9 @@ def check_requirement(text: str, allowed: Collection[str] = ()) -> str | None:
         return "is empty"
     if text.startswith("-"):
         return "is a pip option, not a package specification"
+    # Imported here: a run without requirements never pays for `packaging` (50 ms).
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         requirement = Requirement(text)
     except InvalidRequirement as exc:

@@ -298,10 +298,14 @@ def execute(
         checkpoint()
         store.update_run(run_id, status="starting")
         sandbox = backend.create(sandbox_spec(prepared, result.image), progress)
+        result.warm = sandbox.warm
+        if sandbox.warm:
+            timings["sandbox_wait"] = sandbox.waited
         record.host_event(
             "sandbox_created",
             backend=backend.name,
             sandbox_id=sandbox.id,
+            warm=sandbox.warm,
             network=prepared.network.mode,
             allowlist=result.allowlist,
             gateway=prepared.gateway is not None,

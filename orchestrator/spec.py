@@ -77,6 +77,9 @@ class RunResult:
     gateway: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
     timings: dict[str, float] = field(default_factory=dict)
+    #: The sandbox was pre-started (a pool's) rather than made for the run; `timings` then
+    #: has `sandbox_wait`, the seconds the run waited for it.
+    warm: bool = False
     record_dir: str = ""
     payload: str = ""
     model: str = ""

@@ -1,7 +1,9 @@
 """`python -m orchestrator_runtime [--request PATH]`: one request (stdin, or a file), one run,
 events on stdout.
 
-The life of a run, top to bottom: isolate stdout -> read the request -> fork: this process
+The life of a run, top to bottom: isolate stdout -> import smolagents and the runtime's own
+modules (so a pooled sandbox is ready before its request comes) -> read the request -> tell
+the deadline keeper the run has begun (pooled sandboxes) -> fork: this process
 relays and checks the child's events (relay.py), the child does the rest -> secrets into the
 environment -> patch smolagents -> write and import the payload -> take control of every
 agent -> run the manager -> run_end (also to result_path). Exit codes: 0 final answer,
@@ -11,6 +13,7 @@ agent -> run the manager -> run_end (also to result_path). Exit codes: 0 final a
 from __future__ import annotations
 
 import base64
+import contextlib
 import importlib
 import json
 import os
@@ -22,8 +25,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
 from .masking import Masker
+from .protocol import READY_LINE
 from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
@@ -270,14 +275,52 @@ def read_request(argv: list[str]) -> bytes:
     return sys.stdin.buffer.read()
 
 
+def preload() -> None:
+    """Import what every run needs before the request comes: a pooled sandbox has paid for
+    it while it idled, and a cold one overlaps it with the host's shipping of the request.
+    Nothing here reads the request, the environment's secrets (there are none yet) or
+    writes to stdout."""
+    import smolagents  # noqa: F401 - the import is the point
+
+    from . import agents, egress_audit, models  # noqa: F401
+
+
+def start_deadline() -> None:
+    """Tell the keeper (pooled sandboxes only) that the run has begun: its deadline becomes
+    the run's. One byte, once; the pipe is closed before any payload code exists."""
+    fd_text = os.environ.pop(KEEPER_FD_ENV, None)
+    if fd_text is None:
+        return
+    try:
+        fd = int(fd_text)
+    except ValueError:
+        return
+    try:
+        os.write(fd, b"1")
+    except OSError:
+        pass  # the keeper keeps its idle deadline, which is earlier
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Read the request, then run it in a child process whose events this one relays
     (relay.py): the payload never holds the host's event channel."""
     events_fd = isolate_stdout()
     try:
+        preload()
+    except Exception:  # the child reports it properly when it imports them again
+        traceback.print_exc()
+    if KEEPER_FD_ENV in os.environ:  # a pooled sandbox: tell the pool it is ready
+        sys.stderr.write(READY_LINE)
+        sys.stderr.flush()
+    try:
         raw = read_request(sys.argv[1:] if argv is None else argv)
     except (OSError, RequestError) as exc:
+        start_deadline()
         return Run(EventStream(events_fd)).fail("request", exc, "payload", EXIT_BAD_REQUEST)
+    start_deadline()
     run_id, result_path = envelope_of(raw)
     source, sink = os.pipe()
     sys.stderr.flush()
@@ -317,5 +360,15 @@ def envelope_of(raw: bytes) -> tuple[str | None, str | None]:
     return (run_id if isinstance(run_id, str) else None), (path if isinstance(path, str) else None)
 
 
+def exit_now(code: int) -> None:
+    """Flush and leave without the interpreter's shutdown (with smolagents loaded it takes a
+    tenth of a second, and every run waits for this process's exit)."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):
+            if stream is not None:
+                stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

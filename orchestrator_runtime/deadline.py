@@ -1,6 +1,7 @@
 """The deadline keeper: PID 1 of every container the orchestrator starts for a run.
 
     python3 -I -S deadline.py --deadline-at EPOCH -- COMMAND [ARG...]
+    python3 -I -S deadline.py --idle-until EPOCH --run-seconds S -- COMMAND [ARG...]
 
 It starts COMMAND as its only child and is its init: it reaps every process, forwards
 SIGTERM/SIGINT/SIGHUP/SIGQUIT to COMMAND, and exits with COMMAND's exit status. At EPOCH
@@ -8,6 +9,13 @@ SIGTERM/SIGINT/SIGHUP/SIGQUIT to COMMAND, and exits with COMMAND's exit status. 
 DEADLINE_EXIT_CODE whatever is still running, and the kernel then kills every process of the
 container: the container stops on time even when every orchestrator process on the host is
 gone.
+
+A pooled (warm) sandbox is started before any run takes it, with `--idle-until`: the keeper
+hands COMMAND the write end of a pipe (its number in `$ORCHESTRATOR_KEEPER_FD`) and stops the
+container at EPOCH (the pool's time-to-live) unless a message comes first. The first byte
+(the only one read) turns the deadline into now + S, once; the runtime sends it when it has
+read its whole request and closes the pipe before any payload code exists, so payload code
+can never extend anything. The pipe closed without a message leaves the idle deadline.
 
 Why code in the sandbox (same user) cannot remove or extend the deadline:
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
 import time
@@ -38,6 +47,10 @@ USAGE_EXIT_CODE = 125
 PR_SET_DUMPABLE = 4
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 WATCHED = {signal.SIGCHLD, *FORWARDED}
+#: The environment variable naming the write end of the keeper's pipe (idle mode only).
+KEEPER_FD_ENV = "ORCHESTRATOR_KEEPER_FD"
+#: How often an idle keeper looks at its signals while it waits on its pipe.
+IDLE_POLL_SECONDS = 0.05
 
 
 def fail(message: str) -> None:
@@ -55,14 +68,36 @@ def say_without_blocking(message: str) -> None:
         pass
 
 
-def parse(argv: list[str]) -> tuple[float, list[str]]:
-    if len(argv) < 4 or argv[0] != "--deadline-at" or argv[2] != "--":
-        fail("usage: deadline.py --deadline-at EPOCH -- COMMAND [ARG...]")
+USAGE = (
+    "usage: deadline.py --deadline-at EPOCH -- COMMAND [ARG...] | "
+    "--idle-until EPOCH --run-seconds S -- COMMAND [ARG...]"
+)
+
+
+def number(flag: str, text: str) -> float:
     try:
-        deadline_at = float(argv[1])
+        return float(text)
     except ValueError:
-        fail(f"--deadline-at {argv[1]!r} is not a number")
-    return deadline_at, argv[3:]
+        fail(f"{flag} {text!r} is not a number")
+        raise  # not reached: fail() exits
+
+
+def parse(argv: list[str]) -> tuple[float, float | None, list[str]]:
+    """(EPOCH, run seconds or None for a plain deadline, COMMAND)."""
+    if len(argv) >= 4 and argv[0] == "--deadline-at" and argv[2] == "--":
+        return number(argv[0], argv[1]), None, argv[3:]
+    if (
+        len(argv) >= 6
+        and argv[0] == "--idle-until"
+        and argv[2] == "--run-seconds"
+        and argv[4] == "--"
+    ):
+        run_seconds = number(argv[2], argv[3])
+        if not run_seconds > 0:
+            fail(f"--run-seconds {argv[3]!r} must be positive")
+        return number(argv[0], argv[1]), run_seconds, argv[5:]
+    fail(USAGE)
+    raise SystemExit(USAGE_EXIT_CODE)  # not reached
 
 
 def make_undumpable() -> None:
@@ -79,25 +114,44 @@ def exit_status(status: int) -> int:
 
 
 def main(argv: list[str]) -> None:
-    deadline_at, command = parse(argv)
+    deadline_at, run_seconds, command = parse(argv)
     if os.getpid() != 1:
         fail("must run as PID 1 of the container (without --init), or the deadline is not safe")
     make_undumpable()
     deadline = time.monotonic() + (deadline_at - time.time())
+    wake = -1  # idle mode: the read end of the pipe whose first byte starts the run
+    if run_seconds is not None:
+        wake, handed = os.pipe()
+        os.set_inheritable(handed, True)
+        os.environ[KEEPER_FD_ENV] = str(handed)
     signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     child = os.fork()
     if child == 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
         try:
+            if wake >= 0:
+                os.close(wake)
             os.execvp(command[0], command)
         finally:
             os._exit(127)
+    if wake >= 0:
+        os.close(handed)
+        os.environ.pop(KEEPER_FD_ENV, None)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             say_without_blocking("the sandbox's deadline passed; stopping it")
             os._exit(DEADLINE_EXIT_CODE)
-        info = signal.sigtimedwait(WATCHED, remaining)
+        if wake >= 0:  # idle: wait on the pipe, looking at signals now and then
+            ready, _, _ = select.select([wake], [], [], min(remaining, IDLE_POLL_SECONDS))
+            if ready:
+                if os.read(wake, 1) and run_seconds is not None:
+                    deadline = time.monotonic() + run_seconds  # once: the pipe is closed now
+                os.close(wake)
+                wake = -1
+            info = signal.sigtimedwait(WATCHED, 0)
+        else:
+            info = signal.sigtimedwait(WATCHED, remaining)
         if info is None:
             continue
         if info.si_signo != signal.SIGCHLD:

@@ -71,3 +71,8 @@ class FrameCheck:
         self.expected += 1
         self.ended = event["type"] == "run_end"
         return event, None
+
+
+#: What a pooled sandbox's runtime writes on stderr once it has imported everything and waits
+#: for its request (never on stdout: that is the event channel, and its frames start at 0).
+READY_LINE = "orchestrator_runtime: ready for a request\n"

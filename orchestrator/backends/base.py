@@ -65,6 +65,10 @@ class Sandbox(ABC):
     """
 
     id: str
+    #: Set by the pool on a sandbox it hands out: it was started before its run took it
+    #: (`warm`), and the run waited `waited` seconds for it.
+    warm: bool = False
+    waited: float = 0.0
 
     @abstractmethod
     def start(
@@ -119,6 +123,11 @@ class Sandbox(ABC):
         budget stops); empty without a gateway. Never raises."""
         return []
 
+    def take(self, spec: SandboxSpec) -> None:
+        """Hand a pooled sandbox (`Backend.create_idle`) to the run of `spec`, whose run id
+        must be the sandbox's own. Raises ValueError otherwise."""
+        raise ValueError("not a pooled sandbox")
+
     def close_gateway(self) -> None:
         """End the gateway's service (its token is refused from now on) and collect its
         last reports, so that `gateway_events` then holds everything; no-op without one."""
@@ -143,6 +152,13 @@ class Backend(ABC):
     @abstractmethod
     def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
         """Create (not start) a sandbox with the spec's limits, network and labels."""
+
+    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> Sandbox:
+        """A pooled sandbox: created as `create` does, then started with nothing in it; its
+        runtime waits for a request (`Sandbox.start`) and stops by itself `ttl` seconds from
+        now if none comes, even with no orchestrator process left. Raises
+        NotImplementedError on backends without pools (they run cold)."""
+        raise NotImplementedError(f"the {self.name} backend has no warm sandboxes")
 
     @abstractmethod
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:

@@ -47,6 +47,9 @@ class BatchSpec:
     #: Stop when this share (< 1) or number (>= 1) of tasks ended in `infra_error`.
     fail_on_error: float | None = None
     on_bad_line: OnBadLine = "fail"
+    #: Warm sandboxes kept ready (orchestrator/pool.py): None = as many as the concurrency
+    #: when there are more tasks than that, 0 = none (every run starts cold).
+    warm: int | None = None
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:

@@ -8,7 +8,8 @@ The life of a batch, top to bottom:
   → lock the output directory (one batch writes to it at a time)
   → clean up sandboxes that dead orchestrators left behind
   → resume: tasks with a result are done; unfinished and infra-failed ones run again
-  → prepare the image once → N workers run tasks through `runner.execute`, retrying only
+  → prepare the image once → warm sandboxes kept ready (a pool, when there are more tasks
+    than workers) → N workers run tasks through `runner.execute`, retrying only
     infrastructure faults (with exponential backoff and jitter); every attempt is logged
   → each result is appended to `results.jsonl` and fsynced as its task ends
   → `summary.json`: counts per status, accuracy with a Wilson interval, durations, tokens.
@@ -43,6 +44,7 @@ import tenacity
 from ..backends import get_backend
 from ..backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
 from ..errors import ConfigError
+from ..pool import Claim, Pool
 from ..runner import PreparedRun, execute
 from ..spec import RunResult
 from ..store import Store, new_run_id
@@ -169,6 +171,7 @@ class _BatchRun:
         self.session = 1
         self.limit = 1
         self.started = time.time()
+        self.pool: Pool | None = None
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -188,9 +191,13 @@ class _BatchRun:
         )
         interrupted: BaseException | None = None
         try:
+            self.pool = self.warm_pool(todo, limit)
             self.run_all(todo, limit)
         except KeyboardInterrupt as exc:
             interrupted = exc
+        finally:
+            if self.pool is not None:
+                self.pool.close()
         summary = self.summarize()
         try:
             self.out.write_summary(summary)
@@ -200,6 +207,17 @@ class _BatchRun:
         if interrupted is not None:
             raise interrupted
         return summary
+
+    def warm_pool(self, todo: list[Task], limit: int) -> Pool | None:
+        """Warm sandboxes for a batch longer than its concurrency (or as `--warm N` says)."""
+        size = self.spec.warm
+        if size is None:
+            size = limit if len(todo) > limit else 0
+        if size <= 0 or not todo:
+            return None
+        pool = Pool(size=max(size, 2), backend=self.raw_backend, on_message=self.message)
+        pool.warm(self.plan.prepared[todo[0].id])
+        return pool
 
     def open_batch(self) -> dict[str, Any]:
         """Start a new batch directory, or check that a resume uses the same options."""
@@ -391,8 +409,23 @@ class _BatchRun:
     def attempt(
         self, task: Task, prepared: PreparedRun, history: list[dict[str, Any]]
     ) -> RunResult:
-        """One run of the task through the single-run API, logged before and after."""
-        run_id = new_run_id()
+        """One run of the task through the single-run API, logged before and after; in a
+        warm sandbox when the batch has a pool (its run id is then the sandbox's)."""
+        claim = self.pool.claim(prepared, cancel=self.stop) if self.pool else None
+        try:
+            return self.attempt_in(task, prepared, history, claim)
+        finally:
+            if claim is not None:
+                claim.release()  # one run per sandbox (the run removed it already)
+
+    def attempt_in(
+        self,
+        task: Task,
+        prepared: PreparedRun,
+        history: list[dict[str, Any]],
+        claim: Claim | None,
+    ) -> RunResult:
+        run_id = claim.run_id if claim is not None else new_run_id()
         with self.lock:
             self.attempt_counts[task.id] += 1
             number = self.attempt_counts[task.id]
@@ -409,12 +442,20 @@ class _BatchRun:
         with self.lock:
             self.running += 1
         try:
-            result = execute(
-                replace(prepared, run_id=run_id, spec=replace(prepared.spec, batch=self.batch_id)),
-                backend=self.backend,  # type: ignore[arg-type]
-                store=self.store,
-                cancel=self.stop,
+            this = replace(
+                prepared, run_id=run_id, spec=replace(prepared.spec, batch=self.batch_id)
             )
+            if claim is not None and self.pool is not None:
+                result = self.pool.execute_claimed(
+                    this, claim, backend=self.backend, store=self.store, cancel=self.stop
+                )
+            else:
+                result = execute(
+                    this,
+                    backend=self.backend,  # type: ignore[arg-type]
+                    store=self.store,
+                    cancel=self.stop,
+                )
         except Exception as exc:  # before the run record existed (store, engine)
             result = RunResult(
                 run_id=run_id,

@@ -68,6 +68,16 @@ def add_batch_parser(sub: Any) -> None:
         help="sandboxes at once (default: $ORCHESTRATOR_CONCURRENCY, the config file's "
         "concurrency, else min(4, CPUs, 75%% of memory / memory limit))",
     )  # fmt: skip
+    warm = p.add_mutually_exclusive_group()
+    warm.add_argument(
+        "--warm", type=int, metavar="N",
+        help="keep N sandboxes started ahead of the runs that take them, each used once "
+        "(default: as many as the concurrency when there are more tasks than that)",
+    )  # fmt: skip
+    warm.add_argument(
+        "--no-warm", dest="warm", action="store_const", const=0,
+        help="start every run's sandbox when the run starts",
+    )  # fmt: skip
     p.add_argument(
         "--scorer", default="exact",
         help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function "
@@ -116,6 +126,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         rerun_failed=args.rerun_failed,
         fail_on_error=args.fail_on_error,
         on_bad_line=args.on_bad_line,
+        warm=args.warm,
     )
 
 

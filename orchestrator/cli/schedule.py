@@ -87,6 +87,11 @@ def add_schedule_parser(sub: Any) -> None:
         help="on shutdown, seconds to let running firings finish before cancelling them "
         "(default: 0)",
     )
+    se.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="start each firing's sandbox at its time (default: a warm one shortly before)",
+    )
     se.set_defaults(handler=cmd_serve, watches_stop=True)
 
     ins = ssub.add_parser(
@@ -243,7 +248,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..schedules.store import ScheduleStore
 
     sf = load_schedules(args.file)
-    Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
+    if args.no_warm:
+        Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
+        return 0
+    from ..pool import Pool
+
+    with Pool(size=max(1, len(sf.schedules))) as pool:
+        Scheduler(sf.schedules, store=ScheduleStore(), pool=pool).serve(
+            signals.STOP, grace=args.grace
+        )
     return 0
 
 

@@ -72,9 +72,11 @@ def fire(
     on_progress: Callable[[str], None] | None = None,
     log: Log = print_log,
     replace_wait: float = REPLACE_WAIT,
+    run_id: str | None = None,
 ) -> Firing:
     """Fire a schedule once: claim the fire time, apply the concurrency rule, run, record,
-    notify. Never raises for a run's failure (only re-raises Ctrl-C/SIGTERM after recording)."""
+    notify. Never raises for a run's failure (only re-raises Ctrl-C/SIGTERM after recording).
+    `run_id`: the run's id when it is chosen already (a warm sandbox's)."""
     from ..labels import owner_label
 
     clock = clock or SystemClock()
@@ -82,7 +84,9 @@ def fire(
     cancel = cancel or threading.Event()
     now = clock.now()
     # The run id is known from the claim on, so a skipped rival can always name it.
-    firing = Firing(None, schedule.name, "running", trigger, scheduled_for, now, new_run_id())
+    firing = Firing(
+        None, schedule.name, "running", trigger, scheduled_for, now, run_id or new_run_id()
+    )
     firing.id = store.claim(
         schedule.name, scheduled_for, now, trigger, owner_label(), run_id=firing.run_id
     )

@@ -1,4 +1,5 @@
-"""The foreground scheduler (`schedule serve`): fires due schedules until stopped."""
+"""The foreground scheduler (`schedule serve`): fires due schedules until stopped; with a
+pool, each firing's sandbox is started (warm) shortly before its time."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from ..cleanup import closed_line
 from ..cleanup import tidy as tidy_store
+from ..pool import Claim, Pool
+from ..runner import PreparedRun, prepare
+from ..spec import RunResult, RunSpec
 from .clock import Clock, SystemClock
 from .cron import utc_iso
 from .due import LATE_TOLERANCE, plan, record_missed
@@ -19,6 +24,8 @@ from .store import ScheduleStore
 
 #: How often `serve` closes runs whose orchestrator died, in seconds.
 TIDY_INTERVAL = 60.0
+#: How long before a firing its warm sandbox is started (well within the pool's TTL).
+WARM_AHEAD = 20.0
 
 
 class Scheduler:
@@ -38,6 +45,7 @@ class Scheduler:
         late_tolerance: float = LATE_TOLERANCE,
         max_sleep: float = 60.0,
         tidy: Callable[[], object] | None = None,
+        pool: Pool | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
         self.store = store or ScheduleStore()
@@ -54,6 +62,9 @@ class Scheduler:
         self._cancels: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.last: dict[str, datetime | None] = {}
+        #: Warm sandboxes (for firings that use the default run function).
+        self.pool = pool if run_fn is None else None
+        self._warmed: dict[str, tuple[datetime, PreparedRun]] = {}
 
     def _tidy(self) -> None:
         for run_id in tidy_store(self.store.store, warn=self.log):
@@ -94,11 +105,52 @@ class Scheduler:
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
                 )
 
+    def prewarm(self) -> None:
+        """Ask the pool for a sandbox for each schedule that fires within WARM_AHEAD."""
+        if self.pool is None:
+            return
+        now = self.clock.now()
+        for schedule in self.schedules:
+            at = schedule.cron.next_after(max(filter(None, [self.last.get(schedule.name), now])))
+            ahead = (at - now).total_seconds()
+            warmed = self._warmed.get(schedule.name)
+            if ahead > WARM_AHEAD or (warmed is not None and warmed[0] == at):
+                continue
+            try:
+                prepared = prepare(schedule.run_spec(), secret_values=False)
+                self.pool.warm(prepared, 1)
+                self._warmed[schedule.name] = (at, prepared)
+            except Exception as exc:  # noqa: BLE001 - the firing then starts cold (and says why)
+                self._warmed.pop(schedule.name, None)
+                self.log(
+                    f"{utc_iso(now)} schedule={schedule.name} warm_error="
+                    f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
+                )
+
+    def _claim(self, schedule: Schedule) -> tuple[Claim | None, RunFunction | None]:
+        """The warm sandbox started for this firing, and the run function that uses it."""
+        warmed = self._warmed.pop(schedule.name, None)
+        if self.pool is None or warmed is None:
+            return None, self.run_fn
+        pool, prepared = self.pool, warmed[1]
+        pool.warm(prepared, 0)  # one sandbox per firing: no refill until the next one
+        claim = pool.claim(prepared)  # the one being made (or made) is still handed out
+        if claim is None:
+            return None, self.run_fn
+
+        def run_warm(spec: RunSpec, **kwargs: Any) -> RunResult:
+            this = prepare(spec)
+            assert pool.backend is not None
+            return pool.execute_claimed(this, claim, backend=pool.backend, **kwargs)
+
+        return claim, run_warm
+
     def _launch(self, schedule: Schedule, at: datetime, trigger: str) -> None:
         cancel = threading.Event()
         key = id(cancel)
         with self._lock:  # registered before the thread starts: shutdown always sees it
             self._cancels[key] = cancel
+        claim, run_fn = self._claim(schedule)
 
         def job() -> None:
             try:
@@ -108,9 +160,10 @@ class Scheduler:
                     trigger=trigger,
                     scheduled_for=at,
                     clock=self.clock,
-                    run_fn=self.run_fn,
+                    run_fn=run_fn,
                     cancel=cancel,
                     log=self.log,
+                    run_id=claim.run_id if claim is not None else None,
                 )
             except BaseException as exc:  # noqa: BLE001 - logged; the loop goes on
                 self.log(
@@ -118,6 +171,8 @@ class Scheduler:
                     f"firing_error={json.dumps(f'{type(exc).__name__}: {exc}')}"
                 )
             finally:
+                if claim is not None:
+                    claim.release()  # a skipped firing's sandbox too
                 with self._lock:
                     self._cancels.pop(key, None)
 
@@ -141,11 +196,15 @@ class Scheduler:
             if self._tidied is None or (now - self._tidied).total_seconds() >= TIDY_INTERVAL:
                 self.tidy()
                 self._tidied = now
+            self.prewarm()
             self.tick()
             wake = self.next_wake()
             wait = self.max_sleep
             if wake is not None:
-                wait = min(wait, max(0.0, (wake - self.clock.now()).total_seconds()))
+                until = (wake - self.clock.now()).total_seconds()
+                if self.pool is not None and until > WARM_AHEAD:
+                    until -= WARM_AHEAD  # wake up to start the firing's sandbox
+                wait = min(wait, max(0.0, until))
             if self.clock.sleep(wait, stop):
                 break
         self.shutdown(grace)

@@ -34,3 +34,18 @@ def kept(keeper: tuple[str, str], stop_at: float, command: list[str]) -> list[st
     """`command` under the keeper: the container's whole argv (its entrypoint, no CMD)."""
     python, script = keeper
     return [python, "-I", "-S", script, "--deadline-at", f"{stop_at:.3f}", "--", *command]
+
+
+def idle_kept(
+    keeper: tuple[str, str], idle_until: float, run_seconds: float, command: list[str]
+) -> list[str]:
+    """`command` under the keeper of a pooled sandbox: it stops at `idle_until` unless a run
+    takes it first, and then `run_seconds` after the run read its request."""
+    python, script = keeper
+    return [python, "-I", "-S", script, "--idle-until", f"{idle_until:.3f}",
+            "--run-seconds", f"{run_seconds:.3f}", "--", *command]  # fmt: skip
+
+
+def run_seconds(limits: Limits) -> float:
+    """How long a pooled sandbox may run once taken: the time limit and the grace period."""
+    return limits.timeout_seconds + GRACE_SECONDS

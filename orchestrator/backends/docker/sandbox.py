@@ -6,6 +6,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -14,15 +15,19 @@ import docker.errors
 from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
-from ...labels import LABEL_KIND, LABEL_RUN_ID
+from orchestrator_runtime.protocol import READY_LINE
+
+from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
 from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
-from .deadline import AGENT_KEEPER, deadline_at, kept
+from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
 from .gateway import Gateway
 
+#: How long a pooled sandbox's runtime may take to import everything before it is given up.
+IDLE_READY_TIMEOUT = 60.0
 #: The unprivileged user of the agent image (see images/agent/Dockerfile).
 SANDBOX_USER = "10001:10001"
 
@@ -98,6 +103,9 @@ class DockerSandbox(Sandbox):
         self.gateway = gateway
         self.spec = spec
         self._socket: Any = None
+        #: A pooled sandbox's output read while it became ready, and the rest of it.
+        self._early: list[tuple[StreamName, bytes]] = []
+        self._frames: Iterator[tuple[int, bytes]] | None = None
 
     @property
     def model_api_base(self) -> str | None:
@@ -112,11 +120,8 @@ class DockerSandbox(Sandbox):
         read-only root leaves no other way in, and stdin is in no `docker inspect`. The
         model's key goes to the gateway's stdin alone."""
         stdin = json.dumps({**request, "secrets": secrets}).encode()
-        # Attach before start so not a byte of output is missed.
-        self._socket = self.api.attach_socket(
-            self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-        )
-        self.api.start(self.id)
+        if self._socket is None:  # cold; a pooled sandbox was started idle (`prestart`)
+            self.prestart()
         if self.gateway is not None and self.egress is not None and self.spec is not None:
             assert self.spec.gateway is not None
             self.gateway.configure(self.spec.gateway, gateway_key, self.egress.subnets())
@@ -128,9 +133,56 @@ class DockerSandbox(Sandbox):
         raw.sendall(stdin)
         raw.shutdown(socket.SHUT_WR)  # EOF on the runtime's stdin (stdin_once)
 
-    def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+    def prestart(self) -> None:
+        """Start the container with its stdin open and nobody writing: the runtime imports
+        what it needs and waits for its request. Output is attached before the start, so not
+        a byte of it is missed; if this process dies, its stdin ends and so does the
+        runtime (and the keeper's idle deadline holds in any case)."""
+        self._socket = self.api.attach_socket(
+            self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+        self.api.start(self.id)
+
+    def wait_idle(self, timeout: float) -> None:
+        """Until the runtime of a prestarted sandbox has imported everything (its READY_LINE
+        on stderr). What it wrote before is kept for `stream`. Raises RuntimeError when the
+        output ends first, or when it is not ready within `timeout` (it is killed then)."""
+        self._frames = frames_iter(self._socket, tty=False)
+        marker, seen = READY_LINE.encode(), b""
+        watchdog = threading.Timer(timeout, self.kill)
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            for stream_id, chunk in frames_iter(self._socket, tty=False):
+            for stream_id, chunk in self._frames:
+                name = STREAM_NAMES.get(stream_id)
+                if name == "stderr":
+                    seen += chunk
+                    if marker in seen:
+                        self._early += [("stderr", p) for p in seen.split(marker, 1) if p]
+                        return
+                elif name and chunk:
+                    self._early.append((name, chunk))
+        except OSError:
+            pass
+        finally:
+            watchdog.cancel()
+        raise RuntimeError(
+            f"the pooled sandbox ended before it was ready (within {timeout:g} s); its last "
+            f"words: {seen[-500:].decode(errors='replace')!r}"
+        )
+
+    def take(self, spec: SandboxSpec) -> None:
+        """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
+        start; its gateway's token is the run's own)."""
+        if self.spec is None or spec.run_id != self.spec.run_id:
+            raise ValueError(f"pooled sandbox {self.id[:12]} is not for run {spec.run_id}")
+        self.spec = spec
+
+    def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        yield from self._early
+        self._early = []
+        try:
+            for stream_id, chunk in self._frames or frames_iter(self._socket, tty=False):
                 name = STREAM_NAMES.get(stream_id)
                 if name and chunk:
                     yield name, chunk
@@ -223,6 +275,21 @@ class DockerBackend(Backend):
         """The sandbox container, and what its network policy needs beside it: a private
         network (allowlist, or any run with a gateway), squid on it (when the sandbox has
         hosts of its own to reach) and the model gateway. All removed again on failure."""
+        return self._create_all(spec, progress, None)
+
+    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> DockerSandbox:
+        """A pooled sandbox: created exactly as `create` does (same hardening, labels, network
+        and helpers), then started idle (`DockerSandbox.prestart`). Its keeper stops it `ttl`
+        seconds from now unless a run takes it; a taken one stops at the run's time limit
+        and grace after it read its request. Its helpers stop when an untaken sandbox would
+        have ended its run at the latest. Everything carries `LABEL_WARM`."""
+        return self._create_all(
+            replace(spec, labels={**spec.labels, LABEL_WARM: "true"}), progress, ttl
+        )
+
+    def _create_all(
+        self, spec: SandboxSpec, progress: Progress, ttl: float | None
+    ) -> DockerSandbox:
         needs_proxy = spec.network.mode == "allowlist" and bool(
             spec.network.hosts or spec.network.endpoints or spec.network.host_endpoints
         )
@@ -230,8 +297,11 @@ class DockerBackend(Backend):
         proxy_image = None
         if needs_proxy:
             proxy_image = ensure_egress_image(self.client, base=self.base_image, progress=progress)
-        stop_at = deadline_at(spec.limits)  # one stop time for every container of the run
+        # One stop time for every container of the run; a pooled sandbox's helpers also wait
+        # out its time-to-live.
+        stop_at = deadline_at(spec.limits) + (ttl or 0.0)
         egress = gateway = None
+        command = list(spec.command)
         try:
             if needs_network:
                 egress = Egress.start(
@@ -255,22 +325,37 @@ class DockerBackend(Backend):
                     image=spec.image,
                     stop_at=stop_at,
                 )
-            return self._create(spec, egress, gateway, stop_at)
+            if ttl is None:
+                return self._create(spec, egress, gateway, kept(AGENT_KEEPER, stop_at, command))
+            idle_until = time.time() + ttl
+            argv = idle_kept(AGENT_KEEPER, idle_until, run_seconds(spec.limits), command)
+            sandbox = self._create(spec, egress, gateway, argv)
         except BaseException:
             if gateway is not None:
                 gateway.remove()
             if egress is not None:
                 egress.remove()
             raise
+        try:
+            sandbox.prestart()
+            sandbox.wait_idle(IDLE_READY_TIMEOUT)
+        except BaseException:
+            sandbox.remove()
+            raise
+        return sandbox
 
     def _create(
-        self, spec: SandboxSpec, egress: Egress | None, gateway: Gateway | None, stop_at: float
+        self,
+        spec: SandboxSpec,
+        egress: Egress | None,
+        gateway: Gateway | None,
+        entrypoint: list[str],
     ) -> DockerSandbox:
         host_config = self.client.api.create_host_config(**host_config_options(spec, egress))
         direct = (gateway.ip,) if gateway is not None and gateway.ip else ()
         container = self.client.api.create_container(
             image=spec.image,
-            entrypoint=kept(AGENT_KEEPER, stop_at, list(spec.command)),
+            entrypoint=entrypoint,
             command=[],
             name=f"orchestrator-{spec.run_id}",
             user=SANDBOX_USER,

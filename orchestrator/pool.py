@@ -1,0 +1,465 @@
+"""Warm sandboxes: a bounded pool of pre-started sandboxes, each serving one run, never reused.
+
+    with Pool(size=2) as pool:
+        result = pool.run(RunSpec(payload="agent_payloads/research_team"))
+
+A pooled sandbox is created by the backend exactly as a cold one (same hardening, labels,
+network policy, egress proxy and model gateway), for a run id chosen in advance; its runtime
+has imported smolagents and waits on its stdin. Nothing of a run (request, payload, secrets,
+the gateway's key and token) is in it until a run takes it; the run then goes through
+`runner.execute` like any other and the sandbox is removed after it, whatever happened.
+
+Sandboxes are pooled per key: image, command, limits, network policy and gateway endpoint
+(a run's token and key are its own, so they are no part of the key). The pool holds at most
+`size` sandboxes, idle or being made; a background builder refills a slot when a run takes
+its sandbox. Each idle sandbox has a time-to-live that its own deadline keeper enforces, with
+or without this process: the pool replaces one shortly before it expires, and `close`
+removes the idle ones. If this process dies, the sandboxes' stdin ends and their runtimes
+exit; `orchestrator cleanup` removes the stopped containers of dead owners.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .backends import get_backend
+from .backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
+from .errors import ConfigError
+from .labels import owner_label, pool_marker, run_labels
+from .record import EventHandler
+from .runner import PreparedRun, execute, prepare, sandbox_spec
+from .spec import RunResult, RunSpec
+from .store import Store, new_run_id
+
+#: Idle sandboxes at most (idle or being made), unless told otherwise.
+DEFAULT_SIZE = 2
+#: How long an idle sandbox waits for a run before its keeper stops it.
+DEFAULT_TTL = 120.0
+#: An idle sandbox this close to its time-to-live is replaced, not handed out: the run
+#: must have read its request (which moves the keeper's deadline) before the keeper stops it.
+EXPIRY_MARGIN = 10.0
+#: Sandboxes made at once in the background: few, so that running work is not starved (two
+#: overlap one sandbox's engine calls with another's imports).
+DEFAULT_BUILDERS = 2
+#: A refill starts this long after a run took its sandbox, so that the run's own start (the
+#: latency that matters) does not share the CPU with the next sandbox's start.
+REFILL_DELAY = 0.3
+#: After a failed creation, how long the builder leaves that key alone (runs go cold).
+FAILURE_BACKOFF = 30.0
+
+Key = tuple[Any, ...]
+
+
+def pool_key(spec: SandboxSpec) -> Key:
+    """What makes two runs' sandboxes interchangeable before either has its request."""
+    gateway = spec.gateway
+    gateway_key = (gateway.upstream, gateway.on_docker_host) if gateway is not None else None
+    return (spec.image, spec.command, spec.limits, spec.network, gateway_key)
+
+
+@dataclass
+class _Idle:
+    run_id: str
+    sandbox: Sandbox
+    idle_until: float
+
+
+@dataclass
+class _Slot:
+    """The sandboxes of one key: ready ones, how many are being made, how many are wanted."""
+
+    spec: SandboxSpec  # the key's sandbox spec (its run id and labels are replaced per sandbox)
+    wanted: int
+    ready: deque[_Idle] = field(default_factory=deque)
+    making: int = 0
+    #: Runs waiting for a sandbox being made (never more than are being made: the others
+    #: start cold rather than queue behind the builders).
+    waiting: int = 0
+    failed_until: float = 0.0
+    error: str | None = None
+    #: When a run last took a sandbox of this key (monotonic).
+    claimed_at: float = 0.0
+
+
+class Pool:
+    """Pre-started sandboxes for runs (see the module docstring). Thread-safe.
+
+    `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
+    waits for a run; `builders`: sandboxes made at once in the background. Raises
+    ConfigError for a size below 1 or a time-to-live shorter than EXPIRY_MARGIN + 5 s.
+    """
+
+    def __init__(
+        self,
+        size: int = DEFAULT_SIZE,
+        ttl: float = DEFAULT_TTL,
+        *,
+        backend: Backend | None = None,
+        store: Store | None = None,
+        builders: int = DEFAULT_BUILDERS,
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ConfigError(f"A pool of {size} sandboxes holds none.", "Use a size of 1 or more.")
+        if ttl < EXPIRY_MARGIN + 5:
+            raise ConfigError(
+                f"A time-to-live of {ttl:g} s is too short for a pooled sandbox.",
+                f"Use at least {EXPIRY_MARGIN + 5:g} seconds.",
+            )
+        self.size = size
+        self.ttl = ttl
+        self.backend = backend
+        self.store = store
+        self.message = on_message or (lambda _text: None)
+        self._slots: dict[Key, _Slot] = {}
+        self._images: dict[tuple[str, ...], str] = {}
+        self._lock = threading.Condition()
+        self._closed = False
+        self._marker: Path | None = None
+        self._builders = [
+            threading.Thread(target=self._build_loop, name=f"pool-builder-{n}", daemon=True)
+            for n in range(max(1, builders))
+        ]
+        for thread in self._builders:
+            thread.start()
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(
+        self,
+        spec: RunSpec,
+        *,
+        on_event: EventHandler | None = None,
+        on_progress: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RunResult:
+        """`runner.run`, in a warm sandbox when one is ready or on its way (else cold).
+
+        Raises OrchestratorError for bad input before anything starts, as `runner.run`."""
+        prepared = prepare(spec)
+        backend = self._backend_for(prepared)
+        self.store = self.store or Store()
+        return self.execute(
+            prepared,
+            backend=backend,
+            store=self.store,
+            on_event=on_event,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
+
+    def execute(
+        self,
+        prepared: PreparedRun,
+        *,
+        backend: Backend,
+        store: Store,
+        on_event: EventHandler | None = None,
+        on_progress: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RunResult:
+        """`runner.execute` of `prepared` in a sandbox of this pool when it can have one
+        (the run's id is then the sandbox's), else cold."""
+        claim = self.claim(prepared, cancel=cancel)
+        if claim is None:
+            return execute(
+                prepared,
+                backend=backend,
+                store=store,
+                on_event=on_event,
+                on_progress=on_progress,
+                cancel=cancel,
+            )
+        try:
+            return self.execute_claimed(
+                replace(prepared, run_id=claim.run_id),
+                claim,
+                backend=backend,
+                store=store,
+                on_event=on_event,
+                on_progress=on_progress,
+                cancel=cancel,
+            )
+        finally:
+            claim.release()
+
+    def execute_claimed(
+        self,
+        prepared: PreparedRun,
+        claim: Claim,
+        *,
+        backend: Backend,
+        store: Store,
+        on_event: EventHandler | None = None,
+        on_progress: Callable[[str], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RunResult:
+        """`runner.execute` in the claimed sandbox; `prepared.run_id` must be the claim's.
+        The sandbox is removed after the run, as any; `Claim.release` makes sure of it."""
+        if prepared.run_id != claim.run_id:
+            raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {claim.run_id}")
+        return execute(
+            prepared,
+            backend=_Claimed(backend, claim.sandbox, self.image(prepared, backend)),
+            store=store,
+            on_event=on_event,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
+
+    def image(self, prepared: PreparedRun, backend: Backend) -> str:
+        """The image of a run, prepared once per pool (its inputs cannot change meanwhile)."""
+        needs = prepared.image_requirements
+        with self._lock:
+            known = self._images.get(needs)
+        if known is None:
+            known = backend.prepare_image(needs, self.message)
+            with self._lock:
+                self._images[needs] = known
+        return known
+
+    def warm(self, prepared: PreparedRun, count: int | None = None) -> None:
+        """Keep `count` (default: the pool's size) sandboxes ready for runs like `prepared`.
+        The backend must be the one given to the pool. Prepares the image first (so it may
+        raise `ImageBuildError`)."""
+        backend = self._backend_for(prepared)
+        if prepared.backend != backend.name or not _supports_pool(backend):
+            return
+        spec = self._key_spec(prepared, backend)
+        key = pool_key(spec)
+        wanted = self.size if count is None else max(0, min(count, self.size))
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                self._slots[key] = _Slot(spec=spec, wanted=wanted)
+            else:
+                slot.wanted = wanted
+            self._lock.notify_all()
+
+    def claim(
+        self, prepared: PreparedRun, *, cancel: threading.Event | None = None
+    ) -> Claim | None:
+        """A ready sandbox for `prepared`, waiting while one is being made for it; None when
+        there is none to have (the run then goes cold). Marks the sandbox `warm` and how long
+        the run waited."""
+        backend = self._backend_for(prepared)
+        if self._closed or prepared.backend != backend.name or not _supports_pool(backend):
+            return None
+        started = time.monotonic()
+        spec = self._key_spec(prepared, self._backend_for(prepared))
+        key = pool_key(spec)
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._slots[key] = _Slot(spec=spec, wanted=self.size)
+                self._lock.notify_all()
+            if not slot.ready and slot.waiting >= slot.making:
+                self._lock.notify_all()  # none coming for this run: cold, and refill
+                return None
+            slot.waiting += 1
+            try:
+                while not self._closed and not (cancel is not None and cancel.is_set()):
+                    while slot.ready:
+                        idle = slot.ready.popleft()
+                        self._lock.notify_all()  # a slot is free: the builder refills it
+                        if idle.idle_until - time.time() > EXPIRY_MARGIN:
+                            slot.claimed_at = time.monotonic()
+                            idle.sandbox.warm = True
+                            idle.sandbox.waited = round(time.monotonic() - started, 3)
+                            return Claim(idle.run_id, idle.sandbox)
+                        _remove_later(idle.sandbox)
+                    if slot.making < slot.waiting:
+                        return None
+                    self._lock.wait(timeout=0.5)
+            finally:
+                slot.waiting -= 1
+        return None
+
+    def close(self) -> None:
+        """Stop refilling and remove every idle sandbox (the ones being made too, once made).
+        Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        for thread in self._builders:
+            thread.join(timeout=60)
+        with self._lock:
+            idle = [i for slot in self._slots.values() for i in slot.ready]
+            for slot in self._slots.values():
+                slot.ready.clear()
+        workers = [threading.Thread(target=i.sandbox.remove) for i in idle]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        _wait_removals()
+        if self._marker is not None:
+            with contextlib.suppress(OSError):
+                self._marker.unlink()
+
+    def stats(self) -> dict[str, int]:
+        """Idle and being-made sandboxes, over every key."""
+        with self._lock:
+            return {
+                "idle": sum(len(s.ready) for s in self._slots.values()),
+                "making": sum(s.making for s in self._slots.values()),
+            }
+
+    # -- the builder --------------------------------------------------------------------------
+
+    def _can_make(self, slot: _Slot) -> bool:
+        """Whether the builder would make a sandbox of `slot` now (lock held)."""
+        total = sum(len(s.ready) + s.making for s in self._slots.values())
+        return (
+            total < self.size
+            and len(slot.ready) + slot.making < slot.wanted
+            and time.monotonic() >= slot.failed_until
+        )
+
+    def _next(self) -> tuple[_Slot, str] | None:
+        """The slot to make a sandbox for, and its run id (lock held); marks it as making."""
+        now = time.time()
+        for slot in self._slots.values():  # first, replace sandboxes about to expire
+            while slot.ready and slot.ready[0].idle_until - now <= EXPIRY_MARGIN:
+                _remove_later(slot.ready.popleft().sandbox)
+        candidates = [s for s in self._slots.values() if self._can_make(s)]
+        if not candidates:
+            return None
+        slot = max(candidates, key=lambda s: s.wanted - len(s.ready) - s.making)
+        slot.making += 1
+        return slot, new_run_id()
+
+    def _build_loop(self) -> None:
+        while True:
+            with self._lock:
+                job = None
+                while not self._closed and (job := self._next()) is None:
+                    self._lock.wait(timeout=1.0)
+                if self._closed or job is None:
+                    return
+            slot, run_id = job
+            pause = slot.claimed_at + REFILL_DELAY - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            idle = self._make(slot, run_id)
+            with self._lock:
+                slot.making -= 1
+                if idle is not None and self._closed:
+                    _remove_later(idle.sandbox)
+                elif idle is not None:
+                    slot.ready.append(idle)
+                self._lock.notify_all()
+
+    def _mark(self) -> None:
+        """Leave this process's marker in the state directory before the first sandbox, so
+        that if it dies the next command removes what it left (`cleanup.reap_dead_pools`)."""
+        if self._marker is None:
+            marker = pool_marker((self.store or Store()).root)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(owner_label() + "\n")
+            self._marker = marker
+
+    def _make(self, slot: _Slot, run_id: str) -> _Idle | None:
+        assert self.backend is not None
+        spec = replace(slot.spec, run_id=run_id, labels=run_labels(run_id))
+        try:
+            self._mark()
+            idle_until = time.time() + self.ttl
+            sandbox = self.backend.create_idle(spec, lambda _m: None, self.ttl)
+        except Exception as exc:  # the runs go cold meanwhile; said once per failure
+            with self._lock:
+                slot.failed_until = time.monotonic() + FAILURE_BACKOFF
+                slot.error = str(exc)
+            self.message(f"could not start a warm sandbox ({exc}); runs start cold meanwhile")
+            return None
+        return _Idle(run_id, sandbox, idle_until)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _backend_for(self, prepared: PreparedRun) -> Backend:
+        if self.backend is None:
+            self.backend = get_backend(prepared.backend, env_file=prepared.spec.env_file)
+        return self.backend
+
+    def _key_spec(self, prepared: PreparedRun, backend: Backend) -> SandboxSpec:
+        return sandbox_spec(prepared, self.image(prepared, backend))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A warm sandbox taken from the pool, for the run `run_id` only."""
+
+    run_id: str
+    sandbox: Sandbox
+
+    def release(self) -> None:
+        """Remove the sandbox (idempotent; the run that used it removed it already)."""
+        with contextlib.suppress(Exception):
+            self.sandbox.remove()
+
+
+def _supports_pool(backend: Backend) -> bool:
+    return type(backend).create_idle is not Backend.create_idle
+
+
+_removals: list[threading.Thread] = []
+_removals_lock = threading.Lock()
+
+
+def _remove_later(sandbox: Sandbox) -> None:
+    """Remove a sandbox without holding up the caller (it holds the pool's lock);
+    `_wait_removals` waits for every such removal."""
+
+    def remove() -> None:
+        with contextlib.suppress(Exception):
+            sandbox.remove()
+
+    thread = threading.Thread(target=remove, name="pool-remove", daemon=True)
+    with _removals_lock:
+        _removals[:] = [t for t in _removals if t.is_alive()]
+        _removals.append(thread)
+    thread.start()
+
+
+def _wait_removals(timeout: float = 60.0) -> None:
+    with _removals_lock:
+        pending = list(_removals)
+    for thread in pending:
+        thread.join(timeout=timeout)
+
+
+class _Claimed(Backend):
+    """The backend of one warm run: `create` hands over the claimed sandbox."""
+
+    def __init__(self, backend: Backend, sandbox: Sandbox, image: str) -> None:
+        self._backend = backend
+        self.name = backend.name
+        self.max_concurrency = backend.max_concurrency
+        self.sandbox = sandbox
+        self._image = image
+
+    def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
+        return self._image
+
+    def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
+        self.sandbox.take(spec)
+        return self.sandbox
+
+    def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
+        return self._backend.list_sandboxes(labels)
+
+    def remove_sandbox(self, info: SandboxInfo) -> None:
+        self._backend.remove_sandbox(info)

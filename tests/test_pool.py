@@ -1,0 +1,300 @@
+"""Warm sandboxes (orchestrator/pool.py): hardened like cold ones, empty until a run takes
+them, one run each, and stopped by their own keeper when nobody takes them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.docker import DockerBackend
+from orchestrator.backends.docker.engine import engine_time
+from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.labels import LABEL_RUN_ID, LABEL_WARM
+from orchestrator.pool import Pool
+from orchestrator.runner import build_request, prepare, sandbox_spec
+from orchestrator.spec import RunSpec
+
+from .conftest import REPO, TEST_PAYLOADS, cli, events_of, our_containers, wait_for
+
+pytestmark = pytest.mark.docker
+
+LEAKY = TEST_PAYLOADS / "leaky"
+SLEEPER = TEST_PAYLOADS / "sleeper"
+MATH = TEST_PAYLOADS / "batch_math"
+SECRET = "warm-s3cr3t-Never-Before-The-Run-9917"
+#: Entrypoint words that differ by design: the keeper's deadline arguments.
+KEEPER_ARGS = {"--deadline-at", "--idle-until", "--run-seconds"}
+
+
+def _hardening(info: dict) -> dict:
+    """Everything of a container's `docker inspect` that makes its hardening, its identity
+    (name, run id, owner, the keeper's times) left out."""
+    config = dict(info["Config"])
+    labels = {k: v for k, v in config.pop("Labels").items() if k not in (LABEL_RUN_ID, LABEL_WARM)}
+    entrypoint = config.pop("Entrypoint")
+    split = entrypoint.index("--")
+    keeper = [w for w in entrypoint[:split] if not w.replace(".", "").isdigit()]
+    keeper = [w for w in keeper if w not in KEEPER_ARGS]
+    return {
+        "HostConfig": info["HostConfig"],
+        "Config": {**config, "Labels": labels, "Entrypoint": keeper + entrypoint[split:]},
+        "Mounts": info["Mounts"],
+        "AppArmorProfile": info["AppArmorProfile"],
+    }
+
+
+@pytest.mark.parametrize("network", ["none", "allowlist"])
+def test_warm_sandbox_is_hardened_exactly_like_a_cold_one(
+    agent_image: str, docker_client, network: str, openai_key: str, no_leftovers
+) -> None:
+    spec = RunSpec(payload=LEAKY, network=network, allow_hosts=("example.com",))
+    if network == "none":
+        spec = replace(spec, allow_hosts=())
+    prepared = prepare(replace(spec, env_file=None), secret_values=False)
+    backend = DockerBackend(docker_client)
+    image = backend.prepare_image(prepared.image_requirements, lambda _m: None)
+    cold = backend.create(sandbox_spec(prepared, image), lambda _m: None)
+    warm_prepared = replace(prepared, run_id=prepared.run_id + "-w")
+    warm = backend.create_idle(sandbox_spec(warm_prepared, image), lambda _m: None, ttl=60)
+    try:
+        cold_info = docker_client.api.inspect_container(cold.id)
+        warm_info = docker_client.api.inspect_container(warm.id)
+        assert warm_info["State"]["Running"] and not cold_info["State"]["Running"]
+        assert warm_info["Config"]["Labels"][LABEL_WARM] == "true"
+        assert warm_info["Config"]["Labels"][LABEL_RUN_ID] == warm_prepared.run_id
+        cold_fields, warm_fields = _hardening(cold_info), _hardening(warm_info)
+        if network == "allowlist":  # each run has its own network and proxy address
+            for fields in (cold_fields, warm_fields):
+                fields["HostConfig"].pop("NetworkMode")
+                fields["Config"]["Env"] = sorted(e.split("=")[0] for e in fields["Config"]["Env"])
+        for section, cold_value in cold_fields.items():
+            if not isinstance(cold_value, dict):
+                assert warm_fields[section] == cold_value, section
+                continue
+            for name, value in cold_value.items():
+                assert warm_fields[section].get(name) == value, (section, name)
+            assert set(warm_fields[section]) == set(cold_value), section
+    finally:
+        cold.remove()
+        warm.remove()
+
+
+def test_secrets_and_payload_reach_an_idle_sandbox_only_when_taken(
+    agent_image: str, docker_client, store_label: str, monkeypatch, no_leftovers
+) -> None:
+    monkeypatch.setenv("LEAKY_SECRET", SECRET)
+    spec = RunSpec(payload=LEAKY)
+    with Pool(size=2, ttl=60) as pool:
+        pool.warm(prepare(spec))
+        wait_for(lambda: pool.stats()["idle"] == 2, timeout=60)
+        idle = [c for c in our_containers(docker_client, store_label) if c["State"] == "running"]
+        assert len(idle) == 2
+        time.sleep(1)  # the runtimes have imported smolagents and wait on their stdin
+        look = textwrap.dedent("""
+            import glob, json, os
+            seen = {"environ": [], "files": []}
+            for path in glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline"):
+                try:
+                    seen["environ"].append(open(path, "rb").read().decode("latin-1"))
+                except OSError as exc:
+                    seen["environ"].append(f"{path}: {exc.strerror}")
+            for top in ("/tmp", "/work", "/dev/shm"):
+                for root, dirs, files in os.walk(top):
+                    for name in files:
+                        path = os.path.join(root, name)
+                        seen["files"].append([path, open(path, "rb").read().decode("latin-1")])
+            print(json.dumps(seen))
+        """)
+        for container in idle:
+            exec_id = docker_client.api.exec_create(container["Id"], ["python", "-c", look])
+            seen = json.loads(docker_client.api.exec_start(exec_id))
+            assert len(seen["environ"]) >= 4, seen  # the keeper, the runtime, this process
+            text = json.dumps(seen) + json.dumps(
+                docker_client.api.inspect_container(container["Id"])
+            )
+            for absent in (SECRET, "LEAKY_SECRET", "leaky.py", "build_manager", "read_secret"):
+                assert absent not in text, f"{absent!r} in an idle sandbox"
+        result = pool.run(spec)
+    assert result.status == "succeeded", result.error
+    assert result.warm and result.timings["sandbox_wait"] >= 0
+    assert f"secret-length={len(SECRET)}" in str(result.answer)
+    created = next(e for e in events_of(result) if e["type"] == "sandbox_created")
+    assert created["sandbox_id"] in {c["Id"] for c in idle}
+    assert created["warm"] is True
+
+
+def test_keepers_stop_idle_and_taken_sandboxes_without_the_host(
+    agent_image: str, docker_client, no_leftovers
+) -> None:
+    """With stdin held open (a live host that does nothing), an idle sandbox stops at its
+    time-to-live; a taken one at its run's limit + grace from the take, not the TTL."""
+    backend = DockerBackend(docker_client)
+    prepared = prepare(
+        RunSpec(payload=SLEEPER, additional_args={"seconds": 300}, timeout_seconds=2)
+    )
+    image = backend.prepare_image(prepared.image_requirements, lambda _m: None)
+    idle = backend.create_idle(sandbox_spec(prepared, image), lambda _m: None, ttl=15)
+    taken_run = replace(prepared, run_id=prepared.run_id + "-t")
+    taken = backend.create_idle(sandbox_spec(taken_run, image), lambda _m: None, ttl=120)
+    try:
+        taken.start(build_request(taken_run), {})
+        took = time.time()
+        states = {}
+        for sandbox in (idle, taken):
+            states[sandbox.id] = wait_for(
+                lambda s=sandbox: (
+                    (st := docker_client.api.inspect_container(s.id)["State"])["Running"] is False
+                    and st
+                ),
+                timeout=40,
+            )
+        idle_state, taken_state = states[idle.id], states[taken.id]
+        assert idle_state["ExitCode"] == 124, idle_state
+        lived = engine_time(idle_state["FinishedAt"]) - engine_time(idle_state["StartedAt"])
+        assert 13 <= lived <= 18, lived
+        assert taken_state["ExitCode"] == 124, taken_state
+        after_take = engine_time(taken_state["FinishedAt"]) - took
+        assert 10 <= after_take <= 16, after_take  # 2 s limit + 10 s grace, not 120 s
+    finally:
+        idle.remove()
+        taken.remove()
+
+
+KILLED_POOL = """
+import sys, time
+from orchestrator.pool import Pool
+from orchestrator.runner import prepare
+from orchestrator.spec import RunSpec
+
+pool = Pool(size=2, ttl=float(sys.argv[2]))
+pool.warm(prepare(RunSpec(payload=sys.argv[1])))
+while pool.stats()["idle"] < 2:
+    time.sleep(0.1)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_sigkilled_pool_leaves_nothing_past_the_ttl_and_cleanup_finds_it(
+    agent_image: str, docker_client, store_label: str
+) -> None:
+    ttl = 20.0
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_POOL, str(SLEEPER), str(ttl)],
+        cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        idle = [c for c in our_containers(docker_client, store_label) if c["State"] == "running"]
+        assert len(idle) == 2
+        killed = time.monotonic()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    wait_for(
+        lambda: (
+            not any(docker_client.api.inspect_container(c["Id"])["State"]["Running"] for c in idle)
+        ),
+        timeout=ttl + 5,
+    )
+    assert time.monotonic() - killed <= ttl + 5
+    left = {c["Id"] for c in our_containers(docker_client, store_label)}
+    assert {c["Id"] for c in idle} <= left  # stopped, not yet removed: cleanup's job
+    out = cli("cleanup")
+    assert out.returncode == 0, out.stderr
+    assert not our_containers(docker_client, store_label)
+
+
+def test_no_container_serves_two_runs_over_a_warm_batch(
+    tmp_path: Path, agent_image: str, no_leftovers
+) -> None:
+    rows = [
+        {"id": f"t{i}", "task": "mul", "additional_args": {"op": "mul", "a": i, "b": 3},
+         "expected": i * 3}
+        for i in range(50)
+    ]  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2)
+    summary = run_batch(spec)
+    assert summary.counts["succeeded"] == 50 and summary.correct == 50, summary.counts
+    results = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").open()]
+    sandboxes, warm = [], 0
+    for row in results:
+        saved = json.loads((Path(row["record_dir"]) / "result.json").read_text())
+        created = [
+            e for e in events_of_dir(Path(row["record_dir"])) if e["type"] == "sandbox_created"
+        ]
+        assert len(created) == 1
+        sandboxes.append(created[0]["sandbox_id"])
+        warm += saved["warm"]
+        assert saved["warm"] is created[0]["warm"]
+    assert len(set(sandboxes)) == 50, "a sandbox served two runs"
+    assert warm >= 45, f"only {warm} of 50 runs were warm"
+    assert len({row["run_id"] for row in results}) == 50
+
+
+def events_of_dir(record: Path) -> list[dict]:
+    return [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
+
+
+def test_record_says_cold(agent_image: str, no_leftovers) -> None:
+    from orchestrator.runner import run
+
+    result = run(RunSpec(payload=SLEEPER, additional_args={"seconds": 0}))
+    assert result.status == "succeeded" and result.warm is False
+    assert "sandbox_wait" not in result.timings
+    saved = json.loads((Path(result.record_dir) / "result.json").read_text())
+    assert saved["warm"] is False
+
+
+def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
+    tmp_path: Path, agent_image: str, no_leftovers
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from orchestrator.schedules.file import load_schedules
+    from orchestrator.schedules.serve import WARM_AHEAD, Scheduler
+    from orchestrator.schedules.store import ScheduleStore
+    from orchestrator.store import Store
+
+    from .test_schedules import FakeClock, sync, unique, write_schedules
+
+    name = unique("warm")
+    path = write_schedules(
+        tmp_path,
+        {
+            "name": name,
+            "cron": "@hourly",
+            "payload": str(SLEEPER),
+            "additional_args": {"seconds": 0},
+        },
+    )
+    start = datetime(2026, 11, 24, 10, 59, 20, tzinfo=UTC)
+    clock = FakeClock(start, start + timedelta(seconds=45))
+    log: list[str] = []
+    store = ScheduleStore()
+    with Pool(size=1, ttl=60) as pool:
+        scheduler = Scheduler(
+            load_schedules(path).schedules, store=store, clock=clock, spawn=sync,
+            log=log.append, pool=pool,
+        )  # fmt: skip
+        scheduler.serve(threading.Event())
+        assert pool.stats() == {"idle": 0, "making": 0}, "a sandbox was made past the firing"
+    assert clock.slept >= 40 - WARM_AHEAD  # it woke WARM_AHEAD before the firing
+    rows = store.history(name, limit=10)
+    assert [r["outcome"] for r in rows] == ["succeeded"], log
+    run = Store().get_run(rows[0]["run_id"])
+    saved = json.loads((Path(run["record_dir"]) / "result.json").read_text())
+    assert saved["warm"] is True and saved["run_id"] == rows[0]["run_id"]
