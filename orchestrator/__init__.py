@@ -18,6 +18,7 @@ from .config import VERSION as __version__
 if TYPE_CHECKING:
     from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError
     from .manifest import Manifest, load_manifest
+    from .pool import Pool
     from .runner import run
     from .spec import Limits, RunResult, RunSpec
     from .store import Store
@@ -30,6 +31,7 @@ _EXPORTS = {
     "OrchestratorError": "errors",
     "Manifest": "manifest",
     "load_manifest": "manifest",
+    "Pool": "pool",
     "run": "runner",
     "Limits": "spec",
     "RunResult": "spec",
@@ -44,6 +46,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "OrchestratorError",
+    "Pool",
     "RunResult",
     "RunSpec",
     "Store",

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import Pool
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_RUN_ID, LABEL_WARM
-from orchestrator.pool import Pool
 from orchestrator.runner import build_request, prepare, sandbox_spec
 from orchestrator.spec import RunSpec
 
