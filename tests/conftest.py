@@ -107,11 +107,19 @@ def write_payload(folder: Path, manifest: str, code: str | None = None) -> Path:
 
 
 def running_sandboxes(docker_client, store_label: str) -> list[dict]:
-    """This test session's sandbox containers that are running now (no egress proxies)."""
+    """This test session's sandbox containers that are running a run now: no egress proxies
+    or gateways, and no warm sandbox still idle (started ahead for a run id that no run has
+    taken yet, so the store has no such run)."""
+    from orchestrator.labels import LABEL_RUN_ID
+    from orchestrator.store import Store
+
+    store = Store()
     return [
         c
         for c in our_containers(docker_client, store_label)
-        if (c.get("Labels") or {}).get("orchestrator.kind") == "sandbox" and c["State"] == "running"
+        if (c.get("Labels") or {}).get("orchestrator.kind") == "sandbox"
+        and c["State"] == "running"
+        and store.get_run((c.get("Labels") or {}).get(LABEL_RUN_ID, "")) is not None
     ]
 
 
