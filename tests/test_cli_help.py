@@ -83,6 +83,39 @@ def test_help_and_version_from_the_real_command() -> None:
     assert "--limit LIMIT" in listed.stdout and "(default: 20)" in listed.stdout
 
 
+IMPORTED_BY = """
+import sys
+from orchestrator.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join(sorted(m for m in sys.modules if m.startswith("orchestrator."))))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "loaded", "not_loaded"),
+    [
+        (["run", "--help"], "orchestrator.cli.run", ("batch", "schedules", "view", "cli.batch")),
+        (["--version"], "orchestrator.cli.parser", ("cli.run", "batch", "schedules", "view")),
+        (["batch", "--help"], "orchestrator.cli.batch", ("schedules", "view", "cli.schedule")),
+    ],
+)
+def test_a_command_imports_only_its_own_module(
+    argv: list[str], loaded: str, not_loaded: tuple[str, ...]
+) -> None:
+    """Start-up time is part of every cold run: `orchestrator run` does not import batch,
+    schedules or the viewer (each command's module is imported only when it runs)."""
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORTED_BY, *argv], capture_output=True, text=True, cwd=REPO
+    )
+    modules = out.stdout.strip().splitlines()[-1].split()
+    assert loaded in modules, out.stdout + out.stderr
+    for name in not_loaded:
+        assert f"orchestrator.{name}" not in modules, f"{argv} imported orchestrator.{name}"
+
+
 def test_readme_command_reference_matches_the_parser() -> None:
     """The README's table names every command group and action, and no other."""
     readme = (REPO / "README.md").read_text()

@@ -16,17 +16,17 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()
     from ..errors import OrchestratorError
     from .output import error_object, print_json, say
-    from .parser import UsageError, build_parser
+    from .parser import UsageError, build_parser, commands_named
 
-    parser = build_parser()
-    try:
-        import argcomplete  # shell completion: a no-op unless the shell asks for completions
-    except ImportError:  # pragma: no cover - a dependency; completion is optional all the same
-        pass
-    else:
+    words = sys.argv[1:] if argv is None else argv
+    completing = "_ARGCOMPLETE" in os.environ  # the shell asks for completions: every command
+    parser = build_parser(None if completing else commands_named(words))
+    if completing:
+        import argcomplete
+
         argcomplete.autocomplete(parser)
     args = None
-    wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
+    wants_json = "--json" in words
     try:
         args = parser.parse_args(argv)
         wants_json = bool(getattr(args, "json", False))

@@ -19,6 +19,7 @@ from ..defaults import fill
 from . import signals
 from .common import add_run_options, spec_from_args, tidy_store
 from .output import PREFIX, is_terminal, say
+from .parser import HELP
 
 #: Plain progress lines (no terminal) come this often, in seconds.
 PLAIN_INTERVAL = float(os.environ.get("ORCHESTRATOR_PROGRESS_INTERVAL", "10"))
@@ -46,7 +47,7 @@ file could not be written (disk full: free space, then resume with the same comm
 def add_batch_parser(sub: Any) -> None:
     p = sub.add_parser(
         "batch",
-        help="run every task of a JSONL/CSV file in its own sandbox, scored and resumable",
+        help=HELP["batch"],
         description="Run a payload on every task of a tasks file, each in a fresh sandbox, in "
         "parallel; append results to OUTPUT/results.jsonl as tasks end and write "
         "OUTPUT/summary.json.",

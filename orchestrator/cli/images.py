@@ -7,10 +7,11 @@ import json
 from typing import Any
 
 from ..spec import BACKENDS
+from .parser import HELP
 
 
 def add_images_parser(sub: Any) -> None:
-    p = sub.add_parser("images", help="build, list and prune sandbox images")
+    p = sub.add_parser("images", help=HELP["images"])
     isub = p.add_subparsers(title="images commands", metavar="ACTION")
     b = isub.add_parser(
         "build",

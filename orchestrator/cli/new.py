@@ -6,12 +6,13 @@ import argparse
 from typing import Any
 
 from .output import print_json, print_table, say
+from .parser import HELP
 
 
 def add_new_parser(sub: Any) -> None:
     p = sub.add_parser(
         "new",
-        help="write a new payload folder that runs as generated",
+        help=HELP["new"],
         description="Write NAME/ with manifest.toml and agents.py: a manager CodeAgent, a "
         "managed ToolCallingAgent with one tool, and mock scripts for both, so that "
         "`orchestrator run NAME` works offline at once. Change it from there.",
@@ -21,9 +22,11 @@ def add_new_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print {name, path} as JSON")
     p.set_defaults(handler=cmd_new)
 
+
+def add_examples_parser(sub: Any) -> None:
     ex = sub.add_parser(
         "examples",
-        help="list the example payloads shipped with the orchestrator",
+        help=HELP["examples"],
         description="The shipped examples; run one by name: `orchestrator run research_team`.",
     )
     ex.add_argument("--json", action="store_true", help="print the examples as a JSON array")

@@ -1,22 +1,66 @@
 """The argument parser of the `orchestrator` command: every command group's module adds its
-own subcommands."""
+own subcommands, and only the module of the command being run is imported."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from ..config import VERSION
-from .batch import add_batch_parser
 from .common import EPILOG_EXIT
-from .images import add_images_parser
-from .new import add_new_parser
-from .payload import add_cleanup_parser, add_payload_parser
-from .report import add_batch_verbs
-from .run import add_run_parser
-from .runs import add_runs_parser
-from .schedule import add_schedule_parser
-from .view import add_view_parser
+
+
+@dataclass(frozen=True)
+class Command:
+    """A top-level command: its help line, and the functions (`module:function` in
+    `orchestrator.cli`) that add its parser. Why not import them all: `orchestrator run` would
+    pay for importing batch, schedules and the viewer (about 0.2 s of every cold run)."""
+
+    name: str
+    help: str
+    adders: tuple[str, ...]
+
+
+COMMANDS = (
+    Command("run", "run a payload once in a fresh sandbox", ("run:add_run_parser",)),
+    Command("images", "build, list and prune sandbox images", ("images:add_images_parser",)),
+    Command("runs", "read, remove, prune and export run records", ("runs:add_runs_parser",)),
+    Command(
+        "validate",
+        "check a payload: manifest, files, and that its agent tree loads (no step runs)",
+        ("payload:add_payload_parser",),
+    ),
+    Command(
+        "cleanup",
+        "remove sandboxes left behind by a crashed orchestrator",
+        ("payload:add_cleanup_parser",),
+    ),
+    Command(
+        "batch",
+        "run every task of a JSONL/CSV file in its own sandbox, scored and resumable",
+        ("batch:add_batch_parser", "report:add_batch_verbs"),
+    ),
+    Command(
+        "schedule",
+        "scheduled agent jobs: cron schedules that never overlap",
+        ("schedule:add_schedule_parser",),
+    ),
+    Command(
+        "view",
+        "browse runs, agent trees, batches and schedules in a local web page",
+        ("view:add_view_parser",),
+    ),
+    Command("new", "write a new payload folder that runs as generated", ("new:add_new_parser",)),
+    Command(
+        "examples",
+        "list the example payloads shipped with the orchestrator",
+        ("new:add_examples_parser",),
+    ),
+)
+HELP = {command.name: command.help for command in COMMANDS}
 
 
 class UsageError(Exception):
@@ -61,7 +105,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or the commands `in_full` in full and the others as their help line
+    (enough for `orchestrator --help`, `--version` and argparse's list of choices)."""
     parser = Parser(
         prog="orchestrator",
         description="Run whole smolagents multi-agent programs in hardened sandboxes.",
@@ -73,22 +119,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="also show build tools' output (pip, docker build) and repeated notices",
     )  # fmt: skip
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=CommandParser)
-    add_run_parser(sub)
-    add_images_parser(sub)
-    add_runs_parser(sub)
-    add_payload_parser(sub)
-    add_cleanup_parser(sub)
-    add_batch_parser(sub)
-    add_schedule_parser(sub)
-    add_batch_verbs(sub)
-    add_view_parser(sub)
-    add_new_parser(sub)
+    for command in COMMANDS:
+        if in_full is not None and command.name not in in_full:
+            sub.add_parser(command.name, help=command.help)
+            continue
+        for adder in command.adders:
+            module, function = adder.split(":")
+            getattr(importlib.import_module(f"{__package__}.{module}"), function)(sub)
     for command in subcommands(parser):  # -v works after the command too: `run -v ...`
         command.add_argument(
             "--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
             help="also show build tools' output and repeated notices",
         )  # fmt: skip
     return parser
+
+
+def commands_named(argv: Sequence[str]) -> list[str]:
+    """The command on a command line, if it is one of ours: the first word that is not an
+    option (the top-level options take no values)."""
+    word = next((arg for arg in argv if not arg.startswith("-")), None)
+    return [word] if word in HELP else []
 
 
 class CommandParser(Parser):

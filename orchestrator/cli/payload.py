@@ -8,12 +8,13 @@ from typing import Any
 
 from ..spec import BACKENDS
 from .output import say
+from .parser import HELP
 
 
 def add_payload_parser(sub: Any) -> None:
     p = sub.add_parser(
         "validate",
-        help="check a payload: manifest, files, and that its agent tree loads (no step runs)",
+        help=HELP["validate"],
         description="Check a payload without running it: its manifest, what its folder would "
         "ship, and (unless --no-load) that its agent tree loads in a sandbox with the mock "
         "model and placeholder secrets, no step run; every problem is reported at once "
@@ -109,7 +110,7 @@ def load_check(args: argparse.Namespace, example_task: str | None, report: dict)
 def add_cleanup_parser(sub: Any) -> None:
     p = sub.add_parser(
         "cleanup",
-        help="remove sandboxes left behind by a crashed orchestrator",
+        help=HELP["cleanup"],
         description="Remove sandboxes (and their networks) whose orchestrator process is gone, "
         "and close their run records as infra_error.",
     )

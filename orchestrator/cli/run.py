@@ -16,12 +16,13 @@ from .common import (
     tidy_store,
 )
 from .output import human_duration, print_json, say
+from .parser import HELP
 
 
 def add_run_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
-        help="run a payload once in a fresh sandbox",
+        help=HELP["run"],
         description="Run a payload (a folder with manifest.toml) on a task in one fresh, "
         "hardened sandbox, stream its events, and keep a run record.",
         epilog="Example: orchestrator run agent_payloads/research_team --model mock\n"

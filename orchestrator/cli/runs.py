@@ -20,6 +20,7 @@ from .output import (
     print_table,
     say,
 )
+from .parser import HELP
 
 #: Seconds between looks at a followed run's files (`runs logs -f`).
 FOLLOW_INTERVAL = 0.2
@@ -28,7 +29,7 @@ FOLLOW_INTERVAL = 0.2
 def add_runs_parser(sub: Any) -> None:
     p = sub.add_parser(
         "runs",
-        help="read, remove, prune and export run records",
+        help=HELP["runs"],
         description="Run records: one folder per run (events, logs, result.json) and a row in "
         "the store's index. A RUN is a run id, or a unique prefix or suffix of one.",
     )

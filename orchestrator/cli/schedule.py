@@ -17,6 +17,7 @@ from ..schedules.firing import EXIT_SKIPPED
 from ..spec import EXIT_CODES
 from . import signals
 from .output import print_table, say
+from .parser import HELP
 
 EPILOG = f"""\
 Exit codes of `schedule run`: {", ".join(f"{c} {s}" for s, c in EXIT_CODES.items())}
@@ -34,7 +35,7 @@ Example:
 def add_schedule_parser(sub: Any) -> None:
     p = sub.add_parser(
         "schedule",
-        help="scheduled agent jobs: cron schedules that never overlap",
+        help=HELP["schedule"],
         description="Run payloads on cron schedules (a TOML file of [[schedule]] tables): "
         "with system cron (`install`) or the built-in foreground scheduler (`serve`). "
         "Every firing, skip and failure is recorded in the run store.",

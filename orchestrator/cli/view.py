@@ -10,6 +10,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .common import tidy_store
+from .parser import HELP
 
 EPILOG = """\
 Serving: http://127.0.0.1:8765/ by default. Any other --host (0.0.0.0, a LAN address) needs
@@ -27,7 +28,7 @@ DIR/index.html from disk; no server, no network).
 def add_view_parser(sub: Any) -> None:
     p = sub.add_parser(
         "view",
-        help="browse runs, agent trees, batches and schedules in a local web page",
+        help=HELP["view"],
         description="A local web viewer over the run store: runs (filters, search), a run's "
         "agent tree with every step, batches (accuracy, charts, comparisons), schedules.",
         epilog=EPILOG,
