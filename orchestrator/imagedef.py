@@ -91,6 +91,15 @@ def images_state_dir() -> Path:
     return path
 
 
+def build_lock(content_hash: str) -> Any:
+    """A file lock held while an image with this content hash is built, so that concurrent
+    orchestrators build it once. filelock is imported here, when a build may happen, not by
+    every run that finds its image ready."""
+    from filelock import FileLock
+
+    return FileLock(str(images_state_dir() / f".build-{content_hash[:16]}.lock"))
+
+
 @dataclass
 class CommandOutput:
     returncode: int

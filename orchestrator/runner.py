@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator_runtime.masking import Masker
-from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH
+from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH, model_client_module
 
 from .backends import backend_name, get_backend
 from .backends.base import Backend, Sandbox, SandboxSpec
@@ -451,12 +451,20 @@ def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
     return SandboxSpec(
         run_id=prepared.run_id,
         image=image,
-        command=RUNTIME_COMMAND,
+        command=runtime_command(prepared),
         limits=prepared.limits,
         network=prepared.sandbox_network,
         labels=run_labels(prepared.run_id),
         gateway=prepared.gateway,
     )
+
+
+def runtime_command(prepared: PreparedRun) -> tuple[str, ...]:
+    """The runtime's command line: it imports the model's client library ahead when there
+    is one (a pooled sandbox does so while it idles; pools are keyed by command)."""
+    has_api_base = prepared.model.api_base is not None or prepared.gateway is not None
+    client = model_client_module(prepared.model.provider, has_api_base=has_api_base)
+    return (*RUNTIME_COMMAND, "--preload", client) if client else RUNTIME_COMMAND
 
 
 def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> dict[str, Any]:

@@ -11,8 +11,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dotenv import dotenv_values
-
 from .errors import ConfigError
 from .manifest import decode_utf8
 
@@ -66,4 +64,6 @@ def read_dotenv(path: Path) -> dict[str, str | None]:
         raise ConfigError(
             f"{path}: {exc}.", "Save the .env file as UTF-8 (or point --env-file elsewhere)."
         ) from exc
+    from dotenv import dotenv_values  # here: a run with no .env file never imports it
+
     return dotenv_values(stream=io.StringIO(text))

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker.errors
-from filelock import FileLock
 
 from .config import VERSION, home_dir
 from .errors import ImageBuildError
@@ -187,6 +186,8 @@ def ensure_wheelhouse(
     found = _load_wheelhouse(path, key)
     if found is not None:
         return found
+    from filelock import FileLock  # only when wheels may be fetched (see imagedef.build_lock)
+
     with FileLock(str(wheelhouse_root() / f".{key}.lock")):
         found = _load_wheelhouse(path, key)
         if found is not None:

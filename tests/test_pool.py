@@ -20,7 +20,7 @@ from orchestrator import Pool
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.batch import BatchSpec, run_batch
-from orchestrator.labels import LABEL_RUN_ID, LABEL_WARM
+from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from orchestrator.runner import build_request, prepare, sandbox_spec
 from orchestrator.spec import RunSpec
 
@@ -131,6 +131,47 @@ def test_secrets_and_payload_reach_an_idle_sandbox_only_when_taken(
     created = next(e for e in events_of(result) if e["type"] == "sandbox_created")
     assert created["sandbox_id"] in {c["Id"] for c in idle}
     assert created["warm"] is True
+
+
+LOADED_LIBRARIES = """
+import glob
+seen = set()
+for path in glob.glob("/proc/[0-9]*/maps"):
+    try:
+        seen.update(line.split()[-1] for line in open(path) if ".so" in line)
+    except OSError:
+        pass  # the keeper is not dumpable
+print("\\n".join(sorted(seen)))
+"""
+
+
+def test_an_idle_sandbox_has_its_models_client_library_loaded(
+    agent_image: str, docker_client, store_label: str, openai_key: str, no_leftovers
+) -> None:
+    """An `openai` run's sandbox imports openai (about 0.6 s) while it idles, not once taken;
+    a `mock` run's sandbox does not load it at all."""
+    openai = RunSpec(payload=MATH, model="openai:gpt-4o-mini", api_base="http://127.0.0.1:9/v1")
+    with Pool(size=2, ttl=60) as pool:
+        pool.warm(prepare(openai), count=1)
+        pool.warm(prepare(RunSpec(payload=MATH)), count=1)
+        wait_for(lambda: pool.stats()["idle"] == 2, timeout=90)
+        loaded = {}
+        for container in our_containers(docker_client, store_label):
+            info = docker_client.api.inspect_container(container["Id"])
+            labels = info["Config"]["Labels"]
+            if info["State"]["Running"] and labels.get(LABEL_KIND) == "sandbox":
+                exec_id = docker_client.api.exec_create(
+                    container["Id"], ["python", "-c", LOADED_LIBRARIES], user="10001:10001"
+                )
+                entrypoint = " ".join(info["Config"]["Entrypoint"])
+                loaded[entrypoint] = docker_client.api.exec_start(exec_id).decode()
+    with_client = [libs for argv, libs in loaded.items() if "--preload openai" in argv]
+    without = [libs for argv, libs in loaded.items() if "--preload" not in argv]
+    assert len(with_client) == 1 and len(without) == 1, list(loaded)
+    for libraries in (*with_client, *without):  # the probe reads the runtime's own maps
+        assert "_imaging" in libraries, libraries[-2000:]  # PIL, which smolagents imports
+    assert "_pydantic_core" in with_client[0], with_client[0][-2000:]  # openai's pydantic
+    assert "_pydantic_core" not in without[0]
 
 
 def test_keepers_stop_idle_and_taken_sandboxes_without_the_host(

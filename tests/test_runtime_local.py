@@ -82,10 +82,12 @@ class Outcome:
         return self.events[-1]
 
 
-def run_runtime(request: dict[str, Any] | bytes, timeout: float = 120) -> Outcome:
+def run_runtime(
+    request: dict[str, Any] | bytes, timeout: float = 120, args: tuple[str, ...] = ()
+) -> Outcome:
     raw = request if isinstance(request, bytes) else json.dumps(request).encode()
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator_runtime"],
+        [sys.executable, "-m", "orchestrator_runtime", *args],
         input=raw,
         cwd=REPO,
         capture_output=True,
@@ -346,6 +348,18 @@ def test_bad_request_exits_2(raw: bytes, needle: str) -> None:
     assert outcome.returncode == 2
     assert needle in outcome.events[0]["error"]["message"]
     assert outcome.end["state"] == "error"
+
+
+def test_preload_takes_a_model_client_and_nothing_else() -> None:
+    """`--preload openai` imports the client ahead and the run goes on as usual; any other
+    module (or a stray argument) is a bad command line, reported as a bad request."""
+    request = build_request(REPO / "agent_payloads" / "research_team")
+    ran = run_runtime(request, args=("--preload", "openai"))
+    assert ran.end["state"] == "success", ran.stderr[-2000:]
+    for args in (("--preload", "os"), ("--preload",), ("--preload", "openai", "extra")):
+        refused = run_runtime(request, args=args)
+        assert refused.returncode == 2, args
+        assert "unexpected arguments" in refused.events[0]["error"]["message"], args
 
 
 def test_bad_entrypoint_is_a_payload_error() -> None:

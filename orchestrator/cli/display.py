@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import sys
+from functools import cached_property
 from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
 
 from ..imagedef import is_detail
 from .output import PREFIX, is_terminal
@@ -34,20 +32,29 @@ class RunDisplay:
     """Renders events and progress messages of one run, one line each."""
 
     def __init__(self, *, quiet: bool = False, stream: Any = None) -> None:
-        stream = stream or sys.stderr
-        self.tty = is_terminal(stream)  # styled lines (FORCE_COLOR=1 asks for them in a pipe)
-        self.interactive = stream.isatty()  # a spinner only where a person watches
-        self.console = Console(file=stream, highlight=False, no_color=not self.tty)
+        self.stream = stream or sys.stderr
+        self.tty = is_terminal(self.stream)  # styled (FORCE_COLOR=1 asks for it in a pipe)
+        self.interactive = self.stream.isatty()  # a spinner only where a person watches
         self.quiet = quiet
         self._status: Any = None
+
+    @cached_property
+    def console(self) -> Any:
+        """rich, for styled lines only: plain lines (a pipe, cron) never import it, and a
+        styled run imports it at its first line, while the sandbox is already starting."""
+        from rich.console import Console
+
+        return Console(file=self.stream, highlight=False, no_color=not self.tty)
 
     def progress(self, message: str) -> None:
         if not shown(message, quiet=self.quiet):
             return
         if self.tty:
+            from rich.markup import escape
+
             self.console.print(f"[dim]· {escape(message)}[/dim]")
         else:
-            print(f"{PREFIX}{message}", file=self.console.file, flush=True)
+            print(f"{PREFIX}{message}", file=self.stream, flush=True)
 
     def event(self, event: dict[str, Any]) -> None:
         if self.quiet:
@@ -56,11 +63,13 @@ class RunDisplay:
         if line is None:
             return
         if self.tty:
+            from rich.markup import escape
+
             self.console.print(escape(line))
             if self.interactive:
                 self._spin(event)
         else:
-            print(line, file=self.console.file, flush=True)
+            print(line, file=self.stream, flush=True)
 
     def _spin(self, event: dict[str, Any]) -> None:
         if event["type"] in ("run_end", "run_finished", "timed_out", "cancelled"):

@@ -27,11 +27,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from filelock import FileLock
-
 from ...config import VERSION, data_root
 from ...errors import OrchestratorError
-from ...imagedef import RUNTIME_DIR, digest, images_state_dir, report, sha256
+from ...imagedef import RUNTIME_DIR, build_lock, digest, report, sha256
 from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS, describe_allowlist, host_networks
 from ...spec import NetworkPolicy
@@ -136,7 +134,7 @@ def ensure_egress_image(
     plan = plan_egress_image(client, base=base, progress=progress)
     if inspect_image(client, plan.tag) is not None:
         return plan.tag
-    with FileLock(str(images_state_dir() / f".build-{plan.content_hash[:16]}.lock")):
+    with build_lock(plan.content_hash):
         if inspect_image(client, plan.tag) is None:
             report(progress, f"building {plan.tag} (squid) on {plan.base}")
             buildargs = {

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import IO
 
 import docker.errors
-from filelock import FileLock
 
 from ...config import VERSION
 from ...errors import ImageBuildError
@@ -37,8 +36,8 @@ from ...imagedef import (
     RUNTIME_DIR,
     Progress,
     agent_image_definition,
+    build_lock,
     digest,
-    images_state_dir,
     normalize_requirements,
     report,
     runtime_files_of,
@@ -157,7 +156,7 @@ def ensure_agent_image(
     """
     plan = plan_agent_image(client, base=base, progress=progress)
     if inspect_image(client, plan.tag) is None:
-        with FileLock(str(images_state_dir() / f".build-{plan.content_hash[:16]}.lock")):
+        with build_lock(plan.content_hash):
             if inspect_image(client, plan.tag) is None:
                 _build_agent_image(client, plan, progress)
     requirements = normalize_requirements(extra_requirements)
@@ -215,7 +214,7 @@ def _ensure_payload_image(
     tag = f"{PAYLOAD_IMAGE}:{content_hash[:12]}"
     if inspect_image(client, tag) is not None:
         return tag
-    with FileLock(str(images_state_dir() / f".build-{content_hash[:16]}.lock")):
+    with build_lock(content_hash):
         if inspect_image(client, tag) is not None:
             return tag
         report(progress, f"building {tag} from {plan.tag} with {' '.join(requirements)}")
