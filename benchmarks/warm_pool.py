@@ -8,6 +8,9 @@ The same image and the same trivial agent (one CodeAgent step, scripted model) e
 - `cold run`: the `orchestrator run` command (hardened sandbox, run record), as a process;
 - `warm run`: `Pool.run` with a ready sandbox (the Python API): end to end, and submit ->
   runtime running (the sandbox's first event, `run_start`, seen by the host);
+- a hosted model: the same agent with `openai:scripted` through the model gateway, against
+  the scripted OpenAI-compatible server of the tests on the host; cold and warm, through the
+  Python API (a warm sandbox has imported openai while it idled: `--preload`);
 - batch of N tasks at concurrency 1 and 4: bare `docker run` vs `orchestrator batch` (warm
   by default when the batch is longer than its concurrency).
 
@@ -44,9 +47,11 @@ from batch_throughput import AGENT_SCRIPT, SameImageBackend, tasks  # noqa: E402
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
+from orchestrator.manifest import load_manifest  # noqa: E402
 from orchestrator.pool import Pool  # noqa: E402
-from orchestrator.runner import prepare  # noqa: E402
+from orchestrator.runner import prepare, run  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
+from tests.model_server import ScriptedModelServer  # noqa: E402
 
 PAYLOAD = REPO / "tests" / "payloads" / "batch_math"
 RESULTS = REPO / "benchmarks" / "results"
@@ -128,6 +133,38 @@ def warm_runs(pool: Pool, rounds: int) -> tuple[list[float], list[float]]:
     return ends, starts
 
 
+def hosted_runs(backend, rounds: int) -> tuple[list[float], list[float]]:  # noqa: ANN001
+    """End to end with `openai:scripted` through the model gateway: cold runs, then warm."""
+    answer = load_manifest(PAYLOAD).mock_scripts["manager"][0]
+    os.environ.setdefault("OPENAI_API_KEY", "sk-benchmark")
+    with ScriptedModelServer([answer] * (2 * rounds + 1)) as server:
+        spec = RunSpec(payload=PAYLOAD, task="mul", additional_args=ARGS,
+                       model="openai:scripted", api_base=server.api_base())  # fmt: skip
+
+        def check(result) -> None:  # noqa: ANN001
+            if result.status != "succeeded" or result.answer != 42:
+                raise SystemExit(f"hosted run went wrong: {result.status} {result.error}")
+
+        cold = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            check(run(spec, backend=backend))
+            cold.append(time.perf_counter() - started)
+        warm = []
+        with Pool(size=1, backend=backend) as pool:
+            pool.warm(prepare(spec))
+            for _ in range(rounds):
+                while pool.stats()["idle"] < pool.size:
+                    time.sleep(0.05)
+                started = time.perf_counter()
+                result = pool.run(spec)
+                warm.append(time.perf_counter() - started)
+                check(result)
+                if not result.warm:
+                    raise SystemExit("the hosted warm run was cold")
+    return cold, warm
+
+
 def batch_floor(image: str, n: int, concurrency: int) -> float:
     started = time.monotonic()
     with ThreadPoolExecutor(concurrency) as workers:
@@ -189,6 +226,10 @@ def main() -> None:
         ends, starts = warm_runs(pool, args.rounds)
     single["warm run"] = ends
     print(f"warm: end to end {median(ends)}s, submit -> running {median(starts)}s")
+    loads["hosted"] = load()
+    hosted_cold, hosted_warm = hosted_runs(backend, args.rounds)
+    single["hosted cold (API)"], single["hosted warm"] = hosted_cold, hosted_warm
+    print(f"hosted model: cold {median(hosted_cold)}s, warm {median(hosted_warm)}s")
 
     batches = []
     for concurrency in args.concurrency:
@@ -222,6 +263,7 @@ def main() -> None:
         "warm_submit_to_running_all": [round(x, 3) for x in starts],
         "warm_speedup_vs_cold_run": round(medians["cold run"] / medians["warm run"], 2),
         "cold_run_vs_fastest_peer": round(medians["cold run"] / fastest_peer, 3),
+        "hosted_warm_speedup": round(medians["hosted cold (API)"] / medians["hosted warm"], 2),
         "batches": batches,
     }
     checks = {
