@@ -208,17 +208,22 @@ class Pool:
         cancel: threading.Event | None = None,
     ) -> RunResult:
         """`runner.execute` in the claimed sandbox; `prepared.run_id` must be the claim's.
-        The sandbox is removed after the run, as any; `Claim.release` makes sure of it."""
+        The sandbox is removed after the run, as any, but in the background (the claim's
+        release): the result does not wait for it."""
         if prepared.run_id != claim.run_id:
             raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {claim.run_id}")
-        return execute(
-            prepared,
-            backend=_Claimed(backend, claim.sandbox, self.image(prepared, backend)),
-            store=store,
-            on_event=on_event,
-            on_progress=on_progress,
-            cancel=cancel,
-        )
+        try:
+            return execute(
+                prepared,
+                backend=_Claimed(backend, claim.sandbox, self.image(prepared, backend)),
+                store=store,
+                on_event=on_event,
+                on_progress=on_progress,
+                cancel=cancel,
+                remove=False,
+            )
+        finally:
+            claim.release()
 
     def image(self, prepared: PreparedRun, backend: Backend) -> str:
         """The image of a run, prepared once per pool (its inputs cannot change meanwhile)."""
@@ -404,11 +409,15 @@ class Claim:
 
     run_id: str
     sandbox: Sandbox
+    _released: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def release(self) -> None:
-        """Remove the sandbox (idempotent; the run that used it removed it already)."""
-        with contextlib.suppress(Exception):
-            self.sandbox.remove()
+        """Remove the sandbox in the background, once (idempotent): the run that used it has
+        ended, and its network and helpers need not hold up its result. `Pool.close` waits
+        for the removal; if this process dies first, the keepers and `cleanup` see to it."""
+        if not self._released.is_set():
+            self._released.set()
+            _remove_later(self.sandbox)
 
 
 def _supports_pool(backend: Backend) -> bool:

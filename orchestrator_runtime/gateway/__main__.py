@@ -46,16 +46,23 @@ def read_config() -> dict[str, Any]:
     return data
 
 
-async def serve(raw_config: dict[str, Any], emit: Channel) -> int:
+def upstream_client() -> Any:
+    """The client to the upstream. Made before the configuration comes (none of it depends
+    on the run): its TLS context and its transport's imports take about 75 ms."""
     import httpx
+
+    timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=30.0)
+    limits = httpx.Limits(max_connections=32, max_keepalive_connections=8)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
+
+
+async def serve(raw_config: dict[str, Any], emit: Channel, client: Any) -> int:
     import uvicorn
 
     from .app import Gateway, GatewayConfig
 
     config = GatewayConfig.from_json(raw_config)
-    timeout = httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=30.0)
-    limits = httpx.Limits(max_connections=32, max_keepalive_connections=8)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+    async with client:
         app = Gateway(config, emit, client)
         server = uvicorn.Server(
             uvicorn.Config(
@@ -91,19 +98,23 @@ async def serve(raw_config: dict[str, Any], emit: Channel) -> int:
 
 def main() -> int:
     emit = Channel()
-    # Imported while the host is still starting the sandbox, before the configuration comes.
-    import httpx  # noqa: F401
+    # Imported while the host is still starting the sandbox, before the configuration comes
+    # (uvicorn's protocol modules too, which it would import only once serving).
     import uvicorn  # noqa: F401
+    import uvicorn.lifespan.off  # noqa: F401
+    import uvicorn.protocols.http.h11_impl  # noqa: F401
+    import uvicorn.protocols.websockets.auto  # noqa: F401
 
     from . import app  # noqa: F401
 
+    client = upstream_client()
     try:
         raw = read_config()
     except ValueError as exc:
         print(f"gateway: bad configuration: {exc}", file=sys.stderr)
         return 2
     try:
-        return asyncio.run(serve(raw, emit))
+        return asyncio.run(serve(raw, emit, client))
     except ValueError as exc:
         print(f"gateway: bad configuration: {exc}", file=sys.stderr)
         return 2
