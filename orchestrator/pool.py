@@ -208,8 +208,8 @@ class Pool:
         cancel: threading.Event | None = None,
     ) -> RunResult:
         """`runner.execute` in the claimed sandbox; `prepared.run_id` must be the claim's.
-        The sandbox is removed after the run, as any, but in the background (the claim's
-        release): the result does not wait for it."""
+        The sandbox is removed after the run, as any; its network, proxy and gateway in the
+        background (the claim's release), so that the result does not wait for them."""
         if prepared.run_id != claim.run_id:
             raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {claim.run_id}")
         try:
@@ -220,7 +220,7 @@ class Pool:
                 on_event=on_event,
                 on_progress=on_progress,
                 cancel=cancel,
-                remove=False,
+                helpers_later=True,
             )
         finally:
             claim.release()
@@ -412,9 +412,10 @@ class Claim:
     _released: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def release(self) -> None:
-        """Remove the sandbox in the background, once (idempotent): the run that used it has
-        ended, and its network and helpers need not hold up its result. `Pool.close` waits
-        for the removal; if this process dies first, the keepers and `cleanup` see to it."""
+        """Remove the sandbox and its helpers (network, proxy, gateway) in the background,
+        once (idempotent): the run that used it has ended and removed the sandbox itself, and
+        its helpers need not hold up its result. `Pool.close` waits for the removal; if this
+        process dies first, their keepers and `cleanup` see to it."""
         if not self._released.is_set():
             self._released.set()
             _remove_later(self.sandbox)

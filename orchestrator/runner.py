@@ -239,12 +239,13 @@ def execute(
     on_event: EventHandler | None = None,
     on_progress: Callable[[str], None] | None = None,
     cancel: threading.Event | None = None,
-    remove: bool = True,
+    helpers_later: bool = False,
 ) -> RunResult:
     """Run a prepared run in a sandbox of `backend`, recording it in `store`; the sandbox
-    has ended (or been killed) when this returns. `remove=False` leaves its removal to the
-    caller, which must see to it: a pool removes it in the background, so that the result
-    does not wait for a network's removal (about 0.3 s)."""
+    is removed when this returns. `helpers_later`: what the backend made beside it (network,
+    egress proxy, model gateway; closed by then) is left for the caller to remove with
+    `Sandbox.remove`, as a pool does in the background: the result does not wait for a
+    network's removal (about 0.3 s)."""
     cancel = cancel or threading.Event()
     user_progress = on_progress or (lambda _message: None)
 
@@ -348,7 +349,9 @@ def execute(
             record_egress_blocked(sandbox, record)
             record_gateway(sandbox, record, close=True)
             try:
-                if remove:
+                if helpers_later:
+                    sandbox.remove_sandbox_only()
+                else:
                     sandbox.remove()
             except Exception as exc:  # never mask the run's own outcome
                 record.host_event("cleanup_failed", error=str(exc))

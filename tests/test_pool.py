@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 from orchestrator import Pool
@@ -21,10 +22,12 @@ from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
+from orchestrator.manifest import load_manifest
 from orchestrator.runner import build_request, prepare, sandbox_spec
 from orchestrator.spec import RunSpec
 
 from .conftest import REPO, TEST_PAYLOADS, cli, events_of, our_containers, wait_for
+from .model_server import ScriptedModelServer
 
 pytestmark = pytest.mark.docker
 
@@ -172,6 +175,33 @@ def test_an_idle_sandbox_has_its_models_client_library_loaded(
         assert "_imaging" in libraries, libraries[-2000:]  # PIL, which smolagents imports
     assert "_pydantic_core" in with_client[0], with_client[0][-2000:]  # openai's pydantic
     assert "_pydantic_core" not in without[0]
+
+
+def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
+    agent_image: str, docker_client, store_label: str, openai_key: str, no_leftovers
+) -> None:
+    """A warm hosted run's result does not wait for its network and gateway to be removed
+    (about 0.3 s), but its sandbox is gone when the result comes, and the rest by the time
+    the pool is closed."""
+    answer = load_manifest(MATH).mock_scripts["manager"][0]
+    with ScriptedModelServer([answer]) as server:
+        spec = RunSpec(
+            payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7},
+            model="openai:scripted", api_base=server.api_base(),
+        )  # fmt: skip
+        with Pool(size=1, ttl=60) as pool:
+            pool.warm(prepare(spec))
+            wait_for(lambda: pool.stats()["idle"] == 1, timeout=90)
+            result = pool.run(spec)
+            assert result.status == "succeeded" and result.answer == 42, result.error
+            assert result.warm
+            created = next(e for e in events_of(result) if e["type"] == "sandbox_created")
+            with pytest.raises(docker.errors.NotFound):
+                docker_client.api.inspect_container(created["sandbox_id"])
+    assert len(server.requests) == 1
+    mine = {"label": [f"{LABEL_RUN_ID}={result.run_id}"]}
+    assert docker_client.api.containers(all=True, filters=mine) == []
+    assert docker_client.api.networks(filters=mine) == []
 
 
 def test_keepers_stop_idle_and_taken_sandboxes_without_the_host(

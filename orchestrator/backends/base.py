@@ -105,6 +105,12 @@ class Sandbox(ABC):
     def remove(self) -> None:
         """Remove the sandbox and whatever the backend made for it; idempotent."""
 
+    def remove_sandbox_only(self) -> None:
+        """Remove the sandbox itself and leave what the backend made beside it (network,
+        egress proxy, model gateway) to a later `remove`; idempotent. By default the whole
+        `remove`."""
+        self.remove()
+
     def health(self) -> str | None:
         """None while the sandbox can work; else why not (say, its egress proxy is gone)."""
         return None
