@@ -199,9 +199,7 @@ class Egress:
         if image is None:
             return egress
         try:  # from here on, whatever goes wrong (a cancelling progress too) removes both
-            if progress is not None:
-                progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
-            egress._start_proxy(run_id, policy, labels, image, stop_at)
+            egress.start_proxy(run_id, policy, labels, image, stop_at, progress)
         except BaseException:
             egress.remove()
             raise
@@ -212,14 +210,19 @@ class Egress:
         config = self.client.api.inspect_network(self.network_id)["IPAM"]["Config"]
         return [c["Subnet"] for c in config]
 
-    def _start_proxy(
+    def start_proxy(
         self,
         run_id: str,
         policy: NetworkPolicy,
         labels: dict[str, str],
         image: str,
         stop_at: float,
+        progress: Progress | None = None,
     ) -> None:
+        """Start squid on the network (see `start`); on failure `remove` removes what was
+        made."""
+        if progress is not None:
+            progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
         api = self.client.api
         subnets = self.subnets()
         config = {

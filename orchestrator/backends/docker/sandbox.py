@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -120,7 +121,7 @@ class DockerSandbox(Sandbox):
         read-only root leaves no other way in, and stdin is in no `docker inspect`. The
         model's key goes to the gateway's stdin alone."""
         stdin = json.dumps({**request, "secrets": secrets}).encode()
-        if self._socket is None:  # cold; a pooled sandbox was started idle (`prestart`)
+        if not self.started:  # cold, and no gateway's start to overlap with (`_create_all`)
             self.prestart()
         if self.gateway is not None and self.egress is not None and self.spec is not None:
             assert self.spec.gateway is not None
@@ -132,6 +133,11 @@ class DockerSandbox(Sandbox):
         raw: socket.socket = self._socket._sock
         raw.sendall(stdin)
         raw.shutdown(socket.SHUT_WR)  # EOF on the runtime's stdin (stdin_once)
+
+    @property
+    def started(self) -> bool:
+        """Whether the container was started idle already (`prestart`)."""
+        return self._socket is not None
 
     def prestart(self) -> None:
         """Start the container with its stdin open and nobody writing: the runtime imports
@@ -302,7 +308,13 @@ class DockerBackend(Backend):
         # out its time-to-live.
         stop_at = deadline_at(spec.limits) + (ttl or 0.0)
         egress = gateway = None
+        sandbox: DockerSandbox | None = None
         command = list(spec.command)
+        # The network first; then the model gateway starts in the background while squid (or,
+        # without squid, the sandbox itself) starts: each start is about 0.25 s of engine
+        # time. The sandbox's environment needs the gateway's address only beside squid.
+        starting: Future[Gateway] | None = None
+        starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
         try:
             if needs_network:
                 egress = Egress.start(
@@ -310,13 +322,13 @@ class DockerBackend(Backend):
                     run_id=spec.run_id,
                     policy=spec.network,
                     labels=spec.labels,
-                    image=proxy_image,
+                    image=None,
                     stop_at=stop_at,
-                    progress=progress,
                 )
             if spec.gateway is not None and egress is not None:
                 progress("model gateway")
-                gateway = Gateway.start(
+                starting = starter.submit(
+                    Gateway.start,
                     self.client,
                     run_id=spec.run_id,
                     spec=spec.gateway,
@@ -326,19 +338,39 @@ class DockerBackend(Backend):
                     image=spec.image,
                     stop_at=stop_at,
                 )
+            if egress is not None and proxy_image is not None:
+                egress.start_proxy(
+                    spec.run_id, spec.network, spec.labels, proxy_image, stop_at, progress
+                )
+                if starting is not None:
+                    gateway = starting.result()
             if ttl is None:
-                return self._create(spec, egress, gateway, kept(AGENT_KEEPER, stop_at, command))
-            idle_until = time.time() + ttl
-            argv = idle_kept(AGENT_KEEPER, idle_until, run_seconds(spec.limits), command)
+                argv = kept(AGENT_KEEPER, stop_at, command)
+            else:
+                idle_until = time.time() + ttl
+                argv = idle_kept(AGENT_KEEPER, idle_until, run_seconds(spec.limits), command)
             sandbox = self._create(spec, egress, gateway, argv)
+            if starting is not None and gateway is None:
+                sandbox.prestart()  # the sandbox's start beside the gateway's
+                sandbox.gateway = gateway = starting.result()
         except BaseException:
+            if starting is not None and gateway is None:
+                with contextlib.suppress(BaseException):
+                    gateway = starting.result()
+            if sandbox is not None:
+                sandbox.remove_sandbox_only()
             if gateway is not None:
                 gateway.remove()
             if egress is not None:
                 egress.remove()
             raise
+        finally:
+            starter.shutdown(wait=False)
+        if ttl is None:
+            return sandbox
         try:
-            sandbox.prestart()
+            if not sandbox.started:
+                sandbox.prestart()
             sandbox.wait_idle(IDLE_READY_TIMEOUT)
         except BaseException:
             sandbox.remove()
