@@ -56,6 +56,8 @@ from tests.model_server import ScriptedModelServer  # noqa: E402
 PAYLOAD = REPO / "tests" / "payloads" / "batch_math"
 RESULTS = REPO / "benchmarks" / "results"
 ARGS = {"op": "mul", "a": 6, "b": 7}
+#: A pause before each batch, so that neither side pays for the previous part's removals.
+SETTLE_SECONDS = 15
 
 
 def load() -> float:
@@ -233,6 +235,7 @@ def main() -> None:
 
     batches = []
     for concurrency in args.concurrency:
+        time.sleep(SETTLE_SECONDS)  # the engine's cleanup of the previous part is no load here
         before = load()
         floor = batch_floor(image, args.tasks, concurrency)
         ours = batch_ours(args.tasks, concurrency, workdir, backend, None)
