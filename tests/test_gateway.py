@@ -525,6 +525,38 @@ def test_killing_the_gateway_ends_the_run_network_lost(
 
 
 @pytest.mark.docker
+@pytest.mark.parametrize("hosts", [(), ("example.com",)], ids=["sandbox", "squid"])
+def test_a_gateway_that_cannot_start_leaves_nothing_of_the_run(
+    agent_image: str, docker_client, model_key: str, nothing_left: None, monkeypatch,
+    hosts: tuple[str, ...],
+) -> None:
+    """The gateway starts beside the sandbox (or beside squid): when its start fails, the
+    run ends as an infra error and neither the sandbox nor the network nor squid is left."""
+    from orchestrator.backends.docker import sandbox as docker_sandbox
+
+    started = docker_sandbox.Gateway.start
+
+    def fails(*args: Any, **kwargs: Any) -> Any:
+        gateway = started(*args, **kwargs)  # a real container, removed again by the failure
+        gateway.remove()
+        raise RuntimeError("the gateway would not start (test)")
+
+    monkeypatch.setattr(docker_sandbox.Gateway, "start", fails)
+    run_id = f"r-gwfail-{secrets.token_hex(4)}"
+    with ScriptedModelServer(["unused"]) as server:
+        result = run(
+            RunSpec(payload=PROBE, model="openai:scripted", api_base=server.api_base(),
+                    run_id=run_id, allow_hosts=hosts)
+        )  # fmt: skip
+        assert server.requests == []
+    assert result.status == "infra_error", result.error
+    assert "would not start" in result.error["message"]
+    mine = {"label": [f"{LABEL_RUN_ID}={run_id}"]}
+    assert docker_client.api.containers(all=True, filters=mine) == []
+    assert docker_client.api.networks(filters=mine) == []
+
+
+@pytest.mark.docker
 def test_no_gateway_for_a_litellm_model_without_an_endpoint(
     model_key: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
