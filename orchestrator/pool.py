@@ -40,8 +40,13 @@ from .store import Store, new_run_id
 
 #: Idle sandboxes at most (idle or being made), unless told otherwise.
 DEFAULT_SIZE = 2
-#: How long an idle sandbox waits for a run before its keeper stops it.
+#: The most sandboxes a pool may hold: each idle one is a Python process with smolagents
+#: loaded (and, for a hosted model, its network and gateway).
+MAX_SIZE = 32
+#: How long an idle sandbox waits for a run before its keeper stops it, and the longest
+#: it may be told to wait.
 DEFAULT_TTL = 120.0
+MAX_TTL = 3600.0
 #: An idle sandbox this close to its time-to-live is replaced, not handed out: the run
 #: must have read its request (which moves the keeper's deadline) before the keeper stops it.
 EXPIRY_MARGIN = 10.0
@@ -93,7 +98,8 @@ class Pool:
 
     `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
     waits for a run; `builders`: sandboxes made at once in the background. Raises
-    ConfigError for a size below 1 or a time-to-live shorter than EXPIRY_MARGIN + 5 s.
+    ConfigError for a size outside 1..MAX_SIZE or a time-to-live outside
+    EXPIRY_MARGIN + 5 s..MAX_TTL.
     """
 
     def __init__(
@@ -106,12 +112,15 @@ class Pool:
         builders: int = DEFAULT_BUILDERS,
         on_message: Callable[[str], None] | None = None,
     ) -> None:
-        if size < 1:
-            raise ConfigError(f"A pool of {size} sandboxes holds none.", "Use a size of 1 or more.")
-        if ttl < EXPIRY_MARGIN + 5:
+        if not 1 <= size <= MAX_SIZE:
             raise ConfigError(
-                f"A time-to-live of {ttl:g} s is too short for a pooled sandbox.",
-                f"Use at least {EXPIRY_MARGIN + 5:g} seconds.",
+                f"A pool of {size} sandboxes is out of range.",
+                f"Use a size from 1 to {MAX_SIZE} (each idle sandbox holds a loaded runtime).",
+            )
+        if not EXPIRY_MARGIN + 5 <= ttl <= MAX_TTL:
+            raise ConfigError(
+                f"A time-to-live of {ttl:g} s is out of range for a pooled sandbox.",
+                f"Use from {EXPIRY_MARGIN + 5:g} to {MAX_TTL:g} seconds.",
             )
         self.size = size
         self.ttl = ttl

@@ -21,6 +21,7 @@ from orchestrator import Pool
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.errors import ConfigError
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from orchestrator.manifest import load_manifest
 from orchestrator.runner import build_request, prepare, sandbox_spec
@@ -202,6 +203,32 @@ def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
     mine = {"label": [f"{LABEL_RUN_ID}={result.run_id}"]}
     assert docker_client.api.containers(all=True, filters=mine) == []
     assert docker_client.api.networks(filters=mine) == []
+
+
+@pytest.mark.parametrize(
+    ("size", "ttl", "words"),
+    [(0, 60, "size from 1 to 32"), (33, 60, "size from 1 to 32"), (10**6, 60, "size from"),
+     (2, 1, "from 15 to 3600"), (2, 10**7, "from 15 to 3600")],
+)  # fmt: skip
+def test_a_pool_has_bounds(size: int, ttl: float, words: str) -> None:
+    """Every limit has a default and a bound: a pool's size and its sandboxes' time-to-live."""
+    with pytest.raises(ConfigError) as refused:
+        Pool(size=size, ttl=ttl)
+    assert words in refused.value.fix
+
+
+@pytest.mark.parametrize("warm", ["-1", "33", "100000"])
+def test_batch_warm_out_of_range_is_refused_before_anything_starts(
+    tmp_path: Path, warm: str
+) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    row = {"id": "a", "task": "mul", "expected": 42, "additional_args": {"a": 6, "b": 7}}
+    tasks.write_text(json.dumps(row) + "\n")
+    out = tmp_path / "out"
+    refused = cli("batch", str(MATH), str(tasks), "-o", str(out), "--warm", warm)
+    assert refused.returncode == 2, refused.stderr
+    assert "--warm must be from 0 (--no-warm) to 32" in refused.stderr
+    assert not out.exists()
 
 
 def test_keepers_stop_idle_and_taken_sandboxes_without_the_host(

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..errors import ConfigError, ManifestError, OrchestratorError
+from ..pool import MAX_SIZE
 from ..runner import PreparedRun, execute, prepare
 from ..spec import PAYLOAD_ERROR, RunSpec
 from ..store import Store
@@ -155,6 +156,12 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         raise ConfigError("--max-attempts must be at least 1.", "Use 1 for no retries.")
     if spec.concurrency is not None and spec.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1.", "Use 1 to run tasks one by one.")
+    if spec.warm is not None and not 0 <= spec.warm <= MAX_SIZE:
+        raise ConfigError(
+            f"--warm must be from 0 (--no-warm) to {MAX_SIZE}, not {spec.warm}.",
+            "Each warm sandbox holds a loaded runtime; the default keeps as many as the "
+            "concurrency.",
+        )
     if spec.fail_on_error is not None and spec.fail_on_error < 0:
         raise ConfigError(
             "--fail-on-error must be a share from 0 to 1 or a count.", "e.g. 0.1 or 5"

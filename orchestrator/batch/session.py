@@ -44,7 +44,7 @@ import tenacity
 from ..backends import get_backend
 from ..backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
 from ..errors import ConfigError
-from ..pool import Claim, Pool
+from ..pool import MAX_SIZE, Claim, Pool
 from ..runner import PreparedRun, execute
 from ..spec import RunResult
 from ..store import Store, new_run_id
@@ -215,7 +215,8 @@ class _BatchRun:
             size = limit if len(todo) > limit else 0
         if size <= 0 or not todo:
             return None
-        pool = Pool(size=max(size, 2), backend=self.raw_backend, on_message=self.message)
+        size = max(min(size, len(todo), MAX_SIZE), 2)  # no more than tasks to take them
+        pool = Pool(size=size, backend=self.raw_backend, on_message=self.message)
         pool.warm(self.plan.prepared[todo[0].id])
         return pool
 

@@ -72,8 +72,8 @@ def add_batch_parser(sub: Any) -> None:
     warm = p.add_mutually_exclusive_group()
     warm.add_argument(
         "--warm", type=int, metavar="N",
-        help="keep N sandboxes started ahead of the runs that take them, each used once "
-        "(default: as many as the concurrency when there are more tasks than that)",
+        help="keep N sandboxes (0 to 32) started ahead of the runs that take them, each used "
+        "once (default: as many as the concurrency when there are more tasks than that)",
     )  # fmt: skip
     warm.add_argument(
         "--no-warm", dest="warm", action="store_const", const=0,

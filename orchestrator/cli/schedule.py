@@ -252,9 +252,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_warm:
         Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
         return 0
-    from ..pool import Pool
+    from ..pool import MAX_SIZE, Pool
 
-    with Pool(size=max(1, len(sf.schedules))) as pool:
+    with Pool(size=min(max(1, len(sf.schedules)), MAX_SIZE)) as pool:
         Scheduler(sf.schedules, store=ScheduleStore(), pool=pool).serve(
             signals.STOP, grace=args.grace
         )
