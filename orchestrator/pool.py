@@ -192,18 +192,15 @@ class Pool:
                 on_progress=on_progress,
                 cancel=cancel,
             )
-        try:
-            return self.execute_claimed(
-                replace(prepared, run_id=claim.run_id),
-                claim,
-                backend=backend,
-                store=store,
-                on_event=on_event,
-                on_progress=on_progress,
-                cancel=cancel,
-            )
-        finally:
-            claim.release()
+        return self.execute_claimed(  # which releases the claim, whatever happens
+            replace(prepared, run_id=claim.run_id),
+            claim,
+            backend=backend,
+            store=store,
+            on_event=on_event,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
 
     def execute_claimed(
         self,
