@@ -26,6 +26,7 @@ from typing import Any
 
 from .config import home_dir
 from .errors import ConfigError
+from .registry import backend_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -33,10 +34,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CONFIG_ENV = "ORCHESTRATOR_CONFIG"
-#: Option name -> (environment variable, type, allowed values or None).
+#: Option name -> (environment variable, type, allowed values or None). The backends are
+#: the registry's, asked when a value is checked (a plugin registers more).
 OPTIONS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
     "model": ("ORCHESTRATOR_MODEL", str, None),
-    "backend": ("ORCHESTRATOR_BACKEND", str, ("docker", "e2b")),
+    "backend": ("ORCHESTRATOR_BACKEND", str, None),
     "network": ("ORCHESTRATOR_NETWORK", str, ("none", "allowlist", "open")),
     "concurrency": ("ORCHESTRATOR_CONCURRENCY", int, None),
 }
@@ -75,6 +77,8 @@ def check(name: str, value: Any, where: str) -> Any:
     if name not in OPTIONS:
         raise ConfigError(f"{where} is not a known option.", f"Known: {', '.join(OPTIONS)}.")
     _, kind, allowed = OPTIONS[name]
+    if name == "backend":
+        allowed = backend_names()
     if kind is int and isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if not isinstance(value, kind) or isinstance(value, bool):

@@ -21,7 +21,8 @@ from .policy import (
     check_host_name,
     check_requirement,
 )
-from .spec import BACKENDS, SETTABLE_LIMITS, Limits
+from .registry import backend_names
+from .spec import SETTABLE_LIMITS, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -221,8 +222,9 @@ def _parse(path: Path, data: dict[str, Any], allowed_requirements: Collection[st
         requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
 
     backend = get("payload", "backend", str)
-    if backend is not None and backend not in BACKENDS:
-        raise fail("payload.backend", f"is {backend!r}", f"Use one of {', '.join(BACKENDS)}.")
+    if backend is not None and backend not in backend_names():
+        names = ", ".join(backend_names())
+        raise fail("payload.backend", f"is {backend!r}", f"Use one of {names}.")
 
     return Manifest(
         path=path,

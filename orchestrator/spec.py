@@ -105,10 +105,6 @@ class RunCancelled(Exception):
     """Raised by the CLI's SIGTERM handler so a run is torn down like on Ctrl-C."""
 
 
-#: Where sandboxes can run.
-BACKENDS = ("docker", "e2b")
-
-
 @dataclass(frozen=True)
 class Limits:
     """Resource limits of one run. Every limit has a default; nothing is unbounded."""

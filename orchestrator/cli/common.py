@@ -10,7 +10,8 @@ from typing import Any
 from ..defaults import fill
 from ..errors import OrchestratorError
 from ..models import PROVIDERS
-from ..spec import BACKENDS, EXIT_CODES, RunSpec
+from ..registry import backend_names, backends_help
+from ..spec import EXIT_CODES, RunSpec
 
 EPILOG_EXIT = (
     "Exit codes: "
@@ -30,10 +31,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)")
     p.add_argument("--model-key-env", help="environment variable holding the model's API key")
     p.add_argument(
-        "--backend", choices=BACKENDS,
-        help="where sandboxes run: docker (this host's engine) or e2b (E2B's cloud; needs "
-        "E2B_API_KEY). Default: $ORCHESTRATOR_BACKEND, the config file's backend, the "
-        "payload's `payload.backend`, else docker",
+        "--backend", choices=backend_names(),
+        help=f"where sandboxes run: {backends_help()}. Default: $ORCHESTRATOR_BACKEND, the "
+        "config file's backend, the payload's `payload.backend`, else docker",
     )  # fmt: skip
     p.add_argument(
         "--network", choices=["none", "allowlist", "open"],

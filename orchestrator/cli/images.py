@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..spec import BACKENDS
+from ..registry import backend_names, backends_help
 from .parser import HELP
 
 
@@ -29,8 +29,8 @@ def add_images_parser(sub: Any) -> None:
         "e2b default: $ORCHESTRATOR_E2B_BASE_IMAGE or python:3.12-slim)",
     )
     b.add_argument(
-        "--backend", choices=BACKENDS, default="docker",
-        help="docker: an image on this host's engine; e2b: an E2B template (needs E2B_API_KEY)",
+        "--backend", choices=backend_names(), default="docker",
+        help=f"where the image is for: {backends_help()}",
     )  # fmt: skip
     b.set_defaults(handler=cmd_images_build)
     bb = isub.add_parser(

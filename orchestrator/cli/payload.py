@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..spec import BACKENDS
+from ..registry import backend_names, backends_help
 from .output import say
 from .parser import HELP
 
@@ -29,8 +29,9 @@ def add_payload_parser(sub: Any) -> None:
         help="check the manifest and files only (no sandbox; faster, finds less)",
     )  # fmt: skip
     p.add_argument(
-        "--backend", choices=BACKENDS,
-        help="where to load it (default: the payload's `payload.backend`, else docker)",
+        "--backend", choices=backend_names(),
+        help=f"where to load it: {backends_help()}. Default: the payload's `payload.backend`, "
+        "else docker",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(handler=cmd_validate)
@@ -115,8 +116,8 @@ def add_cleanup_parser(sub: Any) -> None:
         "and close their run records as infra_error.",
     )
     p.add_argument(
-        "--backend", default="docker", choices=BACKENDS,
-        help="docker: containers and networks on this host; e2b: sandboxes listed by metadata",
+        "--backend", default="docker", choices=backend_names(),
+        help=f"whose leftovers to remove: {backends_help()}",
     )  # fmt: skip
     p.add_argument(
         "--all-stores", action="store_true", help="consider sandboxes of every state directory"

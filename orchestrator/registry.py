@@ -1,0 +1,74 @@
+"""Which sandbox backends exist, by name: the built-in ones and those other packages register.
+
+A package adds a backend through the entry-point group `orchestrator.backends`:
+
+    [project.entry-points."orchestrator.backends"]
+    mycloud = "mycloud_orchestrator:create_backend"
+
+where `create_backend(env_file=None)` returns an `orchestrator.backends.base.Backend`. This
+module only knows names, descriptions and where each factory lives; it imports no backend
+(that is `orchestrator.backends.get_backend`'s job), so that validating a manifest, a config
+file or a command line costs no backend's dependencies. It sits at the bottom of the layers
+for that reason: every layer may ask which names are backends.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+
+#: The entry-point group third-party backends register under.
+ENTRY_POINT_GROUP = "orchestrator.backends"
+#: The backend of a run that names none.
+DEFAULT_BACKEND = "docker"
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A backend by name: where its factory lives and a line for `--help`."""
+
+    name: str
+    #: `module:function` of its `create_backend(env_file=None)`.
+    factory: str
+    summary: str
+    #: The distribution that registered it (None: built into orchestrator).
+    distribution: str | None = None
+
+
+_BUILT_IN = (
+    BackendEntry(
+        "docker",
+        "orchestrator.backends.docker:create_backend",
+        "this host's Docker engine",
+    ),
+    BackendEntry(
+        "e2b",
+        "orchestrator.backends.e2b:create_backend",
+        "E2B's cloud, needs E2B_API_KEY",
+    ),
+)
+
+
+@functools.cache
+def backend_entries() -> dict[str, BackendEntry]:
+    """Every backend by name: the built-in ones first, then those of installed packages (a
+    package cannot replace a built-in name: a plugin must not silently take over `docker`)."""
+    found = {entry.name: entry for entry in _BUILT_IN}
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        if point.name in found:
+            continue
+        dist = point.dist.name if point.dist is not None else None
+        summary = f"registered by {dist}" if dist else "a registered backend"
+        found[point.name] = BackendEntry(point.name, point.value, summary, dist)
+    return found
+
+
+def backend_names() -> tuple[str, ...]:
+    """The names `--backend`, `payload.backend`, the config file and schedules accept."""
+    return tuple(backend_entries())
+
+
+def backends_help() -> str:
+    """One phrase naming every backend and what it is, for `--backend`'s help."""
+    return "; ".join(f"{e.name} ({e.summary})" for e in backend_entries().values())
