@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator_runtime.protocol import is_dangerous_import
+from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
 from .config import examples_dir
 from .errors import ManifestError
@@ -35,13 +35,10 @@ MANIFEST_NAME = "manifest.toml"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
-_ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-_MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
 
 
 _ALLOWED = {
@@ -177,7 +174,7 @@ def _parse(path: Path, data: dict[str, Any], allowed_requirements: Collection[st
             "payload.name", f"is {name!r}", "It is required: lowercase letters, digits, _ and -."
         )
     entrypoint = get("payload", "entrypoint", str)
-    if not entrypoint or not _ENTRYPOINT_RE.match(entrypoint):
+    if not entrypoint or not ENTRYPOINT_RE.match(entrypoint):
         raise fail(
             "payload.entrypoint", f"is {entrypoint!r}",
             "It is required, as `module:function` (a function in the payload folder that takes "
@@ -234,8 +231,8 @@ def _parse(path: Path, data: dict[str, Any], allowed_requirements: Collection[st
         example_task=get("payload", "example_task", str),
         example_answer=get("payload", "example_answer", str),
         requirements=tuple(requirements),
-        authorized_imports=str_list("python", "authorized_imports", _MODULE_RE, "a module name"),
-        secrets=str_list("secrets", "required", _ENV_RE, "an environment variable name"),
+        authorized_imports=str_list("python", "authorized_imports", MODULE_RE, "a module name"),
+        secrets=str_list("secrets", "required", ENV_NAME_RE, "an environment variable name"),
         hosts=tuple(h.lower() for h in hosts),
         limits=limits,
         mock_scripts={k: list(v) for k, v in scripts.items()},

@@ -7,10 +7,18 @@ imports the host. docs/PROTOCOL.md describes the protocol these constants belong
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 #: The request's `protocol` field; the runtime refuses any other.
 PROTOCOL_VERSION = 1
+
+#: Names both sides check the same way (the host when it reads a manifest or a schedules
+#: file, the runtime when it reads a request): an entrypoint `module:function`, a module an
+#: agent may import (`*`, `pkg`, `pkg.*`), an environment variable (a secret's name).
+ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: Model providers the runtime can build (`provider:model_id` on the host's command line).
 PROVIDERS = ("mock", "openai", "hf", "litellm")

@@ -7,18 +7,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from .protocol import PROTOCOL_VERSION, PROVIDERS, is_dangerous_import
+from .protocol import (
+    ENTRYPOINT_RE,
+    ENV_NAME_RE,
+    MODULE_RE,
+    PROTOCOL_VERSION,
+    PROVIDERS,
+    is_dangerous_import,
+)
 
 #: Limits a request may ask the runtime to set on itself.
 RLIMITS = ("nproc", "nofile", "core")
 
-_ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class RequestError(ValueError):
@@ -86,7 +89,7 @@ def secrets_of(data: dict[str, Any]) -> dict[str, str]:
             raise RequestError(f"secret `{name}` named in secret_env is not in the environment")
         secrets[name] = os.environ[name]
     for name, value in secrets.items():
-        if not _ENV_RE.match(name) or not isinstance(value, str):
+        if not ENV_NAME_RE.match(name) or not isinstance(value, str):
             raise RequestError(f"secret `{name}` needs an environment-variable name and a string")
     return secrets
 
@@ -127,7 +130,7 @@ def parse_request(data: dict[str, Any]) -> Request:
             raise RequestError(f"rlimit {name!r} must not be negative")
     if not request.task.strip():
         raise RequestError("the task is empty")
-    if not _ENTRYPOINT_RE.match(request.entrypoint):
+    if not ENTRYPOINT_RE.match(request.entrypoint):
         raise RequestError(f"entrypoint {request.entrypoint!r} is not `module:function`")
     for path, content in request.files.items():
         binary = isinstance(content, dict) and isinstance(content.get("base64"), str)
@@ -141,7 +144,7 @@ def parse_request(data: dict[str, Any]) -> Request:
         if not isinstance(script, list) or not all(isinstance(s, str) for s in script):
             raise RequestError(f"mock script of agent {name!r} must be a list of strings")
     for module in request.authorized_imports:
-        if not isinstance(module, str) or not _MODULE_RE.match(module):
+        if not isinstance(module, str) or not MODULE_RE.match(module):
             raise RequestError(f"authorized import {module!r} is not a module name")
     dangerous = sorted(m for m in request.authorized_imports if is_dangerous_import(m))
     if dangerous and not request.allow_dangerous_imports:

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from orchestrator_runtime.protocol import ENV_NAME_RE
+
 from ..errors import ConfigError, OrchestratorError
 from ..manifest import decode_utf8
 from ..policy import check_host_name
@@ -41,7 +43,6 @@ NOTIFY_TIMEOUT = 30.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 #: Fields of a [[schedule]] table.
@@ -324,7 +325,7 @@ def _parse_schedule(
             )
     secrets = _str_list(get("secrets", list, []), "secrets", bad)
     for secret in secrets:
-        if not _ENV_RE.match(secret):
+        if not ENV_NAME_RE.match(secret):
             bad("secrets", f"{secret!r} is not an environment variable name")
     limits: dict[str, Any] = {}
     for key, value in (get("limits", dict, {}) or {}).items():
