@@ -14,7 +14,7 @@ from .manifest import MANIFEST_NAME, load_manifest
 def list_examples() -> list[dict[str, Any]]:
     """Each shipped example: name, description, path, example task and answer."""
     root = examples_dir()
-    found = []
+    found: list[dict[str, Any]] = []
     for folder in sorted(root.iterdir()) if root.is_dir() else []:
         if not (folder / MANIFEST_NAME).is_file():
             continue

@@ -207,7 +207,9 @@ def is_docker_host(name: str) -> bool:
     return any(address in network for network in host_networks(prefix_length=32))
 
 
-def host_networks(*, prefix_length: int | None = None) -> list[ipaddress.IPv4Network]:
+def host_networks(
+    *, prefix_length: int | None = None
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """This machine's own IPv4 addresses (as /32 networks), from the kernel's routing trie.
 
     Read from `/proc/net/fib_trie` (no tools, no privileges). Empty where that is missing.

@@ -254,10 +254,10 @@ class Run:
             self.end("success", result.output, None)
             return EXIT_SUCCESS
         last = manager.memory.steps[-1] if manager.memory.steps else None
-        exc = getattr(last, "error", None) or AgentMaxStepsError(
+        failure = getattr(last, "error", None) or AgentMaxStepsError(
             "Reached max steps.", manager.logger
         )
-        error = {"type": type(exc).__name__, "message": str(exc), "kind": "agent"}
+        error = {"type": type(failure).__name__, "message": str(failure), "kind": "agent"}
         self.end("max_steps_error", result.output, error)
         return EXIT_AGENT_FAILED
 

@@ -13,6 +13,7 @@ smolagents wires a multi-agent program like this (1.26):
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -150,7 +151,7 @@ def walk(manager: MultiStepAgent) -> list[AgentNode]:
     """The whole tree, top level first, each agent once (an agent may be managed twice)."""
     nodes: list[AgentNode] = []
     seen: set[int] = set()
-    pending = [(manager, manager.name or TOP_LEVEL_NAME, None)]
+    pending: list[tuple[Any, str, str | None]] = [(manager, manager.name or TOP_LEVEL_NAME, None)]
     while pending:
         agent, name, caller = pending.pop(0)
         if id(agent) in seen:
@@ -190,7 +191,7 @@ def take_control(
                 node.name,
                 mock_scripts.get(node.name, []),
                 model_id,
-                last_error=lambda agent=agent: last_step_error(agent),
+                last_error=functools.partial(last_step_error, agent),
             )
             agent.monitor.tracked_model = agent.model
         agent.step_callbacks.register(ActionStep, recorder.on_step)

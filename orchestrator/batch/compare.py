@@ -51,7 +51,9 @@ def compare(a: BatchReport, b: BatchReport) -> Comparison:
         for i in rows_a
         if i in rows_b and rows_a[i].get("score") is not None and rows_b[i].get("score") is not None
     ]
-    to_wrong, to_right, right_a, right_b = [], [], 0, 0
+    to_wrong: list[dict[str, Any]] = []
+    to_right: list[dict[str, Any]] = []
+    right_a = right_b = 0
     for ra, rb in pairs:
         ok_a, ok_b = float(ra["score"]) >= 0.5, float(rb["score"]) >= 0.5
         right_a += ok_a

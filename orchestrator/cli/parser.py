@@ -126,8 +126,8 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
         for adder in command.adders:
             module, function = adder.split(":")
             getattr(importlib.import_module(f"{__package__}.{module}"), function)(sub)
-    for command in subcommands(parser):  # -v works after the command too: `run -v ...`
-        command.add_argument(
+    for leaf in subcommands(parser):  # -v works after the command too: `run -v ...`
+        leaf.add_argument(
             "--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
             help="also show build tools' output and repeated notices",
         )  # fmt: skip

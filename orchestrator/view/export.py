@@ -63,11 +63,11 @@ def export(
     shutil.copytree(STATIC, folder / "static", dirs_exist_ok=True)
     rows = []
     for run_id in run_ids:
-        view = load_run(store, run_id)
-        if view is None:
+        run_view = load_run(store, run_id)
+        if run_view is None:
             continue
-        rows.append(view.row)
-        page = render("run.html", links, run=view, live_url=None)
+        rows.append(run_view.row)
+        page = render("run.html", links, run=run_view, live_url=None)
         (folder / f"run-{run_id}.html").write_text(page, encoding="utf-8")
     rows.sort(key=lambda r: r["created_at"], reverse=True)
     listing = RunPage(rows=rows, total=len(rows), page=1, pages=1)

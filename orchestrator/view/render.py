@@ -62,13 +62,13 @@ def _missing(value: Any) -> bool:
 
 
 def when(epoch: float | None) -> str:
-    if _missing(epoch):
+    if epoch is None or _missing(epoch):
         return ""
     return datetime.fromtimestamp(float(epoch), timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def seconds(value: float | None) -> str:
-    if _missing(value):
+    if value is None or _missing(value):
         return ""
     value = float(value)
     if value < 1:

@@ -48,7 +48,7 @@ class RunView:
 
 
 def read_events(directory: Path) -> list[dict[str, Any]]:
-    events = []
+    events: list[dict[str, Any]] = []
     try:
         with open(directory / "events.jsonl", encoding="utf-8", errors="replace") as file:
             for line in file:

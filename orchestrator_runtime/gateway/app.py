@@ -77,15 +77,11 @@ class GatewayConfig:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GatewayConfig:
         """Raises ValueError naming the first bad field."""
-        config = cls(
-            token=data.get("token"),
-            upstream=data.get("upstream"),
-            clients=data.get("clients"),
-            max_calls=data.get("max_calls"),
-            max_tokens=data.get("max_tokens"),
-            key=data.get("key"),
-            port=data.get("port", 8000),
-        )
+        given: dict[str, Any] = {  # unchecked until the checks below
+            name: data.get(name)
+            for name in ("token", "upstream", "clients", "max_calls", "max_tokens", "key")
+        }
+        config = cls(**given, port=data.get("port", 8000))
         if not isinstance(config.token, str) or len(config.token) < 32:
             raise ValueError("`token` must be a string of at least 32 characters")
         parts = urlsplit(config.upstream if isinstance(config.upstream, str) else "")
