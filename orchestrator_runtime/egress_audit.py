@@ -7,6 +7,9 @@ cannot show them. This module watches them with an audit hook (`sys.addaudithook
 `socket.connect`, `socket.sendto` and `socket.getaddrinfo`/`gethostbyname`, and emits an
 `egress_blocked` event (`source: "sandbox"`) for each distinct destination.
 
+Hosts that `NO_PROXY` names are reached directly by design (the run's model gateway, on the
+run's own network): attempts to them are not blocked egress and are not reported.
+
 It is a diagnostic, not a control: the network is what blocks; code that bypasses Python's
 socket module (a child process, C code) is not seen. It is active only when a proxy is set.
 Standard library only.
@@ -42,6 +45,18 @@ def proxy_addresses() -> set[tuple[str, int]]:
     return found
 
 
+def direct_hosts() -> set[str]:
+    """The hosts the sandbox reaches without the proxy (`NO_PROXY`: the model gateway), read
+    when the audit starts, before any payload code can change the environment."""
+    found: set[str] = set()
+    for name in ("NO_PROXY", "no_proxy"):
+        for entry in os.environ.get(name, "").split(","):
+            host = entry.strip().lower()
+            if host and host != "*":  # `*` (proxy nothing) is never what we set
+                found.add(host)
+    return found
+
+
 def _is_local(host: str) -> bool:
     if host in ("localhost", ""):
         return True
@@ -63,9 +78,16 @@ def _is_address(host: str) -> bool:
 class EgressAudit:
     """The audit hook: which attempts to report, each distinct one once."""
 
-    def __init__(self, events: EventStream, proxies: set[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        events: EventStream,
+        proxies: set[tuple[str, int]],
+        direct: set[str] | None = None,
+    ) -> None:
         self.events = events
         self.proxies = proxies
+        #: Hosts the sandbox reaches without the proxy by design (lower case).
+        self.direct = direct or set()
         self.proxy_hosts = {host for host, _ in proxies}
         self.seen: set[tuple[str, str, int | None]] = set()
         self._local = threading.local()
@@ -87,14 +109,19 @@ class EgressAudit:
             if not (isinstance(address, tuple) and len(address) >= 2):
                 return  # a Unix socket or another family: not network egress
             host, port = str(address[0]), address[1]
-            if _is_local(host) or (host, port) in self.proxies:
+            if _is_local(host) or (host, port) in self.proxies or host.lower() in self.direct:
                 return
             kind = "connect" if event == "socket.connect" else "udp"
             reason = "direct connection: the sandbox's only way out is the egress proxy"
         else:
             host = args[0].decode() if isinstance(args[0], bytes) else str(args[0] or "")
             port = args[1] if event == "socket.getaddrinfo" else None
-            if _is_local(host) or _is_address(host) or host in self.proxy_hosts:
+            if (
+                _is_local(host)
+                or _is_address(host)
+                or host in self.proxy_hosts
+                or host.lower() in self.direct
+            ):
                 return
             port = port if isinstance(port, int) else None
             kind = "dns"
@@ -116,6 +143,6 @@ def install(events: EventStream) -> EgressAudit | None:
     proxies = proxy_addresses()
     if not proxies:
         return None
-    audit = EgressAudit(events, proxies)
+    audit = EgressAudit(events, proxies, direct_hosts())
     sys.addaudithook(audit)
     return audit

@@ -664,3 +664,27 @@ def test_a_batch_summary_counts_the_tokens_the_gateway_measured(
     assert summary.tokens == {"input": served["input_tokens"], "output": served["output_tokens"]}
     rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").open()]
     assert {row["tokens"]["source"] for row in rows} == {"gateway"}
+
+
+@pytest.mark.docker
+def test_the_gateway_is_never_recorded_as_blocked_egress(
+    agent_image: str, model_key: str, nothing_left: None
+) -> None:
+    """Issue 27: with an egress proxy (a listed host) and the model through the gateway, the
+    sandbox's calls to the gateway (direct, as NO_PROXY says) are no blocked egress: the record
+    has model calls and no `egress_blocked` event at all."""
+    steps = [code("print('one')"), code("final_answer('done')")]
+    with ScriptedModelServer(steps) as server:
+        result = run(
+            RunSpec(
+                payload=PROBE,
+                model="openai:scripted",
+                api_base=server.api_base(),
+                allow_hosts=("example.com",),
+            )
+        )
+    assert result.status == "succeeded", result.error
+    assert result.network == "allowlist" and result.gateway["calls"] == 2
+    assert len(gateway_events(result, "model_call")) == 2
+    assert [e for e in events_of(result) if e["type"] == "egress_blocked"] == []
+    assert result.egress_blocked == 0
