@@ -131,6 +131,7 @@ def browser() -> Iterator[object]:
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                  "--window-size=1400,1800", "--allow-file-access-from-files"):  # fmt: skip
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, to check
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -279,13 +280,21 @@ def test_live_run_updates_until_it_ends(browser, server: str, world: World, no_l
         stop(proc)
 
 
+def console(driver) -> list[str]:
+    """What the page wrote to the browser's console since the last call (errors, warnings,
+    the CSP's complaints)."""
+    return [entry["message"] for entry in driver.get_log("browser")]
+
+
 def test_static_export_opens_from_file(browser, world: World):
     folder = world.root / "export"
     done = cli("view", "--export", str(folder), world.team_run, world.hostile_run,
                str(world.batch_a))  # fmt: skip
     assert done.returncode == 0, done.stderr
+    console(browser)  # what earlier tests left
     load(browser, (folder / f"run-{world.team_run}.html").as_uri())
     check_run_page(browser, world)
+    assert console(browser) == []  # issue 27: no console error on an exported page
     load(browser, (folder / f"run-{world.hostile_run}.html").as_uri())
     assert text(browser, "#answer").startswith("<script>")
     assert browser.execute_script("return window.__pwned === undefined")
@@ -293,8 +302,10 @@ def test_static_export_opens_from_file(browser, world: World):
     assert all_text(browser, "#tasks tbody td.task-id")[:2] == ["loops", "off-by-one"]
     assert browser.execute_script("return document.getElementById('chart-tokens').naturalWidth")
     shot(browser, "export-batch")
+    assert console(browser) == []
     load(browser, (folder / "index.html").as_uri())
     assert world.team_run in all_text(browser, "table.runs td a")
+    assert console(browser) == []
     bad = cli("view", "--export", str(folder), "no-such-run")
     assert bad.returncode == 2 and "neither a run" in bad.stderr
 
@@ -303,7 +314,7 @@ def test_the_policy_alone_stops_markup_that_got_through(browser, tmp_path: Path)
     """Defence in depth: were escaping ever missed, the pages' Content-Security-Policy still
     keeps inline script and event handlers from running (shown against the same page
     without the policy, where they do run)."""
-    from orchestrator.view.render import CSP
+    from orchestrator.view.render import CSP_META as CSP
 
     hostile = (
         '<img src="x" onerror="window.__pwned = 1"><script>window.__pwned = 2</script>'

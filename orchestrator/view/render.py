@@ -20,6 +20,10 @@ CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
+#: The same policy as a page's `<meta>` (what an exported page has, with no server to send
+#: headers): browsers ignore `frame-ancestors` there and say so in the console, so it is left
+#: out; served pages get the whole policy as a header (`security.py`).
+CSP_META = "; ".join(part for part in CSP.split("; ") if not part.startswith("frame-ancestors"))
 
 
 @dataclass(frozen=True)
@@ -107,5 +111,5 @@ ENV = make_env()
 
 def render(template: str, links: Links, **context: Any) -> str:
     return ENV.get_template(template).render(
-        links=links, csp=CSP, rendered_at=when(time.time()), **context
+        links=links, csp=CSP_META, rendered_at=when(time.time()), **context
     )
