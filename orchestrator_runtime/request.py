@@ -47,9 +47,12 @@ def _field(key: str, kind: type, *, section: str | None = None, **options: Any) 
     return field(metadata=metadata, **options)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(kw_only=True)
 class Request:
-    """One run, as the runtime is asked to do it. Field order is the JSON object's order."""
+    """One run, as the runtime is asked to do it. Field order is the JSON object's order.
+
+    Not frozen (that costs half a millisecond of import on both sides' cold start), but
+    treated as a value: a backend adds its part with `dataclasses.replace`."""
 
     run_id: str = _field("run_id", str)
     task: str = _field("task", str)
@@ -72,7 +75,9 @@ class Request:
     #: Build the agent tree and check it, but run no step (`orchestrator validate`).
     check_only: bool = _field("check_only", bool, default=False)
     #: Name -> value (the Docker backend, on stdin).
-    secrets: dict[str, str] = _field("secrets", dict, default_factory=dict, omit_empty=True)
+    secrets: dict[str, str] = _field(
+        "secrets", dict, default_factory=dict, omit_empty=True, repr=False
+    )
     #: Names of secrets whose values are in the runtime's environment (the E2B backend).
     secret_env: list[str] = _field("secret_env", list, default_factory=list, omit_empty=True)
     #: Process limits the runtime sets on itself (E2B, where the sandbox has no per-run
