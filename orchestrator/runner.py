@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from orchestrator_runtime.masking import Masker
-from orchestrator_runtime.protocol import PROTOCOL_VERSION, RESULT_PATH, model_client_module
+from orchestrator_runtime.protocol import RESULT_PATH, model_client_module
+from orchestrator_runtime.request import Request
 
 from .backends import backend_name, get_backend
 from .backends.base import Backend, Sandbox, SandboxSpec
@@ -386,30 +386,27 @@ def runtime_command(prepared: PreparedRun) -> tuple[str, ...]:
     return (*RUNTIME_COMMAND, "--preload", client) if client else RUNTIME_COMMAND
 
 
-def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> dict[str, Any]:
+def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Request:
     """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
-    ships those separately (`Sandbox.start`). `api_base`: the run's model gateway, which
-    then stands in for the model's endpoint."""
-    manifest = prepared.manifest
-    request = {
-        "protocol": PROTOCOL_VERSION,
-        "run_id": prepared.run_id,
-        "task": prepared.task,
-        "additional_args": prepared.spec.additional_args,
-        "payload": {
-            "name": manifest.name,
-            "entrypoint": manifest.entrypoint,
-            "files": prepared.files,
-        },
-        "authorized_imports": list(manifest.authorized_imports),
-        "allow_dangerous_imports": prepared.spec.allow_dangerous_imports,
-        "max_steps": prepared.limits.max_steps,
-        "model": {
-            **prepared.model.to_request(),
-            "api_base": api_base or sandbox_api_base(prepared.model.api_base, prepared.network),
-        },
-        "mock_scripts": manifest.mock_scripts if prepared.model.provider == "mock" else {},
-        "result_path": RESULT_PATH,
-        "check_only": prepared.spec.check_only,
-    }
-    return request
+    adds those its own way (`Sandbox.start`) and ships the request. `api_base`: the run's
+    model gateway, which then stands in for the model's endpoint."""
+    manifest, model = prepared.manifest, prepared.model
+    return Request(
+        run_id=prepared.run_id,
+        task=prepared.task,
+        additional_args=prepared.spec.additional_args,
+        payload_name=manifest.name,
+        entrypoint=manifest.entrypoint,
+        files=prepared.files,
+        authorized_imports=list(manifest.authorized_imports),
+        allow_dangerous_imports=prepared.spec.allow_dangerous_imports,
+        max_steps=prepared.limits.max_steps,
+        provider=model.provider,
+        model_id=model.model_id,
+        api_base=api_base or sandbox_api_base(model.api_base, prepared.network),
+        credential_env=model.credential_env,
+        options=dict(model.options),
+        mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
+        result_path=RESULT_PATH,
+        check_only=prepared.spec.check_only,
+    )

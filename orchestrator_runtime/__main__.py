@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,10 @@ class Run:
                 self.events.run_id = data["run_id"]
             if isinstance(data.get("result_path"), str):
                 self.result_path = data["result_path"]
-            request = parse_request(data)
+            parsed = parse_request(data)
+            # The secrets named in secret_env join the others: the payload's tools and the
+            # model (credential_env) find every secret in one place.
+            request = replace(parsed, secrets=parsed.secret_values(), secret_env=[])
         except RequestError as exc:
             return self.fail("request", exc, "payload", EXIT_BAD_REQUEST)
         os.environ.update(request.secrets)

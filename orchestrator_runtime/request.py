@@ -1,13 +1,20 @@
-"""The run request (stdin, or a file named by `--request`): parsed and checked before it runs.
+"""The run request, defined once for both sides (docs/PROTOCOL.md, "The request").
 
-Standard library only, so that a bad request is refused without paying for `import smolagents`.
+The host builds a `Request` (`orchestrator.runner.build_request`), each backend adds its part
+with `dataclasses.replace` (Docker: `secrets`; E2B: `secret_env`, `rlimits`) and ships
+`to_json()` once (stdin, or an uploaded file); the runtime reads that JSON back with
+`parse_request`, which checks every field. Each field names its place in the JSON object
+(`_field`), so the encoding and the decoding follow from this one definition.
+
+Standard library only, so that a bad request is refused without paying for `import smolagents`
+and so that the host may import it (the runtime never imports the host).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from .protocol import (
@@ -22,36 +29,102 @@ from .protocol import (
 #: Limits a request may ask the runtime to set on itself.
 RLIMITS = ("nproc", "nofile", "core")
 
+#: The sub-objects of the request (`payload.name`, `model.provider`, ...).
+SECTIONS = ("payload", "model")
 
 
 class RequestError(ValueError):
     """The request is malformed or not allowed (exit code 2)."""
 
 
-@dataclass
+def _field(key: str, kind: type, *, section: str | None = None, **options: Any) -> Any:
+    """A dataclass field and its place on the wire: its `key` (in `section`), the JSON type
+    it must have there, and `omit_empty` (an empty value is not sent: the backend that does
+    not use the field leaves it out; Docker sends no `secret_env`, E2B no `secrets`).
+    `default`/`default_factory` as for `dataclasses.field`; without one the field is required."""
+    omit_empty = options.pop("omit_empty", False)
+    metadata = {"key": key, "kind": kind, "section": section, "omit_empty": omit_empty}
+    return field(metadata=metadata, **options)
+
+
+@dataclass(kw_only=True)
 class Request:
-    run_id: str
-    task: str
-    payload_name: str
-    entrypoint: str
-    files: dict[str, str]
-    authorized_imports: list[str]
-    max_steps: int
-    provider: str
-    model_id: str
-    api_base: str | None = None
-    credential_env: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    additional_args: dict[str, Any] | None = None
-    allow_dangerous_imports: bool = False
-    mock_scripts: dict[str, list[str]] = field(default_factory=dict)
+    """One run, as the runtime is asked to do it. Field order is the JSON object's order.
+
+    Not frozen (that costs half a millisecond of import on both sides' cold start), but
+    treated as a value: a backend adds its part with `dataclasses.replace`."""
+
+    run_id: str = _field("run_id", str)
+    task: str = _field("task", str)
+    #: Keyword arguments of the manager's `run` (null: none).
+    additional_args: dict[str, Any] | None = _field("additional_args", dict, default=None)
+    payload_name: str = _field("name", str, section="payload")
+    entrypoint: str = _field("entrypoint", str, section="payload")
+    #: Path -> text, or `{"base64": ...}` for a file that is not UTF-8.
+    files: dict[str, str | dict[str, str]] = _field("files", dict, section="payload")
+    authorized_imports: list[str] = _field("authorized_imports", list, default_factory=list)
+    allow_dangerous_imports: bool = _field("allow_dangerous_imports", bool, default=False)
+    max_steps: int = _field("max_steps", int, default=10)
+    provider: str = _field("provider", str, section="model")
+    model_id: str = _field("model_id", str, section="model", default="scripted")
+    api_base: str | None = _field("api_base", str, section="model", default=None)
+    credential_env: str | None = _field("credential_env", str, section="model", default=None)
+    options: dict[str, Any] = _field("options", dict, section="model", default_factory=dict)
+    mock_scripts: dict[str, list[str]] = _field("mock_scripts", dict, default_factory=dict)
+    result_path: str | None = _field("result_path", str, default=None)
     #: Build the agent tree and check it, but run no step (`orchestrator validate`).
-    check_only: bool = False
-    secrets: dict[str, str] = field(default_factory=dict)
-    result_path: str | None = None
+    check_only: bool = _field("check_only", bool, default=False)
+    #: Name -> value (the Docker backend, on stdin).
+    secrets: dict[str, str] = _field(
+        "secrets", dict, default_factory=dict, omit_empty=True, repr=False
+    )
+    #: Names of secrets whose values are in the runtime's environment (the E2B backend).
+    secret_env: list[str] = _field("secret_env", list, default_factory=list, omit_empty=True)
     #: Process limits the runtime sets on itself (E2B, where the sandbox has no per-run
     #: limits of its own): `nproc`, `nofile`, `core` -> value.
-    rlimits: dict[str, int] = field(default_factory=dict)
+    rlimits: dict[str, int] = _field("rlimits", dict, default_factory=dict, omit_empty=True)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object of docs/PROTOCOL.md (with `protocol`), fields in their sections."""
+        data: dict[str, Any] = {"protocol": PROTOCOL_VERSION}
+        for item in fields(self):
+            wire, value = item.metadata, getattr(self, item.name)
+            if wire["omit_empty"] and not value:
+                continue
+            within = data.setdefault(wire["section"], {}) if wire["section"] else data
+            within[wire["key"]] = value
+        return data
+
+    def to_json(self) -> str:
+        """What a backend ships: the request's one serialisation."""
+        return json.dumps(self.to_wire())
+
+    def secret_values(self) -> dict[str, str]:
+        """Every secret: those of `secrets` and, by name, those of `secret_env` from this
+        process's environment (raises RequestError for a name that is not there)."""
+        return resolve_secrets(self.secrets, self.secret_env)
+
+
+def resolve_secrets(secrets: dict[str, str], secret_env: list[str]) -> dict[str, str]:
+    """`secrets` and the values of the `secret_env` names in this process's environment,
+    each with an environment-variable name and a string value (else RequestError)."""
+    values = dict(secrets)
+    for name in secret_env:
+        if not isinstance(name, str) or name not in os.environ:
+            raise RequestError(f"secret `{name}` named in secret_env is not in the environment")
+        values[name] = os.environ[name]
+    for name, value in values.items():
+        if not ENV_NAME_RE.match(name) or not isinstance(value, str):
+            raise RequestError(f"secret `{name}` needs an environment-variable name and a string")
+    return values
+
+
+def wire_fields() -> dict[str, str]:
+    """Field name -> its place on the wire (`task`, `payload.name`, `model.provider`, ...)."""
+    return {
+        item.name: ".".join(filter(None, (item.metadata["section"], item.metadata["key"])))
+        for item in fields(Request)
+    }
 
 
 def load_json(raw: bytes) -> dict[str, Any]:
@@ -77,52 +150,62 @@ def _get(data: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
 
 
 def secrets_of(data: dict[str, Any]) -> dict[str, str]:
-    """The secrets, checked first so that every later message can already be masked.
+    """The secrets of a request not parsed yet, checked first so that every later message can
+    already be masked.
 
     They come in the request (`secrets`: name -> value, the Docker backend's stdin) or by
     name only (`secret_env`: the E2B backend passes the values as the command's environment,
-    so they are never written to a file in the sandbox).
+    so they are never written to a file in the sandbox). Raises RequestError.
     """
-    secrets = dict(_get(data, "secrets", dict, {}))
-    for name in _get(data, "secret_env", list, []):
-        if not isinstance(name, str) or name not in os.environ:
-            raise RequestError(f"secret `{name}` named in secret_env is not in the environment")
-        secrets[name] = os.environ[name]
-    for name, value in secrets.items():
-        if not ENV_NAME_RE.match(name) or not isinstance(value, str):
-            raise RequestError(f"secret `{name}` needs an environment-variable name and a string")
-    return secrets
+    return resolve_secrets(_get(data, "secrets", dict, {}), _get(data, "secret_env", list, []))
+
+
+def _check_known(data: dict[str, Any]) -> None:
+    """No field the runtime does not know: a newer host's field (a limit, say) is refused
+    rather than silently dropped."""
+    known: dict[str | None, set[str]] = {None: {"protocol", *SECTIONS}}
+    for item in fields(Request):
+        known.setdefault(item.metadata["section"], set()).add(item.metadata["key"])
+    for section in (None, *SECTIONS):
+        within = data if section is None else data.get(section)
+        if not isinstance(within, dict):
+            continue
+        for key in sorted(set(within) - known[section]):
+            where = f"{section}.{key}" if section else key
+            raise RequestError(
+                f"unknown request field `{where}`: this runtime speaks protocol "
+                f"{PROTOCOL_VERSION} (docs/PROTOCOL.md)"
+            )
 
 
 def parse_request(data: dict[str, Any]) -> Request:
-    """Check every field of the request; raise RequestError naming the first bad one."""
+    """The request of a JSON object, every field checked; raises RequestError naming the first
+    bad one. `Request.to_wire` of the result gives the object back (less empty optional
+    fields)."""
     if data.get("protocol") != PROTOCOL_VERSION:
         raise RequestError(
             f"unsupported protocol {data.get('protocol')!r}: this runtime speaks {PROTOCOL_VERSION}"
         )
-    payload = _get(data, "payload", dict)
-    model = _get(data, "model", dict)
-    request = Request(
-        run_id=_get(data, "run_id", str),
-        task=_get(data, "task", str),
-        payload_name=_get(payload, "name", str),
-        entrypoint=_get(payload, "entrypoint", str),
-        files=_get(payload, "files", dict),
-        authorized_imports=_get(data, "authorized_imports", list, []),
-        max_steps=_get(data, "max_steps", int, 10),
-        provider=_get(model, "provider", str),
-        model_id=_get(model, "model_id", str, "scripted"),
-        api_base=_get(model, "api_base", str, None),
-        credential_env=_get(model, "credential_env", str, None),
-        options=_get(model, "options", dict, {}),
-        additional_args=_get(data, "additional_args", dict, None),
-        allow_dangerous_imports=_get(data, "allow_dangerous_imports", bool, False),
-        mock_scripts=_get(data, "mock_scripts", dict, {}),
-        check_only=_get(data, "check_only", bool, False),
-        secrets=secrets_of(data),
-        result_path=_get(data, "result_path", str, None),
-        rlimits=_get(data, "rlimits", dict, {}),
-    )
+    secrets_of(data)
+    _check_known(data)
+    values: dict[str, Any] = {}
+    for item in fields(Request):
+        wire = item.metadata
+        within = _get(data, wire["section"], dict) if wire["section"] else data
+        if item.default is not MISSING:
+            default = item.default
+        elif item.default_factory is not MISSING:
+            default = item.default_factory()
+        else:
+            default = ...
+        values[item.name] = _get(within, wire["key"], wire["kind"], default)
+    request = Request(**values)
+    _check(request)
+    return request
+
+
+def _check(request: Request) -> None:
+    """The rules a well-typed request must also follow (RequestError for the first broken)."""
     for name, value in request.rlimits.items():
         if name not in RLIMITS or not isinstance(value, int) or isinstance(value, bool):
             raise RequestError(f"rlimit {name!r} must be one of {RLIMITS} with a whole number")
@@ -152,6 +235,6 @@ def parse_request(data: dict[str, Any]) -> Request:
             f"dangerous modules in authorized_imports: {', '.join(dangerous)}. They would let "
             "agent code escape the executor's guard; set allow_dangerous_imports to allow them."
         )
-    if request.credential_env and request.credential_env not in request.secrets:
+    secret_names = {*request.secrets, *request.secret_env}
+    if request.credential_env and request.credential_env not in secret_names:
         raise RequestError(f"credential_env {request.credential_env!r} is not among the secrets")
-    return request

@@ -10,10 +10,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..gateway import GatewaySpec
 from ..spec import Limits, NetworkPolicy
+
+if TYPE_CHECKING:
+    from orchestrator_runtime.request import Request
 
 Progress = Callable[[str], None]
 StreamName = Literal["stdout", "stderr"]
@@ -72,7 +75,7 @@ class Sandbox(ABC):
 
     @abstractmethod
     def start(
-        self, request: dict[str, Any], secrets: dict[str, str], *, gateway_key: str | None = None
+        self, request: Request, secrets: dict[str, str], *, gateway_key: str | None = None
     ) -> None:
         """Start the runtime and hand it the run request and the run's secrets.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 import time
@@ -17,6 +16,7 @@ from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator_runtime.protocol import READY_LINE
+from orchestrator_runtime.request import Request
 
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...policy import HOST_ALIAS
@@ -115,12 +115,12 @@ class DockerSandbox(Sandbox):
         return self.gateway.api_base(self.spec.gateway.upstream)
 
     def start(
-        self, request: dict[str, Any], secrets: dict[str, str], *, gateway_key: str | None = None
+        self, request: Request, secrets: dict[str, str], *, gateway_key: str | None = None
     ) -> None:
         """The request and its secrets go in as one JSON object on the runtime's stdin: a
         read-only root leaves no other way in, and stdin is in no `docker inspect`. The
         model's key goes to the gateway's stdin alone."""
-        stdin = json.dumps({**request, "secrets": secrets}).encode()
+        stdin = replace(request, secrets=secrets).to_json().encode()
         if not self.started:  # cold, and no gateway's start to overlap with (`_create_all`)
             self.prestart()
         if self.gateway is not None and self.egress is not None and self.spec is not None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from orchestrator_runtime.request import Request
 
 from ...errors import ConfigError
 from ...labels import LABEL_KIND, LABEL_RUN_ID
@@ -54,13 +56,13 @@ class E2BSandbox(Sandbox):
         self._lost: str | None = None
 
     def start(
-        self, request: dict[str, Any], secrets: dict[str, str], *, gateway_key: str | None = None
+        self, request: Request, secrets: dict[str, str], *, gateway_key: str | None = None
     ) -> None:
         """Upload the request (one request, no secrets in it), then start the runtime with the
         secrets in its own environment only. (No gateway on E2B: `gateway_key` is unused.)"""
         path = f"/tmp/orchestrator-request-{self.spec.run_id}.json"
         limits = {"nproc": self.spec.limits.pids, "nofile": 1024, "core": 0}
-        body = json.dumps({**request, "secret_env": sorted(secrets), "rlimits": limits})
+        body = replace(request, secrets={}, secret_env=sorted(secrets), rlimits=limits).to_json()
         self._call(lambda: self.sandbox.files.write(path, body, user=SANDBOX_USER), "upload")
         command = f"exec {PYTHON} -m orchestrator_runtime --request {path}"
         self._handle = self._call(
