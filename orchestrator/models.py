@@ -88,15 +88,6 @@ class ModelSpec:
     def needs_network(self) -> bool:
         return self.provider != "mock"
 
-    def to_request(self) -> dict[str, Any]:
-        return {
-            "provider": self.provider,
-            "model_id": self.model_id,
-            "api_base": self.api_base,
-            "credential_env": self.credential_env,
-            "options": dict(self.options),
-        }
-
     def describe(self) -> str:
         base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""
         return f"{self.provider}:{self.model_id}{base}"
