@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import Problem
@@ -48,41 +47,72 @@ class _Invalid:
 INVALID: Any = _Invalid()
 
 
-@dataclass(frozen=True)
 class Field:
     """What one key of a table may hold. Every problem's fix is `fix` when given, else
-    worded from the rule (allowed values, range)."""
+    worded from the rule (allowed values, range).
 
-    kind: Kind = str
-    required: bool = False
-    #: Allowed values, or a function giving them (asked at check time: plugins add backends).
-    choices: Sequence[str] | Callable[[], Sequence[str]] | None = None
-    minimum: float | None = None
-    maximum: float | None = None
-    #: For strings (or each string of a list): the pattern it must match in full.
-    pattern: re.Pattern[str] | None = None
-    #: For a list: what each item must be.
-    items: Field | None = None
-    #: For a table with known keys.
-    table: Table | None = None
-    #: For a table with free keys (`mock.scripts`): what each value must be.
-    values: Field | None = None
-    #: A further rule: the problem as a phrase (`is not an IANA time zone`), or None.
-    check: Callable[[Any], str | None] | None = None
-    #: What to do about a bad value (a sentence).
-    fix: str = ""
+    A plain class, not a dataclass: schemas are built at import time on the start path of
+    `orchestrator run`, and a dataclass costs a millisecond or two to create.
+    """
+
+    __slots__ = ("kind", "required", "choices", "minimum", "maximum", "pattern", "items",
+                 "table", "values", "check", "fix")  # fmt: skip
+
+    def __init__(
+        self,
+        kind: Kind = str,
+        *,
+        required: bool = False,
+        choices: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        pattern: re.Pattern[str] | None = None,
+        items: Field | None = None,
+        table: Table | None = None,
+        values: Field | None = None,
+        check: Callable[[Any], str | None] | None = None,
+        fix: str = "",
+    ) -> None:
+        self.kind = kind
+        self.required = required
+        #: Allowed values, or a function giving them (asked at check time: plugins add
+        #: backends).
+        self.choices = choices
+        self.minimum = minimum
+        self.maximum = maximum
+        #: For a string (or each string of a list): the pattern it must match in full.
+        self.pattern = pattern
+        #: For a list: what each item must be.
+        self.items = items
+        #: For a table with known keys.
+        self.table = table
+        #: For a table with free keys (`mock.scripts`): what each value must be.
+        self.values = values
+        #: A further rule: the problem as a phrase (`is not an IANA time zone`), or None.
+        self.check = check
+        #: What to do about a bad value (a sentence).
+        self.fix = fix
 
 
-@dataclass(frozen=True)
 class Table:
     """The keys a table may hold. `noun` names its keys in messages (`field`, `section`,
-    `limit`); `brackets` shows them as TOML table headers (`[python]`)."""
+    `limit`); `brackets` shows them as TOML table headers (`[python]`); `unknown_fix` is
+    added to the fix of an unknown key (e.g. where other data may go)."""
 
-    fields: Mapping[str, Field]
-    noun: str = "field"
-    brackets: bool = False
-    #: Added to the fix of an unknown key (e.g. where other data may go).
-    unknown_fix: str = ""
+    __slots__ = ("fields", "noun", "brackets", "unknown_fix")
+
+    def __init__(
+        self,
+        fields: Mapping[str, Field],
+        *,
+        noun: str = "field",
+        brackets: bool = False,
+        unknown_fix: str = "",
+    ) -> None:
+        self.fields = fields
+        self.noun = noun
+        self.brackets = brackets
+        self.unknown_fix = unknown_fix
 
     def show(self, key: str) -> str:
         return f"`[{key}]`" if self.brackets else f"`{key}`"
@@ -97,8 +127,8 @@ def did_you_mean(key: str, known: Sequence[str], show: Callable[[str], str] = "`
     """`; did you mean `max_steps`?` for the closest known names, or "" (difflib's ratio)."""
     import difflib  # only when a key is unknown: not on the start path of a good file
 
-    matches = difflib.get_close_matches(key, list(known), n=2, cutoff=0.6)
-    return f"; did you mean {' or '.join(show(m) for m in matches)}?" if matches else ""
+    matches = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"; did you mean {show(matches[0])}?" if matches else ""
 
 
 def join(path: str, key: str) -> str:
@@ -154,6 +184,7 @@ def check_value(
     kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
     fix = spec.fix or _fix(spec, types)
     shown = f"has an invalid entry {value!r}" if item else f"is {value!r}"
+    given = value  # as written (a float field's integer is converted below)
 
     def bad(phrase: str, fix_text: str = fix) -> Any:
         problems.append(Problem(path, phrase, fix_text))
@@ -180,7 +211,7 @@ def check_value(
     if spec.minimum is not None and value < spec.minimum or (
         spec.maximum is not None and value > spec.maximum
     ):
-        return bad(f"= {value!r} is out of range")
+        return bad(f"= {given!r} is out of range")
     if spec.pattern is not None and not spec.pattern.match(value):
         return bad(shown)
     if spec.check is not None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
 from .errors import ManifestError
-from .schema import TOML_TYPES, Field, Table, check_table
+from .schema import Field, Table, check_table
 
 #: The error type of a run whose payload could not be loaded (bad input: exit 2).
 PAYLOAD_ERROR = "payload_error"
@@ -126,11 +126,11 @@ class Limits:
         """Raise ManifestError naming every limit out of its range (`LIMIT_RANGES`); `where`
         says where the limits came from (a file, the command line)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
-        problems = check_table(LIMITS_TABLE, values, types=LIMIT_TYPES)[1]
+        problems = check_table(LIMITS_TABLE, values)[1]
         if problems:
             raise ManifestError.of_problems(
                 where,
-                [replace(p, message=f"limit `{p.field}` {p.message}") for p in problems],
+                [p.replace(message=f"limit `{p.field}` {p.message}") for p in problems],
                 "Fix the limits named above.",
             )
 
@@ -183,5 +183,3 @@ def _limit_field(name: str) -> Field:
 #: type (a whole number where the limit is one; never true/false) and range, per limit.
 SETTABLE_LIMITS_TABLE = Table({name: _limit_field(name) for name in SETTABLE_LIMITS}, noun="limit")
 LIMITS_TABLE = Table({name: _limit_field(name) for name in LIMIT_TYPES_BY_NAME}, noun="limit")
-#: Limits are numbers, whatever the file kind calls its types.
-LIMIT_TYPES = {**TOML_TYPES, int: "a whole number"}

@@ -49,7 +49,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except OrchestratorError as exc:
         if not args.json:
             raise
-        report["problems"] = [f"{exc.cause} {exc.fix}".strip()]
+        report["problems"] = exc.problem_lines()  # every problem of the manifest, one each
+        report["details"] = [p.to_dict() for p in exc.problems]  # field path, line, fix
         print(json.dumps(report, indent=2))
         return exc.exit_code
     dangerous = manifest.dangerous_imports()
