@@ -34,12 +34,14 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CONFIG_ENV = "ORCHESTRATOR_CONFIG"
+#: What `network` may be (`spec.NetworkPolicy.mode`), in the config file and a schedule.
+NETWORK_MODES = ("none", "allowlist", "open")
 #: Option name -> (environment variable, type, allowed values or None). The backends are
 #: the registry's, asked when a value is checked (a plugin registers more).
 OPTIONS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
     "model": ("ORCHESTRATOR_MODEL", str, None),
     "backend": ("ORCHESTRATOR_BACKEND", str, None),
-    "network": ("ORCHESTRATOR_NETWORK", str, ("none", "allowlist", "open")),
+    "network": ("ORCHESTRATOR_NETWORK", str, NETWORK_MODES),
     "concurrency": ("ORCHESTRATOR_CONCURRENCY", int, None),
 }
 

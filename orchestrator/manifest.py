@@ -186,10 +186,13 @@ def _parse(
         lines = TomlLines(text)
         raise ManifestError.of_problems(
             str(path),
-            [
-                p.replace(message=f"{_named(p.field)} {p.message}", line=lines.line(p.field))
-                for p in found
-            ],
+            sorted(
+                (
+                    p.replace(message=f"{_named(p.field)} {p.message}", line=lines.line(p.field))
+                    for p in found
+                ),
+                key=lambda p: p.line or 0,  # in the file's order
+            ),
             "Fix the fields named above (`orchestrator validate PAYLOAD` checks again).",
         )
     return Manifest(

@@ -182,36 +182,35 @@ def check_value(
     """`value` checked against `spec` (a float field's integer made a float), or INVALID
     after recording its problems under `path`. An `item` of a list is named as an entry."""
     kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
-    fix = spec.fix or _fix(spec, types)
     shown = f"has an invalid entry {value!r}" if item else f"is {value!r}"
     given = value  # as written (a float field's integer is converted below)
 
-    def bad(phrase: str, fix_text: str = fix) -> Any:
-        problems.append(Problem(path, phrase, fix_text))
+    def bad(phrase: str, fix: str = "") -> Any:
+        problems.append(Problem(path, phrase, spec.fix or fix))
         return INVALID
 
     if object not in kinds:
         expected = " or ".join(types.get(k, k.__name__) for k in kinds)
         if isinstance(value, bool) and bool not in kinds:
             return bad(f"has an entry {value!r} that is not {expected}" if item
-                       else f"must be {expected}, not true/false")  # fmt: skip
+                       else f"must be {expected}, not true/false", _fix(spec, types))  # fmt: skip
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         elif not isinstance(value, kinds):
             if int in kinds and isinstance(value, float):
-                return bad(f"must be a whole number, got {value!r}")
+                return bad(f"must be a whole number, got {value!r}", _fix(spec, types))
             got = _described(value, types)
             return bad(f"has an entry {got} that is not {expected}" if item
-                       else f"must be {expected}, got {got}")  # fmt: skip
+                       else f"must be {expected}, got {got}", _fix(spec, types))  # fmt: skip
     if spec.choices is not None:
         allowed = spec.choices() if callable(spec.choices) else spec.choices
         if value not in allowed:
             listed = words(allowed)
-            return bad(f"{shown}, not one of {listed}", spec.fix or f"Use one of {listed}.")
-    if spec.minimum is not None and value < spec.minimum or (
+            return bad(f"{shown}, not one of {listed}", f"Use one of {listed}.")
+    if (spec.minimum is not None and value < spec.minimum) or (
         spec.maximum is not None and value > spec.maximum
     ):
-        return bad(f"= {given!r} is out of range")
+        return bad(f"is {given!r}, out of range", _fix(spec, types))
     if spec.pattern is not None and not spec.pattern.match(value):
         return bad(shown)
     if spec.check is not None:

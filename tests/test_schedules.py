@@ -682,7 +682,7 @@ def test_validation_names_every_bad_field(tmp_path: Path) -> None:
         "colour",
         "notify.webhook",
         "name",
-        "limits",
+        "limits.timeout_seconds",  # the limit's own path (was `limits`: prepare's finding)
     ):
         assert f'schedule "a" field `{field}`' in text, field
     assert "timeout_seconds" in text and "out of range" in text
