@@ -22,7 +22,7 @@ from .policy import (
     check_requirement,
 )
 from .registry import backend_names
-from .schema import Field, Table, TomlLines, check_table
+from .schema import Field, Table, TomlLines, check_table, toml_named
 from .spec import SETTABLE_LIMITS_TABLE, Limits
 
 if sys.version_info >= (3, 11):
@@ -188,7 +188,8 @@ def _parse(
             str(path),
             sorted(
                 (
-                    p.replace(message=f"{_named(p.field)} {p.message}", line=lines.line(p.field))
+                    p.replace(message=f"{toml_named(p.field)} {p.message}")
+                    .replace(line=lines.line(p.field))
                     for p in found
                 ),
                 key=lambda p: p.line or 0,  # in the file's order
@@ -210,8 +211,3 @@ def _parse(
         mock_scripts=dict(sections["mock"].get("scripts", {})),
         backend=payload.get("backend"),
     )
-
-
-def _named(field_path: str) -> str:
-    """How a manifest's message names a field: `[section]` for a whole table."""
-    return f"`[{field_path}]`" if "." not in field_path else f"field `{field_path}`"

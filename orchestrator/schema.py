@@ -238,13 +238,19 @@ def _fix(spec: Field, types: Mapping[type, str]) -> str:
     if object in kinds:
         return ""
     expected = " or ".join(types.get(k, k.__name__) for k in kinds)
-    if spec.minimum is not None or spec.maximum is not None:
-        return f"Use {expected} from {_num(spec.minimum)} to {_num(spec.maximum)}."
+    if spec.minimum is not None and spec.maximum is not None:
+        return f"Use {expected} from {spec.minimum:g} to {spec.maximum:g}."
+    if spec.minimum is not None:
+        return f"Use {expected} of at least {spec.minimum:g}."
+    if spec.maximum is not None:
+        return f"Use {expected} of at most {spec.maximum:g}."
     return f"Use {expected}."
 
 
-def _num(bound: float | None) -> str:
-    return "any" if bound is None else f"{bound:g}"
+def toml_named(path: str) -> str:
+    """How a message names a TOML file's field: `[section]` for a top-level table, else
+    field `section.key`."""
+    return f"`[{path}]`" if "." not in path else f"field `{path}`"
 
 
 def _described(value: Any, types: Mapping[type, str]) -> str:
