@@ -290,6 +290,7 @@ class TomlLines:
                 table = _resolve(parts[:-1], arrays)
                 table = join(table, parts[-1])
                 if header.group(1) == "[[":
+                    self.lines.setdefault(table, number)  # the array: its first element
                     arrays[table] = arrays.get(table, 0) + 1
                     table = f"{table}[{arrays[table]}]"
                 elif table in arrays:
@@ -311,6 +312,8 @@ class TomlLines:
             if path in self.lines:
                 return self.lines[path]
             cut = max(path.rfind("."), path.rfind("["))
+            if cut > 0 and path[cut] == "[":
+                return None  # an element not in the text: not its array's first line
             path = path[: max(cut, 0)]
         return None
 
