@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from orchestrator_runtime.protocol import LIMIT_RANGES
+
 from .errors import ManifestError
 from .schema import Field, Table, check_table
 
@@ -123,8 +125,9 @@ class Limits:
     max_tokens: int = 2_000_000
 
     def validate(self, where: str) -> None:
-        """Raise ManifestError naming every limit out of its range (`LIMIT_RANGES`); `where`
-        says where the limits came from (a file, the command line)."""
+        """Raise ManifestError naming every limit out of its range (`protocol.LIMIT_RANGES`,
+        shared with the runtime); `where` says where the limits came from (a file, the
+        command line)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         problems = check_table(LIMITS_TABLE, values)[1]
         if problems:
@@ -147,19 +150,6 @@ class NetworkPolicy:
     #: Further exact `(host, port)` pairs, e.g. a model server on a port other than 80/443.
     endpoints: tuple[tuple[str, int], ...] = ()
 
-
-#: Each limit's range and how to say it: the one definition every reader of limits checks
-#: against (manifest, command line, tasks file, schedules file; `Limits.validate`).
-LIMIT_RANGES: dict[str, tuple[float, float, str]] = {
-    "max_steps": (1, 1000, "an integer from 1 to 1000"),
-    "timeout_seconds": (1, 86400, "1 to 86400 seconds"),
-    "memory_mb": (64, 65536, "64 to 65536 MiB"),
-    "cpus": (0.1, 64, "0.1 to 64"),
-    "pids": (16, 32768, "16 to 32768"),
-    "tmpfs_mb": (1, 16384, "1 to 16384 MiB"),
-    "max_model_calls": (1, 100_000, "1 to 100000 calls"),
-    "max_tokens": (1, 1_000_000_000, "1 to 1000000000 tokens"),
-}
 
 #: Every limit's type, from `Limits`.
 LIMIT_TYPES_BY_NAME: dict[str, type] = {
