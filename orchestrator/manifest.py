@@ -104,6 +104,45 @@ class Manifest:
     def dangerous_imports(self) -> list[str]:
         return sorted(m for m in self.authorized_imports if is_dangerous_import(m))
 
+    def missing_function(self) -> str | None:
+        """What is wrong with the entrypoint's function, read from its module's source (no
+        import: `orchestrator validate` uses it without a sandbox), naming the functions the
+        module does define; None when the name is bound at module level, or when that cannot
+        be told from the source (a syntax error, a `*` import: the sandbox's load finds out).
+        """
+        import ast
+
+        module, function = self.entrypoint.split(":")
+        source = self.folder / (module.replace(".", "/") + ".py")
+        try:
+            tree = ast.parse(source.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            return None
+        bound: set[str] = set()
+        defined: list[str] = []
+        for node in tree.body if isinstance(tree, ast.Module) else ():
+            for inner in ast.walk(node):  # module level, inside if/try/with blocks too
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    bound.add(inner.name)
+                    if node is inner:
+                        defined.append(inner.name)
+                elif isinstance(inner, ast.ClassDef):
+                    bound.add(inner.name)
+                elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    names = [a.asname or a.name.split(".")[0] for a in inner.names]
+                    if "*" in names:
+                        return None
+                    bound.update(names)
+                elif isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                    bound.add(inner.id)
+        if function in bound:
+            return None
+        listed = ", ".join(f"`{name}`" for name in defined) or "no function at its top level"
+        return (
+            f"names a function `{function}` that {source.name} does not define "
+            f"(it defines {listed})"
+        )
+
     def payload_files(self) -> dict[str, ShippedFile]:
         """The payload's files, ready to ship in (see orchestrator/payload.py)."""
         return payload_files(self.folder)

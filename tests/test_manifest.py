@@ -406,3 +406,31 @@ def test_toml_lines_finds_keys_tables_and_array_elements() -> None:
     assert lines.line("schedule[2].notify") == 11
     assert lines.line("schedule[2].notify.webhook.url") == 12
     assert lines.line("schedule[3].cron") is None and lines.line("other") is None
+
+
+def test_a_missing_entrypoint_function_lists_the_functions_that_exist(tmp_path: Path) -> None:
+    code = "import json\n\ndef build(model):\n    pass\n\nasync def helper():\n    pass\n\n"
+    code += "class Agent:\n    pass\n"
+    folder = write_payload(tmp_path, GOOD.replace("agent:build", "agent:biuld"), code)
+    out = cli("validate", str(folder), "--no-load")  # read from the source: no sandbox
+    assert out.returncode == 2
+    assert (
+        f"{folder / 'manifest.toml'}: field `payload.entrypoint` names a function `biuld` that "
+        "agent.py does not define (it defines `build`, `helper`)." in out.stderr
+    ), out.stderr
+    # Bound otherwise (an import, a class, an assignment), or unknowable: left to the load.
+    for name in ("json", "Agent", "build"):
+        (tmp_path / name).mkdir()
+        other = write_payload(tmp_path / name, GOOD.replace("agent:build", f"agent:{name}"), code)
+        assert load_manifest(other).missing_function() is None, name
+    (tmp_path / "star").mkdir()
+    star = write_payload(tmp_path / "star", GOOD.replace("agent:build", "agent:sqrt"),
+                         "from math import *\n")  # fmt: skip
+    assert load_manifest(star).missing_function() is None
+
+
+def test_shipped_and_test_payloads_define_their_entrypoint() -> None:
+    folders = [*PAYLOADS.iterdir(), *TEST_PAYLOADS.iterdir()]
+    for folder in folders:
+        if (folder / "manifest.toml").is_file():
+            assert load_manifest(folder).missing_function() is None, folder

@@ -60,7 +60,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else []
     )
     code = 0
-    if not args.no_load:
+    missing = manifest.missing_function()  # from the source: the functions that do exist
+    if missing:
+        report["problems"].append(
+            f"{manifest.path}: field `payload.entrypoint` {missing}. Fix the name, or define it."
+        )
+        code = 2
+    elif not args.no_load:
         code = load_check(args, manifest.example_task, report)
     report["ok"] = not report["problems"]
     if args.json:
