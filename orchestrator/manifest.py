@@ -227,8 +227,9 @@ def _parse(
             str(path),
             sorted(
                 (
-                    p.replace(message=f"{toml_named(p.field)} {p.message}")
-                    .replace(line=lines.line(p.field))
+                    p.replace(message=f"{toml_named(p.field)} {p.message}").replace(
+                        line=lines.line(p.field)
+                    )
                     for p in found
                 ),
                 key=lambda p: p.line or 0,  # in the file's order

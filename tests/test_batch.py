@@ -162,7 +162,10 @@ def test_every_problem_of_every_line_is_named_before_anything_starts(tmp_path: P
     assert as_json.returncode == 2 and not out.exists()
     problems = json.loads(as_json.stdout)["error"]["problems"]
     assert [(p["line"], p["field"]) for p in problems] == [
-        (2, "max_step"), (2, "memory_mb"), (4, "timeout_seconds"), (4, "additional_args")
+        (2, "max_step"),
+        (2, "memory_mb"),
+        (4, "timeout_seconds"),
+        (4, "additional_args"),
     ]
     assert all(p["fix"] for p in problems)
 

@@ -860,7 +860,7 @@ def test_three_mistakes_in_a_schedules_file_are_all_reported_at_once(tmp_path: P
     refused = json.loads(cli("schedule", "validate", "--file", str(path), "--json").stdout)
     problems = refused["error"]["problems"]
     assert [(p["field"], p["line"]) for p in problems] == [
-        ("schedule[2].cron", line("cron = \"@hourly\"")),
+        ("schedule[2].cron", line('cron = "@hourly"')),
         ("schedule[2].timezon", expected[0][0]),
         ("schedule[2].enabled", expected[1][0]),
         ("schedule[2].limits.timeout_seconds", expected[2][0]),
