@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from .config import home_dir
-from .errors import ConfigError
+from .errors import ConfigError, Problem
 from .registry import backend_names
+from .schema import Field, Table, TomlLines, check_table, check_value, toml_named
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,14 +35,25 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CONFIG_ENV = "ORCHESTRATOR_CONFIG"
-#: Option name -> (environment variable, type, allowed values or None). The backends are
-#: the registry's, asked when a value is checked (a plugin registers more).
-OPTIONS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
-    "model": ("ORCHESTRATOR_MODEL", str, None),
-    "backend": ("ORCHESTRATOR_BACKEND", str, None),
-    "network": ("ORCHESTRATOR_NETWORK", str, ("none", "allowlist", "open")),
-    "concurrency": ("ORCHESTRATOR_CONCURRENCY", int, None),
+#: What `network` may be (`spec.NetworkPolicy.mode`), in the config file and a schedule.
+NETWORK_MODES = ("none", "allowlist", "open")
+#: Option name -> the environment variable that sets it.
+OPTIONS: dict[str, str] = {
+    "model": "ORCHESTRATOR_MODEL",
+    "backend": "ORCHESTRATOR_BACKEND",
+    "network": "ORCHESTRATOR_NETWORK",
+    "concurrency": "ORCHESTRATOR_CONCURRENCY",
 }
+#: What each option may be, in the config file's `[defaults]` and in its variable. The
+#: backends are the registry's, asked when a value is checked (a plugin registers more).
+DEFAULTS = Table({
+    "model": Field(str),
+    "backend": Field(str, choices=backend_names),
+    "network": Field(str, choices=NETWORK_MODES),
+    "concurrency": Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
+}, noun="option")  # fmt: skip
+#: The config file: one `[defaults]` table.
+CONFIG = Table({"defaults": Field(dict, table=DEFAULTS)}, noun="table", brackets=True)
 
 
 def config_path() -> Path:
@@ -49,51 +61,49 @@ def config_path() -> Path:
 
 
 def load_config(path: Path | None = None) -> dict[str, Any]:
-    """The `[defaults]` table of the config file ({} when there is no file), checked."""
+    """The `[defaults]` table of the config file ({} when there is no file), checked against
+    `CONFIG`; raises ConfigError naming every problem (field path, line, fix)."""
     path = path or config_path()
     if not path.is_file():
         if os.environ.get(CONFIG_ENV):  # named on purpose: a typo should not pass silently
             raise ConfigError(f"Config file {path} (${CONFIG_ENV}) does not exist.", "")
         return {}
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Config file {path} is not valid TOML: {exc}.", "Fix the file.") from exc
-    unknown = set(data) - {"defaults"}
-    table = data.get("defaults", {})
-    if unknown or not isinstance(table, dict):
-        raise ConfigError(
-            f"Config file {path} has {sorted(unknown) or ['defaults']} where only a "
-            "[defaults] table is known.",
-            f"Keep only [defaults] with {', '.join(OPTIONS)}.",
-        )
-    for key, value in table.items():
-        check(key, value, f"{path}: defaults.{key}")
-    return table
+    values, problems = check_table(CONFIG, data)
+    if problems:
+        lines = TomlLines(text)
+        raise ConfigError.of_problems(
+            f"Config file {path}",
+            [p.replace(message=f"{toml_named(p.field)} {p.message}", line=lines.line(p.field))
+             for p in problems],
+            f"Fix the file: only [defaults] with {', '.join(OPTIONS)}.",
+        )  # fmt: skip
+    return values.get("defaults", {})
 
 
 def check(name: str, value: Any, where: str) -> Any:
-    """`value` for option `name`, checked against its type and allowed values."""
-    if name not in OPTIONS:
+    """`value` for option `name` (from `where`: an environment variable), checked against
+    `DEFAULTS`; raises ConfigError."""
+    spec = DEFAULTS.fields.get(name)
+    if spec is None:
         raise ConfigError(f"{where} is not a known option.", f"Known: {', '.join(OPTIONS)}.")
-    _, kind, allowed = OPTIONS[name]
-    if name == "backend":
-        allowed = backend_names()
-    if kind is int and isinstance(value, str) and value.strip().isdigit():
+    if spec.kind is int and isinstance(value, str) and value.strip().isdigit():
         value = int(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise ConfigError(f"{where} must be {kind.__name__}, got {value!r}.", "")
-    if allowed and value not in allowed:
-        raise ConfigError(f"{where} is {value!r}.", f"Use one of {', '.join(allowed)}.")
-    if kind is int and value < 1:
-        raise ConfigError(f"{where} must be at least 1, got {value}.", "")
-    return value
+    problems: list[Problem] = []
+    checked = check_value(spec, value, name, problems)
+    if problems:
+        raise ConfigError(f"{where} {problems[0].message}.", problems[0].fix)
+    return checked
 
 
 def user_default(name: str) -> tuple[Any, str] | None:
     """The environment's or the config file's value for option `name`, and where it came
     from (`$VAR` or the file's path); None when neither sets it."""
-    env_name = OPTIONS[name][0]
+    env_name = OPTIONS[name]
     raw = os.environ.get(env_name)
     if raw:
         return check(name, raw, f"${env_name}"), f"${env_name}"

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
 from .config import examples_dir
-from .errors import ManifestError
+from .errors import ManifestError, Problem
 from .payload import ShippedFile, payload_files
 from .policy import (
     HOST_NAME_HELP,
@@ -22,7 +22,8 @@ from .policy import (
     check_requirement,
 )
 from .registry import backend_names
-from .spec import SETTABLE_LIMITS, Limits
+from .schema import Field, Table, TomlLines, check_table, toml_named
+from .spec import SETTABLE_LIMITS_TABLE, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,21 +35,47 @@ MANIFEST_NAME = "manifest.toml"
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
+_ENTRYPOINT_FIX = (
+    "It is required, as `module:function` (a function in the payload folder that takes the "
+    "model and returns the manager agent)."
+)
 
 
+def _strings(pattern: re.Pattern[str] | None = None, what: str = "a string") -> Field:
+    return Field(list, items=Field(str, pattern=pattern, fix=f"Each must be {what}."))
 
 
-
-
-
-_ALLOWED = {
-    "payload": {"name", "description", "entrypoint", "example_task", "example_answer", "backend"},
-    "python": {"requirements", "authorized_imports"},
-    "secrets": {"required"},
-    "network": {"hosts"},
-    "limits": set(SETTABLE_LIMITS),
-    "mock": {"scripts"},
-}
+#: What a manifest may hold. Rules that need the payload folder or the run (the entrypoint's
+#: module file, --allow-requirement) are checked by `_parse` after it, into the same list.
+SCHEMA = Table(
+    {
+        "payload": Field(dict, table=Table({
+            "name": Field(str, required=True, pattern=_NAME_RE,
+                          fix="It is required: lowercase letters, digits, _ and -."),
+            "description": Field(str),
+            "entrypoint": Field(str, required=True, pattern=ENTRYPOINT_RE, fix=_ENTRYPOINT_FIX),
+            "example_task": Field(str),
+            "example_answer": Field(str),
+            "backend": Field(str, choices=backend_names),
+        })),
+        "python": Field(dict, table=Table({
+            "requirements": _strings(what="a pip requirement string"),
+            "authorized_imports": _strings(MODULE_RE, "a module name"),
+        })),
+        "secrets": Field(dict, table=Table({
+            "required": _strings(ENV_NAME_RE, "an environment variable name"),
+        })),
+        "network": Field(dict, table=Table({
+            "hosts": Field(list, items=Field(str, check=check_host_name, fix=HOST_NAME_HELP)),
+        })),
+        "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
+        "mock": Field(dict, table=Table({
+            "scripts": Field(dict, values=_strings(what="one model output")),
+        })),
+    },
+    noun="section",
+    brackets=True,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,6 +103,45 @@ class Manifest:
 
     def dangerous_imports(self) -> list[str]:
         return sorted(m for m in self.authorized_imports if is_dangerous_import(m))
+
+    def missing_function(self) -> str | None:
+        """What is wrong with the entrypoint's function, read from its module's source (no
+        import: `orchestrator validate` uses it without a sandbox), naming the functions the
+        module does define; None when the name is bound at module level, or when that cannot
+        be told from the source (a syntax error, a `*` import: the sandbox's load finds out).
+        """
+        import ast
+
+        module, function = self.entrypoint.split(":")
+        source = self.folder / (module.replace(".", "/") + ".py")
+        try:
+            tree = ast.parse(source.read_bytes())
+        except (OSError, SyntaxError, ValueError):
+            return None
+        bound: set[str] = set()
+        defined: list[str] = []
+        for node in tree.body if isinstance(tree, ast.Module) else ():
+            for inner in ast.walk(node):  # module level, inside if/try/with blocks too
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    bound.add(inner.name)
+                    if node is inner:
+                        defined.append(inner.name)
+                elif isinstance(inner, ast.ClassDef):
+                    bound.add(inner.name)
+                elif isinstance(inner, (ast.Import, ast.ImportFrom)):
+                    names = [a.asname or a.name.split(".")[0] for a in inner.names]
+                    if "*" in names:
+                        return None
+                    bound.update(names)
+                elif isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                    bound.add(inner.id)
+        if function in bound:
+            return None
+        listed = ", ".join(f"`{name}`" for name in defined) or "no function at its top level"
+        return (
+            f"names a function `{function}` that {source.name} does not define "
+            f"(it defines {listed})"
+        )
 
     def payload_files(self) -> dict[str, ShippedFile]:
         """The payload's files, ready to ship in (see orchestrator/payload.py)."""
@@ -110,7 +176,7 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc}).", "Fix the syntax.") from exc
-    return _parse(path, data, allowed_requirements)
+    return _parse(path, text, data, allowed_requirements)
 
 
 def decode_utf8(data: bytes) -> str:
@@ -130,117 +196,58 @@ def decode_utf8(data: bytes) -> str:
         ) from None
 
 
-def _parse(path: Path, data: dict[str, Any], allowed_requirements: Collection[str]) -> Manifest:
-    def fail(field_name: str, problem: str, allowed: str) -> ManifestError:
-        return ManifestError(f"{path}: field `{field_name}` {problem}.", allowed)
-
-    for section, value in data.items():
-        if section not in _ALLOWED:
-            raise fail(section, "is not a known section", f"Allowed sections: {sorted(_ALLOWED)}.")
-        if not isinstance(value, dict):
-            raise fail(section, "must be a table", f"Write it as `[{section}]`.")
-        for key in value:
-            if key not in _ALLOWED[section]:
-                raise fail(
-                    f"{section}.{key}", "is not a known field",
-                    f"Allowed in [{section}]: {sorted(_ALLOWED[section])}.",
-                )  # fmt: skip
-
-    def get(section: str, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        value = data.get(section, {}).get(key, default)
-        if value is None:
-            return None
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            raise fail(f"{section}.{key}", f"must be {_kind_name(kind)}, not a boolean", "")
-        if not isinstance(value, kind):
-            raise fail(
-                f"{section}.{key}", f"must be {_kind_name(kind)}, got {type(value).__name__}",
-                "Fix its type.",
-            )  # fmt: skip
-        return value
-
-    def str_list(section: str, key: str, pattern: re.Pattern[str] | None, what: str) -> tuple:
-        values = get(section, key, list, [])
-        for item in values:
-            if not isinstance(item, str) or (pattern and not pattern.match(item)):
-                raise fail(
-                    f"{section}.{key}", f"has an invalid entry {item!r}", f"Each must be {what}."
-                )
-        return tuple(values)
-
-    name = get("payload", "name", str)
-    if not name or not _NAME_RE.match(name):
-        raise fail(
-            "payload.name", f"is {name!r}", "It is required: lowercase letters, digits, _ and -."
-        )
-    entrypoint = get("payload", "entrypoint", str)
-    if not entrypoint or not ENTRYPOINT_RE.match(entrypoint):
-        raise fail(
-            "payload.entrypoint", f"is {entrypoint!r}",
-            "It is required, as `module:function` (a function in the payload folder that takes "
-            "the model and returns the manager agent).",
-        )  # fmt: skip
-    module_file = path.parent / (entrypoint.split(":")[0].replace(".", "/") + ".py")
-    if not module_file.is_file():
-        raise fail(
-            "payload.entrypoint", f"names a module with no file {module_file}", "Fix the name."
-        )
-
-    limits_data = data.get("limits", {})
-    for key, value in limits_data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise fail(f"limits.{key}", f"must be a number, got {value!r}", "Fix its type.")
-        if SETTABLE_LIMITS.get(key) is int and not isinstance(value, int):
-            raise fail(f"limits.{key}", f"must be a whole number, got {value!r}", "Fix its type.")
-    limits = Limits(**limits_data)
-    limits.validate(str(path))
-
-    scripts = get("mock", "scripts", dict, {})
-    for agent, turns in scripts.items():
-        if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-            raise fail(
-                f"mock.scripts.{agent}", "must be a list of strings", "One model output each."
-            )
-
-    hosts = str_list("network", "hosts", None, "a host name")
-    for host in hosts:
-        problem = check_host_name(host)
-        if problem:
-            raise fail("network.hosts", f"has an entry {host!r} that {problem}", HOST_NAME_HELP)
-
-    requirements = []
-    for item in str_list("python", "requirements", None, "a pip requirement string"):
+def _parse(
+    path: Path, text: str, data: dict[str, Any], allowed_requirements: Collection[str]
+) -> Manifest:
+    """A Manifest from the parsed TOML, or ManifestError naming every problem (its field
+    path, line, and what to do)."""
+    values, found = check_table(SCHEMA, data)
+    sections: dict[str, dict[str, Any]] = {k: values.get(k, {}) for k in SCHEMA.fields}
+    payload = sections["payload"]
+    entrypoint = payload.get("entrypoint")
+    if entrypoint is not None:
+        module_file = path.parent / (entrypoint.split(":")[0].replace(".", "/") + ".py")
+        if not module_file.is_file():
+            found.append(Problem(
+                "payload.entrypoint", f"names a module with no file {module_file}",
+                "Fix the name.",
+            ))  # fmt: skip
+    requirements: list[str] = []
+    for item in sections["python"].get("requirements", []):
         problem = check_requirement(item, allowed_requirements)
         if problem:
-            raise fail(
+            found.append(Problem(
                 "python.requirements", f"has an entry {item!r} that {problem}", REQUIREMENT_HELP
-            )
+            ))  # fmt: skip
         # Passed only because the run named it: carry the mark to the image build.
         requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
-
-    backend = get("payload", "backend", str)
-    if backend is not None and backend not in backend_names():
-        names = ", ".join(backend_names())
-        raise fail("payload.backend", f"is {backend!r}", f"Use one of {names}.")
-
+    if found:
+        lines = TomlLines(text)
+        raise ManifestError.of_problems(
+            str(path),
+            sorted(
+                (
+                    p.replace(message=f"{toml_named(p.field)} {p.message}").replace(
+                        line=lines.line(p.field)
+                    )
+                    for p in found
+                ),
+                key=lambda p: p.line or 0,  # in the file's order
+            ),
+            "Fix the fields named above (`orchestrator validate PAYLOAD` checks again).",
+        )
     return Manifest(
         path=path,
-        name=name,
-        entrypoint=entrypoint,
-        description=get("payload", "description", str, "") or "",
-        example_task=get("payload", "example_task", str),
-        example_answer=get("payload", "example_answer", str),
+        name=payload["name"],
+        entrypoint=payload["entrypoint"],
+        description=payload.get("description", ""),
+        example_task=payload.get("example_task"),
+        example_answer=payload.get("example_answer"),
         requirements=tuple(requirements),
-        authorized_imports=str_list("python", "authorized_imports", MODULE_RE, "a module name"),
-        secrets=str_list("secrets", "required", ENV_NAME_RE, "an environment variable name"),
-        hosts=tuple(h.lower() for h in hosts),
-        limits=limits,
-        mock_scripts={k: list(v) for k, v in scripts.items()},
-        backend=backend,
+        authorized_imports=tuple(sections["python"].get("authorized_imports", ())),
+        secrets=tuple(sections["secrets"].get("required", ())),
+        hosts=tuple(h.lower() for h in sections["network"].get("hosts", ())),
+        limits=Limits(**sections["limits"]),
+        mock_scripts=dict(sections["mock"].get("scripts", {})),
+        backend=payload.get("backend"),
     )
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    names = {str: "a string", list: "a list", dict: "a table", int: "an integer", float: "a number"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)

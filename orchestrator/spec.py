@@ -6,7 +6,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from orchestrator_runtime.protocol import LIMIT_RANGES
+
 from .errors import ManifestError
+from .schema import Field, Table, check_table
 
 #: The error type of a run whose payload could not be loaded (bad input: exit 2).
 PAYLOAD_ERROR = "payload_error"
@@ -122,22 +125,17 @@ class Limits:
     max_tokens: int = 2_000_000
 
     def validate(self, where: str) -> None:
-        checks = [
-            ("max_steps", 1 <= self.max_steps <= 1000, "an integer from 1 to 1000"),
-            ("timeout_seconds", 1 <= self.timeout_seconds <= 86400, "1 to 86400 seconds"),
-            ("memory_mb", 64 <= self.memory_mb <= 65536, "64 to 65536 MiB"),
-            ("cpus", 0.1 <= self.cpus <= 64, "0.1 to 64"),
-            ("pids", 16 <= self.pids <= 32768, "16 to 32768"),
-            ("tmpfs_mb", 1 <= self.tmpfs_mb <= 16384, "1 to 16384 MiB"),
-            ("max_model_calls", 1 <= self.max_model_calls <= 100_000, "1 to 100000 calls"),
-            ("max_tokens", 1 <= self.max_tokens <= 1_000_000_000, "1 to 1000000000 tokens"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ManifestError(
-                    f"{where}: limit `{name}` = {getattr(self, name)!r} is out of range.",
-                    f"Use {allowed}.",
-                )
+        """Raise ManifestError naming every limit out of its range (`protocol.LIMIT_RANGES`,
+        shared with the runtime); `where` says where the limits came from (a file, the
+        command line)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        problems = check_table(LIMITS_TABLE, values)[1]
+        if problems:
+            raise ManifestError.of_problems(
+                where,
+                [p.replace(message=f"limit `{p.field}` {p.message}") for p in problems],
+                "Fix the limits named above.",
+            )
 
 
 @dataclass(frozen=True)
@@ -153,10 +151,25 @@ class NetworkPolicy:
     endpoints: tuple[tuple[str, int], ...] = ()
 
 
+#: Every limit's type, from `Limits`.
+LIMIT_TYPES_BY_NAME: dict[str, type] = {
+    f.name: {"int": int, "float": float}[str(f.type)] for f in fields(Limits)
+}
+
 #: The limits a manifest, a command line, a tasks file or a schedule may set, with their
 #: types (every field of `Limits` but the tmpfs size, which is the image's business).
 SETTABLE_LIMITS: dict[str, type] = {
-    f.name: {"int": int, "float": float}[str(f.type)]
-    for f in fields(Limits)
-    if f.name != "tmpfs_mb"
+    name: kind for name, kind in LIMIT_TYPES_BY_NAME.items() if name != "tmpfs_mb"
 }
+
+
+def _limit_field(name: str) -> Field:
+    low, high, allowed = LIMIT_RANGES[name]
+    kind = LIMIT_TYPES_BY_NAME[name]
+    return Field(kind, minimum=low, maximum=high, fix=f"Use {allowed}.")
+
+
+#: The `[limits]` table of a manifest, a schedule's `limits`, a tasks row's limit fields:
+#: type (a whole number where the limit is one; never true/false) and range, per limit.
+SETTABLE_LIMITS_TABLE = Table({name: _limit_field(name) for name in SETTABLE_LIMITS}, noun="limit")
+LIMITS_TABLE = Table({name: _limit_field(name) for name in LIMIT_TYPES_BY_NAME}, noun="limit")

@@ -134,6 +134,42 @@ def test_csv_unknown_column_and_ragged_row(tmp_path: Path) -> None:
         read_tasks(path)
 
 
+def test_every_problem_of_every_line_is_named_before_anything_starts(tmp_path: Path) -> None:
+    """Issue 21: a tasks file with problems on two lines: `batch` exits 2 naming both lines
+    and every field at fault on each (did you mean, the limit's range); --json carries each
+    problem with its line and field. No Docker: the file is refused before anything starts."""
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [{"id": "a", "task": "ok"},
+         {"task": "two", "max_step": 3, "memory_mb": "lots"},
+         {"id": "c", "task": "three"},
+         {"task": "four", "timeout": 0, "additional_args": [1]}],
+    )  # fmt: skip
+    out = tmp_path / "out"
+    refused = cli("batch", str(MATH), str(path), "-o", str(out))
+    assert refused.returncode == 2 and not out.exists(), refused.stderr
+    assert f"{path} has 2 malformed line(s):" in refused.stderr
+    assert (
+        f"{path}:2: `max_step` is not a known field; did you mean `max_steps`? (known fields: "
+        in refused.stderr
+    )
+    assert "; `memory_mb` must be an integer, got 'lots' (use 64 to 65536 MiB)" in refused.stderr
+    assert (
+        f"{path}:4: `timeout_seconds` is 0, out of range (use 1 to 86400 seconds); "
+        "`additional_args` must be a JSON object, got a JSON array" in refused.stderr
+    )
+    as_json = cli("batch", str(MATH), str(path), "-o", str(out), "--json")
+    assert as_json.returncode == 2 and not out.exists()
+    problems = json.loads(as_json.stdout)["error"]["problems"]
+    assert [(p["line"], p["field"]) for p in problems] == [
+        (2, "max_step"),
+        (2, "memory_mb"),
+        (4, "timeout_seconds"),
+        (4, "additional_args"),
+    ]
+    assert all(p["fix"] for p in problems)
+
+
 # --- scoring (no Docker) --------------------------------------------------------------------
 
 

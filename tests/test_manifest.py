@@ -13,7 +13,7 @@ from orchestrator.models import parse_model
 from orchestrator.runner import prepare
 from orchestrator.spec import RunSpec
 
-from .conftest import PAYLOADS, TEST_PAYLOADS, write_payload
+from .conftest import PAYLOADS, TEST_PAYLOADS, cli, write_payload
 
 GOOD = """
 [payload]
@@ -279,3 +279,158 @@ def test_manifest_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
     folder = write_payload(tmp_path, GOOD)
     (folder / "manifest.toml").write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
     assert load_manifest(folder).name == "demo"
+
+
+# ---- issue 21: one schema, every problem at once, with its field path and line ---------------
+
+THREE_MISTAKES = GOOD.replace("max_steps = 4", 'max_step = 6\nmemory_mb = "lots"').replace(
+    "timeout_seconds = 30", "timeout_seconds = 0"
+)
+
+
+def line_of(text: str, start: str) -> int:
+    """The 1-based line of `text` that starts with `start`."""
+    return next(n for n, line in enumerate(text.splitlines(), 1) if line.startswith(start))
+
+
+def test_three_mistakes_are_all_reported_by_one_validate(tmp_path: Path) -> None:
+    """Acceptance 3: an unknown key close to a real one, a wrong type, a value out of range:
+    one `orchestrator validate` names all three, each with its line, field path and fix."""
+    folder = write_payload(tmp_path, THREE_MISTAKES)
+    manifest = folder / "manifest.toml"
+    out = cli("validate", str(folder), "--no-load")
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    assert out.stderr.startswith(f"orchestrator: error: {manifest}: 3 problems:\n"), out.stderr
+    expected = [
+        (line_of(THREE_MISTAKES, "max_step ="),
+         "field `limits.max_step` is not a known limit; did you mean `max_steps`? Known limits: "),
+        (line_of(THREE_MISTAKES, "memory_mb"),
+         "field `limits.memory_mb` must be an integer, got 'lots'. Use 64 to 65536 MiB."),
+        (line_of(THREE_MISTAKES, "timeout_seconds"),
+         "field `limits.timeout_seconds` is 0, out of range. Use 1 to 86400 seconds."),
+    ]  # fmt: skip
+    for line, text in expected:
+        assert f"\n  - line {line}: {text}" in out.stderr, (line, text, out.stderr)
+    # The same through --json: one entry per problem, and each one's path, line and fix.
+    report = json.loads(cli("validate", str(folder), "--no-load", "--json").stdout)
+    assert not report["ok"] and len(report["problems"]) == 3
+    assert [p.split(": ", 1)[0] for p in report["problems"]] == [
+        f"{manifest}:{line}" for line, _ in expected
+    ]
+    assert [(d["field"], d["line"]) for d in report["details"]] == [
+        ("limits.max_step", expected[0][0]),
+        ("limits.memory_mb", expected[1][0]),
+        ("limits.timeout_seconds", expected[2][0]),
+    ]
+    assert all(d["fix"] for d in report["details"])
+    # The Python API says the same: one error, every problem.
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    assert [p.field for p in info.value.problems] == [d["field"] for d in report["details"]]
+
+
+def test_a_misspelled_table_suggests_the_right_one_and_the_rest_is_still_checked(
+    tmp_path: Path,
+) -> None:
+    text = GOOD.replace("[python]", "[pyhton]").replace('name = "demo"', 'name = "Demo!"')
+    text = text.replace('"*.wikipedia.org"', '"10.0.0.1"')
+    folder = write_payload(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    message = info.value.cause
+    assert f"line {line_of(text, '[pyhton]')}: `[pyhton]` is not a known section; " \
+        "did you mean `[python]`?" in message  # fmt: skip
+    assert f"line {line_of(text, 'name =')}: field `payload.name` is 'Demo!'" in message
+    assert "field `network.hosts` has an entry '10.0.0.1' that" in message
+    assert [p.field for p in info.value.problems] == ["payload.name", "pyhton", "network.hosts"]
+
+
+def test_one_problem_is_one_sentence_with_its_line_and_own_fix(tmp_path: Path) -> None:
+    text = GOOD.replace('example_task = "hi"', 'backend = "lambda"')
+    folder = write_payload(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    line = line_of(text, "backend")
+    assert info.value.cause == (
+        f"{folder / 'manifest.toml'}:{line}: field `payload.backend` is 'lambda', "
+        "not one of docker, e2b."
+    )
+    assert info.value.fix == "Use one of docker, e2b."
+
+
+def test_a_missing_entrypoint_is_said_to_be_missing(tmp_path: Path) -> None:
+    text = GOOD.replace('entrypoint = "agent:build"\n', "")
+    folder = write_payload(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    assert "field `payload.entrypoint` is missing." in info.value.cause
+    assert "None" not in str(info.value)
+    assert "`module:function`" in info.value.fix
+    # No [payload] table at all: both of its required fields are missing, each named.
+    folder = write_payload(tmp_path, "[python]\nauthorized_imports = []\n")
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    assert [p.field for p in info.value.problems] == ["payload.name", "payload.entrypoint"]
+    assert all(p.message.endswith("is missing") for p in info.value.problems)
+
+
+def test_wrong_types_are_named_with_what_was_given(tmp_path: Path) -> None:
+    text = GOOD.replace("max_steps = 4", "max_steps = 4.5\ncpus = true").replace(
+        '["DEMO_TOKEN"]', '"DEMO_TOKEN"'
+    )
+    folder = write_payload(tmp_path, text)
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    messages = [p.message for p in info.value.problems]
+    assert messages == [
+        "field `secrets.required` must be a list, got 'DEMO_TOKEN'",
+        "field `limits.max_steps` must be a whole number, got 4.5",
+        "field `limits.cpus` must be a number, not true/false",
+    ]
+
+
+def test_toml_lines_finds_keys_tables_and_array_elements() -> None:
+    from orchestrator.schema import TomlLines
+
+    lines = TomlLines(
+        '[payload]\nname = "x"\ndescription = """\nfake = 1\n"""\n'  # 1-5
+        "[[schedule]]\ncron = '@daily'\n"  # 6-7
+        '[[schedule]]\n"quoted key" = 1\nlimits = { max_steps = 0 }\n'  # 8-10
+        "[schedule.notify]\n  webhook.url = 'x'  # a comment\n"  # 11-12
+    )
+    assert lines.line("payload") == 1 and lines.line("payload.name") == 2
+    assert lines.line("payload.fake") == 1  # inside a multi-line string: not a key
+    assert lines.line("schedule[1].cron") == 7 and lines.line("schedule[2]") == 8
+    assert lines.line("schedule[2].quoted key") == 9
+    assert lines.line("schedule[2].limits.max_steps") == 10  # an inline table: its line
+    assert lines.line("schedule[2].notify") == 11
+    assert lines.line("schedule[2].notify.webhook.url") == 12
+    assert lines.line("schedule[3].cron") is None and lines.line("other") is None
+
+
+def test_a_missing_entrypoint_function_lists_the_functions_that_exist(tmp_path: Path) -> None:
+    code = "import json\n\ndef build(model):\n    pass\n\nasync def helper():\n    pass\n\n"
+    code += "class Agent:\n    pass\n"
+    folder = write_payload(tmp_path, GOOD.replace("agent:build", "agent:biuld"), code)
+    out = cli("validate", str(folder), "--no-load")  # read from the source: no sandbox
+    assert out.returncode == 2
+    assert (
+        f"{folder / 'manifest.toml'}: field `payload.entrypoint` names a function `biuld` that "
+        "agent.py does not define (it defines `build`, `helper`)." in out.stderr
+    ), out.stderr
+    # Bound otherwise (an import, a class, an assignment), or unknowable: left to the load.
+    for name in ("json", "Agent", "build"):
+        (tmp_path / name).mkdir()
+        other = write_payload(tmp_path / name, GOOD.replace("agent:build", f"agent:{name}"), code)
+        assert load_manifest(other).missing_function() is None, name
+    (tmp_path / "star").mkdir()
+    star = write_payload(tmp_path / "star", GOOD.replace("agent:build", "agent:sqrt"),
+                         "from math import *\n")  # fmt: skip
+    assert load_manifest(star).missing_function() is None
+
+
+def test_shipped_and_test_payloads_define_their_entrypoint() -> None:
+    folders = [*PAYLOADS.iterdir(), *TEST_PAYLOADS.iterdir()]
+    for folder in folders:
+        if (folder / "manifest.toml").is_file():
+            assert load_manifest(folder).missing_function() is None, folder

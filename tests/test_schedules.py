@@ -682,7 +682,7 @@ def test_validation_names_every_bad_field(tmp_path: Path) -> None:
         "colour",
         "notify.webhook",
         "name",
-        "limits",
+        "limits.timeout_seconds",  # the limit's own path (was `limits`: prepare's finding)
     ):
         assert f'schedule "a" field `{field}`' in text, field
     assert "timeout_seconds" in text and "out of range" in text
@@ -819,3 +819,67 @@ def test_serve_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "serve stopped" in out
+
+
+# --- issue 21: one schema, every problem at once, with its field path and line ---------------
+
+
+def test_three_mistakes_in_a_schedules_file_are_all_reported_at_once(tmp_path: Path) -> None:
+    """Acceptance 3: an unknown key close to a real one, a wrong type, a value out of range,
+    in a file with a good schedule too: `schedule validate` names all three (line, schedule,
+    field, fix) and exits 2; `schedule list` (payloads unchecked) and --json say the same."""
+    good, bad = unique("good"), unique("bad")
+    path = write_schedules(
+        tmp_path,
+        {"name": good, "cron": "@daily"},
+        {"name": bad, "cron": "@hourly", "timezon": "Europe/Berlin", "enabled": "yes",
+         "limits": {"timeout_seconds": 0}},
+    )  # fmt: skip
+    text = path.read_text()
+    lines = text.splitlines()
+
+    def line(start: str) -> int:
+        return next(n for n, s in enumerate(lines, 1) if s.startswith(start))
+
+    expected = [
+        (line("timezon"), f'schedule "{bad}" field `timezon`: is not a known field; '
+                          "did you mean `timezone`? Known fields: "),
+        (line("enabled"), f'schedule "{bad}" field `enabled`: must be true or false, '
+                          "got 'yes'. Use true or false."),
+        (line("limits"), f'schedule "{bad}" field `limits.timeout_seconds`: is 0, out of range. '
+                         "Use 1 to 86400 seconds."),
+    ]  # fmt: skip
+    for command in ("validate", "list"):
+        out = cli("schedule", command, "--file", str(path))
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        assert f"{path}: 4 problems:" in out.stderr  # the three, and the next fire times
+        for number, message in expected:
+            assert f"\n  - line {number}: {message}" in out.stderr, (message, out.stderr)
+        assert f'schedule "{bad}": next five fire times: ' in out.stderr
+        assert good not in out.stderr
+    refused = json.loads(cli("schedule", "validate", "--file", str(path), "--json").stdout)
+    problems = refused["error"]["problems"]
+    assert [(p["field"], p["line"]) for p in problems] == [
+        ("schedule[2].cron", line('cron = "@hourly"')),
+        ("schedule[2].timezon", expected[0][0]),
+        ("schedule[2].enabled", expected[1][0]),
+        ("schedule[2].limits.timeout_seconds", expected[2][0]),
+    ]
+    assert all(p["fix"] for p in problems if p["field"] != "schedule[2].cron")
+
+
+def test_schedules_file_names_unknown_tables_and_allowed_values(tmp_path: Path) -> None:
+    path = tmp_path / "schedules.toml"
+    path.write_text(
+        f'[[schedule]]\nname = "x"\ncron = "@daily"\npayload = "{RESEARCH}"\n'
+        'network = "closed"\nbackend = "k8s"\n\n[[schedul]]\nname = "y"\n'
+    )
+    with pytest.raises(Exception) as info:
+        load_schedules(path)
+    text = str(info.value)
+    assert (
+        "line 5: schedule \"x\" field `network`: is 'closed', not one of none, allowlist, open. "
+        "Use one of none, allowlist, open." in text
+    )
+    assert "line 6: schedule \"x\" field `backend`: is 'k8s', not one of docker, e2b." in text
+    assert "line 8: `[schedul]` is not a known table; did you mean `[schedule]`?" in text

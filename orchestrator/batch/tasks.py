@@ -12,10 +12,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import OrchestratorError
-from ..spec import SETTABLE_LIMITS
+from ..errors import OrchestratorError, Problem
+from ..schema import JSON_TYPES, Field, Table, check_table
+from ..spec import SETTABLE_LIMITS, SETTABLE_LIMITS_TABLE
 
 TASK_FIELDS = ("id", "task", "additional_args", "expected", "metadata", *SETTABLE_LIMITS)
+
+
+def _id_problem(task_id: str | int) -> str | None:
+    text = str(task_id).strip()
+    if not text or len(text) > 200 or any(c in text for c in "\n\r\0"):
+        return "must be 1 to 200 characters on one line"
+    return None
+
+
+def _text_problem(text: str) -> str | None:
+    return None if text.strip() else "is empty"
+
+
+#: One row of a tasks file (a JSONL line, a CSV row): the fields and, per limit, the same
+#: type and range as a manifest's `[limits]`.
+ROW = Table(
+    {
+        "id": Field((str, int), check=_id_problem,
+                    fix="Give a string or an integer, or leave it out (an id is derived)."),
+        "task": Field(str, required=True, check=_text_problem, fix="Give the task as text."),
+        "additional_args": Field(dict),
+        "expected": Field(object),
+        "metadata": Field(dict),
+        **SETTABLE_LIMITS_TABLE.fields,
+    },
+    unknown_fix="Put other data under `metadata`.",
+)  # fmt: skip
 
 
 FIELD_ALIASES = {"timeout": "timeout_seconds"}
@@ -95,19 +123,24 @@ def read_tasks(path: str | Path, *, on_bad_line: OnBadLine = "fail") -> TaskFile
     rows = _csv_rows(path, text) if _is_csv(path, text) else _jsonl_rows(text)
     tasks: list[Task] = []
     bad: list[BadLine] = []
+    problems: list[Problem] = []  # each with its line and field, for --json
     for line, row in rows:
         if isinstance(row, BadLine):
             bad.append(row)
+            problems.append(Problem("", row.message, line=line))
             continue
         try:
             tasks.append(task_from_row(row, line))
-        except ValueError as exc:
+        except BadRow as exc:
             bad.append(BadLine(line, str(exc)))
+            problems.extend(exc.problems)
     if bad and on_bad_line == "fail":
-        raise TaskFileError(
+        error = TaskFileError(
             listing(f"{path} has {len(bad)} malformed line(s):", [b.describe(path) for b in bad]),
             "Fix the lines, or pass --on-bad-line skip to run the others.",
         )
+        error.problems, error.source = tuple(problems), str(path)
+        raise error
     check_duplicates(path, tasks)
     if not tasks:
         raise TaskFileError(f"{path} holds no tasks.", "Add one task per line.")
@@ -259,60 +292,51 @@ def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any] | Bad
         yield start, row if problem is None else BadLine(start, problem)
 
 
+class BadRow(ValueError):
+    """A row with problems; `problems` names each field (message: all of them, for
+    `file:line: message`)."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(_row_problem(p) for p in problems))
+
+
 def task_from_row(row: dict[str, Any], line: int) -> Task:
-    """Validate one row; raises ValueError with a message fit for `file:line: message`."""
+    """Validate one row against `ROW`; raises BadRow (a ValueError) naming every problem
+    of the row, with a message fit for `file:line: message`."""
     row = {FIELD_ALIASES.get(k, k): v for k, v in row.items()}
-    unknown = sorted(set(row) - set(TASK_FIELDS))
-    if unknown:
-        raise ValueError(
-            f"unknown field(s) {', '.join(map(repr, unknown))} (known: {', '.join(TASK_FIELDS)}; "
-            "put other data under `metadata`)"
-        )
-    text = row.get("task")
-    if not isinstance(text, str) or not text.strip():
-        raise ValueError("`task` is missing or not a non-empty string")
-    args = row.get("additional_args")
-    if args is not None and not isinstance(args, dict):
-        raise ValueError("`additional_args` must be a JSON object")
-    metadata = row.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise ValueError("`metadata` must be a JSON object")
-    task_id = row.get("id")
-    if task_id is None or task_id == "":
-        task_id = derive_id(text, args)
-    elif isinstance(task_id, bool) or not isinstance(task_id, (str, int)):
-        raise ValueError("`id` must be a string or an integer")
-    task_id = str(task_id).strip()
-    if not task_id or len(task_id) > 200 or any(c in task_id for c in "\n\r\0"):
-        raise ValueError("`id` must be 1 to 200 characters on one line")
-    overrides = {}
-    for name, kind in SETTABLE_LIMITS.items():
-        value = row.get(name)
-        if value is None:
-            continue
-        overrides[name] = _number(name, value, kind)
+    for name in ("id", "additional_args", "metadata", *SETTABLE_LIMITS):
+        if row.get(name) is None or (name == "id" and row[name] == ""):
+            row.pop(name, None)  # unset: a derived id, no override
+        elif name in SETTABLE_LIMITS and isinstance(row[name], str):  # a CSV cell
+            row[name] = _from_text(row[name], SETTABLE_LIMITS[name])
+    values, problems = check_table(ROW, row, types=JSON_TYPES)
+    if problems:
+        raise BadRow([p.replace(message=f"`{p.field}` {p.message}", line=line) for p in problems])
+    text = values["task"]
+    args = values.get("additional_args")
+    task_id = str(values["id"]).strip() if "id" in values else derive_id(text, args)
     return Task(
         id=task_id,
         task=text,
         line=line,
         additional_args=args,
-        expected=row.get("expected"),
-        overrides=overrides,
-        metadata=metadata,
+        expected=values.get("expected"),
+        overrides={k: v for k, v in values.items() if k in SETTABLE_LIMITS},
+        metadata=values.get("metadata"),
     )
 
 
-def _number(name: str, value: Any, kind: type) -> int | float:
-    if isinstance(value, str):  # CSV cells
-        try:
-            value = float(value) if kind is float else int(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"`{name}` must be a number")
-    if kind is int and value != int(value):
-        raise ValueError(f"`{name}` must be a whole number")
-    return kind(value)
+def _from_text(value: str, kind: type) -> Any:
+    try:
+        return float(value) if kind is float else int(value)
+    except ValueError:
+        return value  # refused by the schema, as written
+
+
+def _row_problem(problem: Problem) -> str:
+    fix = problem.fix.rstrip(".")
+    return problem.message + (f" ({fix[:1].lower()}{fix[1:]})" if fix else "")
 
 
 def merged_args(base: dict[str, Any] | None, task: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if exc.fix:
             print(f"  fix: {exc.fix}", file=sys.stderr)
         if wants_json:  # scripts read stdout: they get an object, not an empty stream
-            print_json(error_object(exc.cause, exc.fix, exc.exit_code, exc.field))
+            problems = getattr(exc, "problems", ())
+            print_json(error_object(exc.cause, exc.fix, exc.exit_code, exc.field, problems))
         return exc.exit_code
     except KeyboardInterrupt:
         return signals.EXIT_STOPPED

@@ -37,9 +37,15 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, default=str))
 
 
-def error_object(cause: str, fix: str = "", exit_code: int = 2, field: str | None = None) -> dict:
-    """What `--json` commands print on stdout when they refuse their input."""
-    return {"error": {"cause": cause, "fix": fix, "exit_code": exit_code, "field": field}}
+def error_object(
+    cause: str, fix: str = "", exit_code: int = 2, field: str | None = None, problems: Any = ()
+) -> dict:
+    """What `--json` commands print on stdout when they refuse their input; an error about a
+    file adds its `problems` (each with field path, line, message and fix)."""
+    error = {"cause": cause, "fix": fix, "exit_code": exit_code, "field": field}
+    if problems:
+        error["problems"] = [p.to_dict() for p in problems]
+    return {"error": error}
 
 
 def print_table(

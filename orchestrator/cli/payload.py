@@ -49,7 +49,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except OrchestratorError as exc:
         if not args.json:
             raise
-        report["problems"] = [f"{exc.cause} {exc.fix}".strip()]
+        report["problems"] = exc.problem_lines()  # every problem of the manifest, one each
+        report["details"] = [p.to_dict() for p in exc.problems]  # field path, line, fix
         print(json.dumps(report, indent=2))
         return exc.exit_code
     dangerous = manifest.dangerous_imports()
@@ -59,7 +60,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else []
     )
     code = 0
-    if not args.no_load:
+    missing = manifest.missing_function()  # from the source: the functions that do exist
+    if missing:
+        report["problems"].append(
+            f"{manifest.path}: field `payload.entrypoint` {missing}. Fix the name, or define it."
+        )
+        code = 2
+    elif not args.no_load:
         code = load_check(args, manifest.example_task, report)
     report["ok"] = not report["problems"]
     if args.json:

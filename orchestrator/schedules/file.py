@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -14,10 +14,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from orchestrator_runtime.protocol import ENV_NAME_RE
 
-from ..errors import ConfigError, OrchestratorError
+from ..defaults import NETWORK_MODES
+from ..errors import ConfigError, OrchestratorError, Problem
 from ..manifest import decode_utf8
 from ..policy import check_host_name
-from ..spec import SETTABLE_LIMITS, RunSpec
+from ..registry import backend_names
+from ..schema import Field, Table, TomlLines, check_table, words
+from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
 
 if sys.version_info >= (3, 11):
@@ -43,18 +46,73 @@ NOTIFY_TIMEOUT = 30.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
+def _time_zone_problem(name: str) -> str | None:
+    try:
+        ZoneInfo(name or "UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        return "is not an IANA time zone"
+    return None
 
 
-#: Fields of a [[schedule]] table.
-_KEYS = {
-    "name", "cron", "timezone", "payload", "task", "task_file", "model", "api_base",
-    "model_key_env", "backend", "network", "allow_hosts", "limits", "secrets", "env_file",
-    "additional_args", "concurrency", "missed", "missed_deadline", "notify", "enabled",
-    "gateway",
-}  # fmt: skip
+def _webhook_problem(url: str) -> str | None:
+    return None if url.startswith(("http://", "https://")) else "is not an http:// or https:// URL"
 
 
-_NOTIFY_KEYS = {"command", "webhook", "timeout_seconds", "on"}
+def _notify_timeout_problem(seconds: float) -> str | None:
+    return None if 0 < seconds <= 600 else "is out of range"
+
+
+_NOTIFY = Table({
+    "command": Field((str, list), fix="Give a command line or a non-empty list of strings."),
+    "webhook": Field(str, check=_webhook_problem, fix="Give an http:// or https:// URL."),
+    "timeout_seconds": Field(float, check=_notify_timeout_problem,
+                             fix="Use a number of seconds from 1 to 600."),
+    "on": Field((str, list), fix=f"List some of {words(NOTIFY_ON)}."),
+})  # fmt: skip
+
+#: A `[[schedule]]` table. Rules that need context (paths relative to the file, the cron line
+#: in its time zone, a duration, what `notify` must hold) are checked by `_parse_schedule`
+#: after it, into the same list; the payload's own checks run as a firing's would.
+SCHEDULE = Table({
+    "name": Field(str, required=True, pattern=_NAME_RE,
+                  fix="Use letters, digits, `_`, `.` or `-` (up to 63), unique in the file."),
+    "cron": Field(str, required=True,
+                  fix="It is required: 5 fields, e.g. `*/15 * * * *`, or @hourly/@daily/..."),
+    "timezone": Field(str, check=_time_zone_problem,
+                      fix="Use an IANA time zone name (Europe/Berlin, America/New_York, UTC)."),
+    "payload": Field(str, required=True,
+                     fix="It is required: a payload folder holding manifest.toml."),
+    "task": Field(str),
+    "task_file": Field(str),
+    "model": Field(str),
+    "api_base": Field(str),
+    "model_key_env": Field(str),
+    "backend": Field(str, choices=backend_names),  # None: the payload's, else docker
+    "network": Field(str, choices=NETWORK_MODES),
+    "allow_hosts": Field(list, items=Field(str, check=check_host_name, fix=(
+        "List DNS names (api.example.com, *.example.com); for a model server on this "
+        'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
+    ))),
+    "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
+    "secrets": Field(list, items=Field(str, pattern=ENV_NAME_RE,
+                                       fix="Each must be an environment variable name.")),
+    "env_file": Field(str),
+    "additional_args": Field(dict),
+    "concurrency": Field(str, choices=CONCURRENCY),
+    "missed": Field(str, choices=MISSED),
+    "missed_deadline": Field((str, int, float)),
+    "notify": Field(dict, table=_NOTIFY),
+    "enabled": Field(bool),
+    "gateway": Field(bool),
+})  # fmt: skip
+
+#: The file: `[[schedule]]` tables and nothing else.
+FILE = Table(
+    {"schedule": Field(list, items=Field(dict))},
+    noun="table",
+    brackets=True,
+    unknown_fix="Schedules are [[schedule]] tables.",
+)
 
 
 @dataclass(frozen=True)
@@ -172,15 +230,19 @@ class ScheduleFile:
 
 
 class ScheduleFileError(ConfigError):
-    """A schedules file with problems; lists every one with its schedule and field."""
+    """A schedules file with problems; lists every one with its schedule, field and line."""
 
-    def __init__(self, path: Path, problems: list[str]) -> None:
-        self.problems = problems
-        plural = "s" if len(problems) > 1 else ""
-        super().__init__(
-            f"{path}: {len(problems)} problem{plural}:\n" + "\n".join(f"  - {p}" for p in problems),
+    def __init__(self, path: Path, problems: Sequence[Problem | str]) -> None:
+        listed = [p if isinstance(p, Problem) else Problem("", p) for p in problems]
+        made = ConfigError.of_problems(
+            str(path),
+            listed,
             "Fix the fields named above, then run `orchestrator schedule validate`.",
+            listed=True,
         )
+        super().__init__(made.cause, made.fix)
+        self.problems = made.problems
+        self.source = made.source
 
 
 def load_schedules(
@@ -205,96 +267,78 @@ def load_schedules(
             "Pass --file PATH, or start from schedules.example.toml.",
         )
     try:
-        data = tomllib.loads(decode_utf8(path.read_bytes()))
+        text = decode_utf8(path.read_bytes())
+        data = tomllib.loads(text)
     except ValueError as exc:  # not UTF-8, or not TOML (TOMLDecodeError): both name the line
         what = "not valid TOML" if isinstance(exc, tomllib.TOMLDecodeError) else "not UTF-8"
         raise ScheduleFileError(path, [f"{what}: {exc}"]) from exc
-    problems: list[str] = []
-    unknown = set(data) - {"schedule"}
-    if unknown:
-        problems.append(
-            f"unknown top-level key(s) {sorted(unknown)}; schedules are [[schedule]] tables"
-        )
     tables = data.get("schedule", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise ScheduleFileError(path, ["`schedule` must be an array of tables: [[schedule]]"])
-    schedules: list[Schedule] = []
-    seen: set[str] = set()
+    lines = TomlLines(text)
+    problems = [
+        p.replace(message=f"{FILE.show(p.field)} {p.message}", line=lines.line(p.field))
+        for p in check_table(FILE, {k: v for k, v in data.items() if k != "schedule"})[1]
+    ]
+    numbered = list(enumerate(tables, 1))  # `schedule[N]` counts every table, `only` or not
     if only is not None:
         names = [str(t.get("name")) for t in tables if t.get("name") is not None]
-        tables = [t for t in tables if t.get("name") == only]
-        if not tables:
+        numbered = [(i, t) for i, t in numbered if t.get("name") == only]
+        if not numbered:
             raise ConfigError(
                 f"No schedule named {only!r} in {path}.",
                 f"Schedules in this file: {', '.join(names) or 'none'}.",
             )
-    for index, table in enumerate(tables, 1):
+    schedules: list[Schedule] = []
+    seen: set[str] = set()
+    for index, table in numbered:
         schedule, errors = _parse_schedule(path, index, table, check_payloads, now)
         name = table.get("name")
         if isinstance(name, str) and name in seen:
-            errors.append(f'schedule "{name}" field `name`: used twice; names must be unique')
+            errors.append(Problem(
+                f"schedule[{index}].name",
+                f'schedule "{name}" field `name`: used twice; names must be unique',
+            ))  # fmt: skip
         if isinstance(name, str):
             seen.add(name)
-        problems.extend(errors)
+        problems.extend(p.replace(line=lines.line(p.field)) for p in errors)
         if schedule is not None and not errors:
             schedules.append(schedule)
     if problems:
-        raise ScheduleFileError(path, problems)
+        raise ScheduleFileError(path, sorted(problems, key=lambda p: p.line or 0))
     return ScheduleFile(path=path, schedules=schedules)
 
 
 def _parse_schedule(
     path: Path, index: int, t: dict[str, Any], check_payloads: bool, now: datetime | None
-) -> tuple[Schedule | None, list[str]]:
-    errors: list[str] = []
+) -> tuple[Schedule | None, list[Problem]]:
+    """One `[[schedule]]` table (the `index`th), checked against `SCHEDULE` and the rules
+    that need context; problems name the schedule by name (else number) and field."""
     raw_name = t.get("name")
     label = f'schedule "{raw_name}"' if isinstance(raw_name, str) else f"schedule #{index}"
+    values, found = check_table(SCHEDULE, t)
+    errors: list[Problem] = []
 
-    def bad(field_name: str, problem: str) -> None:
-        errors.append(f"{label} field `{field_name}`: {problem}")
+    def bad(field_name: str, phrase: str, fix: str = "") -> None:
+        errors.append(Problem(
+            f"schedule[{index}].{field_name}", f"{label} field `{field_name}`: {phrase}", fix
+        ))  # fmt: skip
 
-    def get(key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
-        value = t.get(key, default)
-        kinds = kind if isinstance(kind, tuple) else (kind,)
-        if value is None or (isinstance(value, bool) and bool not in kinds):
-            if value is not None:
-                bad(key, f"must be {_kind(kinds)}, not a boolean")
-                return default
-            return value
-        if not isinstance(value, kinds):
-            bad(key, f"must be {_kind(kinds)}, got {type(value).__name__} {value!r}")
-            return default
-        return value
-
-    for key in t:
-        if key not in _KEYS:
-            bad(key, f"is not a known field (allowed: {', '.join(sorted(_KEYS))})")
-    name = get("name", str)
-    if name is None:
-        bad("name", "is required")
-    elif not _NAME_RE.match(name):
-        bad("name", f"{name!r} must be letters, digits, `_`, `.` or `-` (up to 63)")
-
-    tz_name = get("timezone", str, "UTC")
-    tz: ZoneInfo | None = None
-    try:
-        tz = ZoneInfo(tz_name or "UTC")
-    except (ZoneInfoNotFoundError, ValueError):
-        bad("timezone", f"{tz_name!r} is not an IANA time zone (e.g. Europe/Berlin, UTC)")
-    cron_text = get("cron", str)
+    for problem in found:
+        bad(problem.field, problem.message, problem.fix)
+    name = values.get("name")
+    tz_name = values.get("timezone") or "UTC"
     cron: Cron | None = None
-    if cron_text is None:
-        bad("cron", "is required (5 fields, e.g. `*/15 * * * *`, or @hourly/@daily/...)")
-    elif tz is not None:
+    if "cron" in values and ("timezone" in values or "timezone" not in t):
         try:
-            cron = Cron(cron_text, tz)
+            cron = Cron(values["cron"], ZoneInfo(tz_name))
         except ValueError as exc:
             bad("cron", str(exc))
 
     base = path.parent
 
     def local_path(key: str, must_be_dir: bool = False) -> Path | None:
-        value = get(key, str)
+        value = values.get(key)
         if value is None:
             return None
         resolved = (base / Path(value).expanduser()).absolute()
@@ -304,95 +348,67 @@ def _parse_schedule(
         return resolved
 
     payload = local_path("payload", must_be_dir=True)
-    if t.get("payload") is None:
-        bad("payload", "is required (a payload folder holding manifest.toml)")
-    task = get("task", str)
     task_file = local_path("task_file")
-    if task is not None and t.get("task_file") is not None:
+    if "task" in t and "task_file" in t:
         bad("task_file", "give either `task` or `task_file`, not both")
     env_file = local_path("env_file")
-    model = get("model", str, "mock") or "mock"
-    backend = get("backend", str)  # None: the payload's, else docker
-    network = get("network", str)
-    allow_hosts = _str_list(get("allow_hosts", list, []), "allow_hosts", bad)
-    for host in allow_hosts:
-        problem = check_host_name(host)
-        if problem:
-            bad(
-                "allow_hosts",
-                f"{host!r} {problem}: list DNS names (api.example.com, *.example.com); for a "
-                'model server on this machine set `api_base = "http://127.0.0.1:PORT/v1"` instead',
-            )
-    secrets = _str_list(get("secrets", list, []), "secrets", bad)
-    for secret in secrets:
-        if not ENV_NAME_RE.match(secret):
-            bad("secrets", f"{secret!r} is not an environment variable name")
-    limits: dict[str, Any] = {}
-    for key, value in (get("limits", dict, {}) or {}).items():
-        kind = SETTABLE_LIMITS.get(key)
-        if kind is None:
-            bad(f"limits.{key}", f"is not a known limit (allowed: {', '.join(SETTABLE_LIMITS)})")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            bad(f"limits.{key}", f"must be a number, got {value!r}")
-        elif kind is int and not isinstance(value, int):
-            bad(f"limits.{key}", f"must be a whole number, got {value!r}")
-        else:
-            limits[key] = kind(value)
-    concurrency = get("concurrency", str, "forbid")
-    if concurrency not in CONCURRENCY:
-        bad("concurrency", f"{concurrency!r} must be one of {', '.join(CONCURRENCY)}")
-    missed = get("missed", str, "skip")
-    if missed not in MISSED:
-        bad("missed", f"{missed!r} must be one of {', '.join(MISSED)}")
     deadline: float | None = None
-    if t.get("missed_deadline") is not None:
+    if "missed_deadline" in values:
         try:
-            deadline = parse_duration(t["missed_deadline"])
+            deadline = parse_duration(values["missed_deadline"])
         except ValueError as exc:
             bad("missed_deadline", str(exc))
-    notify = _parse_notify(get("notify", dict), bad)
-    enabled = get("enabled", bool, True)
+    notify = _parse_notify(values["notify"], bad) if "notify" in values else None
 
     if errors and cron is not None:  # help the user check the expression while fixing
-        errors.append(f"{label}: next five fire times: {describe_next_times(cron, now)}")
+        errors.append(_next_times(index, label, cron, now))
     if errors or name is None or cron is None or payload is None:
         return None, errors
     schedule = Schedule(
         name=name,
         cron=cron,
-        timezone=tz_name or "UTC",
+        timezone=tz_name,
         payload=payload,
         source=path,
-        task=task,
+        task=values.get("task"),
         task_file=task_file,
-        model=model,
-        api_base=get("api_base", str),
-        model_key_env=get("model_key_env", str),
-        backend=backend,
-        network=network,
-        allow_hosts=tuple(allow_hosts),
-        limits=limits,
-        secrets=tuple(secrets),
+        model=values.get("model") or "mock",
+        api_base=values.get("api_base"),
+        model_key_env=values.get("model_key_env"),
+        backend=values.get("backend"),
+        network=values.get("network"),
+        allow_hosts=tuple(values.get("allow_hosts", ())),
+        limits=dict(values.get("limits", {})),
+        secrets=tuple(values.get("secrets", ())),
         env_file=env_file,
-        additional_args=get("additional_args", dict),
-        concurrency=concurrency,
-        missed=missed,
+        additional_args=values.get("additional_args"),
+        concurrency=values.get("concurrency", "forbid"),
+        missed=values.get("missed", "skip"),
         missed_deadline=deadline,
         notify=notify,
-        enabled=bool(enabled),
-        gateway=get("gateway", bool, True),
+        enabled=values.get("enabled", True),
+        gateway=values.get("gateway", True),
     )
-    if check_payloads and not errors:
-        errors.extend(check_schedule(schedule))
+    if check_payloads:
+        errors.extend(
+            p.replace(field=f"schedule[{index}].{p.field}") for p in check_schedule(schedule)
+        )
         if errors:
-            errors.append(f"{label}: next five fire times: {describe_next_times(cron, now)}")
+            errors.append(_next_times(index, label, cron, now))
             return None, errors
     return schedule, errors
 
 
-def check_schedule(schedule: Schedule) -> list[str]:
+def _next_times(index: int, label: str, cron: Cron, now: datetime | None) -> Problem:
+    """Not a problem but a help beside them: when the cron line fires next."""
+    times = describe_next_times(cron, now)
+    return Problem(f"schedule[{index}].cron", f"{label}: next five fire times: {times}")
+
+
+def check_schedule(schedule: Schedule) -> list[Problem]:
     """Check a schedule the way a firing will: the runner's own `prepare` (secret values are
-    not read), then the schedule's secrets allow-list; problems as strings naming the field."""
+    not read), then the schedule's secrets allow-list; problems naming the schedule and the
+    field (`field` is the schedule's own: `limits`, `payload`, `secrets`...)."""
     from ..runner import prepare
 
     label = f'schedule "{schedule.name}"'
@@ -402,72 +418,40 @@ def check_schedule(schedule: Schedule) -> list[str]:
         schedule.check_secrets(prepared.secret_names, prepared.manifest.name)
     except OrchestratorError as exc:
         message = f"{exc.cause} {exc.fix}".strip()
+        field_name = exc.field or "payload"
         if message.startswith(label):
-            return [message]
+            return [Problem(field_name, message)]
         where = f"{label} field `{exc.field}`" if exc.field else label
-        return [f"{where}: {message}"]
+        return [Problem(field_name, f"{where}: {message}")]
     return []
 
 
-def _parse_notify(table: dict[str, Any] | None, bad: Callable[[str, str], None]) -> Notify | None:
-    if table is None:
-        return None
-    for key in table:
-        if key not in _NOTIFY_KEYS:
-            bad(
-                f"notify.{key}",
-                f"is not a known field (allowed: {', '.join(sorted(_NOTIFY_KEYS))})",
-            )
+def _parse_notify(table: dict[str, Any], bad: Callable[[str, str, str], None]) -> Notify | None:
+    """The `notify` table (its keys' types and ranges already checked by `_NOTIFY`)."""
     command: tuple[str, ...] = ()
     raw = table.get("command")
     if isinstance(raw, str):
         try:
             command = tuple(shlex.split(raw))
         except ValueError as exc:
-            bad("notify.command", f"cannot be split into arguments ({exc})")
-    elif isinstance(raw, list) and raw and all(isinstance(a, str) for a in raw):
-        command = tuple(raw)
-    elif raw is not None:
-        bad("notify.command", "must be a string or a non-empty list of strings")
+            bad("notify.command", f"cannot be split into arguments ({exc})", "")
+    elif isinstance(raw, list):
+        if raw and all(isinstance(a, str) for a in raw):
+            command = tuple(raw)
+        else:
+            bad("notify.command", "must be a string or a non-empty list of strings", "")
     webhook = table.get("webhook")
-    if webhook is not None and (
-        not isinstance(webhook, str) or not webhook.startswith(("http://", "https://"))
-    ):
-        bad("notify.webhook", f"{webhook!r} must be an http:// or https:// URL")
-        webhook = None
-    if not command and not webhook and raw is None:
-        bad("notify", "needs `command` or `webhook`")
-    timeout = table.get("timeout_seconds", NOTIFY_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 600:
-        bad("notify.timeout_seconds", f"{timeout!r} must be a number of seconds from 1 to 600")
-        timeout = NOTIFY_TIMEOUT
+    if not command and not webhook and raw is None and "webhook" not in table:
+        bad("notify", "needs `command` or `webhook`", "")
     on = table.get("on", ["failure"])
     if isinstance(on, str):
         on = [on]
-    if not isinstance(on, list) or any(o not in NOTIFY_ON for o in on):
-        bad("notify.on", f"{on!r} must list some of {', '.join(NOTIFY_ON)}")
+    if any(o not in NOTIFY_ON for o in on):
+        bad("notify.on", f"{on!r} must list some of {words(NOTIFY_ON)}", "")
         on = ["failure"]
     return Notify(
-        command=command, webhook=webhook, timeout_seconds=float(timeout), on=frozenset(on)
+        command=command,
+        webhook=webhook,
+        timeout_seconds=float(table.get("timeout_seconds", NOTIFY_TIMEOUT)),
+        on=frozenset(on),
     )
-
-
-def _str_list(value: Any, key: str, bad: Callable[[str, str], None]) -> list[str]:
-    if not value:
-        return []
-    if not all(isinstance(v, str) for v in value):
-        bad(key, "must be a list of strings")
-        return []
-    return list(value)
-
-
-def _kind(kinds: tuple[type, ...]) -> str:
-    names = {
-        str: "a string",
-        list: "a list",
-        dict: "a table",
-        int: "an integer",
-        float: "a number",
-        bool: "true or false",
-    }
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
