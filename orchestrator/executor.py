@@ -19,6 +19,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .backends import get_backend
 from .backends.base import Backend
@@ -124,7 +125,7 @@ class LocalExecutor(AttemptExecutor):
         self.message = on_message or (lambda _text: None)
         self.images: ImageCache | None = pool.images if pool is not None else None
         self._own_pool = False
-        self._backends: dict[tuple[str, str | None], Backend] = {}
+        self._backends: dict[tuple[str, str | Path | None], Backend] = {}
         self._claims: dict[str, Claim] = {}
         self._lock = threading.Lock()
 
