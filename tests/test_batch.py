@@ -523,7 +523,7 @@ class StandInExecutor(AttemptExecutor):
         if attempt.number == 1 and prepared.task in self.flaky:
             error = {"type": "NodeLost", "message": "the node went away"}
             return RunResult(attempt.run_id, "infra_error", error=error, record_dir=record)
-        args = prepared.spec.additional_args
+        args = prepared.spec.additional_args or {}
         answer = args["a"] * args["b"] if args["op"] == "mul" else args["a"] + args["b"]
         return RunResult(attempt.run_id, "succeeded", answer=answer, record_dir=record)
 
