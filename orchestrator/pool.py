@@ -30,11 +30,20 @@ from pathlib import Path
 from typing import Any
 
 from .backends import get_backend
-from .backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
+from .backends.base import Backend, Sandbox, SandboxSpec
 from .errors import ConfigError
+from .imagecache import ImageCache
 from .labels import owner_label, pool_marker, run_labels
 from .record import EventHandler
-from .runner import PreparedRun, execute, prepare, sandbox_spec
+from .runner import (
+    PreparedRun,
+    RunObservers,
+    WarmSandbox,
+    execute,
+    observers_of,
+    prepare,
+    sandbox_spec,
+)
 from .spec import RunResult, RunSpec
 from .store import Store, new_run_id
 
@@ -97,7 +106,8 @@ class Pool:
     """Pre-started sandboxes for runs (see the module docstring). Thread-safe.
 
     `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
-    waits for a run; `builders`: sandboxes made at once in the background. Raises
+    waits for a run; `builders`: sandboxes made at once in the background; `images`: the
+    image cache to share (a batch's; else the pool's own). Raises
     ConfigError for a size outside 1..MAX_SIZE or a time-to-live outside
     EXPIRY_MARGIN + 5 s..MAX_TTL.
     """
@@ -111,6 +121,7 @@ class Pool:
         store: Store | None = None,
         builders: int = DEFAULT_BUILDERS,
         on_message: Callable[[str], None] | None = None,
+        images: ImageCache | None = None,
     ) -> None:
         if not 1 <= size <= MAX_SIZE:
             raise ConfigError(
@@ -128,7 +139,7 @@ class Pool:
         self.store = store
         self.message = on_message or (lambda _text: None)
         self._slots: dict[Key, _Slot] = {}
-        self._images: dict[tuple[str, ...], str] = {}
+        self.images = images or ImageCache()
         self._lock = threading.Condition()
         self._closed = False
         self._marker: Path | None = None
@@ -159,88 +170,52 @@ class Pool:
 
         Raises OrchestratorError for bad input before anything starts, as `runner.run`."""
         prepared = prepare(spec)
-        backend = self._backend_for(prepared)
         self.store = self.store or Store()
         return self.execute(
-            prepared,
-            backend=backend,
-            store=self.store,
-            on_event=on_event,
-            on_progress=on_progress,
-            cancel=cancel,
+            prepared, observers=observers_of(on_event, on_progress, cancel, self.store)
         )
 
     def execute(
         self,
         prepared: PreparedRun,
         *,
-        backend: Backend,
-        store: Store,
-        on_event: EventHandler | None = None,
-        on_progress: Callable[[str], None] | None = None,
-        cancel: threading.Event | None = None,
+        backend: Backend | None = None,
+        observers: RunObservers | None = None,
     ) -> RunResult:
         """`runner.execute` of `prepared` in a sandbox of this pool when it can have one
-        (the run's id is then the sandbox's), else cold."""
-        claim = self.claim(prepared, cancel=cancel)
+        (the run's id is then the sandbox's), else cold (in a sandbox of `backend`, by
+        default the pool's)."""
+        observers = observers or RunObservers()
+        claim = self.claim(prepared, cancel=observers.cancel)
         if claim is None:
-            return execute(
-                prepared,
-                backend=backend,
-                store=store,
-                on_event=on_event,
-                on_progress=on_progress,
-                cancel=cancel,
-            )
+            backend = backend or self._backend_for(prepared)
+            return execute(prepared, backend=backend, observers=observers, images=self.images)
         return self.execute_claimed(  # which releases the claim, whatever happens
-            replace(prepared, run_id=claim.run_id),
-            claim,
-            backend=backend,
-            store=store,
-            on_event=on_event,
-            on_progress=on_progress,
-            cancel=cancel,
+            replace(prepared, run_id=claim.run_id), claim, observers=observers
         )
 
     def execute_claimed(
-        self,
-        prepared: PreparedRun,
-        claim: Claim,
-        *,
-        backend: Backend,
-        store: Store,
-        on_event: EventHandler | None = None,
-        on_progress: Callable[[str], None] | None = None,
-        cancel: threading.Event | None = None,
+        self, prepared: PreparedRun, claim: Claim, *, observers: RunObservers | None = None
     ) -> RunResult:
-        """`runner.execute` in the claimed sandbox; `prepared.run_id` must be the claim's.
-        The sandbox is removed after the run, as any; its network, proxy and gateway in the
-        background (the claim's release), so that the result does not wait for them."""
-        if prepared.run_id != claim.run_id:
-            raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {claim.run_id}")
+        """`runner.execute` in the claimed sandbox; `prepared.run_id` must be the claim's
+        (else ValueError). The sandbox is removed after the run, as any; its network, proxy
+        and gateway in the background (the claim's release), so that the result does not
+        wait for them."""
         try:
             return execute(
                 prepared,
-                backend=_Claimed(backend, claim.sandbox, self.image(prepared, backend)),
-                store=store,
-                on_event=on_event,
-                on_progress=on_progress,
-                cancel=cancel,
-                helpers_later=True,
+                backend=self._backend_for(prepared),
+                observers=observers,
+                images=self.images,
+                warm=claim,
             )
         finally:
             claim.release()
 
     def image(self, prepared: PreparedRun, backend: Backend) -> str:
-        """The image of a run, prepared once per pool (its inputs cannot change meanwhile)."""
-        needs = prepared.image_requirements
-        with self._lock:
-            known = self._images.get(needs)
-        if known is None:
-            known = backend.prepare_image(needs, self.message)
-            with self._lock:
-                self._images[needs] = known
-        return known
+        """The image of a run, prepared once per image cache (its inputs cannot change
+        meanwhile)."""
+        return self.images.prepare(backend, prepared.image_requirements, self.message)
 
     def warm(self, prepared: PreparedRun, count: int | None = None) -> None:
         """Keep `count` (default: the pool's size) sandboxes ready for runs like `prepared`.
@@ -264,8 +239,8 @@ class Pool:
         self, prepared: PreparedRun, *, cancel: threading.Event | None = None
     ) -> Claim | None:
         """A ready sandbox for `prepared`, waiting while one is being made for it; None when
-        there is none to have (the run then goes cold). Marks the sandbox `warm` and how long
-        the run waited."""
+        there is none to have (the run then goes cold). The claim says how long the run
+        waited for it."""
         backend = self._backend_for(prepared)
         if self._closed or prepared.backend != backend.name or not _supports_pool(backend):
             return None
@@ -288,9 +263,8 @@ class Pool:
                         self._lock.notify_all()  # a slot is free: the builder refills it
                         if idle.idle_until - time.time() > EXPIRY_MARGIN:
                             slot.claimed_at = time.monotonic()
-                            idle.sandbox.warm = True
-                            idle.sandbox.waited = round(time.monotonic() - started, 3)
-                            return Claim(idle.run_id, idle.sandbox)
+                            waited = round(time.monotonic() - started, 3)
+                            return Claim(idle.run_id, idle.sandbox, waited)
                         _remove_later(idle.sandbox)
                     if slot.making < slot.waiting:
                         return None
@@ -410,11 +384,10 @@ class Pool:
 
 
 @dataclass(frozen=True)
-class Claim:
-    """A warm sandbox taken from the pool, for the run `run_id` only."""
+class Claim(WarmSandbox):
+    """A warm sandbox taken from the pool, for the run `run_id` only (`execute_claimed`, or
+    `runner.execute(..., warm=claim)` then `release`)."""
 
-    run_id: str
-    sandbox: Sandbox
     _released: threading.Event = field(default_factory=threading.Event, compare=False)
 
     def release(self) -> None:
@@ -455,27 +428,3 @@ def _wait_removals(timeout: float = 60.0) -> None:
         pending = list(_removals)
     for thread in pending:
         thread.join(timeout=timeout)
-
-
-class _Claimed(Backend):
-    """The backend of one warm run: `create` hands over the claimed sandbox."""
-
-    def __init__(self, backend: Backend, sandbox: Sandbox, image: str) -> None:
-        self._backend = backend
-        self.name = backend.name
-        self.max_concurrency = backend.max_concurrency
-        self.sandbox = sandbox
-        self._image = image
-
-    def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
-        return self._image
-
-    def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
-        self.sandbox.take(spec)
-        return self.sandbox
-
-    def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
-        return self._backend.list_sandboxes(labels)
-
-    def remove_sandbox(self, info: SandboxInfo) -> None:
-        self._backend.remove_sandbox(info)

@@ -24,7 +24,7 @@ from orchestrator_runtime.protocol import RESULT_PATH, model_client_module
 from orchestrator_runtime.request import Request
 
 from .backends import backend_name, get_backend
-from .backends.base import Backend, Sandbox, SandboxSpec
+from .backends.base import Backend, Progress, Sandbox, SandboxSpec
 from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .gateway import (
     GatewaySpec,
@@ -33,6 +33,7 @@ from .gateway import (
     sandbox_network,
     sandbox_secrets,
 )
+from .imagecache import ImageCache
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
@@ -59,6 +60,39 @@ from .store import Store, new_run_id
 from .supervise import record_egress_blocked, record_gateway, supervise
 
 RUNTIME_COMMAND = ("python", "-m", "orchestrator_runtime")
+
+
+def _quiet(_message: str) -> None:
+    """No progress wanted."""
+
+
+@dataclass(frozen=True)
+class RunObservers:
+    """Who watches a run and who may stop it, passed whole from the caller (the CLI, a
+    batch, a firing) through pools and executors to `execute`.
+
+    `store`: where the run is recorded (None: the default store); `on_event`: each event as
+    it is recorded (masked); `on_progress`: what the host is doing before the run starts
+    (image build, sandbox start); `cancel`: set it to stop the run (it is recorded
+    `cancelled`, its sandbox removed).
+    """
+
+    store: Store | None = None
+    on_event: EventHandler | None = None
+    on_progress: Progress = _quiet
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class WarmSandbox:
+    """A sandbox made before its run (`Backend.create_idle`, by a pool) for the run `run_id`
+    only: `execute` takes it (`Sandbox.take`) instead of creating one, and the record says
+    `warm` and how long the run `waited` for it. What the backend made beside it (network,
+    egress proxy, model gateway) is left to its pool to remove, in the background."""
+
+    run_id: str
+    sandbox: Sandbox
+    waited: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -222,10 +256,22 @@ def run(
     return execute(
         prepared,
         backend=backend,
-        store=store or Store(),
+        observers=observers_of(on_event, on_progress, cancel, store),
+    )
+
+
+def observers_of(
+    on_event: EventHandler | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    cancel: threading.Event | None = None,
+    store: Store | None = None,
+) -> RunObservers:
+    """`RunObservers` from the keyword arguments of the public API (`run`, `Pool.run`)."""
+    return RunObservers(
+        store=store,
         on_event=on_event,
-        on_progress=on_progress,
-        cancel=cancel,
+        on_progress=on_progress or _quiet,
+        cancel=cancel or threading.Event(),
     )
 
 
@@ -233,19 +279,22 @@ def execute(
     prepared: PreparedRun,
     *,
     backend: Backend,
-    store: Store,
-    on_event: EventHandler | None = None,
-    on_progress: Callable[[str], None] | None = None,
-    cancel: threading.Event | None = None,
-    helpers_later: bool = False,
+    observers: RunObservers | None = None,
+    images: ImageCache | None = None,
+    warm: WarmSandbox | None = None,
 ) -> RunResult:
-    """Run a prepared run in a sandbox of `backend`, recording it in `store`; the sandbox
-    is removed when this returns. `helpers_later`: what the backend made beside it (network,
-    egress proxy, model gateway; closed by then) is left for the caller to remove with
-    `Sandbox.remove`, as a pool does in the background: the result does not wait for a
-    network's removal (about 0.3 s)."""
-    cancel = cancel or threading.Event()
-    user_progress = on_progress or (lambda _message: None)
+    """Run a prepared run in a sandbox of `backend`, recording it in `observers.store`; the
+    sandbox is removed when this returns. `images`: where the image is taken from once
+    prepared (else the backend prepares it for this run). `warm`: the run's sandbox, made
+    in advance (its id must be the run's; its helpers are left to its pool). Raises
+    RecordError when the record cannot be created (nothing was started), ValueError for a
+    warm sandbox of another run."""
+    if warm is not None and warm.run_id != prepared.run_id:
+        raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {warm.run_id}")
+    observers = observers or RunObservers()
+    store = observers.store or Store()
+    cancel = observers.cancel
+    user_progress = observers.on_progress
 
     def checkpoint() -> None:
         """A safe point to stop at: nothing is half-made here (see `_Stopped`)."""
@@ -271,7 +320,7 @@ def execute(
             batch=prepared.spec.batch,
             owner=owner_label(),
         )
-        record = RunRecorder(record_dir, masker, on_event)
+        record = RunRecorder(record_dir, masker, observers.on_event)
     except (OSError, sqlite3.Error) as exc:
         raise RecordError(
             f"Cannot create the record of run {run_id} under {store.root}: {exc}.",
@@ -297,19 +346,26 @@ def execute(
     try:
         checkpoint()
         t0 = time.monotonic()
-        result.image = backend.prepare_image(prepared.image_requirements, progress)
+        needs = prepared.image_requirements
+        if images is not None:
+            result.image = images.prepare(backend, needs, progress)
+        else:
+            result.image = backend.prepare_image(needs, progress)
         timings["image_seconds"] = round(time.monotonic() - t0, 3)
         checkpoint()
         store.update_run(run_id, status="starting")
-        sandbox = backend.create(sandbox_spec(prepared, result.image), progress)
-        result.warm = sandbox.warm
-        if sandbox.warm:
-            timings["sandbox_wait"] = sandbox.waited
+        if warm is None:
+            sandbox = backend.create(sandbox_spec(prepared, result.image), progress)
+        else:
+            warm.sandbox.take(sandbox_spec(prepared, result.image))
+            sandbox = warm.sandbox
+            result.warm = True
+            timings["sandbox_wait"] = warm.waited
         record.host_event(
             "sandbox_created",
             backend=backend.name,
             sandbox_id=sandbox.id,
-            warm=sandbox.warm,
+            warm=result.warm,
             network=prepared.network.mode,
             allowlist=result.allowlist,
             gateway=prepared.gateway is not None,
@@ -347,7 +403,7 @@ def execute(
             record_egress_blocked(sandbox, record)
             record_gateway(sandbox, record, close=True)
             try:
-                if helpers_later:
+                if warm is not None:  # its pool removes the helpers in the background
                     sandbox.remove_sandbox_only()
                 else:
                     sandbox.remove()

@@ -26,8 +26,10 @@ from orchestrator.batch import (
     wilson_interval,
 )
 from orchestrator.errors import ConfigError
+from orchestrator.executor import Attempt, AttemptExecutor
 from orchestrator.labels import LABEL_RUN_ID
-from orchestrator.spec import RunSpec
+from orchestrator.runner import PreparedRun, RunObservers
+from orchestrator.spec import RunResult, RunSpec
 from orchestrator.store import Store
 
 from .conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
@@ -527,3 +529,58 @@ def test_model_5xx_is_retried_and_fail_on_error_stops(
     assert unavailable_model["hits"]["count"] >= 4
     ends = [a for a in lines_of(tmp_path / "out" / "attempts.jsonl") if a["event"] == "end"]
     assert len(ends) == 4 and summary.retries == 2
+
+
+class StandInExecutor(AttemptExecutor):
+    """An executor that starts no sandbox: the first attempt of each task in `flaky` (by its
+    text) is an infrastructure fault, every other attempt succeeds with the right answer."""
+
+    def __init__(self, flaky: set[str]) -> None:
+        self.flaky = flaky
+        self.opened: list[tuple[int, int]] = []
+        self.closed = 0
+        self.attempts: list[tuple[str, int, str | None]] = []
+        self.lock = threading.Lock()
+
+    def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
+        self.opened.append((attempts, concurrency))
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        prepared, store = attempt.prepared, observers.store
+        assert store is not None
+        if prepared.spec.check_only:  # the payload check before any task
+            return RunResult(run_id=attempt.run_id, status="succeeded")
+        with self.lock:
+            self.attempts.append((attempt.run_id, attempt.number, prepared.spec.batch))
+        record = str(store.create_run(attempt.run_id, status="running", batch=prepared.spec.batch))
+        if attempt.number == 1 and prepared.task in self.flaky:
+            error = {"type": "NodeLost", "message": "the node went away"}
+            return RunResult(attempt.run_id, "infra_error", error=error, record_dir=record)
+        args = prepared.spec.additional_args or {}
+        answer = args["a"] * args["b"] if args["op"] == "mul" else args["a"] + args["b"]
+        return RunResult(attempt.run_id, "succeeded", answer=answer, record_dir=record)
+
+
+def test_a_batch_hands_its_attempts_to_an_executor_and_keeps_retries(tmp_path: Path) -> None:
+    """The seam for where attempts run: a stand-in executor (no sandbox) gets every attempt
+    as plain data with its own run id and number; the batch retries its infrastructure
+    faults, scores and records each task once, and opens and closes the executor."""
+    rows = math_rows(6)
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    stand_in = StandInExecutor({rows[1]["task"], rows[4]["task"]})
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2,
+        backoff_seconds=0.01, backoff_max_seconds=0.01,
+    )  # fmt: skip
+    summary = run_batch(spec, executor=stand_in)
+    assert summary.counts["succeeded"] == 6 and summary.correct == 6, summary.counts
+    assert summary.attempts == 8 and summary.retries == 2
+    assert stand_in.opened == [(6, 2)] and stand_in.closed == 1
+    results = {r["id"]: r for r in map(json.loads, (tmp_path / "out/results.jsonl").open())}
+    assert [results[r["id"]]["attempts"] for r in rows] == [1, 2, 1, 1, 2, 1]
+    assert len({run_id for run_id, _, _ in stand_in.attempts}) == 8  # one run id per attempt
+    assert sorted(number for _, number, _ in stand_in.attempts) == [1] * 6 + [2] * 2
+    assert {batch for _, _, batch in stand_in.attempts} == {summary.batch_id}

@@ -362,6 +362,7 @@ def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
+    from orchestrator.executor import LocalExecutor
     from orchestrator.schedules.file import load_schedules
     from orchestrator.schedules.serve import WARM_AHEAD, Scheduler
     from orchestrator.schedules.store import ScheduleStore
@@ -386,7 +387,7 @@ def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
     with Pool(size=1, ttl=60) as pool:
         scheduler = Scheduler(
             load_schedules(path).schedules, store=store, clock=clock, spawn=sync,
-            log=log.append, pool=pool,
+            log=log.append, executor=LocalExecutor(pool=pool),
         )  # fmt: skip
         scheduler.serve(threading.Event())
         assert pool.stats() == {"idle": 0, "making": 0}, "a sandbox was made past the firing"

@@ -1,4 +1,4 @@
-"""Scheduled jobs: time is injected (simulated hours take milliseconds), the run function is
+"""Scheduled jobs: time is injected (simulated hours take milliseconds), the executor is
 injected where Docker is beside the point, and the real thing runs where it matters
 (overlap across processes, one end-to-end firing in a container)."""
 
@@ -22,7 +22,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from croniter import croniter
 
-from orchestrator.runner import prepare
+from orchestrator.executor import Attempt, AttemptExecutor
+from orchestrator.runner import RunObservers, prepare
 from orchestrator.schedules import (
     EXIT_SKIPPED,
     Cron,
@@ -72,8 +73,8 @@ class FakeClock:
         return stop.is_set()
 
 
-class FakeRuns:
-    """Stands in for `runner.run`: writes a real run row (linked to the schedule) and
+class FakeRuns(AttemptExecutor):
+    """Stands in for an executor: writes a real run row (linked to the schedule) and
     returns the given status; `block` makes it wait for its cancel event like a long run."""
 
     def __init__(self, status: str = "succeeded", *, block: float = 0.0, raises: bool = False):
@@ -83,7 +84,9 @@ class FakeRuns:
         self.specs: list[RunSpec] = []
         self.started = threading.Event()
 
-    def __call__(self, spec: RunSpec, *, cancel: threading.Event, store: Store, **_: Any):
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        spec, cancel, store = attempt.prepared.spec, observers.cancel, observers.store
+        assert store is not None
         self.specs.append(spec)
         if self.raises:
             raise RuntimeError("engine exploded")
@@ -142,14 +145,14 @@ def sync(job) -> None:
     job()
 
 
-def serve_simulated(schedules, clock: FakeClock, run_fn, log: list[str] | None = None):
+def serve_simulated(schedules, clock: FakeClock, executor, log: list[str] | None = None):
     """One `serve` session over simulated time; firings run inline, nothing sleeps."""
     store = ScheduleStore()
     scheduler = Scheduler(
         schedules,
         store=store,
         clock=clock,
-        run_fn=run_fn,
+        executor=executor,
         spawn=sync,
         log=(log if log is not None else []).append,
     )
@@ -325,12 +328,17 @@ def test_forbid_skips_and_replace_cancels_within_one_process(tmp_path: Path) -> 
         background = threading.Thread(
             target=fire,
             args=(schedule,),
-            kwargs={"store": store, "run_fn": slow, "cancel": cancel, "log": print},
+            kwargs={
+                "store": store,
+                "executor": slow,
+                "observers": RunObservers(cancel=cancel),
+                "log": print,
+            },
         )
         background.start()
         assert slow.started.wait(10)
         log: list[str] = []
-        second = fire(schedule, store=store, run_fn=FakeRuns(), log=log.append)
+        second = fire(schedule, store=store, executor=FakeRuns(), log=log.append)
         if schedule.concurrency == "forbid":
             assert second.outcome == "skipped" and second.exit_code == EXIT_SKIPPED
             assert slow.specs[0].run_id in second.reason
@@ -400,18 +408,17 @@ def test_if_due_fires_on_time_only_and_once(tmp_path: Path) -> None:
     sf = load_schedules(write_schedules(tmp_path, {"name": name, "cron": "*/5 * * * *"}))
     schedule, store, runs = sf.schedules[0], ScheduleStore(), FakeRuns()
     due = at("2024-06-01T10:05:03+00:00")
-    assert run_due(schedule, store=store, clock=FakeClock(due), run_fn=runs, log=print).outcome == (
-        "succeeded"
-    )
+    first = run_due(schedule, store=store, clock=FakeClock(due), executor=runs, log=print)
+    assert first is not None and first.outcome == "succeeded"
     # The same fire time again (a second cron line, or serve beside cron): nothing runs.
-    assert run_due(schedule, store=store, clock=FakeClock(due), run_fn=runs, log=print) is None
+    assert run_due(schedule, store=store, clock=FakeClock(due), executor=runs, log=print) is None
     racer = fire(
         schedule,
         store=store,
         trigger="serve",
         scheduled_for=due.replace(second=0),
         clock=FakeClock(due),
-        run_fn=runs,
+        executor=runs,
         log=print,
     )
     assert racer.outcome == "duplicate" and racer.exit_code == 0  # the claim is atomic
@@ -420,7 +427,7 @@ def test_if_due_fires_on_time_only_and_once(tmp_path: Path) -> None:
             schedule,
             store=store,
             clock=FakeClock(due + timedelta(minutes=2)),
-            run_fn=runs,
+            executor=runs,
             log=print,
         )
         is None
@@ -428,7 +435,7 @@ def test_if_due_fires_on_time_only_and_once(tmp_path: Path) -> None:
     assert len(runs.specs) == 1
     # Cron skipped 10:10 and 10:15 (host down): the 10:20 firing records the gap.
     later = at("2024-06-01T10:20:01+00:00")
-    run_due(schedule, store=store, clock=FakeClock(later), run_fn=runs, log=print)
+    run_due(schedule, store=store, clock=FakeClock(later), executor=runs, log=print)
     outcomes = [(r["outcome"], r["trigger"]) for r in firings(store, name)]
     assert outcomes == [("succeeded", "cron"), ("missed", "cron"), ("succeeded", "cron")]
 
@@ -556,7 +563,7 @@ def test_a_secret_the_schedule_does_not_allow_stops_the_firing(
     # At firing time too (the manifest may have changed since validation): recorded, exit 2.
     (schedule,) = load_schedules(path, check_payloads=False).schedules
     runs = FakeRuns()
-    firing = fire(schedule, store=ScheduleStore(), run_fn=runs, log=print)
+    firing = fire(schedule, store=ScheduleStore(), executor=runs, log=print)
     assert firing.outcome == "error" and firing.exit_code == 2 and not runs.specs
     allowed = write_schedules(
         tmp_path,
@@ -776,7 +783,7 @@ def test_real_firing_runs_in_a_container_and_links_to_the_schedule(
 def test_serve_shutdown_cancels_a_running_firing(
     tmp_path: Path, agent_image: str, no_leftovers
 ) -> None:
-    from orchestrator.runner import run
+    from orchestrator.executor import LocalExecutor
 
     name = unique("shutdown")
     sf = load_schedules(
@@ -794,7 +801,10 @@ def test_serve_shutdown_cancels_a_running_firing(
     t = at("2024-06-01T10:00:00+00:00")
     # Real threads and the real runner; the clock stops serve right after the firing starts.
     scheduler = Scheduler(
-        sf.schedules, clock=FakeClock(t - timedelta(seconds=1), t), run_fn=run, log=print
+        sf.schedules,
+        clock=FakeClock(t - timedelta(seconds=1), t),
+        executor=LocalExecutor(),
+        log=print,
     )
     started = time.monotonic()
     scheduler.serve(threading.Event())

@@ -68,10 +68,6 @@ class Sandbox(ABC):
     """
 
     id: str
-    #: Set by the pool on a sandbox it hands out: it was started before its run took it
-    #: (`warm`), and the run waited `waited` seconds for it.
-    warm: bool = False
-    waited: float = 0.0
 
     @abstractmethod
     def start(

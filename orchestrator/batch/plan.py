@@ -8,10 +8,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..backends.base import Backend
 from ..errors import ConfigError, ManifestError, OrchestratorError
+from ..executor import Attempt, AttemptExecutor
 from ..pool import MAX_SIZE
-from ..runner import PreparedRun, execute, prepare
+from ..runner import PreparedRun, RunObservers, prepare
 from ..spec import PAYLOAD_ERROR, RunSpec
 from ..store import Store
 from .scoring import make_scorer
@@ -216,7 +216,7 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
 
 
 def check_payload_loads(
-    plan: BatchPlan, backend: Backend, store: Store, cancel: threading.Event | None
+    plan: BatchPlan, executor: AttemptExecutor, store: Store, cancel: threading.Event | None
 ) -> None:
     """Before any task: one sandbox loads the payload's agent tree (no step runs). A payload
     that cannot load is bad input (ManifestError, exit 2), not a thousand failed tasks, and
@@ -225,7 +225,8 @@ def check_payload_loads(
         return
     first = next(iter(plan.prepared.values()))
     check = prepare(replace(first.spec, check_only=True, run_id=None, batch=None))
-    result = execute(check, backend=backend, store=store, cancel=cancel)
+    observers = RunObservers(store=store, cancel=cancel or threading.Event())
+    result = executor.run(Attempt(check), observers)
     if result.error and result.error.get("type") == PAYLOAD_ERROR:
         problems = result.error.get("problems") or [result.error.get("message")]
         raise ManifestError(

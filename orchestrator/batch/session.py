@@ -8,11 +8,12 @@ The life of a batch, top to bottom:
   → lock the output directory (one batch writes to it at a time)
   → clean up sandboxes that dead orchestrators left behind
   → resume: tasks with a result are done; unfinished and infra-failed ones run again
-  → prepare the image once → warm sandboxes kept ready (a pool, when there are more tasks
-    than workers) → N workers run tasks through `runner.execute`, retrying only
-    infrastructure faults (with exponential backoff and jitter); every attempt is logged
+  → the executor gets ready (`executor.py`; on this host: the image once, warm sandboxes
+    when there are more tasks than workers) → N workers hand each task's attempts to it,
+    retrying only infrastructure faults (with exponential backoff and jitter); every
+    attempt is logged
   → each result is appended to `results.jsonl` and fsynced as its task ends
-  → `summary.json`: counts per status, accuracy with a Wilson interval, durations, tokens.
+  → `summary.json` (`ledger.py`): counts per status, accuracy, durations, tokens.
 
 Output directory:
 
@@ -22,32 +23,28 @@ Output directory:
   summary.json    written at the end of every session (complete, interrupted or stopped)
   runs/<id>       a link to the run record of each task's final attempt
 
-Over 500 lines for a reason: `_BatchRun` is one worker session whose parts share its state
-(the queue, the counters, the lock, the output folder); split, one life cycle would be
-scattered over files that each need all of it.
+What a batch is lives here; where its attempts run is the executor's (`executor.py`).
 """
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import tenacity
 
-from ..backends import get_backend
-from ..backends.base import Backend, Progress, Sandbox, SandboxInfo, SandboxSpec
-from ..errors import ConfigError
-from ..pool import MAX_SIZE, Claim, Pool
-from ..runner import PreparedRun, execute
+from ..backends.base import Backend
+from ..executor import Attempt, AttemptExecutor, LocalExecutor
+from ..runner import PreparedRun, RunObservers
 from ..spec import RunResult
-from ..store import Store, new_run_id
+from ..store import Store
+from .ledger import open_meta, result_row, score_of, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
 from .plan import (
     BatchPlan,
@@ -59,37 +56,8 @@ from .plan import (
     default_output,
     plan_batch,
 )
-from .scoring import make_scorer, percentile, wilson_interval
+from .scoring import make_scorer
 from .tasks import Task
-
-
-class _ImageOnce(Backend):
-    """A backend whose image is prepared once per batch: the image's inputs cannot change
-    during a batch, so per-run re-hashing is waste, and N workers must never race to build.
-    Everything else goes to the wrapped backend."""
-
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self.name = backend.name
-        self.max_concurrency = backend.max_concurrency
-        self._images: dict[tuple[str, ...], str] = {}
-        self._lock = threading.Lock()
-
-    def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
-        return self._backend.create(spec, progress)
-
-    def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
-        return self._backend.list_sandboxes(labels)
-
-    def remove_sandbox(self, info: SandboxInfo) -> None:
-        self._backend.remove_sandbox(info)
-
-    def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
-        key = tuple(extra_requirements)
-        with self._lock:
-            if key not in self._images:
-                self._images[key] = self._backend.prepare_image(key, progress)
-            return self._images[key]
 
 
 class _Stopped(Exception):
@@ -99,6 +67,7 @@ class _Stopped(Exception):
 def run_batch(
     spec: BatchSpec,
     *,
+    executor: AttemptExecutor | None = None,
     backend: Backend | None = None,
     store: Store | None = None,
     cancel: threading.Event | None = None,
@@ -116,16 +85,22 @@ def run_batch(
     (exit code 5; nothing half-written is left, so the same call resumes). Such an error
     before any task started raises `OutputWriteError` instead.
     `monitor` is called with a progress snapshot about twice a second from the calling thread.
+    `executor`: where the attempts run (default: this host, `LocalExecutor` with `backend`
+    and `spec.warm`); the batch opens and closes it.
     """
     if spec.output is None:
         spec = replace(spec, output=default_output(spec.run.payload, spec.tasks))
     plan = plan_batch(spec)
-    backend = backend or get_backend(plan.fingerprint["backend"], env_file=spec.run.env_file)
+    executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=on_message)
     store = store or Store()
-    check_payload_loads(plan, backend, store, cancel)
+    check_payload_loads(plan, executor, store, cancel)
     out = BatchDir(Path(spec.output))
     with out.locked():
-        return _BatchRun(spec, plan, out, backend, store, cancel, monitor, on_message, on_result)()
+        session = _BatchRun(
+            spec, plan, out, executor=executor, store=store, cancel=cancel, monitor=monitor,
+            on_message=on_message, on_result=on_result,
+        )  # fmt: skip
+        return session()
 
 
 class _BatchRun:
@@ -136,7 +111,8 @@ class _BatchRun:
         spec: BatchSpec,
         plan: BatchPlan,
         out: BatchDir,
-        backend: Backend,
+        *,
+        executor: AttemptExecutor,
         store: Store,
         cancel: threading.Event | None,
         monitor: Callable[[BatchProgress], None] | None,
@@ -147,8 +123,9 @@ class _BatchRun:
         self.plan = plan
         self.tasks = {t.id: t for t in plan.file.tasks}
         self.out = out
-        self.backend = _ImageOnce(backend)
-        self.raw_backend = backend
+        self.executor = executor
+        #: The batch's run template: what the executor gets ready for.
+        self.template = next(iter(plan.prepared.values()))
         self.store = store
         self.cancel = cancel or threading.Event()
         self.stop = threading.Event()  # on cancel, --fail-on-error, a write error: runs killed
@@ -171,33 +148,30 @@ class _BatchRun:
         self.session = 1
         self.limit = 1
         self.started = time.time()
-        self.pool: Pool | None = None
 
     # -- setup ------------------------------------------------------------------------------
 
     def __call__(self) -> BatchSummary:
-        meta = self.open_batch()
-        self.batch_id = meta["batch_id"]
+        meta = open_meta(self.out, self.plan)
+        self.batch_id, self.session = meta["batch_id"], meta["sessions"]
         self.reap_orphans()
         todo = self.resume()
         limit = self.limit = self.concurrency()
-        if todo:
-            first = self.plan.prepared[todo[0].id]
-            self.message(f"preparing the image for {first.manifest.name}")
-            self.backend.prepare_image(first.image_requirements, self.message)
-        self.message(
-            f"batch {self.batch_id}: {len(self.tasks)} tasks, {len(self.results)} already done, "
-            f"{len(todo)} to run at concurrency {min(limit, max(1, len(todo)))}"
-        )
         interrupted: BaseException | None = None
         try:
-            self.pool = self.warm_pool(todo, limit)
+            if todo:
+                first = self.plan.prepared[todo[0].id]
+                self.message(f"preparing the image for {first.manifest.name}")
+                self.executor.open(first, attempts=len(todo), concurrency=limit)
+            self.message(
+                f"batch {self.batch_id}: {len(self.tasks)} tasks, {len(self.results)} already "
+                f"done, {len(todo)} to run at concurrency {min(limit, max(1, len(todo)))}"
+            )
             self.run_all(todo, limit)
         except KeyboardInterrupt as exc:
             interrupted = exc
         finally:
-            if self.pool is not None:
-                self.pool.close()
+            self.executor.close()
         summary = self.summarize()
         try:
             self.out.write_summary(summary)
@@ -208,59 +182,16 @@ class _BatchRun:
             raise interrupted
         return summary
 
-    def warm_pool(self, todo: list[Task], limit: int) -> Pool | None:
-        """Warm sandboxes for a batch longer than its concurrency (or as `--warm N` says)."""
-        size = self.spec.warm
-        if size is None:
-            size = limit if len(todo) > limit else 0
-        if size <= 0 or not todo:
-            return None
-        size = max(min(size, len(todo), MAX_SIZE), 2)  # no more than tasks to take them
-        pool = Pool(size=size, backend=self.raw_backend, on_message=self.message)
-        pool.warm(self.plan.prepared[todo[0].id])
-        return pool
-
-    def open_batch(self) -> dict[str, Any]:
-        """Start a new batch directory, or check that a resume uses the same options."""
-        meta = self.out.read_meta()
-        fingerprint = json.loads(json.dumps(self.plan.fingerprint))
-        if meta is None:
-            meta = {
-                "batch_id": "b-" + new_run_id()[2:],
-                "created_at": time.time(),
-                "tasks_file": str(self.plan.file.path.resolve()),
-                "options": fingerprint,
-                "sessions": 1,
-            }
-        else:
-            changed = [
-                f"{key}: {meta['options'].get(key)!r} → {value!r}"
-                for key, value in fingerprint.items()
-                if meta.get("options", {}).get(key) != value
-            ]
-            if changed:
-                raise ConfigError(
-                    f"{self.out.path} holds batch {meta['batch_id']}, started with other options "
-                    f"({'; '.join(changed)}); resuming would mix results.",
-                    "Resume with the same options, or use another --output directory.",
-                )
-            meta["sessions"] = int(meta.get("sessions", 1)) + 1
-        self.session = meta["sessions"]
-        self.out.write_meta(meta)
-        return meta
-
     def reap_orphans(self) -> None:
         """Sandboxes of orchestrators that died (a SIGKILLed batch, say) are removed and their
         runs closed, so a resumed batch starts clean."""
-        from ..cleanup import cleanup
-
         try:
-            report = cleanup(self.raw_backend, store=self.store)
+            removed = self.executor.reap_orphans(self.template, self.store)
         except Exception as exc:  # cleanup is best effort; the batch itself can still run
             self.message(f"warning: cleaning up orphaned sandboxes failed: {exc}")
             return
-        if report.removed:
-            self.message(f"removed {len(report.removed)} orphaned sandbox(es) of dead runs")
+        if removed:
+            self.message(f"removed {removed} orphaned sandbox(es) of dead runs")
 
     def resume(self) -> list[Task]:
         """Keep results with an agent outcome; drop the lines of tasks to run again."""
@@ -295,8 +226,8 @@ class _BatchRun:
         if requested is None:
             memory = max((p.limits.memory_mb for p in self.plan.prepared.values()), default=None)
             requested = default_concurrency(memory)
-        cap = self.raw_backend.max_concurrency
-        if isinstance(cap, int) and 0 < cap < requested:
+        cap = self.executor.max_concurrency(self.template)
+        if cap is not None and cap < requested:
             self.message(f"concurrency {requested} lowered to {cap}, the backend's limit")
             requested = cap
         return requested
@@ -410,26 +341,25 @@ class _BatchRun:
     def attempt(
         self, task: Task, prepared: PreparedRun, history: list[dict[str, Any]]
     ) -> RunResult:
-        """One run of the task through the single-run API, logged before and after; in a
-        warm sandbox when the batch has a pool (its run id is then the sandbox's)."""
-        claim = self.pool.claim(prepared, cancel=self.stop) if self.pool else None
-        try:
-            return self.attempt_in(task, prepared, history, claim)
-        finally:
-            if claim is not None:
-                claim.release()  # one run per sandbox (the run removed it already)
-
-    def attempt_in(
-        self,
-        task: Task,
-        prepared: PreparedRun,
-        history: list[dict[str, Any]],
-        claim: Claim | None,
-    ) -> RunResult:
-        run_id = claim.run_id if claim is not None else new_run_id()
+        """One attempt of the task, handed to the executor and logged before and after; its
+        run id is the executor's (a warm sandbox's, say)."""
         with self.lock:
             self.attempt_counts[task.id] += 1
             number = self.attempt_counts[task.id]
+        this = replace(prepared, spec=replace(prepared.spec, batch=self.batch_id))
+        try:
+            attempt = self.executor.reserve(this, number=number, cancel=self.stop)
+        except BaseException:
+            with self.lock:
+                self.attempt_counts[task.id] -= 1
+            raise
+        try:
+            return self.run_attempt(task, attempt, history)
+        finally:
+            self.executor.release(attempt)  # one run per sandbox (the run removed it already)
+
+    def run_attempt(self, task: Task, attempt: Attempt, history: list[dict[str, Any]]) -> RunResult:
+        run_id, number = attempt.run_id, attempt.number
         try:
             self.out.append_attempt(
                 {"event": "start", "id": task.id, "attempt": number, "run_id": run_id,
@@ -443,20 +373,7 @@ class _BatchRun:
         with self.lock:
             self.running += 1
         try:
-            this = replace(
-                prepared, run_id=run_id, spec=replace(prepared.spec, batch=self.batch_id)
-            )
-            if claim is not None and self.pool is not None:
-                result = self.pool.execute_claimed(
-                    this, claim, backend=self.backend, store=self.store, cancel=self.stop
-                )
-            else:
-                result = execute(
-                    this,
-                    backend=self.backend,  # type: ignore[arg-type]
-                    store=self.store,
-                    cancel=self.stop,
-                )
+            result = self.executor.run(attempt, RunObservers(store=self.store, cancel=self.stop))
         except Exception as exc:  # before the run record existed (store, engine)
             result = RunResult(
                 run_id=run_id,
@@ -485,29 +402,10 @@ class _BatchRun:
         self, task: Task, result: RunResult, history: list[dict[str, Any]], first_start: float
     ) -> None:
         score, score_error = self.score(task, result)
-        row = {
-            "id": task.id,
-            "line": task.line,
-            "status": result.status,
-            "answer": result.answer,
-            "expected": task.expected,
-            "score": score,
-            "duration": result.timings.get("duration"),
-            "elapsed": round(time.time() - first_start, 3),
-            "tokens": {
-                "input": int(result.token_usage.get("input_tokens") or 0),
-                "output": int(result.token_usage.get("output_tokens") or 0),
-                "source": result.token_usage_source,  # gateway: measured on the host
-            },
-            "steps": result.steps,
-            "attempts": self.attempt_counts[task.id],
-            "attempt_history": history,
-            "run_id": result.run_id,
-            "record_dir": result.record_dir,
-            "error": result.error,
-            "session": self.session,
-            "ended_at": time.time(),
-        }
+        row = result_row(
+            task, result, score=score, attempts=self.attempt_counts[task.id], history=history,
+            first_start=first_start, session=self.session,
+        )  # fmt: skip
         if score_error:
             row["score_error"] = score_error
         with self.lock:
@@ -533,14 +431,9 @@ class _BatchRun:
             self.check_fail_on_error()
 
     def score(self, task: Task, result: RunResult) -> tuple[float | None, str | None]:
-        """None without an expected answer or when the infrastructure failed (not the
-        agent's doing); 0 for an agent that failed, timed out or ran out of memory."""
-        if task.expected is None or result.status not in FINISHED:
-            return None, None
-        if result.status != "succeeded":
-            return 0.0, None
+        """The task's score (`summary.score_of`), and what went wrong if the scorer failed."""
         try:
-            return self.scorer(result.answer, task.expected, task.row()), None
+            return score_of(self.scorer, task, result), None
         except Exception as exc:
             self.message(f"task {task.id}: the scorer failed: {type(exc).__name__}: {exc}")
             return None, f"{type(exc).__name__}: {exc}"
@@ -577,72 +470,9 @@ class _BatchRun:
     def summarize(self) -> BatchSummary:
         with self.lock:
             rows = [self.results[t.id] for t in self.plan.file.tasks if t.id in self.results]
-        counts = {status: 0 for status in (*FINISHED, "infra_error")}
-        counts.update(Counter(row["status"] for row in rows))
-        scores = [row["score"] for row in rows if row.get("score") is not None]
-        correct = float(sum(scores))
-        accuracy = correct / len(scores) if scores else None
-        durations = [row["duration"] for row in rows if row.get("duration") is not None]
-        all_tokens = {"input": 0, "output": 0}
-        attempts = 0
-        for entry in self.out.load_attempts():
-            if entry.get("event") != "end" or entry.get("id") not in self.tasks:
-                continue
-            attempts += 1
-            usage = entry.get("tokens") or {}
-            all_tokens["input"] += int(usage.get("input_tokens") or 0)
-            all_tokens["output"] += int(usage.get("output_tokens") or 0)
-        state = {"interrupted": "interrupted", "fail_on_error": "stopped"}.get(
-            self.stop_reason or "", "complete"
-        )
-        if state == "complete" and len(rows) < len(self.tasks):
-            state = "interrupted"
-        stop_reason = self.stop_reason
-        if self.write_error is not None:  # whatever else happened, the disk needs attention
-            state, stop_reason = "stopped", f"write_error: {self.write_error.cause}"
-        elapsed = time.time() - self.started
-        first = next(iter(self.plan.prepared.values()))
-        return BatchSummary(
-            batch_id=self.batch_id,
-            state=state,
-            output_dir=str(self.out.path),
-            tasks_file=str(self.plan.file.path),
-            payload=first.manifest.name,
-            model=first.model.describe(),
-            scorer=self.spec.scorer,
-            total=len(self.tasks),
-            counts=counts,
-            pending=len(self.tasks) - len(rows),
-            scored=len(scores),
-            correct=correct,
-            accuracy=accuracy,
-            accuracy_ci95=list(wilson_interval(correct, len(scores))) if scores else None,
-            duration_p50=percentile(durations, 50),
-            duration_p95=percentile(durations, 95),
-            tokens={
-                "input": sum(row["tokens"]["input"] for row in rows),
-                "output": sum(row["tokens"]["output"] for row in rows),
-            },
-            tokens_all_attempts=all_tokens,
-            tokens_source=tokens_source(rows),
-            attempts=attempts,
-            retries=sum(max(0, int(row.get("attempts") or 1) - 1) for row in rows),
-            skipped_lines=[asdict(b) for b in self.plan.file.bad_lines],
-            stop_reason=stop_reason,
-            session={
-                "number": self.session,
-                "started_at": self.started,
-                "ended_at": time.time(),
-                "wall_seconds": round(elapsed, 3),
-                "tasks_run": self.ran,
-                "tasks_per_minute": round(self.ran / elapsed * 60, 2) if elapsed > 0 else None,
-                "concurrency": self.limit,
-            },
-        )
-
-
-def tokens_source(rows: list[dict[str, Any]]) -> str:
-    """Where the batch's token figures come from: `gateway` (measured on the host for every
-    task), `sandbox` (as the sandboxes reported them) or `mixed`."""
-    sources = {(row.get("tokens") or {}).get("source", "sandbox") for row in rows}
-    return sources.pop() if len(sources) == 1 else ("mixed" if sources else "sandbox")
+        return summarize(
+            self.plan, self.spec, self.out, rows, batch_id=self.batch_id,
+            stop_reason=self.stop_reason,
+            write_error=self.write_error.cause if self.write_error is not None else None,
+            session=self.session, started=self.started, ran=self.ran, concurrency=self.limit,
+        )  # fmt: skip

@@ -212,6 +212,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ..runner import RunObservers
     from ..schedules.due import run_due
     from ..schedules.file import load_schedules
     from ..schedules.firing import fire
@@ -227,9 +228,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     display = RunDisplay(quiet=args.quiet or not sys.stderr.isatty())
     signals.on_stop(display.progress)
     kwargs: dict[str, Any] = {
-        "on_event": display.event,
-        "on_progress": display.progress,
-        "cancel": signals.STOP,
+        "observers": RunObservers(
+            on_event=display.event, on_progress=display.progress, cancel=signals.STOP
+        )
     }
     try:
         store = ScheduleStore()
@@ -252,10 +253,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_warm:
         Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
         return 0
+    from ..executor import LocalExecutor
     from ..pool import MAX_SIZE, Pool
 
     with Pool(size=min(max(1, len(sf.schedules)), MAX_SIZE)) as pool:
-        Scheduler(sf.schedules, store=ScheduleStore(), pool=pool).serve(
+        executor = LocalExecutor(pool=pool)
+        Scheduler(sf.schedules, store=ScheduleStore(), executor=executor).serve(
             signals.STOP, grace=args.grace
         )
     return 0

@@ -1,4 +1,4 @@
-"""One firing of a schedule: take its lock, run through the single-run API, record it."""
+"""One firing of a schedule: take its lock, hand the run to an executor, record it."""
 
 from __future__ import annotations
 
@@ -6,20 +6,24 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
 from ..errors import OrchestratorError
-from ..spec import EXIT_CODES, RunCancelled, RunResult, RunSpec
+from ..spec import EXIT_CODES, RunCancelled
 from ..store import new_run_id
 from .clock import Clock, SystemClock
 from .cron import local_iso, utc_iso
 from .file import Schedule
 from .notify import Log, maybe_notify
 from .store import Firing, ScheduleStore
+
+if TYPE_CHECKING:
+    from ..executor import AttemptExecutor
+    from ..runner import RunObservers
 
 #: `schedule run` exit code when the previous run of the schedule still goes (sysexits'
 #: EX_TEMPFAIL: "try again later"), distinct from every run status.
@@ -28,15 +32,6 @@ EXIT_SKIPPED = 75
 
 #: How long a `replace` firing waits for the previous run to stop before giving up (skip).
 REPLACE_WAIT = 90.0
-
-
-RunFunction = Callable[..., RunResult]
-
-
-def default_run(spec: RunSpec, **kwargs: Any) -> RunResult:
-    from ..runner import run
-
-    return run(spec, **kwargs)
 
 
 def print_log(line: str) -> None:
@@ -66,22 +61,25 @@ def fire(
     trigger: str = "manual",
     scheduled_for: datetime | None = None,
     clock: Clock | None = None,
-    run_fn: RunFunction | None = None,
-    cancel: threading.Event | None = None,
-    on_event: Callable[[dict[str, Any]], None] | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    executor: AttemptExecutor | None = None,
+    observers: RunObservers | None = None,
     log: Log = print_log,
     replace_wait: float = REPLACE_WAIT,
     run_id: str | None = None,
 ) -> Firing:
     """Fire a schedule once: claim the fire time, apply the concurrency rule, run, record,
     notify. Never raises for a run's failure (only re-raises Ctrl-C/SIGTERM after recording).
-    `run_id`: the run's id when it is chosen already (a warm sandbox's)."""
+    `executor`: where the run goes (default: a cold sandbox on this host); `observers`: its
+    events, progress and cancel event (the run is recorded in `store`'s run store);
+    `run_id`: the run's id when it is chosen already (reserved with `executor`, say for a
+    warm sandbox)."""
+    from ..executor import LocalExecutor
     from ..labels import owner_label
+    from ..runner import RunObservers
 
     clock = clock or SystemClock()
-    run_fn = run_fn or default_run
-    cancel = cancel or threading.Event()
+    executor = executor or LocalExecutor()
+    observers = replace(observers or RunObservers(), store=store.store)
     now = clock.now()
     # The run id is known from the claim on, so a skipped rival can always name it.
     firing = Firing(
@@ -97,7 +95,14 @@ def fire(
         return firing
     try:
         return _fire_claimed(
-            schedule, firing, store, clock, run_fn, cancel, on_event, on_progress, log, replace_wait
+            schedule,
+            firing,
+            store=store,
+            clock=clock,
+            executor=executor,
+            observers=observers,
+            log=log,
+            replace_wait=replace_wait,
         )
     except BaseException as exc:  # never leave the row `running` (SIGTERM while waiting, ...)
         with contextlib.suppress(Exception):
@@ -115,15 +120,17 @@ def fire(
 def _fire_claimed(
     schedule: Schedule,
     firing: Firing,
+    *,
     store: ScheduleStore,
     clock: Clock,
-    run_fn: RunFunction,
-    cancel: threading.Event,
-    on_event: Callable[[dict[str, Any]], None] | None,
-    on_progress: Callable[[str], None] | None,
+    executor: AttemptExecutor,
+    observers: RunObservers,
     log: Log,
     replace_wait: float,
 ) -> Firing:
+    from ..executor import Attempt
+    from ..runner import prepare
+
     assert firing.id is not None
     lock = None if schedule.concurrency == "allow" else store.lock(schedule.name)
     if lock is not None and not _acquire(lock, schedule, store, firing, replace_wait):
@@ -152,13 +159,11 @@ def _fire_claimed(
     try:
         store.reap_lost(schedule.name, keep=firing.id)
         replaceable = schedule.concurrency == "replace"
-        watcher = _CancelWatcher(store, firing.id, cancel) if replaceable else None
+        watcher = _CancelWatcher(store, firing.id, observers.cancel) if replaceable else None
         try:
             schedule.check_secrets()
-            spec = schedule.run_spec(firing.run_id)
-            result = run_fn(
-                spec, cancel=cancel, store=store.store, on_event=on_event, on_progress=on_progress
-            )
+            prepared = prepare(schedule.run_spec(firing.run_id))
+            result = executor.run(Attempt(prepared), observers)
         except OrchestratorError as exc:  # bad input: nothing was started
             firing.outcome, firing.exit_code = "error", exc.exit_code
             firing.reason = f"{exc.cause} {exc.fix}".strip()

@@ -1,5 +1,6 @@
-"""The foreground scheduler (`schedule serve`): fires due schedules until stopped; with a
-pool, each firing's sandbox is started (warm) shortly before its time."""
+"""The foreground scheduler (`schedule serve`): fires due schedules until stopped, each
+through its executor; with one that keeps sandboxes warm, each firing's sandbox is started
+shortly before its time."""
 
 from __future__ import annotations
 
@@ -8,18 +9,16 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from ..cleanup import closed_line
 from ..cleanup import tidy as tidy_store
-from ..pool import Claim, Pool
-from ..runner import PreparedRun, prepare
-from ..spec import RunResult, RunSpec
+from ..executor import Attempt, AttemptExecutor, LocalExecutor
+from ..runner import PreparedRun, RunObservers, prepare
 from .clock import Clock, SystemClock
 from .cron import utc_iso
 from .due import LATE_TOLERANCE, plan, record_missed
 from .file import Schedule
-from .firing import Log, RunFunction, fire, print_log
+from .firing import Log, fire, print_log
 from .store import ScheduleStore
 
 #: How often `serve` closes runs whose orchestrator died, in seconds.
@@ -31,7 +30,8 @@ WARM_AHEAD = 20.0
 class Scheduler:
     """A foreground scheduler: fires due schedules, each firing in its own thread (so a
     long run never delays another schedule), survives any job's failure, and on start
-    applies the missed-run rule from the last recorded firing."""
+    applies the missed-run rule from the last recorded firing. `executor`: where firings
+    run (default: cold sandboxes on this host); its owner closes it."""
 
     def __init__(
         self,
@@ -39,18 +39,17 @@ class Scheduler:
         *,
         store: ScheduleStore | None = None,
         clock: Clock | None = None,
-        run_fn: RunFunction | None = None,
+        executor: AttemptExecutor | None = None,
         spawn: Callable[[Callable[[], None]], None] | None = None,
         log: Log = print_log,
         late_tolerance: float = LATE_TOLERANCE,
         max_sleep: float = 60.0,
         tidy: Callable[[], object] | None = None,
-        pool: Pool | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
         self.store = store or ScheduleStore()
         self.clock = clock or SystemClock()
-        self.run_fn = run_fn
+        self.executor = executor or LocalExecutor()
         self.log = log
         self.late_tolerance = late_tolerance
         self.max_sleep = max_sleep
@@ -62,8 +61,6 @@ class Scheduler:
         self._cancels: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.last: dict[str, datetime | None] = {}
-        #: Warm sandboxes (for firings that use the default run function).
-        self.pool = pool if run_fn is None else None
         self._warmed: dict[str, tuple[datetime, PreparedRun]] = {}
 
     def _tidy(self) -> None:
@@ -106,8 +103,8 @@ class Scheduler:
                 )
 
     def prewarm(self) -> None:
-        """Ask the pool for a sandbox for each schedule that fires within WARM_AHEAD."""
-        if self.pool is None:
+        """Ask the executor for a sandbox for each schedule that fires within WARM_AHEAD."""
+        if not self.executor.warms:
             return
         now = self.clock.now()
         for schedule in self.schedules:
@@ -118,7 +115,7 @@ class Scheduler:
                 continue
             try:
                 prepared = prepare(schedule.run_spec(), secret_values=False)
-                self.pool.warm(prepared, 1)
+                self.executor.keep_warm(prepared, 1)
                 self._warmed[schedule.name] = (at, prepared)
             except Exception as exc:  # noqa: BLE001 - the firing then starts cold (and says why)
                 self._warmed.pop(schedule.name, None)
@@ -127,30 +124,22 @@ class Scheduler:
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
                 )
 
-    def _claim(self, schedule: Schedule) -> tuple[Claim | None, RunFunction | None]:
-        """The warm sandbox started for this firing, and the run function that uses it."""
+    def _reserve(self, schedule: Schedule) -> Attempt | None:
+        """The run of this firing, reserved with the sandbox started for it (None: none was;
+        the firing then chooses its run id and starts cold)."""
         warmed = self._warmed.pop(schedule.name, None)
-        if self.pool is None or warmed is None:
-            return None, self.run_fn
-        pool, prepared = self.pool, warmed[1]
-        pool.warm(prepared, 0)  # one sandbox per firing: no refill until the next one
-        claim = pool.claim(prepared)  # the one being made (or made) is still handed out
-        if claim is None:
-            return None, self.run_fn
-
-        def run_warm(spec: RunSpec, **kwargs: Any) -> RunResult:
-            this = prepare(spec)
-            assert pool.backend is not None
-            return pool.execute_claimed(this, claim, backend=pool.backend, **kwargs)
-
-        return claim, run_warm
+        if warmed is None:
+            return None
+        prepared = warmed[1]
+        self.executor.keep_warm(prepared, 0)  # one sandbox per firing: no refill until the next
+        return self.executor.reserve(prepared)  # the one being made (or made) is handed out
 
     def _launch(self, schedule: Schedule, at: datetime, trigger: str) -> None:
         cancel = threading.Event()
         key = id(cancel)
         with self._lock:  # registered before the thread starts: shutdown always sees it
             self._cancels[key] = cancel
-        claim, run_fn = self._claim(schedule)
+        attempt = self._reserve(schedule)
 
         def job() -> None:
             try:
@@ -160,10 +149,10 @@ class Scheduler:
                     trigger=trigger,
                     scheduled_for=at,
                     clock=self.clock,
-                    run_fn=run_fn,
-                    cancel=cancel,
+                    executor=self.executor,
+                    observers=RunObservers(cancel=cancel),
                     log=self.log,
-                    run_id=claim.run_id if claim is not None else None,
+                    run_id=attempt.run_id if attempt is not None else None,
                 )
             except BaseException as exc:  # noqa: BLE001 - logged; the loop goes on
                 self.log(
@@ -171,8 +160,8 @@ class Scheduler:
                     f"firing_error={json.dumps(f'{type(exc).__name__}: {exc}')}"
                 )
             finally:
-                if claim is not None:
-                    claim.release()  # a skipped firing's sandbox too
+                if attempt is not None:
+                    self.executor.release(attempt)  # a skipped firing's sandbox too
                 with self._lock:
                     self._cancels.pop(key, None)
 
@@ -202,7 +191,7 @@ class Scheduler:
             wait = self.max_sleep
             if wake is not None:
                 until = (wake - self.clock.now()).total_seconds()
-                if self.pool is not None and until > WARM_AHEAD:
+                if self.executor.warms and until > WARM_AHEAD:
                     until -= WARM_AHEAD  # wake up to start the firing's sandbox
                 wait = min(wait, max(0.0, until))
             if self.clock.sleep(wait, stop):

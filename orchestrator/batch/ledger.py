@@ -1,0 +1,185 @@
+"""A batch's books: its `batch.json` (checked on resume), a task's line in `results.jsonl`,
+its score, and the session's `summary.json` (counts, accuracy with a Wilson interval,
+durations, tokens)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import asdict
+from typing import Any
+
+from ..errors import ConfigError
+from ..spec import RunResult
+from ..store import new_run_id
+from .output import FINISHED, BatchDir
+from .plan import BatchPlan, BatchSpec, BatchSummary
+from .scoring import Scorer, percentile, wilson_interval
+from .tasks import Task
+
+
+def open_meta(out: BatchDir, plan: BatchPlan) -> dict[str, Any]:
+    """Start a new batch directory's `batch.json`, or count one more session in it once its
+    options are checked to be the same (ConfigError: a resume would mix results)."""
+    meta = out.read_meta()
+    fingerprint = json.loads(json.dumps(plan.fingerprint))
+    if meta is None:
+        meta = {
+            "batch_id": "b-" + new_run_id()[2:],
+            "created_at": time.time(),
+            "tasks_file": str(plan.file.path.resolve()),
+            "options": fingerprint,
+            "sessions": 1,
+        }
+    else:
+        changed = [
+            f"{key}: {meta['options'].get(key)!r} → {value!r}"
+            for key, value in fingerprint.items()
+            if meta.get("options", {}).get(key) != value
+        ]
+        if changed:
+            raise ConfigError(
+                f"{out.path} holds batch {meta['batch_id']}, started with other options "
+                f"({'; '.join(changed)}); resuming would mix results.",
+                "Resume with the same options, or use another --output directory.",
+            )
+        meta["sessions"] = int(meta.get("sessions", 1)) + 1
+    out.write_meta(meta)
+    return meta
+
+
+def result_row(
+    task: Task,
+    result: RunResult,
+    *,
+    score: float | None,
+    attempts: int,
+    history: list[dict[str, Any]],
+    first_start: float,
+    session: int,
+) -> dict[str, Any]:
+    """A finished task's line in `results.jsonl` (the source of truth for resume)."""
+    return {
+        "id": task.id,
+        "line": task.line,
+        "status": result.status,
+        "answer": result.answer,
+        "expected": task.expected,
+        "score": score,
+        "duration": result.timings.get("duration"),
+        "elapsed": round(time.time() - first_start, 3),
+        "tokens": {
+            "input": int(result.token_usage.get("input_tokens") or 0),
+            "output": int(result.token_usage.get("output_tokens") or 0),
+            "source": result.token_usage_source,  # gateway: measured on the host
+        },
+        "steps": result.steps,
+        "attempts": attempts,
+        "attempt_history": history,
+        "run_id": result.run_id,
+        "record_dir": result.record_dir,
+        "error": result.error,
+        "session": session,
+        "ended_at": time.time(),
+    }
+
+
+def score_of(scorer: Scorer, task: Task, result: RunResult) -> float | None:
+    """None without an expected answer or when the infrastructure failed (not the agent's
+    doing); 0 for an agent that failed, timed out or ran out of memory; else the scorer's
+    (raises what it raises)."""
+    if task.expected is None or result.status not in FINISHED:
+        return None
+    if result.status != "succeeded":
+        return 0.0
+    return scorer(result.answer, task.expected, task.row())
+
+
+def summarize(
+    plan: BatchPlan,
+    spec: BatchSpec,
+    out: BatchDir,
+    rows: list[dict[str, Any]],
+    *,
+    batch_id: str,
+    stop_reason: str | None,
+    write_error: str | None,
+    session: int,
+    started: float,
+    ran: int,
+    concurrency: int,
+) -> BatchSummary:
+    """The summary of a batch whose recorded task lines are `rows` (in the tasks file's
+    order), after its session number `session`, started at `started`, which ran `ran`
+    tasks. `stop_reason`: why the session stopped early (None: it did not); `write_error`:
+    the output file that could not be written and why (the batch stopped)."""
+    tasks = {t.id for t in plan.file.tasks}
+    counts = {status: 0 for status in (*FINISHED, "infra_error")}
+    counts.update(Counter(row["status"] for row in rows))
+    scores = [row["score"] for row in rows if row.get("score") is not None]
+    correct = float(sum(scores))
+    accuracy = correct / len(scores) if scores else None
+    durations = [row["duration"] for row in rows if row.get("duration") is not None]
+    all_tokens = {"input": 0, "output": 0}
+    attempts = 0
+    for entry in out.load_attempts():
+        if entry.get("event") != "end" or entry.get("id") not in tasks:
+            continue
+        attempts += 1
+        usage = entry.get("tokens") or {}
+        all_tokens["input"] += int(usage.get("input_tokens") or 0)
+        all_tokens["output"] += int(usage.get("output_tokens") or 0)
+    state = {"interrupted": "interrupted", "fail_on_error": "stopped"}.get(
+        stop_reason or "", "complete"
+    )
+    if state == "complete" and len(rows) < len(tasks):
+        state = "interrupted"
+    if write_error is not None:  # whatever else happened, the disk needs attention
+        state, stop_reason = "stopped", f"write_error: {write_error}"
+    first = next(iter(plan.prepared.values()))
+    elapsed = time.time() - started
+    return BatchSummary(
+        batch_id=batch_id,
+        state=state,
+        output_dir=str(out.path),
+        tasks_file=str(plan.file.path),
+        payload=first.manifest.name,
+        model=first.model.describe(),
+        scorer=spec.scorer,
+        total=len(tasks),
+        counts=counts,
+        pending=len(tasks) - len(rows),
+        scored=len(scores),
+        correct=correct,
+        accuracy=accuracy,
+        accuracy_ci95=list(wilson_interval(correct, len(scores))) if scores else None,
+        duration_p50=percentile(durations, 50),
+        duration_p95=percentile(durations, 95),
+        tokens={
+            "input": sum(row["tokens"]["input"] for row in rows),
+            "output": sum(row["tokens"]["output"] for row in rows),
+        },
+        tokens_all_attempts=all_tokens,
+        tokens_source=tokens_source(rows),
+        attempts=attempts,
+        retries=sum(max(0, int(row.get("attempts") or 1) - 1) for row in rows),
+        skipped_lines=[asdict(b) for b in plan.file.bad_lines],
+        stop_reason=stop_reason,
+        session={
+            "number": session,
+            "started_at": started,
+            "ended_at": time.time(),
+            "wall_seconds": round(elapsed, 3),
+            "tasks_run": ran,
+            "tasks_per_minute": round(ran / elapsed * 60, 2) if elapsed > 0 else None,
+            "concurrency": concurrency,
+        },
+    )
+
+
+def tokens_source(rows: list[dict[str, Any]]) -> str:
+    """Where the batch's token figures come from: `gateway` (measured on the host for every
+    task), `sandbox` (as the sandboxes reported them) or `mixed`."""
+    sources = {(row.get("tokens") or {}).get("source", "sandbox") for row in rows}
+    return sources.pop() if len(sources) == 1 else ("mixed" if sources else "sandbox")

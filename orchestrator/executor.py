@@ -1,0 +1,207 @@
+"""Where attempts run: the seam between what a batch or a schedule does and where its runs go.
+
+A batch decides what to run, how often to try again and what a result means; a schedule's
+firing decides when and whether (its lock). Both hand each attempt to an `AttemptExecutor`,
+which decides where it runs, how many run at once and which sandboxes are kept warm.
+
+An attempt is plain data (`Attempt`: the prepared run, whose run id is the attempt's, and
+its number), and its outcome a `RunResult`, so that an executor may ship it elsewhere (a
+cluster's node) and bring the result back. Executors never retry: an attempt that cannot run
+comes back `infra_error`, and the caller's rules decide.
+
+`LocalExecutor` runs attempts on this host, in the caller's threads, through
+`runner.execute`, in warm sandboxes from a `pool.Pool` when it has them.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .backends import get_backend
+from .backends.base import Backend
+from .imagecache import ImageCache
+from .pool import MAX_SIZE, Claim, Pool
+from .runner import PreparedRun, RunObservers, execute
+from .spec import RunResult
+from .store import Store, new_run_id
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a run, as plain data: what runs (`prepared`, whose run id is the
+    attempt's) and which try of its task it is (1 = the first)."""
+
+    prepared: PreparedRun
+    number: int = 1
+
+    @property
+    def run_id(self) -> str:
+        return self.prepared.run_id
+
+
+class AttemptExecutor(ABC):
+    """Runs attempts somewhere. Thread-safe: callers run attempts from several threads.
+
+    The life of an executor in a batch: `open` (get ready), then per attempt `reserve` (its
+    run id, before anything of it exists) and `run` (or `release`, if the caller gives up
+    before running it), then `close`. A firing may `run` an attempt it did not reserve.
+    """
+
+    @property
+    def warms(self) -> bool:
+        """Whether `keep_warm` starts sandboxes ahead of runs (a scheduler then wakes early)."""
+        return False
+
+    def max_concurrency(self, template: PreparedRun) -> int | None:
+        """The most attempts like `template` it can run at once (None: no limit of its own)."""
+        return None
+
+    def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:  # noqa: B027
+        """Get ready for about `attempts` attempts like `template`, `concurrency` at once
+        (image, warm sandboxes). Raises `ImageBuildError` when the image cannot be had."""
+
+    def keep_warm(self, prepared: PreparedRun, count: int) -> None:  # noqa: B027
+        """Keep `count` sandboxes ready for runs like `prepared` (0: make no more)."""
+
+    def reserve(
+        self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
+    ) -> Attempt:
+        """The next attempt of `prepared`, with its own run id: one of a warm sandbox when
+        one is ready or coming (waiting for it, unless `cancel` is set), else a new one.
+        It must then be `run` or `release`d."""
+        return Attempt(replace(prepared, run_id=new_run_id()), number)
+
+    @abstractmethod
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        """Run the attempt to its end and return its result (recorded in `observers.store`
+        under `attempt.run_id`); releases its reservation whatever happens. Raises
+        OrchestratorError when it cannot even start (bad input, no engine, no record)."""
+
+    def release(self, attempt: Attempt) -> None:  # noqa: B027
+        """Give up a reserved attempt that will not run (its warm sandbox is removed);
+        idempotent."""
+
+    def reap_orphans(self, template: PreparedRun, store: Store) -> int:
+        """Remove the sandboxes that dead orchestrators left where runs like `template` go,
+        close their runs; how many were removed."""
+        return 0
+
+    def close(self) -> None:  # noqa: B027
+        """Release what `open` and `keep_warm` made (warm sandboxes); idempotent."""
+
+    def __enter__(self) -> AttemptExecutor:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+class LocalExecutor(AttemptExecutor):
+    """Attempts on this host, each in the calling thread, in a sandbox of the run's backend
+    (`backend` when given, else found by the run's backend name): a warm one when the pool
+    has one for it, else cold.
+
+    `pool`: warm sandboxes to take (its owner closes it). `warm`: the size of the pool that
+    `open` makes for a batch (None: the concurrency when there are more attempts than
+    that; 0: none). Images are prepared once from `open` on (one cache, shared with the
+    pool).
+    """
+
+    def __init__(
+        self,
+        backend: Backend | None = None,
+        *,
+        pool: Pool | None = None,
+        warm: int | None = None,
+        on_message: Callable[[str], None] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.pool_size = warm
+        self.message = on_message or (lambda _text: None)
+        self.images: ImageCache | None = pool.images if pool is not None else None
+        self._own_pool = False
+        self._backends: dict[tuple[str, str | Path | None], Backend] = {}
+        self._claims: dict[str, Claim] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def warms(self) -> bool:
+        return self.pool is not None
+
+    def backend_for(self, prepared: PreparedRun) -> Backend:
+        """The backend of a run: the one given, else one per backend name (and env file)."""
+        if self.backend is not None:
+            return self.backend
+        key = (prepared.backend, prepared.spec.env_file)
+        with self._lock:
+            if key not in self._backends:
+                self._backends[key] = get_backend(prepared.backend, env_file=key[1])
+            return self._backends[key]
+
+    def max_concurrency(self, template: PreparedRun) -> int | None:
+        cap = self.backend_for(template).max_concurrency
+        return cap if isinstance(cap, int) and cap > 0 else None
+
+    def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
+        backend = self.backend_for(template)
+        self.images = self.images or ImageCache()
+        self.images.prepare(backend, template.image_requirements, self.message)
+        size = self.pool_size
+        if size is None:
+            size = concurrency if attempts > concurrency else 0
+        if self.pool is None and size > 0 and attempts > 0:
+            size = max(min(size, attempts, MAX_SIZE), 2)  # no more than attempts to take them
+            self.pool = Pool(
+                size=size, backend=backend, on_message=self.message, images=self.images
+            )
+            self._own_pool = True
+        if self.pool is not None:
+            self.pool.warm(template)
+
+    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+        if self.pool is not None:
+            self.pool.warm(prepared, count)
+
+    def reserve(
+        self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
+    ) -> Attempt:
+        claim = self.pool.claim(prepared, cancel=cancel) if self.pool is not None else None
+        if claim is None:
+            return super().reserve(prepared, number=number)
+        with self._lock:
+            self._claims[claim.run_id] = claim
+        return Attempt(replace(prepared, run_id=claim.run_id), number)
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        prepared = attempt.prepared
+        with self._lock:
+            claim = self._claims.pop(prepared.run_id, None)
+        if claim is not None and self.pool is not None:
+            return self.pool.execute_claimed(prepared, claim, observers=observers)
+        backend = self.backend_for(prepared)
+        return execute(prepared, backend=backend, observers=observers, images=self.images)
+
+    def release(self, attempt: Attempt) -> None:
+        with self._lock:
+            claim = self._claims.pop(attempt.run_id, None)
+        if claim is not None:
+            claim.release()
+
+    def reap_orphans(self, template: PreparedRun, store: Store) -> int:
+        from .cleanup import cleanup
+
+        return len(cleanup(self.backend_for(template), store=store).removed)
+
+    def close(self) -> None:
+        with self._lock:
+            claims, self._claims = list(self._claims.values()), {}
+        for claim in claims:
+            claim.release()
+        if self._own_pool and self.pool is not None:
+            self.pool.close()
+            self.pool, self._own_pool = None, False
