@@ -428,7 +428,7 @@ class Claim:
 
 
 def _supports_pool(backend: Backend) -> bool:
-    return type(backend).create_idle is not Backend.create_idle
+    return backend.capabilities.warm_sandboxes
 
 
 _removals: list[threading.Thread] = []
