@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends import backend_capabilities, backend_class, get_backend
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, Sandbox
 from orchestrator.cli.parser import build_parser, subcommands
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.registry import backend_entries
@@ -201,3 +201,56 @@ def test_a_backend_lacking_a_capability_is_refused_with_cause_and_fix() -> None:
 def test_get_backend_makes_the_plugin_with_its_own_name(docker_client) -> None:
     backend = get_backend(MIRROR)
     assert backend.name == MIRROR and backend.capabilities == backend_capabilities(MIRROR)
+
+
+# ---- nothing outside backends/ asks which backend it has --------------------------------
+
+
+def backend_questions(source: str, names: tuple[str, ...]) -> list[str]:
+    """Where `source` compares a value with a backend's name (==, !=, in, match), or checks
+    a backend's or sandbox's method by identity (`type(b).create_idle is not ...`)."""
+    import ast
+
+    methods = {
+        name
+        for cls in (Backend, Sandbox)
+        for name, value in vars(cls).items()
+        if callable(value) and not name.startswith("__")
+    }
+    found = []
+
+    def names_a_backend(node: ast.AST) -> bool:
+        elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(e, ast.Constant) and e.value in names for e in elements)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(names_a_backend(operand) for operand in operands):
+                found.append(f"line {node.lineno}: compares a backend's name")
+            if any(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops) and any(
+                isinstance(o, ast.Attribute) and o.attr in methods for o in operands
+            ):
+                found.append(f"line {node.lineno}: checks a method by identity")
+        elif isinstance(node, ast.match_case) and names_a_backend(
+            getattr(node.pattern, "value", node.pattern)
+        ):
+            found.append(f"line {node.lineno}: matches a backend's name")
+    return found
+
+
+def test_no_backend_name_is_compared_outside_backends() -> None:
+    from orchestrator.registry import backend_names
+
+    names = backend_names()
+    bad = 'if b == "e2b" or name in ("docker", "x"):\n    pass\nif type(b).create_idle is not Backend.create_idle:\n    pass\n'  # noqa: E501
+    assert len(backend_questions(bad, names)) == 3  # the scan sees what it looks for
+    assert backend_questions('DEFAULT = "docker"\nname = x or "docker"\n', names) == []
+    found = {}
+    for path in sorted((REPO / "orchestrator").rglob("*.py")):
+        if REPO / "orchestrator" / "backends" in path.parents:
+            continue
+        questions = backend_questions(path.read_text(), names)
+        if questions:
+            found[str(path.relative_to(REPO))] = questions
+    assert not found, f"decide by Capabilities, not by name or method identity: {found}"
