@@ -5,7 +5,9 @@ Two ways in:
 - `tidy()`, which every command that opens a store calls first (run, batch, schedule run and
   serve, runs list/show/logs): runs whose owner process is gone are closed as `infra_error`
   of type `orphaned`, with a full record, and whatever they left (a container stopped by its
-  deadline, or still running; an egress proxy; a network) is removed;
+  deadline, or still running; an egress proxy; a network) is removed by their backend when it
+  says it may be (`Capabilities.removes_orphans`: local and cheap), as are the idle sandboxes
+  of dead pools (`Backend.remove_idle`, on each backend with warm sandboxes);
 - `cleanup()` (`orchestrator cleanup`): everything labelled with a dead owner, of every kind
   (sandboxes, egress proxies and networks, image probes), then the same closing of records.
 """
@@ -17,20 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import get_backend
+from .backends import backend_capabilities, get_backend
 from .backends.base import Backend, SandboxInfo
 from .config import home_dir
 from .errors import OrchestratorError
-from .labels import (
-    LABEL_OWNER,
-    LABEL_RUN_ID,
-    LABEL_STORE,
-    LABEL_WARM,
-    POOLS_DIR,
-    owner_alive,
-    store_id,
-)
+from .labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, POOLS_DIR, owner_alive, store_id
 from .record import close_orphan
+from .registry import DEFAULT_BACKEND, backend_names
 from .store import Store
 
 
@@ -98,29 +93,28 @@ def closed_line(run_id: str) -> str:
     )
 
 
+#: The backends a tidy-up has made so far, by name; or why one is not used (a sentence for
+#: the record of each run it leaves alone).
+Found = dict[str, Backend | str]
+
+
 def close_orphaned_runs(
     store: Store,
     *,
     backends: dict[str, Backend] | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Close runs whose owner died before recording an end, removing what each left."""
+    """Close runs whose owner died before recording an end, removing what each left through
+    its backend (one of `backends`, else one made here when it allows that on its own)."""
     orphans = [r for r in store.unfinished_runs() if not owner_alive(r.get("owner") or "")]
-    found = dict(backends or {})
+    found: Found = dict(backends or {})
     closed = []
     for row in orphans:
-        name = row.get("backend") or "docker"
-        backend = _backend_for(name, found, warn)
-        ended = _remove_leftovers(row["run_id"], backend) if backend else {}
-        if backend is not None:
-            where = "what it left was removed"
-        elif name == "e2b":
-            where = (
-                "its E2B sandbox ends with its E2B lifetime (`orchestrator cleanup --backend "
-                "e2b` ends it sooner)"
-            )
+        backend = _backend_for(row.get("backend") or DEFAULT_BACKEND, found, warn)
+        if isinstance(backend, str):
+            ended, where = {}, backend
         else:
-            where = "the engine could not be reached to remove what it left"
+            ended, where = _remove_leftovers(row["run_id"], backend), "what it left was removed"
         message = f"the orchestrator process ({row.get('owner')}) died during the run; {where}"
         if close_orphan(store, row, message=message, **ended) is not None:
             closed.append(row["run_id"])
@@ -128,11 +122,10 @@ def close_orphaned_runs(
     return closed
 
 
-def reap_dead_pools(
-    store: Store, found: dict[str, Backend | None], warn: Callable[[str], None] | None = None
-) -> None:
-    """Remove the warm sandboxes of pools whose process died (their markers say whose);
-    one directory listing when there are none."""
+def reap_dead_pools(store: Store, found: Found, warn: Callable[[str], None] | None = None) -> None:
+    """Remove the warm sandboxes of pools whose process died (their markers say whose),
+    through every backend that has warm sandboxes and may be used on its own; one directory
+    listing when there are none."""
     folder = store.root / POOLS_DIR
     if not folder.is_dir():
         return
@@ -143,42 +136,63 @@ def reap_dead_pools(
             continue
         if owner_alive(owner):
             continue
-        backend = _backend_for("docker", found, warn)
-        if backend is None:
+        backends = [b for b in _pool_backends(found, warn) if not isinstance(b, str)]
+        if not backends:
             return
         with contextlib.suppress(Exception):  # gone already, or the engine hiccuped
-            for info in backend.list_sandboxes({LABEL_OWNER: owner, LABEL_WARM: "true"}):
-                backend.remove_sandbox(info)
+            for backend in backends:
+                backend.remove_idle(owner)
             marker.unlink(missing_ok=True)
 
 
-def _backend_for(
-    name: str, found: dict[str, Backend | None], warn: Callable[[str], None] | None
-) -> Backend | None:
-    """The backend to remove an orphan's leftovers with: the one given, else Docker's (local,
-    cheap); never E2B's on its own (its sandboxes end with their E2B lifetime)."""
+def _pool_backends(found: Found, warn: Callable[[str], None] | None) -> list[Backend | str]:
+    """The backends that may hold a dead pool's sandboxes: those with warm sandboxes."""
+    pooled = []
+    for name in backend_names():
+        try:
+            warm = backend_capabilities(name).warm_sandboxes
+        except OrchestratorError:
+            continue  # not loadable here: it made no pool here either
+        if warm:
+            pooled.append(_backend_for(name, found, warn))
+    return pooled
+
+
+def _backend_for(name: str, found: Found, warn: Callable[[str], None] | None) -> Backend | str:
+    """The backend to remove an orphan's leftovers with: the one given, else one made here if
+    it says that is local and cheap (`Capabilities.removes_orphans`); else why not."""
     if name not in found:
-        found[name] = None
-        if name == "docker":
-            try:
-                found[name] = get_backend(name)
-            except OrchestratorError as exc:
-                if warn is not None:
-                    warn(f"orphaned runs closed without removing their containers: {exc.cause}")
+        try:
+            capabilities = backend_capabilities(name)
+        except OrchestratorError as exc:
+            found[name] = f"what it left could not be removed: {exc.cause}"
+            return found[name]
+        if not capabilities.removes_orphans:
+            found[name] = (
+                f"{capabilities.orphans_end} (`orchestrator cleanup --backend {name}` ends it "
+                "sooner)"
+            )
+            return found[name]
+        try:
+            found[name] = get_backend(name)
+        except OrchestratorError as exc:
+            found[name] = "the engine could not be reached to remove what it left"
+            if warn is not None:
+                warn(f"orphaned runs closed without removing their containers: {exc.cause}")
     return found[name]
 
 
 def _remove_leftovers(run_id: str, backend: Backend) -> dict[str, Any]:
     """Remove everything of one run; how its sandbox ended, as the engine recorded it."""
-    ended: dict[str, Any] = {}
-    with contextlib.suppress(Exception):  # gone already, or the engine hiccuped
-        for info in backend.list_sandboxes({LABEL_RUN_ID: run_id}):
-            if info.kind == "sandbox" and info.finished_at is not None:
-                ended = {
-                    "exit_code": info.exit_code,
-                    "oom_killed": info.oom_killed,
-                    "started_at": info.started_at,
-                    "finished_at": info.finished_at,
-                }
-            backend.remove_sandbox(info)
-    return ended
+    try:
+        info = backend.remove_run(run_id)
+    except Exception:  # the engine hiccuped: the record is closed all the same
+        return {}
+    if info is None or info.finished_at is None:
+        return {}
+    return {
+        "exit_code": info.exit_code,
+        "oom_killed": info.oom_killed,
+        "started_at": info.started_at,
+        "finished_at": info.finished_at,
+    }

@@ -1,18 +1,18 @@
 """The model gateway, backend-neutral: when a run gets one, what the sandbox then holds, and
 what the host makes of the gateway's account.
 
-A run whose model talks HTTP gets a per-run gateway by default (Docker): the sandbox holds a
-random run token in place of the key and reaches the model only through the gateway, which
-swaps the token for the key, forwards, measures every call and keeps the run's budget
-(`orchestrator_runtime/gateway/`). The backend starts it (`backends/docker/gateway.py`); this
-module holds the rules.
+A run whose model talks HTTP gets a per-run gateway by default, on a backend that provides one
+(Docker: a sidecar container): the sandbox holds a random run token in place of the key and
+reaches the model only through the gateway, which swaps the token for the key, forwards,
+measures every call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend
+starts it (`backends/docker/gateway.py`); this module holds the rules.
 """
 
 from __future__ import annotations
 
 import secrets as random_tokens
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
@@ -23,6 +23,10 @@ from .spec import Limits, NetworkPolicy
 #: Where Hugging Face's router serves its OpenAI-compatible API (the `hf` provider's upstream
 #: when no --api-base is given).
 HF_ROUTER = "https://router.huggingface.co/v1"
+
+#: How a backend provides a run's gateway (its `Capabilities.model_gateway`): "none", or
+#: "sidecar", a container of its own on the run's private network that the sandbox reaches.
+GatewayProvision = Literal["none", "sidecar"]
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,16 @@ class GatewaySpec:
 
 
 def plan_gateway(
-    *, enabled: bool, model: ModelSpec, network: NetworkPolicy, backend: str, limits: Limits
+    *,
+    enabled: bool,
+    model: ModelSpec,
+    network: NetworkPolicy,
+    backend: str,
+    provision: GatewayProvision,
+    limits: Limits,
 ) -> tuple[GatewaySpec | None, str | None]:
-    """The run's gateway, or None and why not (for the record).
+    """The run's gateway, or None and why not (for the record). `provision`: how the run's
+    backend (named `backend`, for the record) provides one.
 
     Raises ConfigError when the gateway should serve the model but cannot (a LiteLLM model
     with no --api-base has no single endpoint to forward to): fail closed, `--no-gateway`
@@ -58,7 +69,7 @@ def plan_gateway(
         return None, "the mock model makes no network calls"
     if not enabled:
         return None, "turned off with --no-gateway: the model key is in the sandbox"
-    if backend != "docker":
+    if provision == "none":
         return None, (
             f"the {backend} backend's sandboxes cannot reach a gateway on this host: the model "
             "key goes into the sandbox (as the command's environment), masked in the record"

@@ -401,7 +401,7 @@ class Claim(WarmSandbox):
 
 
 def _supports_pool(backend: Backend) -> bool:
-    return type(backend).create_idle is not Backend.create_idle
+    return backend.capabilities.warm_sandboxes
 
 
 _removals: list[threading.Thread] = []

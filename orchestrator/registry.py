@@ -3,10 +3,11 @@
 A package adds a backend through the entry-point group `orchestrator.backends`:
 
     [project.entry-points."orchestrator.backends"]
-    mycloud = "mycloud_orchestrator:create_backend"
+    mycloud = "mycloud_orchestrator:MyCloudBackend"
 
-where `create_backend(env_file=None)` returns an `orchestrator.backends.base.Backend`. This
-module only knows names, descriptions and where each factory lives; it imports no backend
+where `MyCloudBackend` subclasses `orchestrator.backends.base.Backend`: it declares its
+`capabilities` (read before one is made) and `create_backend(env_file=None)` makes one. This
+module only knows names, descriptions and where each class lives; it imports no backend
 (that is `orchestrator.backends.get_backend`'s job), so that validating a manifest, a config
 file or a command line costs no backend's dependencies. It sits at the bottom of the layers
 for that reason: every layer may ask which names are backends.
@@ -29,7 +30,7 @@ class BackendEntry:
     """A backend by name: where its factory lives and a line for `--help`."""
 
     name: str
-    #: `module:function` of its `create_backend(env_file=None)`.
+    #: `module:Class` of its `backends.base.Backend` subclass.
     factory: str
     summary: str
     #: The distribution that registered it (None: built into orchestrator).
@@ -39,12 +40,12 @@ class BackendEntry:
 _BUILT_IN = (
     BackendEntry(
         "docker",
-        "orchestrator.backends.docker:create_backend",
+        "orchestrator.backends.docker:DockerBackend",
         "this host's Docker engine",
     ),
     BackendEntry(
         "e2b",
-        "orchestrator.backends.e2b:create_backend",
+        "orchestrator.backends.e2b:E2BBackend",
         "E2B's cloud, needs E2B_API_KEY",
     ),
 )

@@ -23,7 +23,7 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import RESULT_PATH, model_client_module
 from orchestrator_runtime.request import Request
 
-from .backends import backend_name, get_backend
+from .backends import backend_capabilities, backend_name, get_backend
 from .backends.base import Backend, Progress, Sandbox, SandboxSpec
 from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .gateway import (
@@ -182,9 +182,15 @@ def prepare(
         network = resolve_network(spec, manifest, model)
     with _field("backend"):
         backend = backend_name(spec.backend, manifest)
+        provision = backend_capabilities(backend).model_gateway
     with _field("model"):
         gateway, gateway_off = plan_gateway(
-            enabled=spec.gateway, model=model, network=network, backend=backend, limits=limits
+            enabled=spec.gateway,
+            model=model,
+            network=network,
+            backend=backend,
+            provision=provision,
+            limits=limits,
         )
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
@@ -376,8 +382,13 @@ def execute(
         deadline = time.monotonic() + prepared.limits.timeout_seconds
         checkpoint()
         secrets, model_key = sandbox_secrets(prepared.secrets, prepared.gateway)
-        request = build_request(prepared, api_base=sandbox.model_api_base)
-        sandbox.start(request, secrets, gateway_key=model_key)
+        if sandbox.gateway is not None:
+            sandbox.gateway.open(model_key)
+        elif prepared.gateway is not None:
+            raise RuntimeError(f"the {backend.name} backend made no model gateway for the run")
+        api_base = sandbox.gateway.api_base if sandbox.gateway is not None else None
+        request = build_request(prepared, api_base=api_base)
+        sandbox.start(request, secrets)
         store.update_run(run_id, status="running")
         outcome = supervise(sandbox, record, deadline, prepared.limits.timeout_seconds, cancel)
         exit_info = sandbox.wait(timeout=30)

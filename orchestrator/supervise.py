@@ -77,14 +77,17 @@ def supervise(
 def record_gateway(sandbox: Sandbox, record: RunRecorder, *, close: bool = False) -> str | None:
     """Record what the run's model gateway reported since the last look (source `gateway`);
     with `close`, end its service first so that its last reports are in. Returns the
-    message of a `budget_exceeded` report, if one came."""
+    message of a `budget_exceeded` report, if one came (None without a gateway)."""
+    gateway = sandbox.gateway
+    if gateway is None:
+        return None
     if close:
         try:
-            sandbox.close_gateway()
+            gateway.close()
         except Exception as exc:  # the run's outcome matters more than the last report
             record.host_event("gateway_close_failed", error=str(exc))
     spent = None
-    for event in sandbox.gateway_events():
+    for event in gateway.events():
         record.observed({**event, "source": "gateway"})
         if event.get("type") == "budget_exceeded":
             spent = str(event.get("message") or "the run's model budget is spent")

@@ -11,6 +11,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[dev]'
+# Backends defined outside the project, registered through the entry point as a third party's
+# would be (tests/plugins/README.md); the tests use them.
+.venv/bin/python -m pip install --quiet --no-deps -e tests/plugins/orchestrator_mirror
 
 if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing debootstrap (to build a base image without a registry)" >&2

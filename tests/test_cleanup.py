@@ -49,3 +49,15 @@ def test_a_finished_run_whose_index_update_was_lost_keeps_its_result(tmp_path: P
     row = store.get_run("r-done")
     assert row["status"] == "succeeded" and row["ended_at"] == ended and row["exit_code"] == 0
     assert json.loads((record / "result.json").read_text()) == written  # never overwritten
+
+
+def test_a_run_on_a_backend_no_longer_installed_is_closed_saying_why(tmp_path: Path) -> None:
+    """Its backend's package was uninstalled since: the record is closed all the same, and
+    says why what it left was not removed (nothing is made, nothing raises)."""
+    store = Store(tmp_path)
+    record = store.create_run("r-gone", status="running", backend="gone", owner=DEAD_OWNER)
+    assert close_orphaned_runs(store) == ["r-gone"]
+    result = json.loads((record / "result.json").read_text())
+    assert result["error"]["type"] == "orphaned"
+    assert "could not be removed" in result["error"]["message"]
+    assert "Unknown backend 'gone'" in result["error"]["message"]

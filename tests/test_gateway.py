@@ -572,6 +572,7 @@ def test_no_gateway_for_a_litellm_model_without_an_endpoint(
 
 
 def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
+    from orchestrator.backends import backend_capabilities
     from orchestrator.errors import ConfigError
     from orchestrator.gateway import HF_ROUTER, plan_gateway, sandbox_network
     from orchestrator.models import parse_model
@@ -589,8 +590,11 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
     ) -> tuple[Any, str | None, Any]:
         spec = parse_model(model, api_base=api_base)
         policy = resolve_policy(network, model=spec, hosts=hosts)
-        gateway, why = plan_gateway(enabled=enabled, model=spec, network=policy,
-                                    backend=backend, limits=Limits(max_model_calls=7))  # fmt: skip
+        provision = backend_capabilities(backend).model_gateway  # as each backend declares
+        gateway, why = plan_gateway(
+            enabled=enabled, model=spec, network=policy, backend=backend, provision=provision,
+            limits=Limits(max_model_calls=7),
+        )  # fmt: skip
         return gateway, why, policy
 
     gateway, _, policy = plan("openai:gpt-4o-mini", hosts=("api.example.com",))

@@ -1,18 +1,24 @@
-"""The one small interface every sandbox backend implements.
+"""The one small interface every sandbox backend implements, and what a backend can do.
 
-A *backend* decides where a sandbox runs (Docker, E2B); the runner decides what runs in it.
-Policies (limits, network, labels) are plain data; each backend renders them into its own
-options.
+A *backend* decides where a sandbox runs (Docker, E2B, or one a package registers); the runner
+decides what runs in it. Policies (limits, network, labels) are plain data; each backend
+renders them into its own options. What a backend can do beyond the required methods is
+declared as data (`Capabilities`), so that no code outside `backends/` asks which backend it
+has by name.
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..gateway import GatewaySpec
+from ..errors import ConfigError
+from ..gateway import GatewayProvision, GatewaySpec
+from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_WARM
 from ..spec import Limits, NetworkPolicy
 
 if TYPE_CHECKING:
@@ -20,6 +26,66 @@ if TYPE_CHECKING:
 
 Progress = Callable[[str], None]
 StreamName = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do beyond the required methods, declared as data on its class (and
+    read without making one: `backends.backend_capabilities`). Code outside `backends/`
+    decides by these, never by a backend's name."""
+
+    #: `Backend.create_idle` makes pooled sandboxes: `pool.Pool` keeps them warm for batch,
+    #: schedules and the Python API (without: every run is cold).
+    warm_sandboxes: bool = False
+    #: How a run's model gateway is provided: "none" (the model's key goes into the sandbox,
+    #: masked in the record) or "sidecar" (a container of its own on the run's private
+    #: network; the sandbox holds a run token: `gateway.plan_gateway`, `Sandbox.gateway`).
+    model_gateway: GatewayProvision = "none"
+    #: A run's `memory_mb` and `cpus` limits are enforced on its sandbox (without: the
+    #: sandbox has what the backend gives every sandbox).
+    resource_limits: bool = False
+    #: Connections refused by the run's egress control come back from
+    #: `Sandbox.egress_blocked` (recorded as `egress_blocked` events).
+    egress_events: bool = False
+    #: Any command may make this backend on its own to remove what a dead run left
+    #: (`cleanup.tidy`: local and cheap, as Docker is). Without, only `orchestrator cleanup
+    #: --backend NAME` does, and `orphans_end` says what ends such a sandbox meanwhile.
+    removes_orphans: bool = False
+    #: What ends a dead run's sandbox that no command removed (said in the run's record).
+    orphans_end: str = "its sandbox ends with its own lifetime"
+    #: `Backend.list_images` and `Backend.prune_images` (`orchestrator images list/prune`).
+    image_listing: bool = False
+    #: `Backend.bootstrap_base` (`orchestrator images bootstrap-base`).
+    base_bootstrap: bool = False
+    #: The most sandboxes this backend may have alive at once (None: no cap of its own);
+    #: batch lowers its concurrency to it.
+    max_concurrency: int | None = None
+
+
+class GatewayHandle(ABC):
+    """A run's model gateway, as the runner uses it (`Sandbox.gateway`): present only on a
+    sandbox whose backend provides one (`Capabilities.model_gateway`)."""
+
+    @property
+    @abstractmethod
+    def api_base(self) -> str:
+        """The `api_base` the runtime must use: the gateway, in place of the model's
+        endpoint."""
+
+    @abstractmethod
+    def open(self, key: str | None) -> None:
+        """Hand the gateway the model's real key (the sandbox never holds it); call before
+        `Sandbox.start`. Raises the engine's errors if it cannot be reached."""
+
+    @abstractmethod
+    def events(self) -> list[dict[str, Any]]:
+        """What the gateway reported since the last call (model calls, refusals, budget
+        stops). Never raises."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """End the gateway's service (the run's token is refused from now on) and collect
+        its last reports, so that `events` then holds everything."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +98,7 @@ class SandboxSpec:
     limits: Limits
     network: NetworkPolicy
     labels: dict[str, str] = field(default_factory=dict)
-    #: The run's model gateway, for backends that run one (Docker); None: no gateway.
+    #: The run's model gateway, for backends that provide one; None: no gateway.
     gateway: GatewaySpec | None = None
 
 
@@ -68,17 +134,18 @@ class Sandbox(ABC):
     """
 
     id: str
+    #: The run's model gateway, when the backend provides one (`Capabilities.model_gateway`)
+    #: and the run has one; None otherwise.
+    gateway: GatewayHandle | None = None
 
     @abstractmethod
-    def start(
-        self, request: Request, secrets: dict[str, str], *, gateway_key: str | None = None
-    ) -> None:
+    def start(self, request: Request, secrets: dict[str, str]) -> None:
         """Start the runtime and hand it the run request and the run's secrets.
 
         Each backend ships them its own way (Docker: one JSON object on stdin; E2B: the request
         as an uploaded file, the secrets as the command's environment), never through the
-        sandbox's configuration or an image. `gateway_key` is the model's real key, for the
-        run's gateway only (never the sandbox). Raises the engine's errors if it cannot start.
+        sandbox's configuration or an image. A gateway is opened first (`GatewayHandle.open`).
+        Raises the engine's errors if it cannot start.
         """
 
     @abstractmethod
@@ -106,8 +173,8 @@ class Sandbox(ABC):
 
     def remove_sandbox_only(self) -> None:
         """Remove the sandbox itself and leave what the backend made beside it (network,
-        egress proxy, model gateway) to a later `remove`; idempotent. By default the whole
-        `remove`."""
+        egress proxy, model gateway) to a later `remove`, which a pool does in the
+        background; idempotent. By default the whole `remove` (nothing beside it)."""
         self.remove()
 
     def health(self) -> str | None:
@@ -115,17 +182,8 @@ class Sandbox(ABC):
         return None
 
     def egress_blocked(self) -> list[dict[str, Any]]:
-        """Connections the backend's egress control refused (host, port, method, reason)."""
-        return []
-
-    @property
-    def model_api_base(self) -> str | None:
-        """The `api_base` the runtime must use when the run has a gateway (after create)."""
-        return None
-
-    def gateway_events(self) -> list[dict[str, Any]]:
-        """What the run's gateway reported since the last call (model calls, refusals,
-        budget stops); empty without a gateway. Never raises."""
+        """Connections the backend's egress control refused (host, port, method, reason);
+        empty unless `Capabilities.egress_events`."""
         return []
 
     def take(self, spec: SandboxSpec) -> None:
@@ -133,19 +191,31 @@ class Sandbox(ABC):
         must be the sandbox's own. Raises ValueError otherwise."""
         raise ValueError("not a pooled sandbox")
 
-    def close_gateway(self) -> None:
-        """End the gateway's service (its token is refused from now on) and collect its
-        last reports, so that `gateway_events` then holds everything; no-op without one."""
-        return None  # noqa: B027 - optional part, no gateway by default
-
 
 class Backend(ABC):
-    """Where sandboxes run. Found by name through `orchestrator.backends.get_backend`."""
+    """Where sandboxes run. Found by name through `orchestrator.backends.get_backend`, which
+    makes one with `create`; a package registers its subclass under the entry-point group
+    `orchestrator.backends` (docs/ARCHITECTURE.md, "Adding a backend")."""
 
     name: str
-    #: The most sandboxes this backend may have alive at once (None: no cap of its own);
-    #: batch lowers its concurrency to it.
-    max_concurrency: int | None = None
+    #: What it can do; a class attribute, so that it is known before one is made.
+    capabilities: Capabilities = Capabilities()
+
+    @classmethod
+    def create_backend(cls, env_file: str | Path | None = None) -> Backend:
+        """A backend ready to use, with its settings from the environment (and `env_file`).
+        Raises ConfigError for bad or missing settings, EngineUnavailable when its engine
+        or API cannot be reached."""
+        return cls()
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """`Capabilities.max_concurrency` (settable, for wrappers that copy it)."""
+        return self.capabilities.max_concurrency
+
+    @max_concurrency.setter
+    def max_concurrency(self, value: int | None) -> None:
+        self.capabilities = replace(self.capabilities, max_concurrency=value)
 
     @abstractmethod
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
@@ -159,10 +229,10 @@ class Backend(ABC):
         """Create (not start) a sandbox with the spec's limits, network and labels."""
 
     def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> Sandbox:
-        """A pooled sandbox: created as `create` does, then started with nothing in it; its
-        runtime waits for a request (`Sandbox.start`) and stops by itself `ttl` seconds from
-        now if none comes, even with no orchestrator process left. Raises
-        NotImplementedError on backends without pools (they run cold)."""
+        """A pooled sandbox (`Capabilities.warm_sandboxes`): created as `create` does, then
+        started with nothing in it; its runtime waits for a request (`Sandbox.start`) and
+        stops by itself `ttl` seconds from now if none comes, even with no orchestrator
+        process left. Raises NotImplementedError on backends without pools."""
         raise NotImplementedError(f"the {self.name} backend has no warm sandboxes")
 
     @abstractmethod
@@ -172,3 +242,49 @@ class Backend(ABC):
     @abstractmethod
     def remove_sandbox(self, info: SandboxInfo) -> None:
         """Remove a sandbox found by `list_sandboxes`; gone already is fine."""
+
+    def remove_run(self, run_id: str) -> SandboxInfo | None:
+        """Remove everything of one run (a dead one's, say); returns its sandbox as found
+        (with how it ended, where the backend can tell), None if there was none. Raises the
+        engine's errors when nothing can be listed."""
+        sandbox = None
+        for info in self.list_sandboxes({LABEL_RUN_ID: run_id}):
+            if info.kind == "sandbox":
+                sandbox = info
+            with contextlib.suppress(Exception):  # gone already, or the engine hiccuped
+                self.remove_sandbox(info)
+        return sandbox
+
+    def remove_idle(self, owner: str) -> None:
+        """Remove the pooled sandboxes of the pool process `owner` (a dead one's). Raises the
+        engine's errors when nothing can be listed."""
+        for info in self.list_sandboxes({LABEL_OWNER: owner, LABEL_WARM: "true"}):
+            self.remove_sandbox(info)
+
+    def build_image(
+        self, base: str | None, extra_requirements: tuple[str, ...], progress: Progress
+    ) -> str:
+        """`orchestrator images build`: the run image (on `base`, else the configured one);
+        returns its reference. Raises as `prepare_image`, and ConfigError for a `base` on a
+        backend that takes none."""
+        if base is not None:
+            raise ConfigError(
+                f"The {self.name} backend builds on no other base image (--base {base}).",
+                "Leave out --base.",
+            )
+        return self.prepare_image(extra_requirements, progress)
+
+    def list_images(self) -> list[dict[str, Any]]:
+        """Its images (`Capabilities.image_listing`): each `{tag, id, kind, created (ISO
+        8601), size (bytes), in_use, labels}`, newest first."""
+        raise NotImplementedError(f"the {self.name} backend cannot list its images")
+
+    def prune_images(self, *, dry_run: bool = False) -> list[str]:
+        """Remove its images that are no longer current (`Capabilities.image_listing`);
+        returns what went (or would go)."""
+        raise NotImplementedError(f"the {self.name} backend cannot prune its images")
+
+    def bootstrap_base(self, *, suite: str, mirror: str, progress: Progress) -> str:
+        """Make a base image without a registry (`Capabilities.base_bootstrap`); returns
+        its reference."""
+        raise NotImplementedError(f"the {self.name} backend cannot bootstrap a base image")

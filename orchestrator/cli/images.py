@@ -1,13 +1,24 @@
-"""`orchestrator images ...`: build, bootstrap, list and prune sandbox images."""
+"""`orchestrator images ...`: build, bootstrap, list and prune sandbox images, each through
+the chosen backend's own methods (refused, exit 2, on a backend that cannot)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..registry import backend_names, backends_help
+from ..registry import DEFAULT_BACKEND, backend_names, backends_help
 from .parser import HELP
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+
+def add_backend_option(parser: Any, what: str) -> None:
+    parser.add_argument(
+        "--backend", choices=backend_names(), default=DEFAULT_BACKEND,
+        help=f"{what}: {backends_help()}",
+    )  # fmt: skip
 
 
 def add_images_parser(sub: Any) -> None:
@@ -19,19 +30,14 @@ def add_images_parser(sub: Any) -> None:
         description="Build the agent image (Docker) or template (E2B) if it does not exist yet; "
         "prints its tag or template name. Content-addressed: unchanged inputs never rebuild.",
     )
-    b.add_argument(
-        "--payload", help="also build the derived image for this payload's requirements"
-    )
+    b.add_argument("--payload", help="also build the derived image for this payload's requirements")
     b.add_argument("--json", action="store_true", help="print {image} as JSON")
     b.add_argument(
         "--base",
         help="base image (docker default: $ORCHESTRATOR_BASE_IMAGE or python:3.12-slim; "
         "e2b default: $ORCHESTRATOR_E2B_BASE_IMAGE or python:3.12-slim)",
     )
-    b.add_argument(
-        "--backend", choices=backend_names(), default="docker",
-        help=f"where the image is for: {backends_help()}",
-    )  # fmt: skip
+    add_backend_option(b, "where the image is for")
     b.set_defaults(handler=cmd_images_build)
     bb = isub.add_parser(
         "bootstrap-base",
@@ -40,20 +46,43 @@ def add_images_parser(sub: Any) -> None:
     bb.add_argument("--suite", default="bookworm", help="Debian release to bootstrap")
     bb.add_argument("--mirror", default="http://deb.debian.org/debian", help="Debian mirror")
     bb.add_argument("--json", action="store_true", help="print {image} as JSON")
+    add_backend_option(bb, "whose base image")
     bb.set_defaults(handler=cmd_images_bootstrap)
     ls = isub.add_parser("list", help="list orchestrator images")
     ls.add_argument("--json", action="store_true", help="print the images as a JSON array")
+    add_backend_option(ls, "whose images")
     ls.set_defaults(handler=cmd_images_list)
     pr = isub.add_parser("prune", help="remove orchestrator images that are no longer current")
     pr.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     pr.add_argument("--json", action="store_true", help="print the removed tags as JSON")
+    add_backend_option(pr, "whose images")
     pr.set_defaults(handler=cmd_images_prune)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
 
+def backend_that_can(name: str, capability: str, what: str) -> Backend:
+    """The backend `name`, made, if it declares `capability` (checked before it is made);
+    else ConfigError (exit 2) naming the backends that can."""
+    from ..backends import backend_capabilities, get_backend
+    from ..errors import ConfigError
+
+    if not getattr(backend_capabilities(name), capability):
+        able = []
+        for other in backend_names():
+            try:
+                if getattr(backend_capabilities(other), capability):
+                    able.append(other)
+            except ConfigError:
+                continue
+        raise ConfigError(
+            f"The {name} backend cannot {what}.",
+            f"Use --backend {' or --backend '.join(able)}." if able else "No backend here can.",
+        )
+    return get_backend(name)
+
+
 def cmd_images_build(args: argparse.Namespace) -> int:
-    from ..backends.docker.engine import connect
-    from ..backends.docker.images import ensure_agent_image
+    from ..backends import get_backend
     from ..manifest import load_manifest
     from .display import RunDisplay
 
@@ -61,31 +90,17 @@ def cmd_images_build(args: argparse.Namespace) -> int:
     extra: tuple[str, ...] = ()
     if args.payload:
         extra = load_manifest(args.payload).requirements
-    if args.backend == "e2b":
-        from dataclasses import replace
-
-        from ..backends.e2b.settings import E2BSettings
-        from ..backends.e2b.templates import ensure_template
-
-        settings = E2BSettings.from_env()
-        if args.base:
-            settings = replace(settings, base_image=args.base)
-        tag = ensure_template(settings, extra, progress=display.progress)
-    else:
-        tag = ensure_agent_image(
-            connect(), base=args.base, extra_requirements=extra, progress=display.progress
-        )
+    tag = get_backend(args.backend).build_image(args.base, extra, display.progress)
     print(json.dumps({"image": tag}) if args.json else tag)
     return 0
 
 
 def cmd_images_bootstrap(args: argparse.Namespace) -> int:
-    from ..backends.docker.base_image import bootstrap_base
-    from ..backends.docker.engine import connect
     from .display import RunDisplay
 
+    backend = backend_that_can(args.backend, "base_bootstrap", "bootstrap a base image")
     display = RunDisplay()
-    tag = bootstrap_base(connect(), suite=args.suite, mirror=args.mirror, progress=display.progress)
+    tag = backend.bootstrap_base(suite=args.suite, mirror=args.mirror, progress=display.progress)
     print(json.dumps({"image": tag}) if args.json else tag)
     return 0
 
@@ -93,11 +108,9 @@ def cmd_images_bootstrap(args: argparse.Namespace) -> int:
 def cmd_images_list(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from ..backends.docker.engine import connect
-    from ..backends.docker.prune import list_images
     from .output import age, human_size, print_json, print_table, say
 
-    images = list_images(connect())
+    images = backend_that_can(args.backend, "image_listing", "list images").list_images()
     if args.json:
         print_json(images)
         return 0
@@ -122,11 +135,10 @@ def cmd_images_list(args: argparse.Namespace) -> int:
 
 
 def cmd_images_prune(args: argparse.Namespace) -> int:
-    from ..backends.docker.engine import connect
-    from ..backends.docker.prune import prune_images
     from .output import print_json
 
-    removed = prune_images(connect(), dry_run=args.dry_run)
+    backend = backend_that_can(args.backend, "image_listing", "prune images")
+    removed = backend.prune_images(dry_run=args.dry_run)
     if args.json:
         print_json({"removed": removed, "dry_run": args.dry_run})
         return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from ..registry import backend_names, backends_help
+from ..registry import DEFAULT_BACKEND, backend_names, backends_help
 from .output import say
 from .parser import HELP
 
@@ -123,7 +123,7 @@ def add_cleanup_parser(sub: Any) -> None:
         "and close their run records as infra_error.",
     )
     p.add_argument(
-        "--backend", default="docker", choices=backend_names(),
+        "--backend", default=DEFAULT_BACKEND, choices=backend_names(),
         help=f"whose leftovers to remove: {backends_help()}",
     )  # fmt: skip
     p.add_argument(
@@ -138,8 +138,8 @@ def add_cleanup_parser(sub: Any) -> None:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    from ..backends import get_backend
     from ..cleanup import cleanup
-    from ..runner import get_backend
 
     report = cleanup(
         get_backend(args.backend),

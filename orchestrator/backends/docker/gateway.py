@@ -8,7 +8,7 @@ environment, `docker inspect` or a file. It answers only clients of the run's ne
 hold the run's token.
 
 Its reports (one JSON line each on its stdout) are read live by a thread and handed to the
-runner through `events()`.
+runner through `events()`: it is the sandbox's `GatewayHandle`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from ...errors import OrchestratorError
 from ...gateway import GatewaySpec
 from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS
+from ..base import GatewayHandle
 from .deadline import AGENT_KEEPER, kept
 from .engine import stopped
 
@@ -58,13 +59,23 @@ class GatewayError(OrchestratorError):
     exit_code = 5
 
 
-class Gateway:
+class Gateway(GatewayHandle):
     """The gateway container of one run, and the live reading of its reports."""
 
-    def __init__(self, client: docker.DockerClient, container_id: str, network_name: str):
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        container_id: str,
+        network_name: str,
+        spec: GatewaySpec,
+        network_id: str = "",
+    ):
         self.client = client
         self.container_id = container_id
         self.network_name = network_name
+        self.network_id = network_id
+        #: The run's gateway (a pooled sandbox's run sets its own: `DockerSandbox.take`).
+        self.spec = spec
         self.ip: str | None = None
         self._socket: Any = None
         self._events: deque[dict[str, Any]] = deque()
@@ -118,7 +129,7 @@ class Gateway:
             tty=False,
             host_config=host_config,
         )
-        gateway = cls(client, container["Id"], network_name)
+        gateway = cls(client, container["Id"], network_name, spec, network_id)
         try:
             api.connect_container_to_network(gateway.container_id, network_id)
             gateway._socket = api.attach_socket(
@@ -135,18 +146,22 @@ class Gateway:
             raise
         return gateway
 
-    def api_base(self, upstream: str) -> str:
+    @property
+    def api_base(self) -> str:
         """The URL the sandbox uses: this gateway, with the upstream's base path."""
-        path = urlsplit(upstream).path.rstrip("/")
+        path = urlsplit(self.spec.upstream).path.rstrip("/")
         return f"http://{self.ip}:{GATEWAY_PORT}{path}"
 
-    def configure(self, spec: GatewaySpec, key: str | None, clients: list[str]) -> None:
-        """Hand the gateway its configuration, the key included, on its stdin."""
+    def open(self, key: str | None) -> None:
+        """Hand the gateway its configuration, the key included, on its stdin; it answers
+        only the run's network (its address ranges) and the run's token."""
+        ipam = self.client.api.inspect_network(self.network_id)["IPAM"]["Config"]
+        spec = self.spec
         config = {
             "token": spec.token,
             "key": key,
             "upstream": spec.upstream,
-            "clients": clients,
+            "clients": [c["Subnet"] for c in ipam],
             "max_calls": spec.max_calls,
             "max_tokens": spec.max_tokens,
             "port": GATEWAY_PORT,

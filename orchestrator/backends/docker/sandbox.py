@@ -21,7 +21,16 @@ from orchestrator_runtime.request import Request
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
-from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
+from ..base import (
+    Backend,
+    Capabilities,
+    ExitInfo,
+    Progress,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+    StreamName,
+)
 from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
@@ -101,31 +110,20 @@ class DockerSandbox(Sandbox):
         self.api = client.api
         self.id = container_id
         self.egress = egress
-        self.gateway = gateway
+        self.gateway: Gateway | None = gateway
         self.spec = spec
         self._socket: Any = None
         #: A pooled sandbox's output read while it became ready, and the rest of it.
         self._early: list[tuple[StreamName, bytes]] = []
         self._frames: Iterator[tuple[int, bytes]] | None = None
 
-    @property
-    def model_api_base(self) -> str | None:
-        if self.gateway is None or self.spec is None or self.spec.gateway is None:
-            return None
-        return self.gateway.api_base(self.spec.gateway.upstream)
-
-    def start(
-        self, request: Request, secrets: dict[str, str], *, gateway_key: str | None = None
-    ) -> None:
+    def start(self, request: Request, secrets: dict[str, str]) -> None:
         """The request and its secrets go in as one JSON object on the runtime's stdin: a
         read-only root leaves no other way in, and stdin is in no `docker inspect`. The
-        model's key goes to the gateway's stdin alone."""
+        model's key went to the gateway's stdin alone (`Gateway.open`)."""
         stdin = replace(request, secrets=secrets).to_json().encode()
         if not self.started:  # cold, and no gateway's start to overlap with (`_create_all`)
             self.prestart()
-        if self.gateway is not None and self.egress is not None and self.spec is not None:
-            assert self.spec.gateway is not None
-            self.gateway.configure(self.spec.gateway, gateway_key, self.egress.subnets())
         if self.egress is not None:
             self.egress.wait_ready()  # squid started first; its start overlaps this one's
         if self.gateway is not None:
@@ -183,6 +181,8 @@ class DockerSandbox(Sandbox):
         if self.spec is None or spec.run_id != self.spec.run_id:
             raise ValueError(f"pooled sandbox {self.id[:12]} is not for run {spec.run_id}")
         self.spec = spec
+        if self.gateway is not None and spec.gateway is not None:
+            self.gateway.spec = spec.gateway
 
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
         yield from self._early
@@ -222,13 +222,6 @@ class DockerSandbox(Sandbox):
             lost = self.gateway.alive()
         return lost
 
-    def gateway_events(self) -> list[dict[str, Any]]:
-        return self.gateway.events() if self.gateway else []
-
-    def close_gateway(self) -> None:
-        if self.gateway is not None:
-            self.gateway.close()
-
     def egress_blocked(self) -> list[dict[str, Any]]:
         """Requests the egress proxy refused (none without one)."""
         return self.egress.blocked() if self.egress else []
@@ -260,23 +253,54 @@ class DockerSandbox(Sandbox):
 
 
 class DockerBackend(Backend):
-    """Runs sandboxes as containers on the local Docker engine."""
+    """Runs sandboxes as containers on the local Docker engine (made with `connect`:
+    EngineUnavailable when it cannot be reached)."""
 
     name = "docker"
+    capabilities = Capabilities(
+        warm_sandboxes=True,
+        model_gateway="sidecar",
+        resource_limits=True,
+        egress_events=True,
+        removes_orphans=True,
+        orphans_end="its containers stop at their deadline",
+        image_listing=True,
+        base_bootstrap=True,
+    )
 
     def __init__(self, client: docker.DockerClient | None = None, *, base_image: str | None = None):
         self.client = client or connect()
         self.base_image = base_image
 
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
+        return self.build_image(self.base_image, extra_requirements, progress)
+
+    def build_image(
+        self, base: str | None, extra_requirements: tuple[str, ...], progress: Progress
+    ) -> str:
+        """The agent image on `base` (default: $ORCHESTRATOR_BASE_IMAGE, else the built-in
+        one), and the payload image for `extra_requirements` on it."""
         from .images import ensure_agent_image
 
         return ensure_agent_image(
-            self.client,
-            base=self.base_image,
-            extra_requirements=tuple(extra_requirements),
-            progress=progress,
+            self.client, base=base, extra_requirements=tuple(extra_requirements), progress=progress
         )
+
+    def list_images(self) -> list[dict[str, Any]]:
+        from .prune import list_images
+
+        return list_images(self.client)
+
+    def prune_images(self, *, dry_run: bool = False) -> list[str]:
+        from .prune import prune_images
+
+        return prune_images(self.client, dry_run=dry_run)
+
+    def bootstrap_base(self, *, suite: str, mirror: str, progress: Progress) -> str:
+        """A Debian base image from debootstrap + `docker import` (no registry needed)."""
+        from .base_image import bootstrap_base
+
+        return bootstrap_base(self.client, suite=suite, mirror=mirror, progress=progress)
 
     def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
         """The sandbox container, and what its network policy needs beside it: a private

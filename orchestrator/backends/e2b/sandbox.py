@@ -7,6 +7,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator_runtime.request import Request
@@ -14,7 +15,16 @@ from orchestrator_runtime.request import Request
 from ...errors import ConfigError
 from ...labels import LABEL_KIND, LABEL_RUN_ID
 from ...spec import NetworkPolicy
-from ..base import Backend, ExitInfo, Progress, Sandbox, SandboxInfo, SandboxSpec, StreamName
+from ..base import (
+    Backend,
+    Capabilities,
+    ExitInfo,
+    Progress,
+    Sandbox,
+    SandboxInfo,
+    SandboxSpec,
+    StreamName,
+)
 from .settings import E2BSettings, T, sdk, with_retries
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER, ensure_template
 
@@ -55,11 +65,9 @@ class E2BSandbox(Sandbox):
         self._removed = False
         self._lost: str | None = None
 
-    def start(
-        self, request: Request, secrets: dict[str, str], *, gateway_key: str | None = None
-    ) -> None:
+    def start(self, request: Request, secrets: dict[str, str]) -> None:
         """Upload the request (one request, no secrets in it), then start the runtime with the
-        secrets in its own environment only. (No gateway on E2B: `gateway_key` is unused.)"""
+        secrets in its own environment only."""
         path = f"/tmp/orchestrator-request-{self.spec.run_id}.json"
         limits = {"nproc": self.spec.limits.pids, "nofile": 1024, "core": 0}
         body = replace(request, secrets={}, secret_env=sorted(secrets), rlimits=limits).to_json()
@@ -139,13 +147,31 @@ class E2BBackend(Backend):
     """Runs sandboxes on E2B; the `e2b` SDK reads E2B_API_URL/E2B_DOMAIN as usual."""
 
     name = "e2b"
+    #: No gateway (E2B's cloud cannot reach one on this host), no pools, sizes per template
+    #: (not per run); its sandboxes end with their E2B lifetime, and removing them early
+    #: takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent sandboxes
+    #: is the plan's, from the settings.
+    capabilities = Capabilities(orphans_end="its E2B sandbox ends with its E2B lifetime")
 
     def __init__(self, settings: E2BSettings | None = None) -> None:
         sdk()
         self.settings = settings or E2BSettings.from_env()
         #: The cap a batch respects (E2B plans cap concurrent sandboxes).
-        self.max_concurrency = self.settings.max_sandboxes
-        self._slots = threading.BoundedSemaphore(self.max_concurrency)
+        self.capabilities = replace(self.capabilities, max_concurrency=self.settings.max_sandboxes)
+        self._slots = threading.BoundedSemaphore(self.settings.max_sandboxes)
+
+    @classmethod
+    def create_backend(cls, env_file: str | Path | None = None) -> E2BBackend:
+        """A backend on E2B; ConfigError without an API key (or without the `e2b` SDK)."""
+        return cls(E2BSettings.from_env(env_file))
+
+    def build_image(
+        self, base: str | None, extra_requirements: tuple[str, ...], progress: Progress
+    ) -> str:
+        """The template on `base` (default: $ORCHESTRATOR_E2B_BASE_IMAGE, else the built-in
+        one) with `extra_requirements`."""
+        settings = replace(self.settings, base_image=base) if base else self.settings
+        return ensure_template(settings, tuple(extra_requirements), progress)
 
     def release(self) -> None:
         with contextlib.suppress(ValueError):
