@@ -94,6 +94,7 @@ def run_batch(
     executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=on_message)
     store = store or Store()
     check_payload_loads(plan, executor, store, cancel)
+    assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
     with out.locked():
         session = _BatchRun(
@@ -299,6 +300,10 @@ class _BatchRun:
             except Exception as exc:  # a bug here must not take the other tasks down
                 self.message(f"task {task.id}: internal error {type(exc).__name__}: {exc}")
 
+    def sit_out(self, seconds: float) -> None:
+        """A retry's backoff, cut short when the batch stops (it does not sit one out)."""
+        self.stop.wait(seconds)
+
     def run_task(self, task: Task) -> None:
         prepared = self.plan.prepared[task.id]
         first_start = time.time()
@@ -329,7 +334,7 @@ class _BatchRun:
                 max=self.spec.backoff_max_seconds,
                 jitter=self.spec.backoff_seconds,
             ),
-            sleep=self.stop.wait,  # a stopping batch does not sit out a backoff
+            sleep=self.sit_out,
             before_sleep=before_sleep,
             retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
         )

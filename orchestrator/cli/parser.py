@@ -80,7 +80,7 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse, with every option's default shown in --help and errors raised, not exited."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("formatter_class") in (None, argparse.RawDescriptionHelpFormatter):
             kwargs["formatter_class"] = HelpFormatter
         super().__init__(*args, **kwargs)

@@ -132,7 +132,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     sf = load_schedules(args.file, check_payloads=False)
     store = ScheduleStore()
     now = datetime.now(timezone.utc)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for s in sf.schedules:
         last = store.last_firing(s.name)
         running = [r for r in store.running(s.name) if owner_alive(r["owner"] or "")]
@@ -186,7 +186,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     sf = load_schedules(args.file)
     now = datetime.now(timezone.utc)
-    report = {
+    report: dict[str, Any] = {
         "file": str(sf.path),
         "ok": True,
         "schedules": [

@@ -305,7 +305,8 @@ def load_schedules(
         if schedule is not None and not errors:
             schedules.append(schedule)
     if problems:
-        raise ScheduleFileError(path, sorted(problems, key=lambda p: p.line or 0))
+        ordered: list[Problem] = sorted(problems, key=lambda p: p.line or 0)
+        raise ScheduleFileError(path, ordered)
     return ScheduleFile(path=path, schedules=schedules)
 
 
