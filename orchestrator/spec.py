@@ -101,10 +101,6 @@ class RunResult:
         return asdict(self)
 
 
-class RunCancelled(Exception):
-    """Raised by the CLI's SIGTERM handler so a run is torn down like on Ctrl-C."""
-
-
 @dataclass(frozen=True)
 class Limits:
     """Resource limits of one run. Every limit has a default; nothing is unbounded."""
