@@ -163,3 +163,11 @@ def test_the_tree_check_sees_a_missing_module() -> None:
     without = re.sub(r"\n  pool\.py [^\n]*", "", text).replace(", egress.py (", ", (")
     _, fewer = documented_tree(without)
     assert modules - fewer == {"orchestrator/pool.py", "orchestrator/backends/docker/egress.py"}
+
+
+def test_every_status_has_its_exit_code() -> None:
+    from typing import get_args
+
+    from orchestrator.spec import EXIT_CODES, RunStatus
+
+    assert set(EXIT_CODES) == set(get_args(RunStatus))
