@@ -16,6 +16,7 @@ from orchestrator.backends.docker.deadline import GRACE_SECONDS
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.manifest import load_manifest
+from orchestrator.store import Store
 
 from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
 from ..model_server import ScriptedModelServer
@@ -26,6 +27,14 @@ ADVERSARY = TEST_PAYLOADS / "adversary"
 LIMIT = 5.0
 #: Docker's own start and stop bookkeeping around the container's life.
 SLACK = 3.0
+
+
+def wait_for_record(sandbox: dict, name: str, text: str) -> None:
+    """Wait until the record of the sandbox's run has `text` in its file `name` (written as
+    it comes): what the sandbox has done by then, however busy the machine is."""
+    record = Path(Store().get_run(sandbox["Labels"][LABEL_RUN_ID])["record_dir"])
+    path = record / name
+    wait_for(lambda: path.exists() and text in path.read_text(), timeout=120)
 
 
 def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
@@ -52,7 +61,8 @@ def test_code_in_the_sandbox_cannot_outlive_the_deadline(
         sandbox = wait_for(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=120
         )
-        time.sleep(2)  # the tool has attacked PID 1 and left its daemon behind
+        # The tool has attacked PID 1 (its daemon is forked right after the report).
+        wait_for_record(sandbox, "stderr.log", "deadline attack:")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # every orchestrator process of this run
         proc.wait(timeout=30)
@@ -106,7 +116,7 @@ def _kill_mid_run_and_check(
         sandbox = wait_for(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=180
         )
-        time.sleep(1)
+        wait_for_record(sandbox, "events.jsonl", '"type": "run_start"')  # it has its request
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
