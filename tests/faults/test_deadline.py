@@ -29,12 +29,20 @@ LIMIT = 5.0
 SLACK = 3.0
 
 
-def wait_for_record(sandbox: dict, name: str, text: str) -> None:
+def wait_for_record(docker_client, sandbox: dict, name: str, text: str) -> bool:
     """Wait until the record of the sandbox's run has `text` in its file `name` (written as
-    it comes): what the sandbox has done by then, however busy the machine is."""
+    it comes), or at most until the run's time limit has passed since the sandbox started:
+    on a machine so busy that the runtime has not got that far by then, the keeper must still
+    stop the container at its deadline, which is what these tests check. Whether it came."""
     record = Path(Store().get_run(sandbox["Labels"][LABEL_RUN_ID])["record_dir"])
     path = record / name
-    wait_for(lambda: path.exists() and text in path.read_text(), timeout=120)
+    state = docker_client.api.inspect_container(sandbox["Id"])["State"]
+    until = engine_time(state["StartedAt"]) + LIMIT
+    while time.time() < until:
+        if path.exists() and text in path.read_text():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
@@ -62,7 +70,7 @@ def test_code_in_the_sandbox_cannot_outlive_the_deadline(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=120
         )
         # The tool has attacked PID 1 (its daemon is forked right after the report).
-        wait_for_record(sandbox, "stderr.log", "deadline attack:")
+        wait_for_record(docker_client, sandbox, "stderr.log", "deadline attack:")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # every orchestrator process of this run
         proc.wait(timeout=30)
@@ -105,18 +113,25 @@ def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
             env = dict(os.environ)
         if network == "allowlist":
             args += ["--allow-host", "example.com"]
-        _kill_mid_run_and_check(docker_client, store_label, args, env, exits)
+        # Killed once the runtime has its request; with a gateway, once the model answered.
+        seen = '"type": "model_call"' if network == "gateway" else '"type": "run_start"'
+        _kill_mid_run_and_check(docker_client, store_label, args, env, exits, seen)
 
 
 def _kill_mid_run_and_check(
-    docker_client, store_label: str, args: list[str], env: dict[str, str], exits: tuple[int, ...]
+    docker_client,
+    store_label: str,
+    args: list[str],
+    env: dict[str, str],
+    exits: tuple[int, ...],
+    seen: str,
 ) -> None:
     proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), *args, "-q", env=env)
     try:
         sandbox = wait_for(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=180
         )
-        wait_for_record(sandbox, "events.jsonl", '"type": "run_start"')  # it has its request
+        wait_for_record(docker_client, sandbox, "events.jsonl", seen)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
