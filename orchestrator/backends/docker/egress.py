@@ -163,7 +163,6 @@ class Egress:
         client: docker.DockerClient,
         *,
         run_id: str,
-        policy: NetworkPolicy,
         labels: dict[str, str],
     ) -> Egress:
         """Create the run's private network, with no way out at all until `start_proxy` puts

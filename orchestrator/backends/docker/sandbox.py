@@ -320,7 +320,6 @@ class DockerBackend(Backend):
                 egress = Egress.start(
                     self.client,
                     run_id=spec.run_id,
-                    policy=spec.network,
                     labels=spec.labels,
                 )
             if spec.gateway is not None and egress is not None:
