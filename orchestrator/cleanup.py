@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .backends import backend_capabilities, get_backend
@@ -34,8 +34,6 @@ class CleanupReport:
     removed: list[SandboxInfo]
     kept: list[SandboxInfo]
     closed_runs: list[str]
-    #: Why leftovers could not be looked for (an engine that cannot be reached), if so.
-    warnings: list[str] = field(default_factory=list)
 
 
 def cleanup(

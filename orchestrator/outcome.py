@@ -11,7 +11,7 @@ from typing import Any
 
 from .backends.base import ExitInfo
 from .models import ModelSpec
-from .spec import PAYLOAD_ERROR, NetworkPolicy
+from .spec import PAYLOAD_ERROR, NetworkPolicy, RunStatus, host_error
 
 
 def explain_network(
@@ -43,46 +43,47 @@ def decide_status(
     violations: list[str] | tuple[str, ...] = (),
     *,
     reason: str | None = None,
-) -> tuple[str, dict[str, Any] | None]:
+) -> tuple[RunStatus, dict[str, Any] | None]:
     """Map what happened to one terminal status and an error (None on success).
 
     Decided from what the host can check: its own outcome (limit, cancel, network), the
     engine's exit record, and the event channel's integrity. The sandbox's `run_end` is a
     claim: success counts only with a clean channel and a runtime process that exited 0."""
-    if outcome in ("timed_out", "cancelled"):
-        message = "time limit reached" if outcome == "timed_out" else "cancelled by the user"
-        return outcome, {"type": outcome, "message": message}
+    if outcome == "timed_out":
+        return "timed_out", host_error("timed_out", "time limit reached")
+    if outcome == "cancelled":
+        return "cancelled", host_error("cancelled", "cancelled by the user")
     if outcome == "record_unwritable":
-        return "infra_error", {"type": outcome, "message": "the run record could not be written"}
+        return "infra_error", host_error("record_unwritable", "the run record could not be written")
     if outcome == "budget_exceeded":
         message = reason or "the run's model budget is spent"
-        return "failed", {"type": "budget_exceeded", "message": f"{message}; the run was stopped"}
+        return "failed", host_error("budget_exceeded", f"{message}; the run was stopped")
     if outcome == "network_lost":
         message = (
             f"{reason or 'the egress proxy stopped during the run'}: the sandbox was cut off "
             "(fail closed) and stopped"
         )
-        return "infra_error", {"type": "network_lost", "message": message}
+        return "infra_error", host_error("network_lost", message)
     if exit_info.oom_killed:
-        return "oom_killed", {"type": "oom_killed", "message": "the sandbox ran out of memory"}
+        return "oom_killed", host_error("oom_killed", "the sandbox ran out of memory")
     code = exit_info.exit_code
     if violations:
         message = "; ".join(dict.fromkeys(violations))
-        return "failed", {
-            "type": "protocol_violation",
-            "message": f"the sandbox broke the event protocol: {message} (runtime exit code "
-            f"{code}); nothing it reported can be trusted as this run's end",
-        }
+        return "failed", host_error(
+            "protocol_violation",
+            f"the sandbox broke the event protocol: {message} (runtime exit code {code}); "
+            "nothing it reported can be trusted as this run's end",
+        )
     if run_end is not None:
         if run_end.get("state") == "success":
             if code == 0:
                 return "succeeded", None
             if exit_info.infra_error:
-                return "infra_error", {"type": "sandbox_lost", "message": exit_info.infra_error}
-            return "failed", {
-                "type": "protocol_violation",
-                "message": f"the sandbox reported success, but its runtime exited with code {code}",
-            }
+                return "infra_error", host_error("sandbox_lost", exit_info.infra_error)
+            return "failed", host_error(
+                "protocol_violation",
+                f"the sandbox reported success, but its runtime exited with code {code}",
+            )
         error = run_end.get("error") or {"type": run_end.get("state"), "message": ""}
         if error.get("kind") == "model_unavailable":
             return "infra_error", error
@@ -91,8 +92,7 @@ def decide_status(
             return "failed", {**error, "type": PAYLOAD_ERROR, "message": message}
         return "failed", error
     if exit_info.infra_error:
-        return "infra_error", {"type": "sandbox_lost", "message": exit_info.infra_error}
-    return "infra_error", {
-        "type": "no_result",
-        "message": f"the runtime exited with code {exit_info.exit_code} without a result",
-    }
+        return "infra_error", host_error("sandbox_lost", exit_info.infra_error)
+    return "infra_error", host_error(
+        "no_result", f"the runtime exited with code {exit_info.exit_code} without a result"
+    )

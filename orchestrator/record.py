@@ -15,7 +15,7 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
 
 from .gateway import measured_usage, usage_mismatch
-from .spec import RunResult
+from .spec import RunResult, host_error
 from .store import Store
 
 #: Collected logs are capped; the rest is dropped with a note (nothing is unbounded).
@@ -205,7 +205,7 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     result.error = record.masker.clean(result.error)
     if record.write_error is not None:
         result.status = "infra_error"
-        result.error = {"type": "record_unwritable", "message": unwritable(record.write_error)}
+        result.error = host_error("record_unwritable", unwritable(record.write_error))
     record.host_event("run_finished", status=result.status)
     record.close()
     path = Path(result.record_dir) / "result.json"
@@ -214,7 +214,7 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     except OSError as exc:
         result.status = "infra_error"
         error = unwritable(f"{path}: {exc.strerror or exc}")
-        result.error = {"type": "record_unwritable", "message": error}
+        result.error = host_error("record_unwritable", error)
     with contextlib.suppress(sqlite3.Error):  # the index may be on the same full disk
         _index_end(result, store)
 
@@ -289,7 +289,7 @@ def close_orphan(
     result = RunResult(
         run_id=row["run_id"],
         status="infra_error",
-        error={"type": "orphaned", "message": message},
+        error=host_error("orphaned", message),
         exit_code=exit_code,
         oom_killed=oom_killed,
         timings={

@@ -52,7 +52,6 @@ from .spec import (
     SETTABLE_LIMITS,
     Limits,
     NetworkPolicy,
-    RunCancelled,
     RunResult,
     RunSpec,
 )
@@ -399,7 +398,7 @@ def execute(
         )
         result.exit_code = exit_info.exit_code
         result.oom_killed = exit_info.oom_killed
-    except (_Stopped, KeyboardInterrupt, RunCancelled) as exc:
+    except (_Stopped, KeyboardInterrupt) as exc:
         if not isinstance(exc, _Stopped):
             interrupted = exc  # the caller's own interrupt: re-raised once all is cleaned up
         if sandbox is not None:

@@ -11,14 +11,30 @@ from orchestrator_runtime.protocol import LIMIT_RANGES
 from .errors import ManifestError
 from .schema import Field, Table, check_table
 
+#: How a run ended (`RunResult.status`; the index's `status` once the run is over).
+RunStatus = Literal["succeeded", "failed", "timed_out", "oom_killed", "infra_error", "cancelled"]
+#: The error types the host decides itself (`RunResult.error["type"]`). A run's error may
+#: also carry the type the sandbox reported, or the class name of the exception that ended
+#: the run on the host (`ImageBuildError`, ...): those are open-ended.
+HostErrorType = Literal[
+    "timed_out", "cancelled", "oom_killed", "budget_exceeded", "network_lost",
+    "record_unwritable", "protocol_violation", "sandbox_lost", "no_result", "orphaned",
+    "payload_error",
+]  # fmt: skip
+
 #: The error type of a run whose payload could not be loaded (bad input: exit 2).
-PAYLOAD_ERROR = "payload_error"
+PAYLOAD_ERROR: HostErrorType = "payload_error"
 
 #: Exit codes the CLI returns per status, for cron jobs and shell scripts to branch on.
-EXIT_CODES = {
+EXIT_CODES: dict[RunStatus, int] = {
     "succeeded": 0, "failed": 1, "timed_out": 3, "oom_killed": 4, "infra_error": 5,
     "cancelled": 130,
 }  # fmt: skip
+
+
+def host_error(type_: HostErrorType, message: str) -> dict[str, Any]:
+    """A run's error as the host decided it (`RunResult.error`)."""
+    return {"type": type_, "message": message}
 
 
 @dataclass
@@ -63,7 +79,7 @@ class RunSpec:
 @dataclass
 class RunResult:
     run_id: str
-    status: str
+    status: RunStatus
     answer: Any = None
     error: dict[str, Any] | None = None
     exit_code: int | None = None
@@ -102,10 +118,6 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class RunCancelled(Exception):
-    """Raised by the CLI's SIGTERM handler so a run is torn down like on Ctrl-C."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """The house rules, checked: layer contracts (import-linter), no private names across modules,
-no file over about 500 lines without its reason. docs/ARCHITECTURE.md explains them."""
+no file over about 500 lines without its reason, every module in docs/ARCHITECTURE.md's tree.
+docs/ARCHITECTURE.md explains them."""
 
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -75,3 +77,97 @@ def test_no_file_is_over_500_lines_without_its_reason() -> None:
         and LONG_FILE_REASON not in path.read_text()[:3000]
     ]
     assert not long, f"split these, or say at their top why not: {long}"
+
+
+#: The heading of docs/ARCHITECTURE.md's tree; its first fenced block is the tree.
+TREE_HEADING = "## The tree, one line per module"
+#: An entry's indentation is two spaces a level, at most this deep; deeper lines continue the
+#: entry above (its description).
+MAX_ENTRY_INDENT = 8
+
+
+def documented_tree(text: str) -> tuple[set[str], set[str]]:
+    """The packages and modules docs/ARCHITECTURE.md's tree names, as paths from the
+    repository's root: an entry `name.py` is a module of the package above it, an entry
+    `name/` a package, and each `file.py` in a package entry's text (its line and the lines
+    that continue it) one of that package's modules (`docker/  sandbox.py (...), ...`).
+    Raises AssertionError when the document has no tree."""
+    assert TREE_HEADING in text, f"docs/ARCHITECTURE.md has no section {TREE_HEADING!r}"
+    block = text.split(TREE_HEADING, 1)[1].split("```", 2)[1]
+    packages: set[str] = set()
+    modules: set[str] = set()
+    parents: dict[int, str] = {}  # indentation -> the package an entry there belongs to
+    package_text: str | None = None  # the package whose entry the next deeper lines continue
+    for line in block.splitlines()[1:]:
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        name, _, rest = line.strip().partition(" ")
+        if indent > MAX_ENTRY_INDENT:  # a description going on
+            if package_text is not None:
+                modules.update(f"{package_text}/{m}" for m in re.findall(r"\b\w+\.py\b", line))
+            continue
+        assert indent % 2 == 0 and (indent == 0 or indent - 2 in parents), (
+            f"tree line at an unexpected indentation: {line!r}"
+        )
+        path = f"{parents[indent - 2]}/{name}" if indent else name
+        if name.endswith("/"):
+            path = path.rstrip("/")
+            packages.add(path)
+            parents[indent] = path
+            package_text = path
+            modules.update(f"{path}/{m}" for m in re.findall(r"\b\w+\.py\b", rest))
+        else:
+            assert name.endswith(".py"), f"tree entry neither a module nor a package: {line!r}"
+            modules.add(path)
+            package_text = None
+        for deeper in [level for level in parents if level > indent]:
+            del parents[deeper]
+    return packages, modules
+
+
+def tree_on_disk() -> tuple[set[str], set[str]]:
+    """The packages (folders with an `__init__.py`) and modules of PACKAGES, `__init__.py`
+    left out (its package's entry stands for it)."""
+    packages = {
+        str(init.parent.relative_to(REPO))
+        for package in PACKAGES
+        for init in (REPO / package).rglob("__init__.py")
+    }
+    modules = {
+        str(path.relative_to(REPO))
+        for path in source_files()
+        if path.name != "__init__.py" and str(path.parent.relative_to(REPO)) in packages
+    }
+    return packages, modules
+
+
+def test_every_module_is_in_the_architecture_tree() -> None:
+    doc_packages, doc_modules = documented_tree((REPO / "docs" / "ARCHITECTURE.md").read_text())
+    packages, modules = tree_on_disk()
+    missing = sorted((packages - doc_packages) | (modules - doc_modules))
+    assert not missing, (
+        f"not in docs/ARCHITECTURE.md's tree: {missing}; add a line for each module (a "
+        "sub-package's modules go in the text of its `name/` line)"
+    )
+    gone = sorted(path for path in doc_packages | doc_modules if not (REPO / path).exists())
+    assert not gone, f"docs/ARCHITECTURE.md's tree names what does not exist: {gone}"
+
+
+def test_the_tree_check_sees_a_missing_module() -> None:
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    packages, modules = documented_tree(text)
+    assert {"orchestrator/runner.py", "orchestrator/backends/base.py"} <= modules
+    assert {"orchestrator/backends/docker/egress.py", "orchestrator/batch/session.py"} <= modules
+    assert {"orchestrator/backends/docker", "orchestrator_runtime/gateway"} <= packages
+    without = re.sub(r"\n  pool\.py [^\n]*", "", text).replace(", egress.py (", ", (")
+    _, fewer = documented_tree(without)
+    assert modules - fewer == {"orchestrator/pool.py", "orchestrator/backends/docker/egress.py"}
+
+
+def test_every_status_has_its_exit_code() -> None:
+    from typing import get_args
+
+    from orchestrator.spec import EXIT_CODES, RunStatus
+
+    assert set(EXIT_CODES) == set(get_args(RunStatus))

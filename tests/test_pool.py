@@ -381,7 +381,19 @@ def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
         },
     )
     start = datetime(2026, 11, 24, 10, 59, 20, tzinfo=UTC)
-    clock = FakeClock(start, start + timedelta(seconds=45))
+    fires_at = datetime(2026, 11, 24, 11, 0, tzinfo=UTC)
+
+    class PoolPacedClock(FakeClock):
+        """Simulated time that reaches the firing only once the pool has the sandbox asked for
+        WARM_AHEAD before it ready, as the real seconds a serve sleeps would let it: how long
+        a sandbox takes to start depends on how busy the machine is, the test must not."""
+
+        def sleep(self, seconds: float, stop: threading.Event) -> bool:
+            if self.t < fires_at <= self.t + timedelta(seconds=seconds):
+                wait_for(lambda: pool.stats()["idle"] == 1, timeout=180)
+            return super().sleep(seconds, stop)
+
+    clock = PoolPacedClock(start, start + timedelta(seconds=45))
     log: list[str] = []
     store = ScheduleStore()
     with Pool(size=1, ttl=60) as pool:

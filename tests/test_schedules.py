@@ -336,7 +336,7 @@ def test_forbid_skips_and_replace_cancels_within_one_process(tmp_path: Path) -> 
             },
         )
         background.start()
-        assert slow.started.wait(10)
+        assert slow.started.wait(120)
         log: list[str] = []
         second = fire(schedule, store=store, executor=FakeRuns(), log=log.append)
         if schedule.concurrency == "forbid":
@@ -490,7 +490,7 @@ def test_failing_run_notifies_and_failing_notifier_is_recorded(tmp_path: Path) -
     log: list[str] = []
     started = time.monotonic()
     store, _ = serve_simulated(sf.schedules, FakeClock(t0, t0 + timedelta(minutes=5)), runs, log)
-    assert time.monotonic() - started < 20  # the hanging notifier was cut off after 1 s
+    assert time.monotonic() - started < 28  # cut off after 1 s, not after its 30 s sleep
 
     good_rows = firings(store, good)
     assert len(good_rows) == 5 and {r["outcome"] for r in good_rows} == {"failed"}

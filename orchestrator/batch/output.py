@@ -63,7 +63,6 @@ class BatchDir:
         self.results_path = path / "results.jsonl"
         self.attempts_path = path / "attempts.jsonl"
         self._lock = threading.Lock()
-        self._file_lock: Any = None
 
     @contextmanager
     def locked(self) -> Iterator[BatchDir]:

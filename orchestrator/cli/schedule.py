@@ -217,7 +217,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..schedules.file import load_schedules
     from ..schedules.firing import fire
     from ..schedules.store import ScheduleStore
-    from ..spec import RunCancelled
     from .common import tidy_store
     from .display import RunDisplay
 
@@ -238,7 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             firing = run_due(schedule, store=store, catch_up=args.catch_up, **kwargs)
             return 0 if firing is None else firing.exit_code
         return fire(schedule, store=store, trigger="manual", **kwargs).exit_code
-    except (KeyboardInterrupt, RunCancelled):
+    except KeyboardInterrupt:
         return EXIT_CODES["cancelled"]
     finally:
         display.stop()

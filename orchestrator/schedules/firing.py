@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from ..errors import OrchestratorError
-from ..spec import EXIT_CODES, RunCancelled
+from ..spec import EXIT_CODES
 from ..store import new_run_id
 from .clock import Clock, SystemClock
 from .cron import local_iso, utc_iso
@@ -107,7 +107,7 @@ def fire(
     except BaseException as exc:  # never leave the row `running` (SIGTERM while waiting, ...)
         with contextlib.suppress(Exception):
             if firing.outcome == "running":
-                cancelled = isinstance(exc, (KeyboardInterrupt, RunCancelled))
+                cancelled = isinstance(exc, KeyboardInterrupt)
                 store.update(
                     firing.id,
                     outcome="cancelled" if cancelled else "error",
@@ -167,7 +167,7 @@ def _fire_claimed(
         except OrchestratorError as exc:  # bad input: nothing was started
             firing.outcome, firing.exit_code = "error", exc.exit_code
             firing.reason = f"{exc.cause} {exc.fix}".strip()
-        except (KeyboardInterrupt, RunCancelled) as exc:
+        except KeyboardInterrupt as exc:
             interrupted = exc
             firing.outcome, firing.exit_code = "cancelled", EXIT_CODES["cancelled"]
             firing.reason = "interrupted (SIGINT/SIGTERM)"

@@ -21,9 +21,6 @@ import sys
 import threading
 from typing import Any
 
-#: How long the gateway waits for its configuration before giving up.
-CONFIG_TIMEOUT = 120.0
-
 
 class Channel:
     """Events to the host: one JSON object a line on stdout, whole lines only."""
@@ -39,6 +36,9 @@ class Channel:
 
 
 def read_config() -> dict[str, Any]:
+    """The configuration, stdin's first line; waits for it as long as the host takes (the
+    container's deadline keeper ends a gateway whose host never sends it). Raises
+    ValueError when the line is not one JSON object."""
     line = sys.stdin.readline()
     data = json.loads(line) if line.strip() else None
     if not isinstance(data, dict):

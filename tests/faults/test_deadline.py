@@ -16,6 +16,7 @@ from orchestrator.backends.docker.deadline import GRACE_SECONDS
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.manifest import load_manifest
+from orchestrator.store import Store
 
 from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
 from ..model_server import ScriptedModelServer
@@ -26,6 +27,22 @@ ADVERSARY = TEST_PAYLOADS / "adversary"
 LIMIT = 5.0
 #: Docker's own start and stop bookkeeping around the container's life.
 SLACK = 3.0
+
+
+def wait_for_record(docker_client, sandbox: dict, name: str, text: str) -> bool:
+    """Wait until the record of the sandbox's run has `text` in its file `name` (written as
+    it comes), or at most until the run's time limit has passed since the sandbox started:
+    on a machine so busy that the runtime has not got that far by then, the keeper must still
+    stop the container at its deadline, which is what these tests check. Whether it came."""
+    record = Path(Store().get_run(sandbox["Labels"][LABEL_RUN_ID])["record_dir"])
+    path = record / name
+    state = docker_client.api.inspect_container(sandbox["Id"])["State"]
+    until = engine_time(state["StartedAt"]) + LIMIT
+    while time.time() < until:
+        if path.exists() and text in path.read_text():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_code_in_the_sandbox_cannot_stop_or_ptrace_the_keeper(
@@ -52,7 +69,8 @@ def test_code_in_the_sandbox_cannot_outlive_the_deadline(
         sandbox = wait_for(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=120
         )
-        time.sleep(2)  # the tool has attacked PID 1 and left its daemon behind
+        # The tool has attacked PID 1 (its daemon is forked right after the report).
+        wait_for_record(docker_client, sandbox, "stderr.log", "deadline attack:")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # every orchestrator process of this run
         proc.wait(timeout=30)
@@ -95,18 +113,25 @@ def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
             env = dict(os.environ)
         if network == "allowlist":
             args += ["--allow-host", "example.com"]
-        _kill_mid_run_and_check(docker_client, store_label, args, env, exits)
+        # Killed once the runtime has its request; with a gateway, once the model answered.
+        seen = '"type": "model_call"' if network == "gateway" else '"type": "run_start"'
+        _kill_mid_run_and_check(docker_client, store_label, args, env, exits, seen)
 
 
 def _kill_mid_run_and_check(
-    docker_client, store_label: str, args: list[str], env: dict[str, str], exits: tuple[int, ...]
+    docker_client,
+    store_label: str,
+    args: list[str],
+    env: dict[str, str],
+    exits: tuple[int, ...],
+    seen: str,
 ) -> None:
     proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), *args, "-q", env=env)
     try:
         sandbox = wait_for(
             lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=180
         )
-        time.sleep(1)
+        wait_for_record(docker_client, sandbox, "events.jsonl", seen)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)

@@ -163,19 +163,11 @@ class Egress:
         client: docker.DockerClient,
         *,
         run_id: str,
-        policy: NetworkPolicy,
         labels: dict[str, str],
-        image: str | None,
-        stop_at: float,
-        progress: Progress | None = None,
     ) -> Egress:
-        """Create the run's network and, when `image` is given, start squid on it; removes
-        both again on failure. Without an image the network has no way out at all (a run
-        whose only destination is its model gateway).
-
-        Does not wait for squid to listen: call `wait_ready` before the sandbox makes its
-        first request (the sandbox's own start overlaps squid's).
-        """
+        """Create the run's private network, with no way out at all until `start_proxy` puts
+        squid on it (a run whose only destination is its model gateway never does). Raises
+        EgressError when the engine cannot create it."""
         import docker.errors
 
         try:
@@ -195,15 +187,7 @@ class Egress:
                 "prune`), run fewer at once, or give the engine smaller subnets "
                 '(`"default-address-pools"` in daemon.json, e.g. size 24).',
             ) from exc
-        egress = cls(client, network["Id"], f"orchestrator-net-{run_id}")
-        if image is None:
-            return egress
-        try:  # from here on, whatever goes wrong (a cancelling progress too) removes both
-            egress.start_proxy(run_id, policy, labels, image, stop_at, progress)
-        except BaseException:
-            egress.remove()
-            raise
-        return egress
+        return cls(client, network["Id"], f"orchestrator-net-{run_id}")
 
     def subnets(self) -> list[str]:
         """The run's network's address ranges (its only clients)."""
@@ -219,8 +203,9 @@ class Egress:
         stop_at: float,
         progress: Progress | None = None,
     ) -> None:
-        """Start squid on the network (see `start`); on failure `remove` removes what was
-        made."""
+        """Start squid on the network; on failure `remove` removes what was made. Does not
+        wait for squid to listen: call `wait_ready` before the sandbox makes its first
+        request (the sandbox's own start overlaps squid's)."""
         if progress is not None:
             progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
         api = self.client.api

@@ -71,9 +71,6 @@ KIND_PAYLOAD = "payload-image"
 LABEL_CONTENT_HASH = "orchestrator.content-hash"
 
 
-LABEL_BASE = "orchestrator.base"  # the base reference the agent image was built from
-
-
 LABEL_BASE_ID = "orchestrator.base-id"
 
 

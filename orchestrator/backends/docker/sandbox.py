@@ -344,10 +344,7 @@ class DockerBackend(Backend):
                 egress = Egress.start(
                     self.client,
                     run_id=spec.run_id,
-                    policy=spec.network,
                     labels=spec.labels,
-                    image=None,
-                    stop_at=stop_at,
                 )
             if spec.gateway is not None and egress is not None:
                 progress("model gateway")
