@@ -11,8 +11,12 @@ import pytest
 
 from orchestrator.defaults import check, load_config
 from orchestrator.errors import ConfigError
+from orchestrator.registry import backend_names
 
 from .conftest import cli
+
+#: The backends' names as messages list them: docker, e2b, then any installed plugin's.
+NAMES = ", ".join(backend_names())
 
 BAD = """\
 [defaults]
@@ -57,9 +61,9 @@ def test_a_good_config_file_loads_and_one_problem_is_one_sentence(tmp_path: Path
     with pytest.raises(ConfigError) as info:
         load_config(config)
     assert info.value.cause == (
-        f"Config file {config}:2: field `defaults.backend` is 'k8s', not one of docker, e2b."
+        f"Config file {config}:2: field `defaults.backend` is 'k8s', not one of {NAMES}."
     )
-    assert info.value.fix == "Use one of docker, e2b."
+    assert info.value.fix == f"Use one of {NAMES}."
 
 
 def test_environment_variables_are_checked_by_the_same_fields() -> None:

@@ -10,6 +10,7 @@ import pytest
 from orchestrator.errors import ConfigError, ManifestError
 from orchestrator.manifest import load_manifest
 from orchestrator.models import parse_model
+from orchestrator.registry import backend_names
 from orchestrator.runner import prepare
 from orchestrator.spec import RunSpec
 
@@ -177,7 +178,7 @@ def test_backend_comes_from_the_run_then_the_manifest_then_docker(
     bad = write_payload(tmp_path, GOOD.replace('example_task = "hi"', 'backend = "lambda"'))
     with pytest.raises(ManifestError, match="payload.backend") as info:
         load_manifest(bad)
-    assert "docker, e2b" in info.value.fix
+    assert "docker, e2b" in info.value.fix  # the built-in ones first, then any plugin's
 
 
 # ---- issue 12: requirements are package specifications, hosts are DNS names, files UTF-8 ----
@@ -353,9 +354,9 @@ def test_one_problem_is_one_sentence_with_its_line_and_own_fix(tmp_path: Path) -
     line = line_of(text, "backend")
     assert info.value.cause == (
         f"{folder / 'manifest.toml'}:{line}: field `payload.backend` is 'lambda', "
-        "not one of docker, e2b."
+        f"not one of {', '.join(backend_names())}."
     )
-    assert info.value.fix == "Use one of docker, e2b."
+    assert info.value.fix == f"Use one of {', '.join(backend_names())}."
 
 
 def test_a_missing_entrypoint_is_said_to_be_missing(tmp_path: Path) -> None:

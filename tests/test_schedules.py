@@ -23,6 +23,7 @@ import pytest
 from croniter import croniter
 
 from orchestrator.executor import Attempt, AttemptExecutor
+from orchestrator.registry import backend_names
 from orchestrator.runner import RunObservers, prepare
 from orchestrator.schedules import (
     EXIT_SKIPPED,
@@ -891,5 +892,6 @@ def test_schedules_file_names_unknown_tables_and_allowed_values(tmp_path: Path) 
         "line 5: schedule \"x\" field `network`: is 'closed', not one of none, allowlist, open. "
         "Use one of none, allowlist, open." in text
     )
-    assert "line 6: schedule \"x\" field `backend`: is 'k8s', not one of docker, e2b." in text
+    names = ", ".join(backend_names())  # docker, e2b and any installed plugin's
+    assert f"line 6: schedule \"x\" field `backend`: is 'k8s', not one of {names}." in text
     assert "line 8: `[schedul]` is not a known table; did you mean `[schedule]`?" in text
