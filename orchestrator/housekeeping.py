@@ -76,7 +76,7 @@ def prune_runs(
     cutoff = (now if now is not None else time.time()) - older_than
     rows = [
         r
-        for r in store.list_runs(limit=0, status=wanted, before=cutoff)
+        for r in store.list_runs(limit=0, status=wanted, before=cutoff, kind=None)
         if r["status"] not in LIVE_STATUSES or not is_live(r)
     ]
     if not dry_run:

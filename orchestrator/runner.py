@@ -324,6 +324,7 @@ def execute(
             schedule=prepared.spec.schedule,
             batch=prepared.spec.batch,
             owner=owner_label(),
+            kind="check" if prepared.spec.check_only else "run",
         )
         record = RunRecorder(record_dir, masker, observers.on_event)
     except (OSError, sqlite3.Error) as exc:

@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS runs (
     schedule    TEXT,
     batch       TEXT,
     owner       TEXT,
-    record_dir  TEXT NOT NULL
+    record_dir  TEXT NOT NULL,
+    kind        TEXT NOT NULL DEFAULT 'run'
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs(created_at);
 CREATE INDEX IF NOT EXISTS runs_schedule ON runs(schedule, created_at);
@@ -62,8 +63,13 @@ CREATE INDEX IF NOT EXISTS runs_schedule ON runs(schedule, created_at);
 COLUMNS = (
     "run_id", "created_at", "ended_at", "status", "payload", "model", "backend", "network",
     "task", "answer", "error", "exit_code", "duration", "input_tokens", "output_tokens",
-    "schedule", "batch", "owner", "record_dir",
+    "schedule", "batch", "owner", "record_dir", "kind",
 )  # fmt: skip
+#: A run's `kind`: `run` (a task run) or `check` (`validate`'s or a batch preflight's load of
+#: a payload's agent tree: no step runs). Checks are recorded (their sandbox is a real one,
+#: which `cleanup` must be able to close, and their logs explain a refusal) but kept out of
+#: listings unless asked for, so that they never pass for real successes.
+KINDS = ("run", "check")
 
 _TEXT_LIMIT = 2000
 #: Seconds a statement waits for another connection's lock before "database is locked".
@@ -143,6 +149,7 @@ class Store:
                     for statement in SCHEMA.split(";"):
                         if statement.strip():
                             db.execute(statement)
+                    _migrate(db)
                 return
             except sqlite3.OperationalError as exc:
                 if _is_unwritable(exc):
@@ -342,11 +349,15 @@ class Store:
         schedule: str | None = None,
         batch: str | None = None,
         before: float | None = None,
+        kind: str | None = "run",
     ) -> list[dict[str, Any]]:
         """Newest first; `status` may be several, comma-separated; `before`: created before
-        this time; `limit` 0 for all."""
+        this time; `limit` 0 for all; `kind` (see KINDS) None for every kind."""
         where: list[str] = []
         args: list[Any] = []
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
         if status is not None:
             names = [s for s in status.split(",") if s]
             where.append(f"status IN ({', '.join('?' for _ in names)})")
@@ -387,6 +398,14 @@ class Store:
     def read_result(record_dir: str | Path) -> dict[str, Any] | None:
         path = Path(record_dir) / "result.json"
         return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring an index made by an older version up to the schema (inside the setup's write
+    transaction, so two processes never both add a column)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(runs)")}
+    if "kind" not in columns:
+        db.execute("ALTER TABLE runs ADD COLUMN kind TEXT NOT NULL DEFAULT 'run'")
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:

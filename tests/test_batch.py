@@ -307,9 +307,12 @@ def test_resume_reruns_only_what_is_unfinished(tmp_path: Path, agent_image: str,
     first = cli(*batch_cmd(tasks, out)[3:])
     assert first.returncode == 0, first.stderr
     before = {r["id"]: r for r in lines_of(out / "results.jsonl")}
+    known = {r["run_id"] for r in Store().list_runs(limit=0, kind=None)}
     again = cli(*batch_cmd(tasks, out)[3:])
     assert again.returncode == 0, again.stderr
     assert {r["id"]: r for r in lines_of(out / "results.jsonl")} == before  # nothing re-run
+    started = [r for r in Store().list_runs(limit=0, kind=None) if r["run_id"] not in known]
+    assert started == []  # not even the preflight's check: nothing was left to run
     rerun = cli(*batch_cmd(tasks, out, "--rerun-failed", "--json")[3:])
     assert rerun.returncode == 0, rerun.stderr
     after = lines_of(out / "results.jsonl")

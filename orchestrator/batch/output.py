@@ -94,6 +94,19 @@ class BatchDir:
     def write_meta(self, meta: dict[str, Any]) -> None:
         atomic_write(self.path / "batch.json", json.dumps(meta, indent=2) + "\n")
 
+    def done_ids(self, *, rerun_failed: bool = False) -> set[str]:
+        """The tasks a resume keeps (an agent outcome; only successes with `rerun_failed`),
+        read without the lock and without rewriting (a torn line counts as no result)."""
+        keep = {"succeeded"} if rerun_failed else set(FINISHED)
+        done: set[str] = set()
+        with suppress(OSError):
+            for line in self.results_path.read_text(encoding="utf-8").splitlines():
+                with suppress(ValueError, KeyError, TypeError, AttributeError):
+                    row = json.loads(line)
+                    if row.get("status") in keep:
+                        done.add(str(row["id"]))
+        return done
+
     def load_results(self) -> dict[str, dict[str, Any]]:
         """Result lines by task id. A torn last line (the process died mid-write) is dropped
         here and rewritten away, so it can never be mistaken for a result."""

@@ -93,9 +93,11 @@ def run_batch(
     plan = plan_batch(spec)
     executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=on_message)
     store = store or Store()
-    check_payload_loads(plan, executor, store, cancel)
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
+    done = out.done_ids(rerun_failed=spec.rerun_failed)
+    if any(task.id not in done for task in plan.file.tasks):  # else nothing starts at all
+        check_payload_loads(plan, executor, store, cancel)
     with out.locked():
         session = _BatchRun(
             spec, plan, out, executor=executor, store=store, cancel=cancel, monitor=monitor,

@@ -42,6 +42,11 @@ def add_runs_parser(sub: Any) -> None:
     )  # fmt: skip
     ls.add_argument("--schedule", help="only runs fired by this schedule")
     ls.add_argument("--batch", help="only runs of this batch")
+    ls.add_argument(
+        "--checks", action="store_true",
+        help="list only check runs: the agent-tree loads of `validate` and of a batch's "
+        "preflight (no step runs; hidden otherwise)",
+    )  # fmt: skip
     ls.add_argument("--json", action="store_true", help="print the rows as a JSON array")
     ls.set_defaults(handler=cmd_runs_list)
 
@@ -112,13 +117,18 @@ def _store() -> Any:
 def cmd_runs_list(args: argparse.Namespace) -> int:
     store = _store()
     rows = store.list_runs(
-        limit=args.limit, status=args.status, schedule=args.schedule, batch=args.batch
+        limit=args.limit,
+        status=args.status,
+        schedule=args.schedule,
+        batch=args.batch,
+        kind="check" if args.checks else "run",
     )
     if args.json:
         print_json(rows)
         return 0
     if not rows:
-        which = " matching these filters" if (args.status or args.schedule or args.batch) else ""
+        filtered = args.status or args.schedule or args.batch or args.checks
+        which = " matching these filters" if filtered else ""
         say(f"no runs{which} in {store.root} (start one with `orchestrator run PAYLOAD`)")
         return 0
     print_table(
@@ -176,6 +186,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
     return [
         ("run", r["run_id"]),
         ("status", r.get("status")),
+        ("kind", CHECK_KIND if row.get("kind") == "check" else None),
         ("exit code", row.get("exit_code") if row.get("exit_code") is not None else None),
         ("payload", r.get("payload")),
         ("task", row.get("task")),
@@ -198,6 +209,11 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("image", result.get("image")),
         ("record", row.get("record_dir")),
     ]
+
+
+CHECK_KIND = (
+    "check (the payload's agent tree loaded by `validate` or a batch's preflight; no step ran)"
+)
 
 
 def _reported(result: dict[str, Any]) -> str:

@@ -65,8 +65,9 @@ def _day(text: str, *, end: bool) -> float:
 
 
 def list_runs(store: Store, flt: RunFilter) -> RunPage:
-    """One page of runs, newest first, and how many match in all."""
-    where, args = [], []
+    """One page of runs, newest first, and how many match in all (no check runs:
+    `validate`'s and batch preflights' loads, store.KINDS)."""
+    where, args = ["kind = 'run'"], []
     for column in ("status", "payload", "batch", "schedule"):
         value = getattr(flt, column)
         if value:
@@ -95,8 +96,8 @@ def list_runs(store: Store, flt: RunFilter) -> RunPage:
             column: [
                 r[0]
                 for r in db.execute(
-                    f"SELECT DISTINCT {column} FROM runs WHERE {column} IS NOT NULL "
-                    f"ORDER BY {column} LIMIT 200"
+                    f"SELECT DISTINCT {column} FROM runs "
+                    f"WHERE {column} IS NOT NULL AND kind = 'run' ORDER BY {column} LIMIT 200"
                 )
             ]
             for column in ("status", "payload", "batch", "schedule")

@@ -72,7 +72,13 @@ def test_mock_scripts_for_unknown_and_missing_agents_are_all_reported(
     assert any("'librarian', which is not an agent" in p for p in problems), problems
     assert any("no mock script for agent 'helper'" in p for p in problems), problems
     good = broken(tmp_path / "good")
+    before = {r["run_id"] for r in Store().list_runs(limit=0, kind=None)}
     assert cli("validate", str(good)).returncode == 0
+    # The load is a check run: recorded, marked, and never listed as a real success.
+    new = [r for r in Store().list_runs(limit=0, kind=None) if r["run_id"] not in before]
+    assert [r["kind"] for r in new] == ["check"], new
+    listed = json.loads(cli("runs", "list", "--limit", "0", "--json").stdout)
+    assert new[0]["run_id"] not in {r["run_id"] for r in listed}
 
 
 def test_a_batch_on_a_payload_that_cannot_load_starts_no_task(
@@ -81,10 +87,11 @@ def test_a_batch_on_a_payload_that_cannot_load_starts_no_task(
     folder = broken(tmp_path, function="no_such_function")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"task": f"t{i}"}) + "\n" for i in range(20)))
-    before = {r["run_id"] for r in Store().list_runs(limit=10_000)}
+    before = {r["run_id"] for r in Store().list_runs(limit=0, kind=None)}
     out = cli("batch", str(folder), str(tasks), "-o", str(tmp_path / "out"), "-q")
     assert out.returncode == 2, out.stderr
     assert "cannot load" in out.stderr and "no_such_function" in out.stderr
     assert not (tmp_path / "out" / "results.jsonl").exists()
-    new = [r for r in Store().list_runs(limit=10_000) if r["run_id"] not in before]
+    new = [r for r in Store().list_runs(limit=0, kind=None) if r["run_id"] not in before]
     assert len(new) == 1 and new[0]["batch"] is None, new  # the one check, no task
+    assert new[0]["kind"] == "check" and f"check run {new[0]['run_id']}" in out.stderr

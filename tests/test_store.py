@@ -1,0 +1,54 @@
+"""The run store's index as listings see it: check runs (`validate`'s and a batch preflight's
+loads of a payload) are recorded but never pass for real runs, and an index made by an older
+version gains what the listings need. No sandbox: rows are written directly."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from orchestrator.store import Store
+from orchestrator.view.queries import RunFilter, list_runs
+
+from .conftest import cli
+
+
+def test_check_runs_are_hidden_from_listings_unless_asked_for(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.create_run("r-real", status="succeeded", payload="team", batch="b-1")
+    store.create_run("r-check", status="succeeded", payload="checked", kind="check")
+    assert [r["run_id"] for r in store.list_runs()] == ["r-real"]
+    assert [r["run_id"] for r in store.list_runs(kind="check")] == ["r-check"]
+    assert len(store.list_runs(kind=None)) == 2  # what `runs prune` goes through
+    page = list_runs(store, RunFilter())  # the viewer's runs page
+    assert [r["run_id"] for r in page.rows] == ["r-real"] and page.total == 1
+    assert page.facets["payload"] == ["team"]  # no filter value that only checks have
+    home = {"ORCHESTRATOR_HOME": str(tmp_path)}
+    listed = cli("runs", "list", "--json", env=home)
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == ["r-real"], listed.stderr
+    checks = cli("runs", "list", "--checks", "--json", env=home)
+    assert [r["run_id"] for r in json.loads(checks.stdout)] == ["r-check"], checks.stderr
+    shown = cli("runs", "show", "r-check", env=home)  # still found by its id
+    assert shown.returncode == 0 and "no step ran" in shown.stdout, shown.stderr
+
+
+def test_an_older_index_gains_the_kind_column(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "index.sqlite3") as db:
+        db.execute(
+            "CREATE TABLE runs (run_id TEXT PRIMARY KEY, created_at REAL NOT NULL, "
+            "ended_at REAL, status TEXT NOT NULL, payload TEXT, model TEXT, backend TEXT, "
+            "network TEXT, task TEXT, answer TEXT, error TEXT, exit_code INTEGER, "
+            "duration REAL, input_tokens INTEGER, output_tokens INTEGER, schedule TEXT, "
+            "batch TEXT, owner TEXT, record_dir TEXT NOT NULL)"
+        )
+        db.execute(
+            "INSERT INTO runs (run_id, created_at, status, record_dir) "
+            "VALUES ('r-old', 1.0, 'succeeded', 'x')"
+        )
+    db.close()
+    store = Store(tmp_path)
+    assert [r["kind"] for r in store.list_runs()] == ["run"]
+    Store(tmp_path)  # a second opening finds the column there already
+    store.create_run("r-new", status="created", kind="check")
+    assert [r["run_id"] for r in store.list_runs(kind="check")] == ["r-new"]
