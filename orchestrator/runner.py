@@ -193,7 +193,8 @@ def prepare(
         )
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
-        if spec.check_only:  # the tree is built, no step runs: no real secret goes in
+        if spec.check_only:  # the tree is built, no step runs: no real secret goes in,
+            resolve_secrets(needed, env_file=spec.env_file)  # but a run would need them set
             secrets = {name: "placeholder-for-validation" for name in needed}
         elif secret_values:
             secrets = resolve_secrets(needed, env_file=spec.env_file)

@@ -226,10 +226,15 @@ class Run:
             for name in sorted(set(request.mock_scripts) - set(names))
         ]
         if request.mock_scripts:
+            from .models import script_problems
+
             problems += [
                 f"no mock script for agent {name!r}" for name in names
                 if name not in request.mock_scripts
             ]  # fmt: skip
+            for node in nodes:
+                outputs = request.mock_scripts.get(node.name) or []
+                problems += script_problems(node.name, node.agent, outputs)
         if not problems:
             self.end("success", {"agents": names}, None)
             return EXIT_SUCCESS

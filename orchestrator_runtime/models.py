@@ -85,6 +85,49 @@ class ScriptedModel(Model):
         yield ChatMessageStreamDelta(content=message.content, token_usage=message.token_usage)
 
 
+def script_problems(name: str, agent: Any, outputs: list[str]) -> list[str]:
+    """What in agent `name`'s mock script its agent cannot parse, one line per output (found
+    by `validate`: a run would fail at that output with "mock script ... is exhausted").
+    A CodeAgent needs a code block in each output; a ToolCallingAgent a tool call as JSON.
+    Outputs past the agent's max_steps are free text: smolagents asks for a final answer in
+    plain words once the steps are used up."""
+    from smolagents import CodeAgent, ToolCallingAgent
+    from smolagents.models import get_tool_call_from_text
+    from smolagents.utils import parse_code_blobs
+
+    problems = []
+    steps = getattr(agent, "max_steps", None) or len(outputs)
+    for index, text in enumerate(outputs[:steps], start=1):
+        where = f"mock script of agent {name!r}, output {index} of {len(outputs)}"
+        if isinstance(agent, CodeAgent) and not getattr(
+            agent, "_use_structured_outputs_internally", False
+        ):
+            opening, closing = agent.code_block_tags
+            try:
+                parse_code_blobs(text, agent.code_block_tags)
+            except ValueError:
+                problems.append(
+                    f"{where}: no code block; a CodeAgent runs only the code between "
+                    f"{opening} and {closing} (e.g. {opening}\nfinal_answer(42)\n{closing})"
+                )
+        elif isinstance(agent, ToolCallingAgent):
+            model = agent.model
+            try:
+                get_tool_call_from_text(
+                    text,
+                    getattr(model, "tool_name_key", "name"),
+                    getattr(model, "tool_arguments_key", "arguments"),
+                )
+            except Exception as exc:
+                detail = " ".join(str(exc).split())[:300]
+                problems.append(
+                    f"{where}: no tool call a ToolCallingAgent can read ({detail}); write it "
+                    'as JSON, e.g. Action: {"name": "final_answer", "arguments": {"answer": '
+                    '"42"}}'
+                )
+    return problems
+
+
 def last_step_error(agent: Any) -> str | None:
     """The error of the agent's latest step that failed, as `Type: message`, or None."""
     for step in reversed(getattr(agent.memory, "steps", [])):

@@ -435,3 +435,27 @@ def test_shipped_and_test_payloads_define_their_entrypoint() -> None:
     for folder in folders:
         if (folder / "manifest.toml").is_file():
             assert load_manifest(folder).missing_function() is None, folder
+
+
+def test_validate_refuses_what_run_refuses_before_a_sandbox(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`validate` makes `run`'s own checks (runner.prepare): a dangerous import and an unset
+    declared secret are both reported, exit 2, with what to do; no sandbox is needed for it."""
+    monkeypatch.delenv("DEMO_TOKEN", raising=False)
+    dangerous = GOOD.replace('["json", "math"]', '["json", "subprocess"]')
+    folder = write_payload(tmp_path, dangerous)
+    out = cli("validate", str(folder), "--json", env={"DEMO_TOKEN": ""})
+    assert out.returncode == 2, out.stderr
+    problems = json.loads(out.stdout)["problems"]
+    assert len(problems) == 2, problems
+    assert "subprocess" in problems[0] and "--i-understand-dangerous-imports" in problems[0]
+    assert "DEMO_TOKEN" in problems[1] and "Export DEMO_TOKEN=" in problems[1]
+    human = cli("validate", str(folder), "--no-load", env={"DEMO_TOKEN": ""})
+    assert human.returncode == 2 and "DEMO_TOKEN" in human.stderr, human.stderr
+    # With the same opt-in `run` takes, and the secret set, both checks pass.
+    accepted = cli(
+        "validate", str(folder), "--no-load", "--i-understand-dangerous-imports",
+        env={"DEMO_TOKEN": "set"},
+    )  # fmt: skip
+    assert accepted.returncode == 0, accepted.stderr

@@ -15,11 +15,13 @@ def add_payload_parser(sub: Any) -> None:
     p = sub.add_parser(
         "validate",
         help=HELP["validate"],
-        description="Check a payload without running it: its manifest, what its folder would "
-        "ship, and (unless --no-load) that its agent tree loads in a sandbox with the mock "
-        "model and placeholder secrets, no step run; every problem is reported at once "
-        "(a missing function, an import error, mock scripts for unknown agents or missing "
-        "for known ones). Exit codes: 0 ok, 2 problems found, 5 the sandbox could not run.",
+        description="Check a payload without running it, as `run` checks it before it starts: "
+        "its manifest, what its folder would ship, dangerous imports, that its declared "
+        "secrets are set (their values go nowhere), and (unless --no-load) that its agent "
+        "tree loads in a sandbox with the mock model and placeholder secrets, no step run; "
+        "every problem is reported at once (a missing function, an import error, mock "
+        "scripts for unknown agents, missing for known ones, or that their agents cannot "
+        "parse). Exit codes: 0 ok, 2 problems found, 5 the sandbox could not run.",
     )
     p.add_argument(
         "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
@@ -32,6 +34,11 @@ def add_payload_parser(sub: Any) -> None:
         "--backend", choices=backend_names(),
         help=f"where to load it: {backends_help()}. Default: the payload's `payload.backend`, "
         "else docker",
+    )  # fmt: skip
+    p.add_argument("--env-file", help="dotenv file the secrets are looked up in (default: ./.env)")
+    p.add_argument(
+        "--i-understand-dangerous-imports", action="store_true", dest="allow_dangerous_imports",
+        help="accept authorized_imports such as os or subprocess, as `run` would with it",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(handler=cmd_validate)
@@ -53,21 +60,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
         report["details"] = [p.to_dict() for p in exc.problems]  # field path, line, fix
         print(json.dumps(report, indent=2))
         return exc.exit_code
-    dangerous = manifest.dangerous_imports()
-    report["warnings"] = (
-        [f"dangerous authorized_imports {dangerous} need --i-understand-dangerous-imports"]
-        if dangerous
-        else []
-    )
-    code = 0
+    report["warnings"] = []
+    prepared, code = prepare_check(args, manifest.example_task, report)
     missing = manifest.missing_function()  # from the source: the functions that do exist
     if missing:
         report["problems"].append(
             f"{manifest.path}: field `payload.entrypoint` {missing}. Fix the name, or define it."
         )
         code = 2
-    elif not args.no_load:
-        code = load_check(args, manifest.example_task, report)
+    elif prepared is not None and not args.no_load:
+        code = load_check(prepared, report)
     report["ok"] = not report["problems"]
     if args.json:
         print(json.dumps(report, indent=2))
@@ -85,10 +87,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return code
 
 
-def load_check(args: argparse.Namespace, example_task: str | None, report: dict) -> int:
-    """Load the payload's tree in a sandbox (mock model, no step); fill `report`; exit code."""
-    from ..runner import run
-    from ..spec import PAYLOAD_ERROR, RunSpec
+def prepare_check(
+    args: argparse.Namespace, example_task: str | None, report: dict
+) -> tuple[Any, int]:
+    """The checks `run` makes before it starts anything (`runner.prepare`, the one function),
+    in check mode: the declared secrets must be set, but their values never leave the host.
+    Returns the prepared check (None when refused) and the exit code so far; each problem is
+    added to `report`. A dangerous import is reported and the other checks still made."""
+    from dataclasses import replace
+
+    from ..errors import OrchestratorError
+    from ..runner import prepare
+    from ..spec import RunSpec
 
     spec = RunSpec(
         payload=args.payload,
@@ -97,10 +107,31 @@ def load_check(args: argparse.Namespace, example_task: str | None, report: dict)
         backend=args.backend,
         network="none",
         timeout_seconds=120,
-        allow_dangerous_imports=True,  # reported as a warning above; loading is not running
+        env_file=args.env_file,
+        allow_dangerous_imports=args.allow_dangerous_imports,
         check_only=True,
     )
-    result = run(spec)
+    code = 0
+    for _ in range(2):
+        try:
+            return prepare(spec), code
+        except OrchestratorError as exc:
+            report["problems"] += exc.problem_lines()
+            code = max(code, exc.exit_code)
+            if spec.allow_dangerous_imports or exc.field != "payload":
+                return None, code
+            spec = replace(spec, allow_dangerous_imports=True)  # the other checks still run
+    return None, code
+
+
+def load_check(prepared: Any, report: dict) -> int:
+    """Load the payload's tree in a sandbox (mock model, no step); fill `report`; exit code."""
+    from ..backends import get_backend
+    from ..runner import execute, observers_of
+    from ..spec import PAYLOAD_ERROR
+
+    backend = get_backend(prepared.backend, env_file=prepared.spec.env_file)
+    result = execute(prepared, backend=backend, observers=observers_of())
     report["check_run"] = result.run_id
     if result.status == "succeeded":
         report["agents"] = (result.answer or {}).get("agents", [])

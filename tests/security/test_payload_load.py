@@ -25,6 +25,8 @@ example_task = "Answer."
 {scripts}
 """
 SCRIPT = '["Thought: done.\\n<code>\\nfinal_answer(1)\\n</code>"]'
+#: The helper is a ToolCallingAgent: its outputs are tool calls as JSON.
+HELPER_SCRIPT = '''['Action: {"name": "final_answer", "arguments": {"answer": "1"}}']'''
 
 AGENT = """
 from smolagents import CodeAgent, ToolCallingAgent
@@ -39,7 +41,7 @@ def build(model):
 def broken(tmp_path: Path, *, function: str = "build", scripts: str = "", code: str = AGENT):
     folder = tmp_path / "broken"
     folder.mkdir(parents=True)
-    scripts = scripts or f"manager = {SCRIPT}\nhelper = {SCRIPT}"
+    scripts = scripts or f"manager = {SCRIPT}\nhelper = {HELPER_SCRIPT}"
     return write_payload(folder, MANIFEST.format(function=function, scripts=scripts), code)
 
 
@@ -95,3 +97,22 @@ def test_a_batch_on_a_payload_that_cannot_load_starts_no_task(
     new = [r for r in Store().list_runs(limit=0, kind=None) if r["run_id"] not in before]
     assert len(new) == 1 and new[0]["batch"] is None, new  # the one check, no task
     assert new[0]["kind"] == "check" and f"check run {new[0]['run_id']}" in out.stderr
+
+
+def test_mock_scripts_their_agents_cannot_parse_are_named(
+    tmp_path: Path, agent_image: str
+) -> None:
+    """A run would fail at these outputs with "mock script ... is exhausted"; validate names
+    the agent and the output instead."""
+    no_code = '["Thought: I answer at once: 42."]'
+    no_json = '["Action: {\\"name\\": \\"final_answer\\", \\"arguments\\": "]'
+    folder = broken(tmp_path, scripts=f"manager = {no_code}\nhelper = {no_json}")
+    checked = cli("validate", str(folder), "--json")
+    assert checked.returncode == 2, checked.stderr
+    problems = json.loads(checked.stdout)["problems"]
+    assert any(
+        "agent 'manager', output 1 of 1: no code block" in p and "<code>" in p for p in problems
+    ), problems
+    assert any(
+        "agent 'helper', output 1 of 1: no tool call" in p and "Action:" in p for p in problems
+    ), problems
