@@ -49,6 +49,7 @@ from .policy import (
 from .record import EventHandler, RunRecorder, finish
 from .secrets import needed_secrets, resolve_secrets
 from .spec import (
+    PAYLOAD_ERROR,
     SETTABLE_LIMITS,
     Limits,
     NetworkPolicy,
@@ -407,6 +408,11 @@ def execute(
             sandbox.kill()
         result.status = "cancelled"
         result.error = {"type": "cancelled", "message": "cancelled by the user"}
+    except ManifestError as exc:  # the payload asks for what cannot be had (a requirement)
+        result.status = "failed"
+        message = f"{prepared.manifest.path}: {exc.cause} {exc.fix}"
+        result.error = {"type": PAYLOAD_ERROR, "message": message, "problems": [message],
+                        "field": exc.field}  # fmt: skip
     except Exception as exc:  # engine errors, image build failures, vanished sandboxes
         result.status = "infra_error"
         result.error = {"type": type(exc).__name__, "message": masker(str(exc))}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 import docker.errors
 
 from .config import VERSION, home_dir
-from .errors import ImageBuildError
+from .errors import ImageBuildError, ManifestError
 from .imagedef import (
     BASE_IMAGE_ENV,
     Progress,
@@ -232,6 +233,9 @@ def _download_wheelhouse(
     result = run_streaming(command, progress, prefix="pip: ")
     if result.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
+        missing = not_on_index(result.lines)
+        if missing is not None:
+            raise missing_requirement(missing, target)
         raise ImageBuildError(
             f"pip could not download wheels for {target.describe()} "
             f"(requirements: {' '.join(requirement_lines(requirements))}). "
@@ -255,3 +259,37 @@ def _download_wheelhouse(
     partial.rename(path)
     report(progress, f"{len(wheels)} wheels ready in {time.monotonic() - started:.1f} s")
     return Wheelhouse(path=path, key=key, wheels=wheels)
+
+
+#: pip's last word when no release of a requirement fits ("not on the index" or "no such
+#: version"): the user's mistake. pip says the same after it failed to reach the index, so
+#: the words of an unreachable index (below) make it an infrastructure fault again.
+_NOT_FOUND = re.compile(r"No matching distribution found for (\S+)")
+_UNREACHABLE = (
+    "NewConnectionError", "ConnectTimeout", "ReadTimeout", "Max retries exceeded",
+    "ProxyError", "SSLError", "Temporary failure in name resolution", "Retrying (",
+)  # fmt: skip
+
+
+def not_on_index(lines: list[str]) -> str | None:
+    """The requirement pip found no release of, when the index was reached; else None."""
+    if any(word in line for line in lines for word in _UNREACHABLE):
+        return None
+    for line in reversed(lines):
+        found = _NOT_FOUND.search(line)
+        if found:
+            return found.group(1)
+    return None
+
+
+def missing_requirement(requirement: str, target: PythonTarget) -> ManifestError:
+    """Bad input (exit 2), not a fault to retry: no release of `requirement` fits."""
+    name = re.split(r"[^\w.-]", requirement)[0]
+    error = ManifestError(
+        f"field `python.requirements`: no release of {requirement!r} is on the package index "
+        f"as a binary wheel for {target.describe()} (pip: No matching distribution found).",
+        f"Check the name and version (`pip index versions {name}` lists the versions there), "
+        "then fix `python.requirements` in the payload's manifest.toml.",
+    )
+    error.field = "python.requirements"
+    return error

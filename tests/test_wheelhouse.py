@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import imagedef, wheelhouse
-from orchestrator.errors import ConfigError, ImageBuildError
+from orchestrator.errors import ConfigError, ImageBuildError, ManifestError
 
 
 def test_extra_requirements_refuse_pip_options():
@@ -69,3 +69,32 @@ def test_failed_wheel_resolution_is_an_image_build_error(
         wheelhouse.ensure_wheelhouse("no-such-package\n", target)
     assert "No matching dist" in error.value.cause and "binary wheels" in error.value.fix
     assert not [p for p in tmp_path.iterdir() if p.suffix != ".lock"]  # nothing half-made
+
+
+def test_a_requirement_not_on_the_index_is_the_users_mistake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """pip's "No matching distribution" is bad input (exit 2, `python.requirements` named,
+    what to do), unless pip could not reach the index: then it is a fault to retry."""
+    monkeypatch.setenv(wheelhouse.WHEELHOUSE_ENV, str(tmp_path))
+    target = wheelhouse.PythonTarget(version="3.11.2", glibc="2.36", machine="x86_64")
+    said = [
+        "ERROR: Could not find a version that satisfies the requirement "
+        "tabulatr-nonexistent==9.9 (from versions: none)",
+        "ERROR: No matching distribution found for tabulatr-nonexistent==9.9",
+    ]
+    monkeypatch.setattr(
+        wheelhouse, "run_streaming", lambda *a, **k: imagedef.CommandOutput(1, said)
+    )
+    with pytest.raises(ManifestError) as error:
+        wheelhouse.ensure_wheelhouse("tabulatr-nonexistent==9.9\n", target)
+    assert error.value.exit_code == 2 and error.value.field == "python.requirements"
+    assert "'tabulatr-nonexistent==9.9'" in error.value.cause
+    assert "pip index versions tabulatr-nonexistent`" in error.value.fix
+    offline = ["WARNING: Retrying (Retry(total=4)) after connection broken by "
+               "'NewConnectionError(...)': /simple/tabulate/", *said]  # fmt: skip
+    monkeypatch.setattr(
+        wheelhouse, "run_streaming", lambda *a, **k: imagedef.CommandOutput(1, offline)
+    )
+    with pytest.raises(ImageBuildError):
+        wheelhouse.ensure_wheelhouse("tabulatr-nonexistent==9.9\n", target)

@@ -116,3 +116,24 @@ def test_mock_scripts_their_agents_cannot_parse_are_named(
     assert any(
         "agent 'helper', output 1 of 1: no tool call" in p and "Action:" in p for p in problems
     ), problems
+
+
+def test_a_requirement_not_on_the_index_is_bad_input(tmp_path: Path, agent_image: str) -> None:
+    """Not an infrastructure fault to retry: exit 2, naming the field, the requirement and
+    what to do, in `validate` and `run` alike (pip finds no such package: nothing builds)."""
+    folder = broken(tmp_path)
+    manifest = folder / "manifest.toml"
+    manifest.write_text(
+        manifest.read_text().replace(
+            "[mock.scripts]", '[python]\nrequirements = ["tabulatr-nonexistent==9.9"]\n\n'
+            "[mock.scripts]",
+        )
+    )  # fmt: skip
+    checked = cli("validate", str(folder))
+    assert checked.returncode == 2, checked.stderr
+    for words in ("python.requirements", "tabulatr-nonexistent==9.9", "pip index versions"):
+        assert words in checked.stderr, checked.stderr
+    ran = cli("run", str(folder), "--json", "--quiet")
+    assert ran.returncode == 2, ran.stderr
+    error = json.loads(ran.stdout)["error"]
+    assert error["type"] == "payload_error" and error["field"] == "python.requirements", error
