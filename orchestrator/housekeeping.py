@@ -85,20 +85,44 @@ def prune_runs(
     return rows
 
 
-def export_run(store: Store, ref: str, destination: str | Path | None = None) -> Path:
+def export_run(
+    store: Store, ref: str, destination: str | Path | None = None, *, force: bool = False
+) -> Path:
     """Write the run's record as a `.tar.gz`: its folder (events, logs, result.json) under
-    the run id, plus `index.json` (the store's row). Default: `./<run_id>.tar.gz`."""
+    the run id, plus `index.json` (the store's row). Default: `./<run_id>.tar.gz`; a folder
+    (existing, or written with a trailing `/`) gets `<run_id>.tar.gz` inside. Raises
+    ConfigError (nothing written) when the folder is missing or the archive exists (unless
+    `force`), and when it cannot be written."""
     row = store.resolve_run(ref)
     run_id = row["run_id"]
     path = Path(destination) if destination else Path(f"{run_id}.tar.gz")
-    if path.is_dir():
+    if path.is_dir() or str(destination or "").endswith(("/", "\\")):
         path = path / f"{run_id}.tar.gz"
+    if not path.parent.is_dir():
+        raise ConfigError(
+            f"Cannot write {path}: the folder {path.parent} does not exist.",
+            f"Create it first (mkdir -p {path.parent}), or pass another --output.",
+        )
+    if path.exists() and not force:
+        raise ConfigError(
+            f"{path} exists already; the export would replace it.",
+            "Pass --force to replace it, or another --output.",
+        )
     record = Path(row["record_dir"])
     index = json.dumps(row, indent=2, default=str).encode()
-    with tarfile.open(path, "w:gz") as archive:
-        if record.is_dir():
-            archive.add(record, arcname=run_id)
-        info = tarfile.TarInfo(f"{run_id}/index.json")
-        info.size, info.mtime, info.mode = len(index), int(time.time()), 0o644
-        archive.addfile(info, io.BytesIO(index))
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        with tarfile.open(partial, "w:gz") as archive:
+            if record.is_dir():
+                archive.add(record, arcname=run_id)
+            info = tarfile.TarInfo(f"{run_id}/index.json")
+            info.size, info.mtime, info.mode = len(index), int(time.time()), 0o644
+            archive.addfile(info, io.BytesIO(index))
+        partial.replace(path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise ConfigError(
+            f"Cannot write {path}: {exc.strerror or exc}.",
+            "Pass an --output in a folder you can write to (with free space).",
+        ) from exc
     return path

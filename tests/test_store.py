@@ -52,3 +52,26 @@ def test_an_older_index_gains_the_kind_column(tmp_path: Path) -> None:
     Store(tmp_path)  # a second opening finds the column there already
     store.create_run("r-new", status="created", kind="check")
     assert [r["run_id"] for r in store.list_runs(kind="check")] == ["r-new"]
+
+
+def test_export_refuses_a_missing_folder_and_never_overwrites(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = Store(home)
+    store.create_run("r-20260101-000000-abcdef", status="succeeded")
+    env = {"ORCHESTRATOR_HOME": str(home)}
+    missing = cli("runs", "export", "abcdef", "-o", str(tmp_path / "no" / "x.tgz"), env=env)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr
+    assert "does not exist" in missing.stderr and "mkdir -p" in missing.stderr
+    into = tmp_path / "out"
+    into.mkdir()
+    first = cli("runs", "export", "abcdef", "-o", f"{into}/", env=env)
+    assert first.returncode == 0, first.stderr
+    archive = Path(first.stdout.strip())
+    assert archive == into / "r-20260101-000000-abcdef.tar.gz" and archive.is_file()
+    archive.write_bytes(b"kept")
+    again = cli("runs", "export", "abcdef", "-o", f"{into}/", env=env)
+    assert again.returncode == 2 and "--force" in again.stderr, again.stderr
+    assert archive.read_bytes() == b"kept"
+    forced = cli("runs", "export", "abcdef", "-o", str(into), "--force", env=env)
+    assert forced.returncode == 0 and archive.read_bytes() != b"kept", forced.stderr
+    assert [p.name for p in into.iterdir()] == [archive.name]  # no partial file left

@@ -100,8 +100,10 @@ def add_runs_parser(sub: Any) -> None:
     ex.add_argument("run_id", metavar="RUN", help="run id, or a unique prefix or suffix")
     ex.add_argument(
         "--output", "-o", metavar="PATH",
-        help="archive file or folder (default: ./RUN_ID.tar.gz)",
+        help="archive file, or folder to write RUN_ID.tar.gz in (default: ./RUN_ID.tar.gz); "
+        "its folder must exist",
     )  # fmt: skip
+    ex.add_argument("--force", action="store_true", help="replace an archive that exists")
     ex.add_argument("--json", action="store_true", help="print {run_id, path} as JSON")
     ex.set_defaults(handler=cmd_runs_export)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
@@ -304,7 +306,7 @@ def cmd_runs_export(args: argparse.Namespace) -> int:
     from ..housekeeping import export_run
 
     store = _store()
-    path = export_run(store, args.run_id, args.output)
+    path = export_run(store, args.run_id, args.output, force=args.force)
     if args.json:
         print_json({"run_id": store.resolve_run(args.run_id)["run_id"], "path": str(path)})
     else:
