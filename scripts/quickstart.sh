@@ -4,4 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/orchestrator run agent_payloads/research_team --model mock "$@"
+status=0
+.venv/bin/orchestrator run agent_payloads/research_team --model mock "$@" || status=$?
+cat >&2 <<'NEXT'
+
+quickstart: `orchestrator` is in .venv/bin. In a new shell, first run
+    source .venv/bin/activate
+then, for example:
+    orchestrator run research_team "How many years after the Eiffel Tower opened did the Golden Gate Bridge open?"
+    orchestrator runs list
+    orchestrator --help
+NEXT
+exit "$status"

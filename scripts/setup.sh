@@ -9,11 +9,15 @@ python=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
+# setuptools warns on every editable install that a folder named like the package may shadow
+# it (it does not here: the folder *is* the package); a wall of text that says nothing to do.
+quiet_build="ignore::UserWarning:setuptools.command.editable_wheel"
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[dev]'
+PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev]'
 # Backends defined outside the project, registered through the entry point as a third party's
 # would be (tests/plugins/README.md); the tests use them.
-.venv/bin/python -m pip install --quiet --no-deps -e tests/plugins/orchestrator_mirror
+PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet --no-deps \
+    -e tests/plugins/orchestrator_mirror
 
 if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing debootstrap (to build a base image without a registry)" >&2

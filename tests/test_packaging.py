@@ -82,3 +82,43 @@ def test_installed_wheel_runs_a_shipped_example(
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert str(venv) in where.stdout and str(REPO) not in where.stdout
+
+
+def quick_start_lines() -> list[str]:
+    """The commands of the README's quick start block, as a new user copies them."""
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_quick_start_works_in_a_fresh_shell_as_written() -> None:
+    """Every bare `orchestrator` of the quick start comes after the line that puts it on
+    PATH, and that line does so in a shell that has nothing of ours on its PATH."""
+    lines = quick_start_lines()
+    first_bare = next(i for i, line in enumerate(lines) if line.startswith("orchestrator "))
+    activate = next(i for i, line in enumerate(lines) if line.startswith("source "))
+    assert activate < first_bare, lines
+    shell = subprocess.run(
+        ["bash", "-c", f"{lines[activate]} && orchestrator --version"],
+        cwd=REPO, env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shell.returncode == 0 and "orchestrator" in shell.stdout, shell.stderr
+
+
+def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:
+    """scripts/setup.sh's editable installs name the setuptools warning they silence; with
+    that filter pip prints nothing (the same install without it prints the wall)."""
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    (quiet,) = [line.split("=", 1)[1].strip('"') for line in setup.splitlines()
+                if line.startswith("quiet_build=")]  # fmt: skip
+    assert setup.count("PYTHONWARNINGS=$quiet_build") == 2  # both editable installs
+    plugin = REPO / "tests" / "plugins" / "orchestrator_mirror"
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+               "--disable-pip-version-check", "-e", str(plugin)]  # fmt: skip
+    installed = subprocess.run(
+        command, env={**os.environ, "PYTHONWARNINGS": quiet},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stderr
+    assert "Warning" not in installed.stdout + installed.stderr, installed.stderr
