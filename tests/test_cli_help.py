@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -149,3 +150,16 @@ def test_shell_completion_completes_commands_and_choices() -> None:
 
     assert {"run", "runs"} <= complete("orchestrator ru")
     assert {"running", "succeeded"} <= complete("orchestrator runs list --status ")
+
+
+def test_inputs_a_user_mistypes_are_refused_with_the_fix() -> None:
+    """Malformed `--arg` JSON is never a silent string; `--limit -1` is no limit a person
+    means; `run PAYLOAD -` with nothing on stdin has no task. Exit 2, nothing started."""
+    bad_json = cli("run", "research_team", "--arg", "a=[1,2", "--json")
+    assert bad_json.returncode == 2, bad_json.stderr
+    error = json.loads(bad_json.stdout)["error"]
+    assert "not valid JSON" in error["cause"] and "--arg 'a=[1, 2]'" in error["fix"], error
+    limit = cli("runs", "list", "--limit", "-1")
+    assert limit.returncode == 2 and "below 0" in limit.stderr, limit.stderr
+    empty = cli("run", "research_team", "-", input="\n")
+    assert empty.returncode == 2 and "stdin holds no text" in empty.stderr, empty.stderr

@@ -297,3 +297,11 @@ def test_build_tool_output_and_repeated_notices_only_with_verbose(docker_client)
         assert display.shown("pip: Collecting smolagents") and display.shown(notices[1])
     finally:
         display.VERBOSE = False
+
+
+def test_run_reads_the_task_from_stdin(agent_image: str, no_leftovers) -> None:
+    ran = cli("run", "research_team", "-", "--json", input="Who wrote Dune?\n", env=PIPED)
+    assert ran.returncode == 0, ran.stderr
+    run_id = json.loads(ran.stdout)["run_id"]
+    (row,) = [r for r in json.loads(cli("runs", "list", "--json").stdout) if r["run_id"] == run_id]
+    assert row["task"] == "Who wrote Dune?"

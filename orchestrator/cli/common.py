@@ -136,8 +136,14 @@ def parse_kv_args(items: list[str]) -> dict[str, Any] | None:
             )
         try:
             result[key] = json.loads(raw)
-        except ValueError:
-            result[key] = raw
+        except ValueError as exc:
+            if raw.lstrip()[:1] in ("[", "{", '"'):  # meant as JSON: never a silent string
+                raise OrchestratorError(
+                    f"--arg {key}: {raw!r} is not valid JSON ({exc}).",
+                    f"Fix the JSON (e.g. --arg '{key}=[1, 2]'), or quote it whole to pass "
+                    f"a string: --arg '{key}=\"...\"'.",
+                ) from None
+            result[key] = raw  # a bare word is a string: --arg name=alice
     return result
 
 

@@ -32,7 +32,10 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument(
         "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
     )
-    p.add_argument("task", nargs="?", help="the task (default: the manifest's example_task)")
+    p.add_argument(
+        "task", nargs="?",
+        help="the task (default: the manifest's example_task); - reads it from stdin",
+    )  # fmt: skip
     add_run_options(p)
     p.add_argument(
         "--arg",
@@ -50,6 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..runner import run
     from .display import RunDisplay
 
+    if args.task == "-":
+        args.task = task_from_stdin()
     tidy_store()
     spec = spec_from_args(args)
     display = RunDisplay(quiet=args.quiet)
@@ -64,6 +69,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
     print_result(result, as_json=args.json)
     return result.cli_exit_code
+
+
+def task_from_stdin() -> str:
+    """`run PAYLOAD -`: the task is all of stdin (a file: `< task.txt`), without the final
+    newline. Raises OrchestratorError when stdin holds nothing."""
+    from ..errors import OrchestratorError
+
+    text = sys.stdin.read().rstrip("\n")
+    if not text.strip():
+        raise OrchestratorError(
+            "The task is `-` (read from stdin), but stdin holds no text.",
+            'Pipe the task in (echo "your task" | orchestrator run PAYLOAD -), or read it '
+            "from a file (orchestrator run PAYLOAD - < task.txt).",
+        )
+    return text
 
 
 def print_result(result: RunResult, *, as_json: bool) -> None:

@@ -35,7 +35,7 @@ def add_runs_parser(sub: Any) -> None:
     )
     rsub = p.add_subparsers(title="runs commands", metavar="ACTION")
     ls = rsub.add_parser("list", help="recent runs, newest first")
-    ls.add_argument("--limit", type=int, default=20, help="at most this many runs (0: all)")
+    ls.add_argument("--limit", type=count, default=20, help="at most this many runs (0: all)")
     ls.add_argument(
         "--status", choices=STATUSES, metavar="STATUS",
         help=f"only runs with this status ({', '.join(STATUSES)})",
@@ -107,6 +107,17 @@ def add_runs_parser(sub: Any) -> None:
     ex.add_argument("--json", action="store_true", help="print {run_id, path} as JSON")
     ex.set_defaults(handler=cmd_runs_export)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+def count(text: str) -> int:
+    """A whole number from 0 up (argparse refuses the rest, naming the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0; use 0 for all")
+    return value
 
 
 def _store() -> Any:
