@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import RESULT_PATH, model_client_module
@@ -344,6 +344,7 @@ def execute(
         backend=backend.name,
         network=prepared.network.mode,
         allowlist=prepared.allowlist,
+        limits=asdict(prepared.limits),
         gateway=prepared.gateway.describe()
         if prepared.gateway
         else {"enabled": False, "reason": prepared.gateway_off},

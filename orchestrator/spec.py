@@ -109,6 +109,8 @@ class RunResult:
     #: Connections refused by the egress proxy or seen blocked in the sandbox.
     egress_blocked: int = 0
     image: str = ""
+    #: The limits the run had (manifest, then command line, tasks row or schedule).
+    limits: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cli_exit_code(self) -> int:

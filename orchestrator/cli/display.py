@@ -37,6 +37,9 @@ class RunDisplay:
         self.interactive = self.stream.isatty()  # a spinner only where a person watches
         self.quiet = quiet
         self._status: Any = None
+        #: The run's network policy, from the host's `sandbox_created` event: shown on the
+        #: run-started line, where a person looks for what the run may reach.
+        self.network: str | None = None
 
     @cached_property
     def console(self) -> Any:
@@ -57,9 +60,11 @@ class RunDisplay:
             print(f"{PREFIX}{message}", file=self.stream, flush=True)
 
     def event(self, event: dict[str, Any]) -> None:
+        if event.get("type") == "sandbox_created":
+            self.network = network_of(event)
         if self.quiet:
             return
-        line = describe_event(event)
+        line = describe_event(event, network=self.network)
         if line is None:
             return
         if self.tty:
@@ -88,14 +93,25 @@ class RunDisplay:
             self._status = None
 
 
-def describe_event(event: dict[str, Any], *, full: bool = False) -> str | None:
+def network_of(event: dict[str, Any]) -> str | None:
+    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event."""
+    mode = event.get("network")
+    hosts = event.get("allowlist") or []
+    return f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
+
+
+def describe_event(
+    event: dict[str, Any], *, full: bool = False, network: str | None = None
+) -> str | None:
     """One human line per event, or None for events not worth a line. `full`: code and
-    observations whole, on the lines under the step's (for `runs logs --full`)."""
+    observations whole, on the lines under the step's (for `runs logs --full`). `network`:
+    the run's network policy, for the run-started line."""
     limit = None if full else 100
     kind = event.get("type")
     if kind == "run_start":
         agents = ", ".join(a.get("name", "?") for a in event.get("agents", []))
-        return f"▶ run started: payload {event.get('payload')} · agents {agents}"
+        where = f" · network {network}" if network else ""
+        return f"▶ run started: payload {event.get('payload')} · agents {agents}{where}"
     if kind == "step":
         usage = event.get("token_usage") or {}
         tokens = (

@@ -209,6 +209,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("backend", r.get("backend")),
         ("network", r.get("network")),
         ("allowlist", ", ".join(result.get("allowlist") or []) or None),
+        ("limits", _limits(result.get("limits"))),
         ("egress blocked", result.get("egress_blocked") or None),
         ("steps", result.get("steps") if result else None),
         ("tokens", tokens),
@@ -229,6 +230,19 @@ CHECK_KIND = (
 )
 
 
+def _limits(limits: dict[str, Any] | None) -> str | None:
+    """`max_steps 6 · timeout 120s · memory 512 MiB · ...`, as the run had them."""
+    if not limits:
+        return None
+    units = {"timeout_seconds": ("timeout", "s"), "memory_mb": ("memory", " MiB")}
+    parts = []
+    for key, value in limits.items():
+        name, unit = units.get(key, (key, ""))
+        shown = f"{value:g}" if isinstance(value, float) else value
+        parts.append(f"{name} {shown}{unit}")
+    return " · ".join(parts)
+
+
 def _reported(result: dict[str, Any]) -> str:
     """What the sandbox claimed, shown when it differs from what the gateway measured."""
     usage = result.get("token_usage_reported") or {}
@@ -236,17 +250,21 @@ def _reported(result: dict[str, Any]) -> str:
 
 
 def cmd_runs_logs(args: argparse.Namespace) -> int:
-    from .display import describe_event
+    from .display import describe_event, network_of
 
     store = _store()
     row = store.resolve_run(args.run_id)
     name = {"events": "events.jsonl", "stderr": "stderr.log", "stdout": "stdout.log"}[args.stream]
     path = Path(row["record_dir"]) / name
     lines = follow(store, row["run_id"], path) if args.follow else read_lines(path)
+    network = row.get("network")
     for line in lines:
         if args.stream == "events" and not args.json:
             try:
-                text = describe_event(json.loads(line), full=args.full)
+                event = json.loads(line)
+                if event.get("type") == "sandbox_created":
+                    network = network_of(event)
+                text = describe_event(event, full=args.full, network=network)
             except ValueError:
                 text = line
             if text:
