@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .handles import resolve_run
 from .labels import owner_alive
 from .spec import EXIT_CODES
 from .store import Store
@@ -48,7 +49,7 @@ def is_live(row: dict[str, Any]) -> bool:
 def remove_runs(store: Store, refs: Iterable[str], *, dry_run: bool = False) -> list[str]:
     """Remove the runs `refs` name (ids, or unique prefixes or suffixes). Every ref is
     resolved first, so one bad ref removes nothing; a live run is refused."""
-    rows = [store.resolve_run(ref) for ref in refs]
+    rows = [resolve_run(store, ref) for ref in refs]
     live = [r["run_id"] for r in rows if is_live(r)]
     if live:
         raise ConfigError(
@@ -60,6 +61,35 @@ def remove_runs(store: Store, refs: Iterable[str], *, dry_run: bool = False) -> 
         for run_id in ids:
             store.delete_run(run_id)
     return ids
+
+
+def stop_run(store: Store, ref: str, *, wait: float = 60.0) -> dict[str, Any]:
+    """Ask the run `ref` names to stop and wait (up to `wait` seconds) for its orchestrator
+    process to end it `cancelled`; returns its row as it is then (still unended if the wait
+    ran out). The request is a file in the run's record (`record.STOP_REQUEST`), not a signal:
+    the process may run a whole batch or schedule, and only this run is to stop. Raises
+    ConfigError (nothing asked) for a run that has ended, or whose process is gone."""
+    from .record import STOP_REQUEST
+
+    row = resolve_run(store, ref)
+    if row.get("ended_at") is not None or row["status"] not in LIVE_STATUSES:
+        raise ConfigError(
+            f"Run {row['run_id']} is not running (status: {row['status']}); nothing to stop.",
+            "List the runs going on with `orchestrator runs list --status running`.",
+        )
+    if not is_live(row):
+        raise ConfigError(
+            f"Run {row['run_id']} has no live orchestrator process ({row.get('owner')}).",
+            "Run `orchestrator cleanup` to close it and remove what it left.",
+        )
+    (Path(row["record_dir"]) / STOP_REQUEST).write_text(f"{time.time()}\n")
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        now = store.get_run(row["run_id"]) or row
+        if now.get("ended_at") is not None or not is_live(now):
+            return now
+        time.sleep(0.2)
+    return store.get_run(row["run_id"]) or row
 
 
 def prune_runs(
@@ -93,7 +123,7 @@ def export_run(
     (existing, or written with a trailing `/`) gets `<run_id>.tar.gz` inside. Raises
     ConfigError (nothing written) when the folder is missing or the archive exists (unless
     `force`), and when it cannot be written."""
-    row = store.resolve_run(ref)
+    row = resolve_run(store, ref)
     run_id = row["run_id"]
     path = Path(destination) if destination else Path(f"{run_id}.tar.gz")
     if path.is_dir() or str(destination or "").endswith(("/", "\\")):

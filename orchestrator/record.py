@@ -32,6 +32,12 @@ MAX_CUT_EVENTS = 20
 EventHandler = Callable[[dict[str, Any]], None]
 
 
+#: A file in a run's record folder that asks the run's orchestrator process to stop that run
+#: (`orchestrator runs stop`): the process may be running a whole batch or schedule, so a
+#: signal to it would stop more than the one run.
+STOP_REQUEST = "stop-requested"
+
+
 class RunRecorder:
     """Writes a run's events and logs to its record directory as they arrive, masked.
 
@@ -70,6 +76,10 @@ class RunRecorder:
         #: Why the host stopped the run early (a lost proxy or gateway, a spent budget).
         self.stop_reason: str | None = None
         self._frames = FrameCheck()
+
+    def stop_requested(self) -> bool:
+        """`orchestrator runs stop` asked for this run to stop (see STOP_REQUEST)."""
+        return (self.directory / STOP_REQUEST).exists()
 
     def feed(self, stream: str, chunk: bytes) -> None:
         """Take a chunk of a stream. Each byte is looked at once (linear time whatever the

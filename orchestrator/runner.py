@@ -303,9 +303,12 @@ def execute(
     cancel = observers.cancel
     user_progress = observers.on_progress
 
+    record: RunRecorder | None = None
+
     def checkpoint() -> None:
-        """A safe point to stop at: nothing is half-made here (see `_Stopped`)."""
-        if cancel.is_set():
+        """A safe point to stop at: nothing is half-made here (see `_Stopped`); the user's
+        cancel, or `orchestrator runs stop` for this run."""
+        if cancel.is_set() or (record is not None and record.stop_requested()):
             raise _Stopped
 
     def progress(message: str) -> None:  # long image builds stop at their next line

@@ -71,6 +71,9 @@ COLUMNS = (
 #: listings unless asked for, so that they never pass for real successes.
 KINDS = ("run", "check")
 
+#: The name of the newest run (checks aside), wherever a run id is accepted.
+LATEST = "@latest"
+
 _TEXT_LIMIT = 2000
 #: Seconds a statement waits for another connection's lock before "database is locked".
 BUSY_TIMEOUT = 30.0
@@ -295,43 +298,37 @@ class Store:
                 db.execute(f"UPDATE runs SET {sets} WHERE run_id = ?", [*values, row["run_id"]])
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        """The run `run_id` names: its full id, or a unique prefix or suffix; None when it
-        names no run or several (`resolve_run` says which)."""
+        """The run `run_id` names (see `find_runs`); None when it names no run or several
+        (`handles.resolve_run` says which)."""
         rows = self.find_runs(run_id, limit=2)
         return rows[0] if len(rows) == 1 else None
 
     def find_runs(self, ref: str, *, limit: int = 10) -> list[dict[str, Any]]:
-        """Runs whose id is `ref`, or starts or ends with it (as git takes a short hash; the
-        random tail is what a person copies), newest first."""
-        pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        """Runs `ref` names, newest first: a full id; `@latest` (the newest run, checks
+        aside); or a start or end of an id, or a start of its random tail (as git takes a
+        short hash: the tail is what a person copies)."""
         with self.connect(write=False) as db:
+            if ref == LATEST:
+                row = db.execute(
+                    "SELECT * FROM runs WHERE kind = 'run' ORDER BY created_at DESC LIMIT 1"
+                ).fetchone()
+                return [dict(row)] if row else []
             row = db.execute("SELECT * FROM runs WHERE run_id = ?", (ref,)).fetchone()
             if row is not None or not ref:
                 return [dict(row)] if row else []
+            pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             rows = db.execute(
-                "SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' OR run_id LIKE ? ESCAPE '\\' "
-                "ORDER BY created_at DESC LIMIT ?",
-                (pattern + "%", "%" + pattern, limit),
+                "SELECT * FROM runs WHERE run_id LIKE ? ESCAPE '\\' ORDER BY created_at DESC",
+                ("%" + pattern + "%",),
             ).fetchall()
-        return [dict(r) for r in rows]
-
-    def resolve_run(self, ref: str) -> dict[str, Any]:
-        """The one run `ref` names (see `find_runs`), or an error that says why not: no run,
-        or several (listing them)."""
-        rows = self.find_runs(ref, limit=6)
-        if len(rows) == 1:
-            return rows[0]
-        if not rows:
-            raise OrchestratorError(
-                f"No run {ref!r} in this store ({self.root}).",
-                "List runs with `orchestrator runs list`; a run id, or a unique prefix or "
-                "suffix of one, names a run.",
-            )
-        shown = ", ".join(r["run_id"] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
-        raise OrchestratorError(
-            f"Run id {ref!r} is ambiguous: it matches {shown}.",
-            "Give more characters of the id (its end is unique too).",
-        )
+        found = [
+            dict(r)
+            for r in rows
+            if r["run_id"].startswith(ref)
+            or r["run_id"].endswith(ref)
+            or r["run_id"].rsplit("-", 1)[-1].startswith(ref)
+        ]
+        return found[:limit]
 
     def delete_run(self, run_id: str) -> None:
         """Forget a run: its index row, then its folder."""

@@ -41,11 +41,13 @@ def supervise(
     lost: str | None = None
     next_check = time.monotonic()
     while not done.wait(timeout=0.05):
+        stop = None
         if time.monotonic() >= next_check:
             lost, next_check = sandbox.health(), time.monotonic() + HEALTH_INTERVAL
+            stop = "stopped with `orchestrator runs stop`" if record.stop_requested() else None
         spent = record_gateway(sandbox, record)
-        if cancel.is_set():
-            outcome = "cancelled"
+        if cancel.is_set() or stop:
+            outcome, lost = "cancelled", stop or lost
         elif spent:
             outcome = "budget_exceeded"
             lost = spent

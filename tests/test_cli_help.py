@@ -11,6 +11,7 @@ import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -134,11 +135,16 @@ def test_readme_command_reference_matches_the_parser() -> None:
     )
 
 
-def test_shell_completion_completes_commands_and_choices() -> None:
+def test_shell_completion_completes_commands_and_choices(tmp_path: Path) -> None:
+    from orchestrator.store import Store
+
+    Store(tmp_path).create_run("r-20260101-000000-abcdef012345", status="succeeded")
+
     def complete(line: str) -> set[str]:
         """What bash's completion hook gets: argcomplete writes the words on fd 8."""
         env = {
-            **os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+            **os.environ, "ORCHESTRATOR_HOME": str(tmp_path), "_ARGCOMPLETE": "1",
+            "COMP_LINE": line, "COMP_POINT": str(len(line)),
             "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_SHELL": "bash",
         }  # fmt: skip
         command = f"{shlex.quote(sys.executable)} -m orchestrator 8>&1 9>/dev/null"
@@ -150,6 +156,9 @@ def test_shell_completion_completes_commands_and_choices() -> None:
 
     assert {"run", "runs"} <= complete("orchestrator ru")
     assert {"running", "succeeded"} <= complete("orchestrator runs list --status ")
+    # a RUN completes with run ids, not file names (issue 24 item 9)
+    assert complete("orchestrator runs logs r-2026") == {"r-20260101-000000-abcdef012345"}
+    assert complete("orchestrator runs show @") == {"@latest"}
 
 
 def test_inputs_a_user_mistypes_are_refused_with_the_fix() -> None:

@@ -69,6 +69,37 @@ def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) ->
     assert unknown.returncode == 2 and "No run 'no-such-run'" in unknown.stderr
 
 
+def test_runs_stop_ends_one_running_run_cancelled(agent_image: str, no_leftovers) -> None:
+    """`runs stop RUN` (issue 24 item 9; before: no such command, exit 2 from argparse): the
+    run's own process ends it `cancelled` (exit 130) and removes its sandbox."""
+    import time
+
+    from orchestrator.store import Store
+
+    started = time.time()
+    sleeper = str(TEST_PAYLOADS / "sleeper")
+    proc = start_cli("run", sleeper, "--arg", "seconds=50", "--quiet")
+    try:
+        row = wait_for(
+            lambda: next(
+                (r for r in Store().list_runs(status="running", limit=50)
+                 if r["payload"] == "sleeper" and r["created_at"] >= started),
+                None,
+            ),
+            timeout=120,
+        )  # fmt: skip
+        stopped = cli("runs", "stop", row["run_id"].rsplit("-", 1)[-1][:8])
+        assert stopped.returncode == 0, stopped.stderr
+        assert stopped.stdout.strip() == f"stopped {row['run_id']}: cancelled"
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert time.time() - started < 50  # stopped, not ended by its own sleep
+    again = cli("runs", "stop", row["run_id"])
+    assert again.returncode == 2 and "is not running (status: cancelled)" in again.stderr
+
+
 def test_bad_input_under_json_prints_an_error_object(tmp_path: Path) -> None:
     missing = cli("run", str(tmp_path / "nothing-here"), "--json")
     assert missing.returncode == 2

@@ -75,3 +75,49 @@ def test_export_refuses_a_missing_folder_and_never_overwrites(tmp_path: Path) ->
     forced = cli("runs", "export", "abcdef", "-o", str(into), "--force", env=env)
     assert forced.returncode == 0 and archive.read_bytes() != b"kept", forced.stderr
     assert [p.name for p in into.iterdir()] == [archive.name]  # no partial file left
+
+
+def test_run_and_batch_handles_as_the_docs_say(tmp_path: Path) -> None:
+    """A run id by its random tail's start, @latest, ambiguity listing the candidates, a
+    "did you mean" for a typo; `runs list --batch` by folder or id prefix (issue 24 item 9:
+    before, only a suffix or a start of the whole id worked, and --batch only a full id)."""
+    home = tmp_path / "home"
+    store = Store(home)
+    old = "r-20260101-000000-58a6d1e2f3a4"
+    new = "r-20260102-000000-9bc0d1e2f3a5"
+    store.create_run(old, status="succeeded", batch="b-20260101-000000-aaaa11112222", ended_at=1.0)
+    store.create_run(new, status="failed", batch="b-20260102-000000-bbbb33334444", ended_at=2.0)
+    store.create_run(
+        "r-20260103-000000-ffff00001111", status="succeeded", kind="check", ended_at=3.0
+    )
+    env = {"ORCHESTRATOR_HOME": str(home)}
+    by_tail = cli("runs", "show", "58a6d1", "--json", env=env)
+    assert by_tail.returncode == 0, by_tail.stderr
+    assert json.loads(by_tail.stdout)["run_id"] == old
+    latest = cli("runs", "show", "@latest", "--json", env=env)  # checks aside
+    assert json.loads(latest.stdout)["run_id"] == new, latest.stderr
+    ambiguous = cli("runs", "show", "r-2026", env=env)
+    assert ambiguous.returncode == 2 and old in ambiguous.stderr and new in ambiguous.stderr
+    typo = cli("runs", "logs", "58a6d2", env=env)
+    assert typo.returncode == 2 and f"Did you mean {old}?" in typo.stderr, typo.stderr
+    folder = tmp_path / "out"
+    folder.mkdir()
+    (folder / "batch.json").write_text(json.dumps({"batch_id": "b-20260102-000000-bbbb33334444"}))
+    for ref in (str(folder), "b-20260101", "bbbb33334444"):
+        listed = cli("runs", "list", "--batch", ref, "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        want = new if ref != "b-20260101" else old
+        assert [r["run_id"] for r in json.loads(listed.stdout)] == [want], ref
+    both = cli("runs", "list", "--batch", "b-2026", env=env)
+    assert both.returncode == 2 and "ambiguous" in both.stderr
+    near = cli("runs", "list", "--batch", "b-20260102-000000-bbbb33334445", env=env)
+    assert near.returncode == 2 and "Did you mean b-20260102-000000-bbbb33334444" in near.stderr
+
+
+def test_runs_stop_refuses_a_run_that_is_not_running(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = Store(home)
+    store.create_run("r-20260101-000000-abcdef012345", status="succeeded", ended_at=1.0)
+    out = cli("runs", "stop", "abcdef", env={"ORCHESTRATOR_HOME": str(home)})
+    assert out.returncode == 2 and "is not running (status: succeeded)" in out.stderr
+    assert "runs list --status running" in out.stderr

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..handles import resolve_run
 from ..housekeeping import STATUSES
 from .common import tidy_store
 from .output import (
@@ -31,7 +32,8 @@ def add_runs_parser(sub: Any) -> None:
         "runs",
         help=HELP["runs"],
         description="Run records: one folder per run (events, logs, result.json) and a row in "
-        "the store's index. A RUN is a run id, or a unique prefix or suffix of one.",
+        "the store's index. A RUN is a run id, a unique prefix or suffix of one, the start of "
+        "its random tail, or @latest (the newest run).",
     )
     rsub = p.add_subparsers(title="runs commands", metavar="ACTION")
     ls = rsub.add_parser("list", help="recent runs, newest first")
@@ -41,7 +43,11 @@ def add_runs_parser(sub: Any) -> None:
         help=f"only runs with this status ({', '.join(STATUSES)})",
     )  # fmt: skip
     ls.add_argument("--schedule", help="only runs fired by this schedule")
-    ls.add_argument("--batch", help="only runs of this batch")
+    ls.add_argument(
+        "--batch", metavar="BATCH",
+        help="only runs of this batch: its output folder, its id, or a unique prefix or "
+        "suffix of the id",
+    )  # fmt: skip
     ls.add_argument(
         "--checks", action="store_true",
         help="list only check runs: the agent-tree loads of `validate` and of a batch's "
@@ -51,12 +57,12 @@ def add_runs_parser(sub: Any) -> None:
     ls.set_defaults(handler=cmd_runs_list)
 
     show = rsub.add_parser("show", help="a run's result: status, answer, error, usage, limits")
-    show.add_argument("run_id", metavar="RUN", help="run id, or a unique prefix or suffix")
+    run_argument(show, "run_id", help=RUN_HELP)
     show.add_argument("--json", action="store_true", help="print result.json as it is")
     show.set_defaults(handler=cmd_runs_show)
 
     logs = rsub.add_parser("logs", help="a run's events (one line each) or its raw logs")
-    logs.add_argument("run_id", metavar="RUN", help="run id, or a unique prefix or suffix")
+    run_argument(logs, "run_id", help=RUN_HELP)
     logs.add_argument(
         "--stream", choices=["events", "stderr", "stdout"], default="events",
         help="events: the event stream; stderr/stdout: the sandbox's own output",
@@ -72,8 +78,23 @@ def add_runs_parser(sub: Any) -> None:
     )  # fmt: skip
     logs.set_defaults(handler=cmd_runs_logs)
 
+    stop = rsub.add_parser(
+        "stop",
+        help="stop a running run (recorded cancelled, its sandbox removed)",
+        description="Stop one running run of this store: its orchestrator process (a `run`, "
+        "a batch or `schedule serve`) ends it as if cancelled and removes its sandbox; the "
+        "process's other runs go on (a batch runs the task again in its next session).",
+    )
+    run_argument(stop, "run_id", help=RUN_HELP)
+    stop.add_argument(
+        "--wait", type=float, default=60.0, metavar="SECONDS",
+        help="how long to wait for the run to end",
+    )  # fmt: skip
+    stop.add_argument("--json", action="store_true", help="print the run's row as JSON")
+    stop.set_defaults(handler=cmd_runs_stop)
+
     rm = rsub.add_parser("rm", help="remove runs (their records and index rows)")
-    rm.add_argument("run_ids", nargs="+", metavar="RUN", help="run ids, prefixes or suffixes")
+    run_argument(rm, "run_ids", nargs="+", help="run ids, prefixes or suffixes")
     rm.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     rm.add_argument("--json", action="store_true", help="print the removed ids as JSON")
     rm.set_defaults(handler=cmd_runs_rm)
@@ -97,7 +118,7 @@ def add_runs_parser(sub: Any) -> None:
     pr.set_defaults(handler=cmd_runs_prune)
 
     ex = rsub.add_parser("export", help="write a run's record as a .tar.gz archive")
-    ex.add_argument("run_id", metavar="RUN", help="run id, or a unique prefix or suffix")
+    run_argument(ex, "run_id", help=RUN_HELP)
     ex.add_argument(
         "--output", "-o", metavar="PATH",
         help="archive file, or folder to write RUN_ID.tar.gz in (default: ./RUN_ID.tar.gz); "
@@ -107,6 +128,23 @@ def add_runs_parser(sub: Any) -> None:
     ex.add_argument("--json", action="store_true", help="print {run_id, path} as JSON")
     ex.set_defaults(handler=cmd_runs_export)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+RUN_HELP = "run id, a unique prefix or suffix of one (or of its random tail), or @latest"
+
+
+def run_argument(p: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """A RUN positional that the shell completes with run ids (not file names)."""
+    action = p.add_argument(name, metavar="RUN", **kwargs)
+    action.completer = complete_runs  # type: ignore[attr-defined]
+
+
+def complete_runs(prefix: str, **_: Any) -> list[str]:
+    """Shell completion of a RUN: recent run ids and @latest (argcomplete calls this)."""
+    from ..store import LATEST, Store
+
+    ids = [r["run_id"] for r in Store().list_runs(limit=200)]
+    return [name for name in (LATEST, *ids) if name.startswith(prefix)]
 
 
 def count(text: str) -> int:
@@ -128,12 +166,14 @@ def _store() -> Any:
 
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
+    from ..handles import resolve_batch
+
     store = _store()
     rows = store.list_runs(
         limit=args.limit,
         status=args.status,
         schedule=args.schedule,
-        batch=args.batch,
+        batch=resolve_batch(store, args.batch) if args.batch else None,
         kind="check" if args.checks else "run",
     )
     if args.json:
@@ -165,7 +205,7 @@ def cmd_runs_list(args: argparse.Namespace) -> int:
 
 def cmd_runs_show(args: argparse.Namespace) -> int:
     store = _store()
-    row = store.resolve_run(args.run_id)
+    row = resolve_run(store, args.run_id)
     result = store.read_result(row["record_dir"])
     if args.json:
         print_json(result or row)
@@ -253,7 +293,7 @@ def cmd_runs_logs(args: argparse.Namespace) -> int:
     from .display import describe_event, network_of
 
     store = _store()
-    row = store.resolve_run(args.run_id)
+    row = resolve_run(store, args.run_id)
     name = {"events": "events.jsonl", "stderr": "stderr.log", "stdout": "stdout.log"}[args.stream]
     path = Path(row["record_dir"]) / name
     lines = follow(store, row["run_id"], path) if args.follow else read_lines(path)
@@ -303,6 +343,25 @@ def follow(store: Any, run_id: str, path: Path) -> Iterator[str]:
         time.sleep(FOLLOW_INTERVAL)
 
 
+def cmd_runs_stop(args: argparse.Namespace) -> int:
+    from ..housekeeping import stop_run
+
+    row = stop_run(_store(), args.run_id, wait=args.wait)
+    ended = row.get("ended_at") is not None
+    if args.json:
+        print_json(row)
+    elif ended:
+        print(f"stopped {row['run_id']}: {row['status']}")
+    if not ended:
+        say(
+            f"asked run {row['run_id']} to stop; it has not ended after {args.wait:g}s (see "
+            f"`orchestrator runs show {row['run_id']}`)",
+            kind="warning",
+        )
+        return 1
+    return 0
+
+
 def cmd_runs_rm(args: argparse.Namespace) -> int:
     from ..housekeeping import remove_runs
 
@@ -337,7 +396,7 @@ def cmd_runs_export(args: argparse.Namespace) -> int:
     store = _store()
     path = export_run(store, args.run_id, args.output, force=args.force)
     if args.json:
-        print_json({"run_id": store.resolve_run(args.run_id)["run_id"], "path": str(path)})
+        print_json({"run_id": resolve_run(store, args.run_id)["run_id"], "path": str(path)})
     else:
         print(path)
     return 0
