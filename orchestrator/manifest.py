@@ -148,6 +148,18 @@ class Manifest:
         return payload_files(self.folder)
 
 
+def payload_path(payload: str | Path, base: Path | None = None) -> Path:
+    """Where a payload named by a user is: a path (relative to `base`, else the working
+    folder), or, for a bare name that is no folder there, the shipped example of that name
+    (`orchestrator examples`). `run`, batch and the schedules file all name payloads so."""
+    path = (base / Path(payload).expanduser()) if base is not None else Path(payload)
+    example = examples_dir() / str(payload)
+    bare = Path(str(payload)).name == str(payload)
+    if not path.exists() and bare and (example / MANIFEST_NAME).is_file():
+        return example
+    return path
+
+
 def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] = ()) -> Manifest:
     """Load and validate the manifest of a payload folder (or a manifest file path).
 
@@ -156,10 +168,7 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
     --allow-requirement), and is then kept as a `policy.AllowedRequirement` so the image
     build admits it too.
     """
-    path = Path(payload)
-    example = examples_dir() / str(payload)
-    if not path.exists() and path.name == str(payload) and (example / MANIFEST_NAME).is_file():
-        path = example  # a bare name that is no folder here: a shipped example
+    path = payload_path(payload)
     if path.is_dir():
         path = path / MANIFEST_NAME
     if not path.is_file():

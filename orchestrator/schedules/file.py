@@ -16,7 +16,7 @@ from orchestrator_runtime.protocol import ENV_NAME_RE
 
 from ..defaults import NETWORK_MODES
 from ..errors import ConfigError, OrchestratorError, Problem
-from ..manifest import decode_utf8
+from ..manifest import decode_utf8, payload_path
 from ..policy import check_host_name
 from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, words
@@ -232,7 +232,11 @@ class ScheduleFile:
 class ScheduleFileError(ConfigError):
     """A schedules file with problems; lists every one with its schedule, field and line."""
 
-    def __init__(self, path: Path, problems: Sequence[Problem | str]) -> None:
+    def __init__(
+        self, path: Path, problems: Sequence[Problem | str], notes: Sequence[str] = ()
+    ) -> None:
+        """`notes`: help printed under the problems, not counted as one (a valid cron
+        line's next fire times, to check it while fixing the rest)."""
         listed = [p if isinstance(p, Problem) else Problem("", p) for p in problems]
         made = ConfigError.of_problems(
             str(path),
@@ -240,7 +244,7 @@ class ScheduleFileError(ConfigError):
             "Fix the fields named above, then run `orchestrator schedule validate`.",
             listed=True,
         )
-        super().__init__(made.cause, made.fix)
+        super().__init__(made.cause + "".join(f"\n  {note}" for note in notes), made.fix)
         self.problems = made.problems
         self.source = made.source
 
@@ -291,8 +295,16 @@ def load_schedules(
             )
     schedules: list[Schedule] = []
     seen: set[str] = set()
+    notes: list[str] = []
     for index, table in numbered:
         schedule, errors = _parse_schedule(path, index, table, check_payloads, now)
+        if errors and (cron := _valid_cron(table)) is not None:  # help check it while fixing
+            label = (
+                f'schedule "{table["name"]}"'
+                if isinstance(table.get("name"), str)
+                else (f"schedule #{index}")
+            )
+            notes.append(f"{label}: next five fire times: {describe_next_times(cron, now)}")
         name = table.get("name")
         if isinstance(name, str) and name in seen:
             errors.append(Problem(
@@ -306,7 +318,7 @@ def load_schedules(
             schedules.append(schedule)
     if problems:
         ordered: list[Problem] = sorted(problems, key=lambda p: p.line or 0)
-        raise ScheduleFileError(path, ordered)
+        raise ScheduleFileError(path, ordered, notes)
     return ScheduleFile(path=path, schedules=schedules)
 
 
@@ -343,9 +355,15 @@ def _parse_schedule(
         if value is None:
             return None
         resolved = (base / Path(value).expanduser()).absolute()
+        if key == "payload":  # as `run` takes it: a bare name may be a shipped example
+            resolved = payload_path(value, base).absolute()
         ok = resolved.is_dir() if must_be_dir else resolved.is_file()
         if check_payloads and not ok:
-            bad(key, f"{resolved} does not exist" + (" (a payload folder)" if must_be_dir else ""))
+            bad(
+                key,
+                f"{resolved} does not exist" + (" (a payload folder)" if must_be_dir else ""),
+                PAYLOAD_FIX if key == "payload" else "",
+            )
         return resolved
 
     payload = local_path("payload", must_be_dir=True)
@@ -361,8 +379,6 @@ def _parse_schedule(
             bad("missed_deadline", str(exc))
     notify = _parse_notify(values["notify"], bad) if "notify" in values else None
 
-    if errors and cron is not None:  # help the user check the expression while fixing
-        errors.append(_next_times(index, label, cron, now))
     if errors or name is None or cron is None or payload is None:
         return None, errors
     schedule = Schedule(
@@ -395,15 +411,22 @@ def _parse_schedule(
             p.replace(field=f"schedule[{index}].{p.field}") for p in check_schedule(schedule)
         )
         if errors:
-            errors.append(_next_times(index, label, cron, now))
             return None, errors
     return schedule, errors
 
 
-def _next_times(index: int, label: str, cron: Cron, now: datetime | None) -> Problem:
-    """Not a problem but a help beside them: when the cron line fires next."""
-    times = describe_next_times(cron, now)
-    return Problem(f"schedule[{index}].cron", f"{label}: next five fire times: {times}")
+PAYLOAD_FIX = (
+    "Give a payload folder (relative to the schedules file) or a shipped example's name "
+    "(`orchestrator examples` lists them)."
+)
+
+
+def _valid_cron(table: dict[str, Any]) -> Cron | None:
+    """The table's cron line if it and its time zone are valid (else None)."""
+    try:
+        return Cron(str(table["cron"]), ZoneInfo(str(table.get("timezone") or "UTC")))
+    except (KeyError, ValueError, TypeError, OSError):  # ZoneInfoNotFoundError: a KeyError
+        return None
 
 
 def check_schedule(schedule: Schedule) -> list[Problem]:
