@@ -160,6 +160,16 @@ def payload_path(payload: str | Path, base: Path | None = None) -> Path:
     return path
 
 
+def shadowed_example(payload: str | Path) -> Path | None:
+    """The shipped example a bare name would name, when a folder of that name here takes
+    its place (`payload_path` prefers the folder); else None."""
+    example = examples_dir() / str(payload)
+    if Path(str(payload)).name != str(payload) or not (example / MANIFEST_NAME).is_file():
+        return None
+    here = Path(payload)
+    return example if here.exists() and here.resolve() != example.resolve() else None
+
+
 def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] = ()) -> Manifest:
     """Load and validate the manifest of a payload folder (or a manifest file path).
 

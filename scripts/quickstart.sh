@@ -8,6 +8,8 @@ status=0
 .venv/bin/orchestrator run agent_payloads/research_team --model mock "$@" || status=$?
 cat >&2 <<'NEXT'
 
+quickstart: the InterpreterError above is part of the example: the scripted librarian first
+reads a "year" key the knowledge base does not have, then recovers with "opened".
 quickstart: `orchestrator` is in .venv/bin. In a new shell, first run
     source .venv/bin/activate
 then, for example:

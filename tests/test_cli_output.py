@@ -100,6 +100,34 @@ def test_runs_stop_ends_one_running_run_cancelled(agent_image: str, no_leftovers
     assert again.returncode == 2 and "is not running (status: cancelled)" in again.stderr
 
 
+def test_a_local_folder_shadowing_an_example_and_a_mock_off_its_task_are_said(
+    tmp_path: Path, agent_image: str, no_leftovers
+) -> None:
+    """Issue 24 items 10, 11: `new research_team` then `run research_team` runs the folder,
+    saying so and how to run the example; the mock model given another task says that its
+    answer is not about it (before: no word, the answer `48`)."""
+
+    def here(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    made = here("new", "research_team")
+    assert made.returncode == 0, made.stderr
+    checked = here("validate", "research_team", "--no-load")
+    example = REPO / "agent_payloads" / "research_team"
+    assert "notice: 'research_team' is the folder ./research_team here" in checked.stderr
+    assert f"orchestrator run {example}" in checked.stderr, checked.stderr
+    alone = cli("validate", "research_team", "--no-load")  # no folder here: no notice
+    assert "notice" not in alone.stderr, alone.stderr
+    off_task = cli("run", "research_team", "Who wrote Dune?", "--model", "mock", env=PIPED)
+    assert off_task.returncode == 0, off_task.stderr
+    assert "notice: the mock model plays the payload's [mock.scripts]" in off_task.stderr
+    on_task = cli("run", "research_team", "--model", "mock", env=PIPED)
+    assert on_task.returncode == 0 and "notice" not in on_task.stderr, on_task.stderr
+
+
 def test_bad_input_under_json_prints_an_error_object(tmp_path: Path) -> None:
     missing = cli("run", str(tmp_path / "nothing-here"), "--json")
     assert missing.returncode == 2

@@ -106,6 +106,17 @@ def test_the_quick_start_works_in_a_fresh_shell_as_written() -> None:
     assert shell.returncode == 0 and "orchestrator" in shell.stdout, shell.stderr
 
 
+def test_the_quick_start_says_its_scripted_error_is_part_of_the_example() -> None:
+    """The quick start's first screen shows an InterpreterError (the example's scripted
+    librarian recovers from it): the script and the README say so (issue 24 item 11)."""
+    manifest = (REPO / "agent_payloads" / "research_team" / "manifest.toml").read_text()
+    assert 'tower["year"]' in manifest and 'tower["opened"]' in manifest  # the scripted slip
+    script = (REPO / "scripts" / "quickstart.sh").read_text()
+    assert "InterpreterError above is part of the example" in script
+    readme = (REPO / "README.md").read_text().split("## Running payloads", 1)[0]
+    assert "The `InterpreterError` among them is part of the example" in readme
+
+
 def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:
     """scripts/setup.sh's editable installs name the setuptools warning they silence; with
     that filter pip prints nothing (the same install without it prints the wall)."""

@@ -48,6 +48,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from ..errors import OrchestratorError
     from ..manifest import load_manifest
 
+    from .run import shadow_notice
+
+    shadow_notice(args.payload)
     report: dict[str, Any] = {"payload": args.payload, "ok": False, "problems": []}
     try:
         manifest = load_manifest(args.payload)

@@ -50,25 +50,49 @@ def add_run_parser(sub: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..runner import run
+    from ..backends import get_backend
+    from ..runner import execute, observers_of, prepare
     from .display import RunDisplay
 
     if args.task == "-":
         args.task = task_from_stdin()
     tidy_store()
     spec = spec_from_args(args)
+    shadow_notice(args.payload)
+    prepared = prepare(spec)
+    if prepared.model.provider == "mock" and prepared.task != prepared.manifest.example_task:
+        say(
+            "the mock model plays the payload's [mock.scripts] whatever the task, so this "
+            "run's answer is not about your task (the script answers the example task: "
+            f"{prepared.manifest.example_task!r}); pass --model for a real model",
+            kind="notice",
+        )
+    backend = get_backend(prepared.backend, env_file=spec.env_file)
     display = RunDisplay(quiet=args.quiet)
     signals.on_stop(display.progress)
+    observers = observers_of(display.event, display.progress, signals.STOP)
     try:
-        result = run(
-            spec, on_event=display.event, on_progress=display.progress, cancel=signals.STOP
-        )
+        result = execute(prepared, backend=backend, observers=observers)
     finally:
         display.stop()
     if result.status == "cancelled":
         say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
     print_result(result, as_json=args.json)
     return result.cli_exit_code
+
+
+def shadow_notice(payload: str) -> None:
+    """Say so when a folder here takes the place of the shipped example of the same name
+    (a `new research_team` scaffold, say), and how to run the example instead."""
+    from ..manifest import shadowed_example
+
+    example = shadowed_example(payload)
+    if example is not None:
+        say(
+            f"{payload!r} is the folder ./{payload} here, not the shipped example of that name "
+            f"({example}); to run the example, give its path: orchestrator run {example}",
+            kind="notice",
+        )
 
 
 def task_from_stdin() -> str:
