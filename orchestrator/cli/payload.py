@@ -47,7 +47,6 @@ def add_payload_parser(sub: Any) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..errors import OrchestratorError
     from ..manifest import load_manifest
-
     from .run import shadow_notice
 
     shadow_notice(args.payload)
