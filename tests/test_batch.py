@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -587,3 +588,39 @@ def test_a_batch_hands_its_attempts_to_an_executor_and_keeps_retries(tmp_path: P
     assert len({run_id for run_id, _, _ in stand_in.attempts}) == 8  # one run id per attempt
     assert sorted(number for _, number, _ in stand_in.attempts) == [1] * 6 + [2] * 2
     assert {batch for _, _, batch in stand_in.attempts} == {summary.batch_id}
+
+
+class CancellingExecutor(StandInExecutor):
+    """The stand-in whose first attempt of each task in `cancel` ends `cancelled`, as an
+    attempt does when its session is interrupted."""
+
+    def __init__(self, cancel: set[str]) -> None:
+        super().__init__(set())
+        self.cancel = cancel
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        if attempt.number == 1 and attempt.prepared.task in self.cancel:
+            return RunResult(attempt.run_id, "cancelled", record_dir="")
+        return super().run(attempt, observers)
+
+
+def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) -> None:
+    """Issue 24 item 14: attempts cancelled by an interrupted session are run again, not
+    retried (before: `retries 3` with no fault); the header's and the summary's concurrency
+    agree; another --scorer on resume points to `batch rescore`."""
+    rows = math_rows(5)
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
+                     concurrency=4)  # fmt: skip
+    cut = CancellingExecutor({r["task"] for r in rows[:3]})
+    first = run_batch(spec, executor=cut)
+    assert first.state == "interrupted" and first.pending == 3
+    messages: list[str] = []
+    second = run_batch(spec, executor=cut, on_message=messages.append)
+    assert second.state == "complete" and second.counts["succeeded"] == 5
+    assert second.attempts == 8 and second.cancelled == 3 and second.retries == 0
+    assert any("3 to run at concurrency 3" in m for m in messages), messages
+    assert second.session["concurrency"] == 3
+    with pytest.raises(ConfigError, match="started with other options") as info:
+        run_batch(replace(spec, scorer="contains"), executor=cut)
+    assert f"orchestrator batch rescore {tmp_path / 'out'} --scorer contains" in info.value.fix

@@ -39,10 +39,16 @@ def open_meta(out: BatchDir, plan: BatchPlan) -> dict[str, Any]:
             if meta.get("options", {}).get(key) != value
         ]
         if changed:
+            rescore = (
+                f" To score the recorded answers with another scorer, run nothing: "
+                f"`orchestrator batch rescore {out.path} --scorer {fingerprint.get('scorer')}`."
+                if any(line.startswith("scorer:") for line in changed)
+                else ""
+            )
             raise ConfigError(
                 f"{out.path} holds batch {meta['batch_id']}, started with other options "
                 f"({'; '.join(changed)}); resuming would mix results.",
-                "Resume with the same options, or use another --output directory.",
+                "Resume with the same options, or use another --output directory." + rescore,
             )
         meta["sessions"] = int(meta.get("sessions", 1)) + 1
     out.write_meta(meta)
@@ -122,11 +128,16 @@ def summarize(
     accuracy = correct / len(scores) if scores else None
     durations = [row["duration"] for row in rows if row.get("duration") is not None]
     all_tokens = {"input": 0, "output": 0}
-    attempts = 0
+    attempts = cancelled = retries = 0
+    final = {row.get("run_id") for row in rows}
     for entry in out.load_attempts():
         if entry.get("event") != "end" or entry.get("id") not in tasks:
             continue
         attempts += 1
+        # A retry is an attempt after an infrastructure fault; an attempt cancelled by an
+        # interrupted session is run again by the next one, and is not counted as a retry.
+        cancelled += entry.get("status") == "cancelled"
+        retries += entry.get("status") == "infra_error" and entry.get("run_id") not in final
         usage = entry.get("tokens") or {}
         all_tokens["input"] += int(usage.get("input_tokens") or 0)
         all_tokens["output"] += int(usage.get("output_tokens") or 0)
@@ -163,7 +174,8 @@ def summarize(
         tokens_all_attempts=all_tokens,
         tokens_source=tokens_source(rows),
         attempts=attempts,
-        retries=sum(max(0, int(row.get("attempts") or 1) - 1) for row in rows),
+        retries=retries,
+        cancelled=cancelled,
         skipped_lines=[asdict(b) for b in plan.file.bad_lines],
         stop_reason=stop_reason,
         session={

@@ -159,7 +159,8 @@ class _BatchRun:
         self.batch_id, self.session = meta["batch_id"], meta["sessions"]
         self.reap_orphans()
         todo = self.resume()
-        limit = self.limit = self.concurrency()
+        limit = self.concurrency()
+        self.limit = min(limit, max(1, len(todo)))  # as many at once as there are tasks
         interrupted: BaseException | None = None
         try:
             if todo:
@@ -168,7 +169,7 @@ class _BatchRun:
                 self.executor.open(first, attempts=len(todo), concurrency=limit)
             self.message(
                 f"batch {self.batch_id}: {len(self.tasks)} tasks, {len(self.results)} already "
-                f"done, {len(todo)} to run at concurrency {min(limit, max(1, len(todo)))}"
+                f"done, {len(todo)} to run at concurrency {self.limit}"
             )
             self.run_all(todo, limit)
         except KeyboardInterrupt as exc:
