@@ -172,3 +172,37 @@ def test_inputs_a_user_mistypes_are_refused_with_the_fix() -> None:
     assert limit.returncode == 2 and "below 0" in limit.stderr, limit.stderr
     empty = cli("run", "research_team", "-", input="\n")
     assert empty.returncode == 2 and "stdin holds no text" in empty.stderr, empty.stderr
+
+
+def test_every_message_line_has_the_prefix_and_an_empty_prune_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 24 item 13: a log warning (the base image fallback, which `cleanup` and
+    `images prune` meet with no progress line) comes out as `orchestrator: ...`, a repeated
+    one only with -v; `images prune` with nothing to prune says so (before: a bare `note:
+    ...` line, and no output at all)."""
+    import logging
+
+    from orchestrator.cli import images, main
+
+    class Nothing:
+        def prune_images(self, *, dry_run: bool = False) -> list[str]:
+            log = logging.getLogger("orchestrator.backends.docker.base_image")
+            log.warning("base image x is not available; falling back to y")
+            log.warning("note: base image x is not available (said before)")
+            return []
+
+    from orchestrator.cli import display
+
+    monkeypatch.setattr(images, "backend_that_can", lambda *a: Nothing())
+    monkeypatch.setattr(display, "VERBOSE", False)  # main sets them: restored after
+    monkeypatch.setattr(logging.getLogger("orchestrator"), "handlers", [])
+    monkeypatch.setattr(logging.getLogger("orchestrator"), "propagate", True)
+    assert main(["images", "prune", "--dry-run"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "orchestrator: base image x is not available; falling back to y",
+        "orchestrator: nothing to prune: every orchestrator image is current or in use",
+    ], err
+    assert main(["images", "prune", "--dry-run", "-v"]) == 0
+    assert "orchestrator: note: base image x" in capsys.readouterr().err

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import display
 
         display.VERBOSE = bool(args.verbose)
+        display.route_logs()
         if not getattr(args, "watches_stop", False):
             signals.restore_defaults()
         code = int(args.handler(args) or 0)

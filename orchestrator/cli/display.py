@@ -28,6 +28,25 @@ def shown(message: str, *, quiet: bool = False) -> bool:
     return not quiet and (VERBOSE or not is_detail(message))
 
 
+def route_logs() -> None:
+    """The orchestrator's own log warnings (a base image fallback, say, where no progress
+    line is shown: `cleanup`, `images prune`) as message lines: `orchestrator: ...` on
+    stderr; details (a repeated notice) only with -v. Python's default would print them
+    bare."""
+    import logging
+
+    class Lines(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if shown(message):
+                sys.stderr.write(f"{PREFIX}{message}\n")
+
+    logger = logging.getLogger("orchestrator")
+    if not any(type(h).__name__ == "Lines" for h in logger.handlers):
+        logger.addHandler(Lines(logging.WARNING))
+        logger.propagate = False
+
+
 class RunDisplay:
     """Renders events and progress messages of one run, one line each."""
 

@@ -135,7 +135,7 @@ def cmd_images_list(args: argparse.Namespace) -> int:
 
 
 def cmd_images_prune(args: argparse.Namespace) -> int:
-    from .output import print_json
+    from .output import print_json, say
 
     backend = backend_that_can(args.backend, "image_listing", "prune images")
     removed = backend.prune_images(dry_run=args.dry_run)
@@ -144,4 +144,6 @@ def cmd_images_prune(args: argparse.Namespace) -> int:
         return 0
     for tag in removed:
         print(("would remove " if args.dry_run else "removed ") + tag)
+    if not removed:
+        say("nothing to prune: every orchestrator image is current or in use")
     return 0

@@ -4,12 +4,12 @@ HTML."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from .common import tidy_store
+from .output import say
 from .parser import HELP
 
 EPILOG = """\
@@ -86,6 +86,36 @@ def cmd_view(args: argparse.Namespace) -> int:
     return serve(app, args.host, args.port, token)
 
 
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def addresses_of(host: str) -> list[str]:
+    """The addresses to print for a --host: itself, or for a wildcard (every interface)
+    this machine's own addresses that another machine can open, the default route's
+    first; the host name if none is found."""
+    import socket
+
+    if host not in WILDCARDS:
+        return [host]
+    family = socket.AF_INET6 if host == "::" else socket.AF_INET
+    found: list[str] = []
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:  # no packet is sent: connect() on UDP only picks the route's source address
+        probe.connect(("2001:db8::1" if family == socket.AF_INET6 else "192.0.2.1", 80))
+        found.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None, family)
+    except OSError:
+        infos = []
+    found += [str(info[4][0]) for info in infos]
+    usable = [a for a in dict.fromkeys(found) if not a.startswith(("127.", "::1"))]
+    return usable or [socket.gethostname()]
+
+
 def serve(app: Any, host: str, port: int, token: str | None) -> int:
     """Bind first (a port in use is a plain error, not a server traceback), print the address
     (and token), then run uvicorn in the foreground until Ctrl-C or SIGTERM."""
@@ -106,12 +136,17 @@ def serve(app: Any, host: str, port: int, token: str | None) -> int:
             "Choose another --port (0: any free one), or a --host of this machine.",
         ) from exc
     bound = sock.getsockname()[1]
-    url = f"http://{f'[{host}]' if ':' in host else host}:{bound}/"
+    query = f"?token={token}" if token else ""
+    urls = [
+        f"http://{f'[{name}]' if ':' in name else name}:{bound}/{query}"
+        for name in addresses_of(host)
+    ]
     if token:
-        url += f"?token={token}"
-        print("access token required on this address: open the URL below (it sets a cookie); "
-              "without the token nothing is served", file=sys.stderr, flush=True)  # fmt: skip
-    print(f"orchestrator view: {url}", flush=True)
+        say("access token required on this address: open the URL below (it sets a cookie); "
+            "without the token nothing is served")  # fmt: skip
+    for other in urls[1:]:
+        say(f"also served at {other}")
+    print(f"orchestrator view: {urls[0]}", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     try:
         uvicorn.Server(config).run(sockets=[sock])
