@@ -203,3 +203,12 @@ def test_tokens_measured_by_the_gateway_are_told_apart_from_the_sandboxs_claim()
     sandbox_only = {"token_usage": {"input_tokens": 7, "output_tokens": 2}}
     assert host_token_usage(sandbox_only, []) is None
     assert reported_token_usage(sandbox_only) == {"input_tokens": 7, "output_tokens": 2}
+
+
+def test_duration_bins_are_round_and_not_finer_than_a_tenth() -> None:
+    """Issue 24 item 16: bins a person reads at a glance (before: (max - min) / 12, such as
+    0.0042 s for tasks of 0.14 to 0.19 s)."""
+    from orchestrator.view.charts import nice_width
+
+    assert nice_width(0.0042) == 0.1
+    assert nice_width(0.23) == 0.5 and nice_width(1.7) == 2 and nice_width(30) == 50

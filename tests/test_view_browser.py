@@ -327,3 +327,55 @@ def test_the_policy_alone_stops_markup_that_got_through(browser, tmp_path: Path)
         browser.get(page.as_uri())
         time.sleep(0.3)
         assert browser.execute_script("return window.__pwned === undefined") is expected
+
+
+def test_pages_read_at_1400_px_without_a_click(browser, server: str, world: World):
+    """Issue 24 item 16 (acceptance 2), in the browser at 1400 px: run ids and dates on one
+    line each (before: 3-4 lines, about 9 runs a screen); a run's failed step and the agent
+    it called visible as the page opens; a failed run shows no empty green answer; the batch
+    page shows each task's text and arguments; the comparison names its sides."""
+    from selenium.webdriver.common.by import By
+
+    load(browser, f"{server}/")
+    lines = browser.execute_script(
+        "const cells = Array.from(document.querySelectorAll('table.runs tbody tr'))"
+        "  .map(r => [r.cells[0], r.cells[1]]).flat();"
+        "return cells.map(c => Math.round(c.getBoundingClientRect().height"
+        "  / parseFloat(getComputedStyle(c).lineHeight)))"
+    )
+    assert lines and max(lines) <= 1 + 1, lines  # one line of text (and the cell's padding)
+    assert browser.execute_script(
+        "return document.documentElement.scrollWidth <= window.innerWidth"
+    ), "the runs table is wider than the window"
+    shot(browser, "runs-1400")
+
+    load(browser, f"{server}/run/{world.team_run}")  # no click: the tree as it opens
+    failed_steps = browser.find_elements(By.CSS_SELECTOR, "details.step.has-error")
+    assert failed_steps and all(s.get_attribute("open") is not None for s in failed_steps)
+    errors = browser.find_elements(By.CSS_SELECTOR, "details.step.has-error .field.error pre")
+    assert any(e.is_displayed() and "InterpreterError" in e.text for e in errors)
+    librarian = browser.find_elements(By.CSS_SELECTOR, "details.step details.agent .agent-name")
+    assert librarian and librarian[0].is_displayed()
+    shot(browser, "run-unclicked")
+
+    failed = next(r for r in Store().list_runs(limit=0, status="failed")
+                  if r["batch"] == world.batch_a_id)  # fmt: skip
+    load(browser, f"{server}/run/{failed['run_id']}")
+    answer = browser.find_element(By.CSS_SELECTOR, "#answer")
+    assert "none" in answer.get_attribute("class").split()
+    assert answer.text == "no answer: the run failed (see the error below)"
+    assert "Reached max steps" in text(browser, "#error")
+    shot(browser, "failed-run")
+
+    load(browser, f"{server}/batch/{world.batch_a_id}")
+    by_id = dict(zip(all_text(browser, "#tasks tbody td.task-id"),
+                     all_text(browser, "#tasks tbody td.task-text"), strict=True))  # fmt: skip
+    assert by_id["mul"].startswith("6*7?") and '"op": "mul"' in by_id["mul"], by_id
+    chart = browser.find_element(By.ID, "chart-status")
+    assert chart.get_attribute("alt") == "Tasks by verdict"
+    shot(browser, "batch-tasks")
+    browser.execute_script("document.querySelector('form.compare').submit()")
+    wait_for(lambda: "/compare" in browser.current_url, timeout=10)
+    wait_for(lambda: browser.execute_script("return document.body.dataset.ready"), timeout=10)
+    heading = text(browser, "h1")
+    assert heading.startswith("A batch-a (mock:scripted, scorer exact) vs B batch-b"), heading

@@ -77,14 +77,16 @@ def create_app(
         if view is None:
             return not_found(f"No batch {batch_id!r} in this store or the folders given.")
         others = [b for b in batches.folders if b != batch_id]
-        return HTMLResponse(render("batch.html", LINKS, view=view, others=others))
+        labels = {b: batches.label(b) for b in others}
+        return HTMLResponse(render("batch.html", LINKS, view=view, others=others, labels=labels))
 
     async def compare(request: Request) -> Response:
         a, b = request.query_params.get("a", ""), request.query_params.get("b", "")
         result = await page(batches.compare, a, b)
         if result is None:
             return not_found("Both batches must be output folders given to `orchestrator view`.")
-        return HTMLResponse(render("compare.html", LINKS, cmp=result))
+        labels = {"a": batches.label(a), "b": batches.label(b)}
+        return HTMLResponse(render("compare.html", LINKS, cmp=result, labels=labels))
 
     async def schedules(request: Request) -> Response:
         views, problem = await page(schedule_views, store, schedules_file)

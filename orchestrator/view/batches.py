@@ -10,6 +10,7 @@ from typing import Any
 
 from ..batch.compare import Comparison, compare
 from ..batch.report import BatchReport, build_report, open_batch_dir
+from ..errors import OrchestratorError
 from ..store import Store
 from . import charts
 from .queries import batch_runs, store_batches
@@ -23,6 +24,8 @@ class BatchView:
     charts: dict[str, str | None]
     #: `batch rescore` results beside the summary: scorer, accuracy, interval, file.
     rescores: list[dict[str, Any]] = field(default_factory=list)
+    #: What each task asked, by task id: `text` and `args` (JSON), as far as known.
+    tasks: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
 def rescores(folder: Path) -> list[dict[str, Any]]:
@@ -35,6 +38,29 @@ def rescores(folder: Path) -> list[dict[str, Any]]:
         found.append({key: data.get(key) for key in ("scorer", "accuracy", "accuracy_ci95",
                                                      "scored", "rescored_at")}
                      | {"file": path.name})  # fmt: skip
+    return found
+
+
+def task_texts(
+    folder: Path, rows: list[dict[str, Any]], runs: list[dict[str, Any]]
+) -> dict[str, dict[str, str]]:
+    """Each task's text and arguments, by id: from the batch's tasks file when it is still
+    there, else the text its run recorded (the store's, masked). Read only; best effort."""
+    from ..batch.tasks import read_tasks
+
+    found: dict[str, dict[str, str]] = {}
+    by_run = {r["run_id"]: r.get("task") or "" for r in runs}
+    for row in rows:
+        if row.get("run_id") in by_run:
+            found[row["id"]] = {"text": by_run[row["run_id"]], "args": ""}
+    meta = open_batch_dir(folder).read_meta() or {}
+    try:
+        tasks = read_tasks(meta["tasks_file"], on_bad_line="skip").tasks
+    except (KeyError, TypeError, OSError, ValueError, OrchestratorError):
+        return found
+    for task in tasks:
+        args = json.dumps(task.additional_args, sort_keys=True) if task.additional_args else ""
+        found[task.id] = {"text": task.task, "args": args}
     return found
 
 
@@ -73,8 +99,11 @@ class Batches:
         runs = batch_runs(self.store, batch_id)
         if report is None and not runs:
             return None
-        if report is not None:
-            rows, counts = report.rows, report.counts
+        if report is not None:  # by verdict: all succeeded is not all right
+            rows = report.rows
+            counts: dict[str, int] = {}
+            for r in rows:
+                counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
         else:
             rows = [
                 {"id": r["run_id"], "input_tokens": r["input_tokens"] or 0,
@@ -92,10 +121,22 @@ class Batches:
             charts={
                 "duration": charts.duration_histogram(durations),
                 "tokens": charts.tokens_per_task(rows),
-                "status": charts.status_breakdown(counts),
+                "status": charts.status_breakdown(
+                    counts, "Tasks by verdict" if report is not None else "Tasks by status"
+                ),
             },
             rescores=rescores(folder) if folder else [],
+            tasks=task_texts(folder, report.rows, runs) if folder and report else {},
         )
+
+    def label(self, batch_id: str) -> str:
+        """How a person tells batches apart: the output folder's name and what it ran with
+        (its id when no folder is known)."""
+        folder = self.folders.get(batch_id)
+        if folder is None:
+            return batch_id
+        report = build_report(folder)
+        return f"{folder.name} ({report.model}, scorer {report.scorer})"
 
     def compare(self, a: str, b: str) -> Comparison | None:
         if a not in self.folders or b not in self.folders:

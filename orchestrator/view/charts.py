@@ -31,6 +31,10 @@ STYLE = Style(
 )
 _SCRIPT = re.compile(r"<script\b.*?</script>", re.S)
 STATUS_COLOURS = {
+    "correct": "#2f855a",
+    "wrong": "#dd6b20",
+    "partial": "#d69e2e",
+    "unscored": "#4a5568",
     "succeeded": "#2f855a",
     "failed": "#c53030",
     "timed_out": "#d69e2e",
@@ -64,12 +68,27 @@ def data_uri(chart: Any) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(svg).decode("ascii")
 
 
+#: The narrowest duration bin: differences below it are start-up noise, not the task's.
+MIN_BIN_SECONDS = 0.1
+
+
+def nice_width(raw: float) -> float:
+    """The bin width a person reads at a glance: 1, 2 or 5 times a power of ten, at least
+    `raw` and MIN_BIN_SECONDS."""
+    import math
+
+    raw = max(raw, MIN_BIN_SECONDS)
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw - 1e-12)
+
+
 def duration_histogram(durations: list[float], bins: int = 12) -> str | None:
-    """How long tasks took: counts per duration bin."""
+    """How long tasks took: counts per duration bin (round widths, at most `bins` bins)."""
     if not durations:
         return None
-    low, high = min(durations), max(durations)
-    width = (high - low) / bins or 1.0
+    width = nice_width((max(durations) - min(durations)) / bins)
+    low = int(min(durations) / width) * width
+    bins = int((max(durations) - low) / width) + 1
     counts = [0] * bins
     for value in durations:
         counts[min(bins - 1, int((value - low) / width))] += 1
@@ -95,8 +114,8 @@ def tokens_per_task(rows: list[dict[str, Any]], limit: int = 60) -> str | None:
     return data_uri(chart)
 
 
-def status_breakdown(counts: dict[str, int]) -> str | None:
-    """Tasks by how they ended."""
+def status_breakdown(counts: dict[str, int], title: str = "Tasks by status") -> str | None:
+    """Tasks by how they ended (statuses, or a report's verdicts)."""
     present = {k: v for k, v in counts.items() if v}
     if not present:
         return None
@@ -104,7 +123,7 @@ def status_breakdown(counts: dict[str, int]) -> str | None:
     style = Style(**{**STYLE.to_dict(), "colors": colours})
     chart = pygal.HorizontalBar(**{**_config(), "style": style, "show_legend": True,
                                    "height": 120 + 40 * len(present)},
-                                title="Tasks by status")  # fmt: skip
+                                title=title)  # fmt: skip
     for status, count in present.items():
         chart.add(status, count)
     whole_counts(chart, max(present.values()))

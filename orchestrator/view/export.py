@@ -77,7 +77,7 @@ def export(
     for batch_id in batches.folders:
         view = batches.get(batch_id)
         if view is not None:
-            page = render("batch.html", links, view=view, others=[])
+            page = render("batch.html", links, view=view, others=[], labels={})
             (folder / f"batch-{batch_id}.html").write_text(page, encoding="utf-8")
     listing_b = [b for b in batches.listing() if b["batch"] in batches.folders]
     (folder / "batches.html").write_text(

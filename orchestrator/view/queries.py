@@ -126,7 +126,7 @@ def store_batches(store: Store) -> list[dict[str, Any]]:
 def batch_runs(store: Store, batch_id: str) -> list[dict[str, Any]]:
     with store.connect(write=False) as db:
         rows = db.execute(
-            f"SELECT {LIST_COLUMNS}, answer FROM runs WHERE batch = ? ORDER BY created_at",
+            f"SELECT {LIST_COLUMNS}, answer, task FROM runs WHERE batch = ? ORDER BY created_at",
             (batch_id,),
         ).fetchall()
     return [dict(r) for r in rows]
