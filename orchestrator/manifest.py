@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Collection
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,7 +184,7 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
         path = path / MANIFEST_NAME
     if not path.is_file():
         raise ManifestError(
-            f"No payload manifest at {path}.",
+            f"No payload manifest at {path}.{_did_you_mean(str(payload))}",
             f"Point to a payload folder that holds a `{MANIFEST_NAME}`, or name a shipped "
             "example (`orchestrator examples` lists them; `orchestrator new NAME` makes one).",
         )
@@ -196,6 +197,20 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc}).", "Fix the syntax.") from exc
     return _parse(path, text, data, allowed_requirements)
+
+
+def _did_you_mean(payload: str) -> str:
+    """` Did you mean X?` for a mistyped bare name: the shipped examples and the payload
+    folders here that are close to it ("" when none is, or it is a path)."""
+    if Path(payload).name != payload:
+        return ""
+    import difflib
+
+    names = [p.parent.name for p in examples_dir().glob(f"*/{MANIFEST_NAME}")]
+    with suppress(OSError):
+        names += [p.parent.name for p in Path.cwd().glob(f"*/{MANIFEST_NAME}")]
+    close = difflib.get_close_matches(payload, sorted(set(names)), n=3, cutoff=0.7)
+    return f" Did you mean {' or '.join(close)}?" if close else ""
 
 
 def decode_utf8(data: bytes) -> str:

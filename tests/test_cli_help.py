@@ -172,6 +172,8 @@ def test_inputs_a_user_mistypes_are_refused_with_the_fix() -> None:
     assert limit.returncode == 2 and "below 0" in limit.stderr, limit.stderr
     empty = cli("run", "research_team", "-", input="\n")
     assert empty.returncode == 2 and "stdin holds no text" in empty.stderr, empty.stderr
+    typo = cli("run", "research_tam")  # a payload name, as handles are: the nearest named
+    assert typo.returncode == 2 and "Did you mean research_team?" in typo.stderr, typo.stderr
 
 
 def test_every_message_line_has_the_prefix_and_an_empty_prune_says_so(
