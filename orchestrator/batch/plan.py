@@ -111,7 +111,8 @@ class BatchSummary:
     skipped_lines: list[dict[str, Any]]
     stop_reason: str | None
     session: dict[str, Any]
-    #: Attempts cancelled when a session was interrupted (run again, not retries).
+    #: Attempts cancelled (an interrupted session, `runs stop`): run again on resume, not
+    #: retries.
     cancelled: int = 0
 
     @property

@@ -318,7 +318,7 @@ class BatchDisplay:
                 s.tokens_source, " (partly measured, partly as reported)"
             ),
         )
-        cancelled = f", {s.cancelled} cancelled by an interrupted session" if s.cancelled else ""
+        cancelled = f", {s.cancelled} cancelled: run again on resume" if s.cancelled else ""
         table.add_row("retries", f"{s.retries} ({s.attempts} attempts in all{cancelled})")
         session = s.session
         rate = session.get("tasks_per_minute")
