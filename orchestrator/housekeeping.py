@@ -72,7 +72,7 @@ def stop_run(store: Store, ref: str, *, wait: float = 60.0) -> dict[str, Any]:
     from .record import STOP_REQUEST
 
     row = resolve_run(store, ref)
-    if row.get("ended_at") is not None or row["status"] not in LIVE_STATUSES:
+    if row.get("ended_at") is not None:  # before: preparing, starting, running
         raise ConfigError(
             f"Run {row['run_id']} is not running (status: {row['status']}); nothing to stop.",
             "List the runs going on with `orchestrator runs list --status running`.",
