@@ -124,9 +124,9 @@ def test_runs_stop_refuses_a_run_that_is_not_running(tmp_path: Path) -> None:
     out = cli("runs", "stop", "abcdef", env={"ORCHESTRATOR_HOME": str(home)})
     assert out.returncode == 2 and "is not running (status: succeeded)" in out.stderr
     assert "runs list --status running" in out.stderr
-    from orchestrator.housekeeping import stop_run
-
     import socket
+
+    from orchestrator.housekeeping import stop_run
 
     dead = f"{socket.gethostname()}:{2**22 + 7}:0"  # above Linux's pid_max: never a process
     store.create_run("r-20260101-000001-fedcba987654", status="preparing", owner=dead)
