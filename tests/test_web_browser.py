@@ -19,7 +19,7 @@ import pytest
 from orchestrator import RunSpec, run
 from orchestrator.view.tree import AgentNode, build_tree
 
-from .conftest import PAYLOADS, events_of, our_containers
+from .conftest import PAYLOADS, cli, events_of, our_containers
 from .model_server import ScriptedModelServer
 
 pytestmark = pytest.mark.docker
@@ -75,8 +75,32 @@ def test_the_tutorial_runs_with_the_mock_model_nested_as_written(
     web = web_agent_under_manager(events)
     assert [s.number for s in web.steps] == [1, 2] and web.steps[-1].is_final_answer
     start = next(e for e in events if e["type"] == "run_start")
-    kinds = {a["name"]: a["kind"] for a in start["agents"]}
-    assert kinds == {"manager": "CodeAgent", "web_search_agent": "ToolCallingAgent"}
+    agents = {a["name"]: a for a in start["agents"]}
+    assert {n: a["kind"] for n, a in agents.items()} == {
+        "manager": "CodeAgent",
+        "web_search_agent": "ToolCallingAgent",
+    }
+    # The manifest sets no max_steps: each agent keeps its own (the manager smolagents' 20).
+    manager, web_agent = agents["manager"], agents["web_search_agent"]
+    assert (manager["max_steps"], manager["max_steps_from"]) == (20, "program")
+    assert (web_agent["max_steps"], web_agent["max_steps_from"]) == (10, "program")
+    assert manager["declared_imports"] == ["time", "numpy", "pandas"]
+    assert manager["imports_not_granted"] == []
+    assert {"numpy", "pandas", "time"} <= set(manager["authorized_imports"])
+
+
+def test_validate_names_the_imports_the_manifest_does_not_grant(
+    agent_image: str, tmp_path: Path, nothing_left: None
+) -> None:
+    payload = tutorial_copy(tmp_path)
+    manifest = payload / "manifest.toml"
+    text = manifest.read_text()
+    manifest.write_text(re.sub(r"(?m)^authorized_imports = .*$", "", text))
+    result = cli("validate", str(payload))
+    assert result.returncode == 2, result.stderr
+    problem = result.stderr
+    assert "'manager'" in problem and "numpy, pandas" in problem, problem
+    assert "python.authorized_imports" in problem and "manifest.toml" in problem
 
 
 def visit(url: str) -> str:
