@@ -196,18 +196,29 @@ def test_openai_payload_runs_through_the_allowlist(
 
 
 @pytest.mark.docker
-def test_openai_payload_under_none_fails_with_a_network_error(
-    agent_image: str, openai_key: str, nothing_left: None
+def test_an_http_model_under_network_none_is_refused_before_anything_starts(
+    openai_key: str, docker_client, store_label: str, tmp_path: Path
 ) -> None:
+    """Issue 27: it could only fail (once as infra_error after 3 s; a batch retried it), so it
+    is bad input: exit 2 with the cause and the fix, whatever set `none` (here the flag and
+    the environment), and no sandbox, no record, no model call."""
+    before = our_containers(docker_client, store_label)
+    runs_before = len(Store().list_runs())
     with ScriptedModelServer(research_outputs()) as server:
-        spec = RunSpec(
-            payload=RESEARCH, model="openai:scripted", api_base=server.api_base(), network="none"
-        )
-        result = run(spec)
-    assert result.status == "infra_error", (result.status, result.error)
-    assert "no network" in result.error["message"], result.error
-    assert result.network == "none" and result.allowlist == []
+        for args, env in (
+            (["--network", "none"], {}),
+            ([], {"ORCHESTRATOR_NETWORK": "none"}),
+        ):
+            refused = cli(
+                "run", str(RESEARCH), "--model", "openai:scripted", "--api-base",
+                server.api_base(), *args, env=env,
+            )  # fmt: skip
+            assert refused.returncode == 2, refused.stderr
+            assert "needs the network" in refused.stderr and "`none`" in refused.stderr
+            assert "--network allowlist" in refused.stderr, refused.stderr
     assert server.requests == []
+    assert our_containers(docker_client, store_label) == before
+    assert len(Store().list_runs()) == runs_before
 
 
 @pytest.mark.docker
