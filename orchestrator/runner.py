@@ -472,6 +472,7 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         else "manifest"
         if "max_steps" in manifest.limits_set
         else "program",
+        network=prepared.network.mode,
         provider=model.provider,
         model_id=model.model_id,
         api_base=api_base or sandbox_api_base(model.api_base, prepared.network),

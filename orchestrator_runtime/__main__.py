@@ -114,6 +114,7 @@ class Run:
         self.events = events
         self.started = time.time()
         self.recorder: Any = None
+        self.audit: Any = None
         self.result_path: str | None = None
         self.write_result_file = write_result_file
 
@@ -163,13 +164,17 @@ class Run:
         apply_rlimits(request.rlimits)
         from .egress_audit import install as audit_egress
 
-        audit_egress(self.events)  # reports direct network attempts under `allowlist`
+        # Reports attempts the network refuses in the sandbox (`allowlist`: direct ones;
+        # `none`: every one), each with the agent and step that made it (set once known).
+        self.audit = audit_egress(self.events, request.network)
         return self.run_payload(request)
 
     def run_payload(self, request: Request) -> int:
         from .agents import Recorder, install_patches
 
         self.recorder = Recorder(self.events)
+        if self.audit is not None:
+            self.audit.where = self.recorder.where
         install_patches(request.authorized_imports, self.recorder)
         try:
             from .models import build_model

@@ -53,6 +53,8 @@ class Recorder:
         self.events = events
         self.names: dict[int, str] = {}  # id(agent) -> name
         self.callers: dict[int, str] = {}  # id(managed agent) -> caller name
+        #: The agents running now, outermost first (the top level, then managed agents).
+        self.running: list[MultiStepAgent] = []
         self.steps = 0
         self.input_tokens = 0
         self.output_tokens = 0
@@ -95,9 +97,11 @@ class Recorder:
         name = self.names[id(agent)]
         self.events.emit("managed_agent_call", caller=caller, agent=name, task=task)
         start = time.time()
+        self.running.append(agent)
         try:
             output = original(agent, task, **kwargs)
         except BaseException as exc:
+            self.running.remove(agent)
             self.events.emit(
                 "managed_agent_result",
                 caller=caller,
@@ -107,6 +111,7 @@ class Recorder:
                 duration=time.time() - start,
             )
             raise
+        self.running.remove(agent)
         self.events.emit(
             "managed_agent_result",
             caller=caller,
@@ -116,6 +121,18 @@ class Recorder:
             duration=time.time() - start,
         )
         return output
+
+    def where(self) -> dict[str, Any]:
+        """The agent running now (the innermost) and its step number, for an event that a
+        step caused (egress attempts); {} before the tree is known."""
+        if not self.running:
+            return {}
+        agent = self.running[-1]
+        number = getattr(agent, "step_number", None)
+        return {
+            "agent": self.names.get(id(agent), getattr(agent, "name", None) or "?"),
+            "step_number": number if isinstance(number, int) else None,
+        }
 
 
 def error_dict(exc: BaseException | None) -> dict[str, str] | None:
@@ -188,6 +205,7 @@ def take_control(
     "program" each agent keeps its own `max_steps` (up to MAX_STEPS_CEILING); otherwise the
     top level gets `max_steps` and the others at most that."""
     interpreter_imports = sorted(set(BASE_BUILTIN_MODULES) | set(authorized_imports))
+    recorder.running = [nodes[0].agent]
     for node in nodes:
         agent = node.agent
         recorder.names[id(agent)] = node.name

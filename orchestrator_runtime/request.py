@@ -70,6 +70,9 @@ class Request:
     #: Who set `max_steps`: "manifest" or "run" (the run's options) cap every agent at it;
     #: "program" (neither did) lets each agent keep its own, up to the protocol's maximum.
     max_steps_from: str = _field("max_steps_from", str, default="manifest")
+    #: The run's network policy (`none`, `allowlist`, `open`; "" unknown): which attempts the
+    #: runtime's egress audit reports.
+    network: str = _field("network", str, default="")
     provider: str = _field("provider", str, section="model")
     model_id: str = _field("model_id", str, section="model", default="scripted")
     api_base: str | None = _field("api_base", str, section="model", default=None)

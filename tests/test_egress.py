@@ -564,3 +564,65 @@ def test_cleanup_removes_a_crashed_runs_proxy_and_network(
     ), out.stdout
     assert not our_containers(docker_client, store_label)
     assert not our_networks(docker_client, store_label)
+
+
+# ---- issue 27: every attempt that did not succeed, with its cause and its step ---------------
+
+#: squid's lines for (in order) a tunnel to an allowed host that cannot be reached, the SNI
+#: hop's own line for it, a plain GET to that host, and two refused tunnels (captured from a
+#: real run of agent_payloads/web_browser), and a tunnel that worked.
+SQUID_LINES = "\n".join(
+    "\t".join(fields)
+    for fields in (
+        ("ORCH", "1795560958.686", "192.168.32.3", "CONNECT", "no-such-host.invalid", "443",
+         "500", "NONE_NONE", "-", "-", "ERR_CANNOT_FORWARD"),
+        ("ORCH", "1795560958.686", "127.0.0.1", "-", "-", "-", "0", "NONE_NONE", "-", "-",
+         "ERR_CLIENT_GONE"),
+        ("ORCH", "1795560958.692", "192.168.32.3", "GET", "no-such-host.invalid", "80", "502",
+         "TCP_MISS", "-", "-", "ERR_READ_ERROR"),
+        ("ORCH", "1795560958.693", "192.168.32.3", "GET", "gone.example.org", "80", "503",
+         "TCP_MISS", "-", "-", "ERR_DNS_FAIL"),
+        ("ORCH", "1795560958.696", "192.168.32.3", "CONNECT", "deb.debian.org", "8443", "403",
+         "TCP_DENIED", "-", "-", "ERR_ACCESS_DENIED"),
+        ("ORCH", "1795560958.700", "192.168.32.3", "CONNECT", "epoch.ai", "443", "200",
+         "TCP_TUNNEL", "epoch.ai", "splice", "-"),
+    )
+)  # fmt: skip
+
+
+def test_the_proxy_log_gives_every_failed_attempt_its_verdict_and_cause() -> None:
+    attempts = parse_access_log(SQUID_LINES)
+    assert [(a["host"], a["port"], a["verdict"]) for a in attempts] == [
+        ("no-such-host.invalid", 443, "allowed"),
+        ("no-such-host.invalid", 80, "allowed"),
+        ("gone.example.org", 80, "allowed"),
+        ("deb.debian.org", 8443, "denied"),
+    ]
+    reasons = [a["reason"] for a in attempts]
+    assert "could not reach the host upstream" in reasons[0] and "HTTP 500" in reasons[0]
+    assert "failed upstream (read error)" in reasons[1]
+    assert reasons[2].startswith("DNS failure upstream")
+    assert reasons[3] == "not on the allowlist"
+
+
+def test_a_proxy_attempt_is_tied_to_the_step_running_at_its_time(tmp_path: Path) -> None:
+    from orchestrator.record import RunRecorder
+    from orchestrator_runtime.masking import Masker
+
+    record = RunRecorder(tmp_path, Masker([]), None)
+    for ts, event in (
+        (1.0, {"type": "run_start", "agents": [{"name": "manager"}]}),
+        (2.0, {"type": "managed_agent_call", "caller": "manager", "agent": "web"}),
+        (3.0, {"type": "step", "agent": "web", "step_number": 1}),
+        (5.0, {"type": "step", "agent": "web", "step_number": 2}),
+        (6.0, {"type": "managed_agent_result", "caller": "manager", "agent": "web"}),
+        (7.0, {"type": "step", "agent": "manager", "step_number": 1}),
+    ):
+        record.observed({**event, "ts": ts})
+    assert record.step_at(0.5) == {}
+    assert record.step_at(1.5) == {"agent": "manager", "step_number": 1}
+    assert record.step_at(2.5) == {"agent": "web", "step_number": 1}
+    assert record.step_at(4.0) == {"agent": "web", "step_number": 2}
+    assert record.step_at(6.5) == {"agent": "manager", "step_number": 1}
+    assert record.step_at(8.0) == {"agent": "manager", "step_number": 2}
+    record.close()

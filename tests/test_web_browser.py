@@ -135,11 +135,34 @@ def test_through_the_gateway_the_record_has_exactly_the_egress_that_happened(
     assert "Error fetching the webpage" in observations[0]
     assert "Error fetching the webpage" in observations[1]
 
-    blocked = [e for e in events if e["type"] == "egress_blocked"]
-    assert [(e["host"], e["port"]) for e in blocked] == [("example.com", 443)], blocked
+    # Exactly what happened, each tied to the step that did it: the listed host failed
+    # upstream (allowed, with squid's cause), the unlisted one was refused.
+    egress = [e for e in events if e["type"].startswith("egress")]
+    assert [
+        (e["type"], e["host"], e["port"], e["verdict"], e["agent"], e["step_number"])
+        for e in egress
+    ] == [
+        ("egress_failed", UNRESOLVABLE, 443, "allowed", "web_search_agent", 1),
+        ("egress_blocked", "example.com", 443, "denied", "web_search_agent", 2),
+    ], egress
+    assert "upstream" in egress[0]["reason"] and egress[1]["reason"] == "not on the allowlist"
     assert result.egress_blocked == 1
     gateway = urlsplit(server.api_base()).hostname
-    egress = [e for e in events if e["type"].startswith("egress")]
     assert all(e.get("port") != server.port for e in egress), egress
     assert not [e for e in egress if e.get("host") in (gateway, "host.orchestrator.internal")]
     assert len([e for e in events if e["type"] == "model_call"]) == 5
+
+
+def test_under_network_none_the_attempt_is_recorded_with_its_step(
+    agent_image: str, nothing_left: None
+) -> None:
+    """The mock trajectory's page visit under `--network none`: the tool reports a failed
+    fetch, and the record says why, which agent and which step."""
+    result = run(RunSpec(payload=TUTORIAL, model="mock", network="none"))
+    assert result.status == "succeeded", result.error
+    assert result.network == "none"
+    egress = [e for e in events_of(result) if e["type"].startswith("egress")]
+    assert [
+        (e["type"], e["source"], e["host"], e["port"], e["agent"], e["step_number"]) for e in egress
+    ] == [("egress_blocked", "sandbox", "epoch.ai", 443, "web_search_agent", 1)], egress
+    assert egress[0]["verdict"] == "denied" and "no network" in egress[0]["reason"]
