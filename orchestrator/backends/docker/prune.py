@@ -40,8 +40,8 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
     """The orchestrator's tagged images (agent, payload, egress and base), newest first.
 
     Each is `{tag, id, kind, created, size, in_use, labels}`; `in_use` means a container
-    (running or not) was made from it. Untagged images left by multi-stage builds are the
-    builder's layer cache, not listed here (`docker image prune` removes them).
+    (running or not) was made from it. Untagged images are not listed (`prune_images`
+    removes ours: `dangling_images`).
     """
     used = {container["ImageID"] for container in client.api.containers(all=True)}
     rows = []
