@@ -13,8 +13,8 @@ Hosts that `NO_PROXY` names are reached directly by design (the run's model gate
 run's own network): attempts to them are not blocked egress and are not reported.
 
 It is a diagnostic, not a control: the network is what blocks; code that bypasses Python's
-socket module (a child process, C code) is not seen. It is active under `none` and
-`allowlist` (or, for a request that does not say its policy, when a proxy is set).
+socket module (a child process, C code) is not seen. It is active under `none`, and when
+a proxy is set.
 Standard library only.
 """
 
@@ -122,8 +122,6 @@ class EgressAudit:
                 return
             kind = "connect" if event == "socket.connect" else "udp"
             reason = "direct connection: the sandbox's only way out is the egress proxy"
-            if not self.proxies:
-                reason = "direct connection: the sandbox reaches only its model gateway"
         else:
             host = args[0].decode() if isinstance(args[0], bytes) else str(args[0] or "")
             port = args[1] if event == "socket.getaddrinfo" else None
@@ -163,10 +161,12 @@ class EgressAudit:
 
 
 def install(events: EventStream, network: str = "") -> EgressAudit | None:
-    """Start reporting (for the rest of the process) under the `none` and `allowlist`
-    policies; for a request that does not name its policy (""), when a proxy is set."""
+    """Start reporting (for the rest of the process) under `none`, and when the sandbox has
+    an egress proxy (Docker's `allowlist`). Not otherwise: an allowlist without a proxy is
+    enforced elsewhere (E2B's lists, or a Docker network that holds only the gateway), and a
+    direct connection there may well be allowed."""
     proxies = proxy_addresses()
-    if network not in ("none", "allowlist") and not (network == "" and proxies):
+    if network != "none" and not (proxies and network != "open"):
         return None
     audit = EgressAudit(events, proxies, direct_hosts(), offline=network == "none")
     sys.addaudithook(audit)

@@ -116,9 +116,14 @@ def test_under_network_none_every_attempt_is_reported_with_its_step(
         assert (event["agent"], event["step_number"]) == ("web_search_agent", 2)
 
 
-def test_the_audit_is_off_under_open(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_audit_is_off_without_a_proxy_unless_the_run_has_no_network(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """(Only the cases that add no hook to this process: a hook stays for good.)"""
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
         monkeypatch.delenv(name, raising=False)
     assert install_audit(EventStream(1), "open") is None
     assert install_audit(EventStream(1), "") is None  # an older request, no proxy: off
+    # An allowlist without a proxy (E2B's lists; a Docker network holding only the gateway):
+    # a direct connection may be allowed there, so it is not reported as blocked.
+    assert install_audit(EventStream(1), "allowlist") is None
