@@ -305,7 +305,8 @@ class Egress:
         )
 
     def blocked(self) -> list[dict[str, Any]]:
-        """What squid refused, from its access log: host, port, method, time, reason."""
+        """What squid refused or could not forward, from its access log (`parse_access_log`):
+        host, port, method, time, verdict, reason."""
         import docker.errors
 
         if self.container_id is None:
