@@ -94,6 +94,9 @@ class Manifest:
     secrets: tuple[str, ...] = ()
     hosts: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    #: The limits the file sets itself (the others are built-in defaults): an agent keeps its
+    #: own `max_steps` unless the manifest or the run's options set one.
+    limits_set: tuple[str, ...] = ()
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
     #: Where runs of this payload go unless the run names a backend (None: docker).
     backend: str | None = None
@@ -282,6 +285,7 @@ def _parse(
         secrets=tuple(sections["secrets"].get("required", ())),
         hosts=tuple(h.lower() for h in sections["network"].get("hosts", ())),
         limits=Limits(**sections["limits"]),
+        limits_set=tuple(sections["limits"]),
         mock_scripts=dict(sections["mock"].get("scripts", {})),
         backend=payload.get("backend"),
     )

@@ -138,6 +138,8 @@ def resolve_policy(mode: str | None, *, model: ModelSpec, hosts: tuple[str, ...]
 
     The allowlist is the model provider's host, the payload's hosts and `--allow-host`. A
     model endpoint on the Docker host becomes `HOST_ALIAS:port`, the only way to it.
+    Raises ConfigError for an unknown mode, and for `none` with a model that needs the
+    network (it could only fail, after a sandbox was made: refused before anything starts).
     """
     hosts = tuple(dict.fromkeys(h.lower() for h in hosts))
     needs_network = model.needs_network or bool(hosts)
@@ -148,6 +150,14 @@ def resolve_policy(mode: str | None, *, model: ModelSpec, hosts: tuple[str, ...]
             "Use --network none, --network allowlist or --network open.",
         )
     if mode == "none":
+        if model.needs_network:
+            raise ConfigError(
+                f"The model {model.describe()} needs the network to reach its endpoint, but "
+                "the run's network policy is `none` (from --network, $ORCHESTRATOR_NETWORK, "
+                "the config file's `network` or the schedule's).",
+                "Use --network allowlist (the model's host and the payload's hosts only), or "
+                "run with --model mock, which needs no network.",
+            )
         return NetworkPolicy(mode="none")
     endpoints: tuple[tuple[str, int], ...] = ()
     host_endpoints: tuple[tuple[str, int], ...] = ()

@@ -75,6 +75,8 @@ class RunRecorder:
         self.violations: list[str] = []
         #: Why the host stopped the run early (a lost proxy or gateway, a spent budget).
         self.stop_reason: str | None = None
+        #: How many of the egress proxy's failed attempts are recorded already.
+        self.egress_seen = 0
         self._frames = FrameCheck()
 
     def stop_requested(self) -> bool:
@@ -143,6 +145,34 @@ class RunRecorder:
             if self._written[stream] > MAX_LOG_BYTES:
                 line = f"[orchestrator: {stream} log capped at {MAX_LOG_BYTES} bytes]\n"
             self._write(stream, line)
+
+    def step_at(self, ts: float) -> dict[str, Any]:
+        """The agent and step that were running at time `ts` (an attempt the egress proxy
+        saw), from the events so far: `{"agent", "step_number"}`, or {} before the run
+        started. The innermost managed agent called and not yet returned is the one running;
+        its step is the one after its last finished step (step events come at a step's end).
+        Same clock: the proxy runs on the sandbox's host."""
+        with self._lock:
+            events = [e for e in self.events if isinstance(e.get("ts"), (int, float))]
+        running: list[list[Any]] = []  # [agent, last finished step]
+        for event in events:
+            if event["ts"] > ts:
+                break
+            kind = event.get("type")
+            if kind == "run_start":
+                agents = event.get("agents") or [{}]
+                running = [[str((agents[0] or {}).get("name") or "manager"), 0]]
+            elif kind == "managed_agent_call":
+                running.append([str(event.get("agent")), 0])
+            elif kind == "managed_agent_result" and len(running) > 1:
+                running.pop()
+            elif kind == "step" and running and event.get("agent") == running[-1][0]:
+                number = event.get("step_number")
+                running[-1][1] = number if isinstance(number, int) else running[-1][1] + 1
+        if not running:
+            return {}
+        agent, finished = running[-1]
+        return {"agent": agent, "step_number": finished + 1}
 
     def observed(self, event: dict[str, Any]) -> None:
         """Record an event the host observed itself (egress refusals, its own notes): not a

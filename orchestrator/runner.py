@@ -479,6 +479,12 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         authorized_imports=list(manifest.authorized_imports),
         allow_dangerous_imports=prepared.spec.allow_dangerous_imports,
         max_steps=prepared.limits.max_steps,
+        max_steps_from="run"
+        if prepared.spec.max_steps is not None
+        else "manifest"
+        if "max_steps" in manifest.limits_set
+        else "program",
+        network=prepared.network.mode,
         provider=model.provider,
         model_id=model.model_id,
         api_base=api_base or sandbox_api_base(model.api_base, prepared.network),

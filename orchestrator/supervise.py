@@ -12,6 +12,9 @@ from .record import RunRecorder
 
 #: How often the host checks that a running sandbox still has its egress proxy.
 HEALTH_INTERVAL = 1.0
+#: The egress proxy's log is read again at most this often once new events came (a step
+#: ended: its failed attempts are shown right after it), and every HEALTH_INTERVAL anyway.
+EGRESS_INTERVAL = 0.2
 
 
 def supervise(
@@ -39,12 +42,17 @@ def supervise(
     reader.start()
     outcome = "finished"
     lost: str | None = None
-    next_check = time.monotonic()
+    next_check = next_egress = time.monotonic()
+    events_seen = 0
     while not done.wait(timeout=0.05):
         stop = None
-        if time.monotonic() >= next_check:
-            lost, next_check = sandbox.health(), time.monotonic() + HEALTH_INTERVAL
+        now = time.monotonic()
+        if now >= next_check:
+            lost, next_check = sandbox.health(), now + HEALTH_INTERVAL
             stop = "stopped with `orchestrator runs stop`" if record.stop_requested() else None
+        if now >= next_egress and (len(record.events) != events_seen or now >= next_check):
+            events_seen, next_egress = len(record.events), now + EGRESS_INTERVAL
+            record_egress_blocked(sandbox, record, live=True)  # shown while the run goes on
         spent = record_gateway(sandbox, record)
         if cancel.is_set() or stop:
             outcome, lost = "cancelled", stop or lost
@@ -96,12 +104,19 @@ def record_gateway(sandbox: Sandbox, record: RunRecorder, *, close: bool = False
     return spent
 
 
-def record_egress_blocked(sandbox: Sandbox, record: RunRecorder) -> None:
-    """Record what the sandbox's egress proxy refused, as `egress_blocked` events."""
+def record_egress_blocked(sandbox: Sandbox, record: RunRecorder, *, live: bool = False) -> None:
+    """Record what the sandbox's egress proxy saw fail since the last look: refused attempts
+    as `egress_blocked`, allowed ones that failed upstream as `egress_failed`, each with the
+    agent and step that were running then (`record.step_at`). `live`: a look while the run
+    goes on (a failure to read the log is then left to the final look)."""
     try:
         attempts = sandbox.egress_blocked()
     except Exception as exc:  # the run's outcome matters more than its egress log
-        record.host_event("egress_log_unavailable", error=str(exc))
+        if not live:
+            record.host_event("egress_log_unavailable", error=str(exc))
         return
-    for attempt in attempts:
-        record.observed({"type": "egress_blocked", "source": "egress", **attempt})
+    for attempt in attempts[record.egress_seen :]:
+        kind = "egress_failed" if attempt.get("verdict") == "allowed" else "egress_blocked"
+        where = record.step_at(attempt["ts"]) if isinstance(attempt.get("ts"), float) else {}
+        record.observed({"type": kind, "source": "egress", **attempt, **where})
+    record.egress_seen = max(record.egress_seen, len(attempts))

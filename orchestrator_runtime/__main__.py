@@ -114,6 +114,7 @@ class Run:
         self.events = events
         self.started = time.time()
         self.recorder: Any = None
+        self.audit: Any = None
         self.result_path: str | None = None
         self.write_result_file = write_result_file
 
@@ -163,13 +164,17 @@ class Run:
         apply_rlimits(request.rlimits)
         from .egress_audit import install as audit_egress
 
-        audit_egress(self.events)  # reports direct network attempts under `allowlist`
+        # Reports attempts the network refuses in the sandbox (`allowlist`: direct ones;
+        # `none`: every one), each with the agent and step that made it (set once known).
+        self.audit = audit_egress(self.events, request.network)
         return self.run_payload(request)
 
     def run_payload(self, request: Request) -> int:
         from .agents import Recorder, install_patches
 
         self.recorder = Recorder(self.events)
+        if self.audit is not None:
+            self.audit.where = self.recorder.where
         install_patches(request.authorized_imports, self.recorder)
         try:
             from .models import build_model
@@ -201,6 +206,7 @@ class Run:
                 request.max_steps,
                 scripts,
                 request.model_id,
+                request.max_steps_from,
             )
         except Exception as exc:
             return self.fail("payload", exc, "payload", EXIT_BAD_REQUEST)
@@ -218,9 +224,21 @@ class Run:
         return self.run_agent(manager, nodes[0].name, request)
 
     def check(self, nodes: list[Any], request: Request) -> int:
-        """`validate`: the tree loaded; report every problem of its mock scripts at once."""
+        """`validate`: the tree loaded; report every problem at once: imports an agent declares
+        and the run does not grant, and the mock scripts."""
+        from .agents import not_granted
+
         names = [node.name for node in nodes]
         problems = [
+            f"agent {node.name!r} declares additional_authorized_imports "
+            f"{', '.join(missing)} that the manifest does not grant, so its code would fail "
+            "to import them. Add them to `python.authorized_imports` in manifest.toml (the "
+            "manifest is the ceiling of what agent code may import), or remove them from the "
+            "agent."
+            for node in nodes
+            if (missing := not_granted(node.agent))
+        ]
+        problems += [
             f"mock script for {name!r}, which is not an agent of the tree (agents: "
             f"{', '.join(names)})"
             for name in sorted(set(request.mock_scripts) - set(names))
@@ -251,7 +269,7 @@ class Run:
             result = manager.run(
                 request.task,
                 additional_args=request.additional_args,
-                max_steps=request.max_steps,
+                max_steps=manager.max_steps,  # take_control's: the program's or the cap
                 return_full_result=True,
             )
         except (Exception, SystemExit) as exc:

@@ -27,8 +27,14 @@ from smolagents.memory import ActionStep, PlanningStep, SystemPromptStep
 
 from .events import EventStream
 from .models import ScriptedModel, last_step_error
+from .protocol import LIMIT_RANGES
 
 TOP_LEVEL_NAME = "manager"
+#: The attribute that keeps a CodeAgent's own `additional_authorized_imports` (what the
+#: program declared) once the run's list has replaced them.
+DECLARED_IMPORTS = "orchestrator_declared_imports"
+#: The most steps any agent may take, whoever set its `max_steps`.
+MAX_STEPS_CEILING = int(LIMIT_RANGES["max_steps"][1])
 
 
 @dataclass
@@ -36,6 +42,8 @@ class AgentNode:
     name: str
     agent: MultiStepAgent
     caller: str | None  # name of the agent that manages this one (None for the top level)
+    #: Who set the agent's effective `max_steps`: "program", "manifest" or "run".
+    max_steps_from: str = "program"
 
 
 class Recorder:
@@ -45,6 +53,8 @@ class Recorder:
         self.events = events
         self.names: dict[int, str] = {}  # id(agent) -> name
         self.callers: dict[int, str] = {}  # id(managed agent) -> caller name
+        #: The agents running now, outermost first (the top level, then managed agents).
+        self.running: list[MultiStepAgent] = []
         self.steps = 0
         self.input_tokens = 0
         self.output_tokens = 0
@@ -87,9 +97,11 @@ class Recorder:
         name = self.names[id(agent)]
         self.events.emit("managed_agent_call", caller=caller, agent=name, task=task)
         start = time.time()
+        self.running.append(agent)
         try:
             output = original(agent, task, **kwargs)
         except BaseException as exc:
+            self.running.remove(agent)
             self.events.emit(
                 "managed_agent_result",
                 caller=caller,
@@ -99,6 +111,7 @@ class Recorder:
                 duration=time.time() - start,
             )
             raise
+        self.running.remove(agent)
         self.events.emit(
             "managed_agent_result",
             caller=caller,
@@ -108,6 +121,18 @@ class Recorder:
             duration=time.time() - start,
         )
         return output
+
+    def where(self) -> dict[str, Any]:
+        """The agent running now (the innermost) and its step number, for an event that a
+        step caused (egress attempts); {} before the tree is known."""
+        if not self.running:
+            return {}
+        agent = self.running[-1]
+        number = getattr(agent, "step_number", None)
+        return {
+            "agent": self.names.get(id(agent), getattr(agent, "name", None) or "?"),
+            "step_number": number if isinstance(number, int) else None,
+        }
 
 
 def error_dict(exc: BaseException | None) -> dict[str, str] | None:
@@ -126,6 +151,8 @@ def install_patches(authorized_imports: list[str], recorder: Recorder) -> None:
     imports = list(authorized_imports)
 
     def create_python_executor(self: CodeAgent) -> LocalPythonExecutor:
+        if not hasattr(self, DECLARED_IMPORTS):  # the first call: still the program's list
+            setattr(self, DECLARED_IMPORTS, list(self.additional_authorized_imports or []))
         self.executor_type = "local"
         self.additional_authorized_imports = list(imports)
         self.authorized_imports = sorted(set(BASE_BUILTIN_MODULES) | set(imports))
@@ -169,15 +196,27 @@ def take_control(
     max_steps: int,
     mock_scripts: dict[str, list[str]] | None,
     model_id: str,
+    max_steps_from: str = "manifest",
 ) -> None:
-    """Make every agent of the tree obey the request and report to the recorder."""
+    """Make every agent of the tree obey the request and report to the recorder.
+
+    Imports: every CodeAgent gets the run's list (the manifest is the ceiling); what it
+    declared itself is kept for the record (`describe`). Steps: with `max_steps_from`
+    "program" each agent keeps its own `max_steps` (up to MAX_STEPS_CEILING); otherwise the
+    top level gets `max_steps` and the others at most that."""
     interpreter_imports = sorted(set(BASE_BUILTIN_MODULES) | set(authorized_imports))
+    recorder.running = [nodes[0].agent]
     for node in nodes:
         agent = node.agent
         recorder.names[id(agent)] = node.name
         if node.caller is not None:
             recorder.callers[id(agent)] = node.caller
-        agent.max_steps = max_steps if node.caller is None else min(agent.max_steps, max_steps)
+        own = agent.max_steps
+        if max_steps_from == "program":
+            agent.max_steps = min(own, MAX_STEPS_CEILING)
+        else:
+            agent.max_steps = max_steps if node.caller is None else min(own, max_steps)
+        node.max_steps_from = "program" if agent.max_steps == own else max_steps_from
         if isinstance(agent, CodeAgent):
             # Whatever executor the payload made (or passed in), use ours; the system prompt is
             # rendered from `authorized_imports` at each run and in memory now.
@@ -202,12 +241,29 @@ def take_control(
 
 
 def describe(node: AgentNode) -> dict[str, Any]:
+    """One agent for `run_start`: what it is, and its effective settings with their source."""
     agent = node.agent
+    declared = getattr(agent, DECLARED_IMPORTS, None)
     return {
         "name": node.name,
         "kind": type(agent).__name__,
         "tools": sorted(agent.tools),
         "managed_agents": sorted(agent.managed_agents),
         "authorized_imports": list(getattr(agent, "authorized_imports", []) or []),
+        "declared_imports": declared,
+        "imports_not_granted": not_granted(agent),
         "max_steps": agent.max_steps,
+        "max_steps_from": node.max_steps_from,
     }
+
+
+def not_granted(agent: MultiStepAgent) -> list[str]:
+    """The imports a CodeAgent declared that the run's list does not let it use."""
+    declared = getattr(agent, DECLARED_IMPORTS, None) or []
+    granted = set(getattr(agent, "authorized_imports", []) or [])
+    if "*" in granted:
+        return []
+    prefixes = tuple(g[:-1] for g in granted if g.endswith(".*"))
+    return sorted(
+        {m for m in declared if m not in granted and not (prefixes and m.startswith(prefixes))}
+    )

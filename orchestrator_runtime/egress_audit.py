@@ -3,15 +3,18 @@
 Under the `allowlist` policy the sandbox's only way out is the egress proxy named in
 `HTTPS_PROXY`/`HTTP_PROXY`: a connection to any other address has no route, and no name
 resolves. Those attempts fail inside the sandbox without reaching the proxy, so its log
-cannot show them. This module watches them with an audit hook (`sys.addaudithook`) on
+cannot show them. Under `none` the sandbox has no network at all: every attempt fails
+there. This module watches them with an audit hook (`sys.addaudithook`) on
 `socket.connect`, `socket.sendto` and `socket.getaddrinfo`/`gethostbyname`, and emits an
-`egress_blocked` event (`source: "sandbox"`) for each distinct destination.
+`egress_blocked` event (`source: "sandbox"`, `verdict: "denied"`, the cause as `reason`,
+and the agent and step that made it) for each distinct destination.
 
 Hosts that `NO_PROXY` names are reached directly by design (the run's model gateway, on the
 run's own network): attempts to them are not blocked egress and are not reported.
 
 It is a diagnostic, not a control: the network is what blocks; code that bypasses Python's
-socket module (a child process, C code) is not seen. It is active only when a proxy is set.
+socket module (a child process, C code) is not seen. It is active under `none`, and when
+a proxy is set.
 Standard library only.
 """
 
@@ -21,6 +24,7 @@ import ipaddress
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -83,8 +87,13 @@ class EgressAudit:
         events: EventStream,
         proxies: set[tuple[str, int]],
         direct: set[str] | None = None,
+        offline: bool = False,
     ) -> None:
         self.events = events
+        #: The run has no network (`none`): every attempt is refused, and that is the cause.
+        self.offline = offline
+        #: The agent and step running now (`agents.Recorder.where`, set once the tree exists).
+        self.where: Callable[[], dict[str, Any]] = dict
         self.proxies = proxies
         #: Hosts the sandbox reaches without the proxy by design (lower case).
         self.direct = direct or set()
@@ -126,6 +135,8 @@ class EgressAudit:
             port = port if isinstance(port, int) else None
             kind = "dns"
             reason = "name lookup: the sandbox resolves no names (the egress proxy does)"
+        if self.offline:
+            reason = "the run has no network (network policy none)"
         self.report(kind, host, port, reason)
 
     def report(self, kind: str, host: str, port: int | None, reason: str) -> None:
@@ -133,16 +144,30 @@ class EgressAudit:
         if key in self.seen or len(self.seen) >= MAX_EVENTS:
             return
         self.seen.add(key)
+        try:
+            where = self.where()
+        except Exception:  # the step is a detail; the attempt is what must be reported
+            where = {}
         self.events.emit(
-            "egress_blocked", source="sandbox", kind=kind, host=host, port=port, reason=reason
+            "egress_blocked",
+            source="sandbox",
+            kind=kind,
+            host=host,
+            port=port,
+            verdict="denied",
+            reason=reason,
+            **where,
         )
 
 
-def install(events: EventStream) -> EgressAudit | None:
-    """Start reporting (for the rest of the process) when the sandbox has an egress proxy."""
+def install(events: EventStream, network: str = "") -> EgressAudit | None:
+    """Start reporting (for the rest of the process) under `none`, and when the sandbox has
+    an egress proxy (Docker's `allowlist`). Not otherwise: an allowlist without a proxy is
+    enforced elsewhere (E2B's lists, or a Docker network that holds only the gateway), and a
+    direct connection there may well be allowed."""
     proxies = proxy_addresses()
-    if not proxies:
+    if network != "none" and not (proxies and network != "open"):
         return None
-    audit = EgressAudit(events, proxies, direct_hosts())
+    audit = EgressAudit(events, proxies, direct_hosts(), offline=network == "none")
     sys.addaudithook(audit)
     return audit

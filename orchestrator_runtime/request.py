@@ -28,6 +28,8 @@ from .protocol import (
 
 #: Limits a request may ask the runtime to set on itself.
 RLIMITS = ("nproc", "nofile", "core")
+#: Who set a request's `max_steps` (see `Request.max_steps_from`).
+MAX_STEPS_FROM = ("program", "manifest", "run")
 
 #: The sub-objects of the request (`payload.name`, `model.provider`, ...).
 SECTIONS = ("payload", "model")
@@ -65,6 +67,12 @@ class Request:
     authorized_imports: list[str] = _field("authorized_imports", list, default_factory=list)
     allow_dangerous_imports: bool = _field("allow_dangerous_imports", bool, default=False)
     max_steps: int = _field("max_steps", int, default=10)
+    #: Who set `max_steps`: "manifest" or "run" (the run's options) cap every agent at it;
+    #: "program" (neither did) lets each agent keep its own, up to the protocol's maximum.
+    max_steps_from: str = _field("max_steps_from", str, default="manifest")
+    #: The run's network policy (`none`, `allowlist`, `open`; "" unknown): which attempts the
+    #: runtime's egress audit reports.
+    network: str = _field("network", str, default="")
     provider: str = _field("provider", str, section="model")
     model_id: str = _field("model_id", str, section="model", default="scripted")
     api_base: str | None = _field("api_base", str, section="model", default=None)
@@ -221,6 +229,8 @@ def _check(request: Request) -> None:
             raise RequestError(f"payload file {path!r} must be text or {{'base64': ...}}")
     if not 1 <= request.max_steps <= 1000:
         raise RequestError(f"max_steps must be from 1 to 1000, not {request.max_steps}")
+    if request.max_steps_from not in MAX_STEPS_FROM:
+        raise RequestError(f"max_steps_from must be one of {MAX_STEPS_FROM}")
     if request.provider not in PROVIDERS:
         raise RequestError(f"unknown model provider {request.provider!r}; use one of {PROVIDERS}")
     for name, script in request.mock_scripts.items():

@@ -196,18 +196,29 @@ def test_openai_payload_runs_through_the_allowlist(
 
 
 @pytest.mark.docker
-def test_openai_payload_under_none_fails_with_a_network_error(
-    agent_image: str, openai_key: str, nothing_left: None
+def test_an_http_model_under_network_none_is_refused_before_anything_starts(
+    openai_key: str, docker_client, store_label: str, tmp_path: Path
 ) -> None:
+    """Issue 27: it could only fail (once as infra_error after 3 s; a batch retried it), so it
+    is bad input: exit 2 with the cause and the fix, whatever set `none` (here the flag and
+    the environment), and no sandbox, no record, no model call."""
+    before = our_containers(docker_client, store_label)
+    runs_before = len(Store().list_runs())
     with ScriptedModelServer(research_outputs()) as server:
-        spec = RunSpec(
-            payload=RESEARCH, model="openai:scripted", api_base=server.api_base(), network="none"
-        )
-        result = run(spec)
-    assert result.status == "infra_error", (result.status, result.error)
-    assert "no network" in result.error["message"], result.error
-    assert result.network == "none" and result.allowlist == []
+        for args, env in (
+            (["--network", "none"], {}),
+            ([], {"ORCHESTRATOR_NETWORK": "none"}),
+        ):
+            refused = cli(
+                "run", str(RESEARCH), "--model", "openai:scripted", "--api-base",
+                server.api_base(), *args, env=env,
+            )  # fmt: skip
+            assert refused.returncode == 2, refused.stderr
+            assert "needs the network" in refused.stderr and "`none`" in refused.stderr
+            assert "--network allowlist" in refused.stderr, refused.stderr
     assert server.requests == []
+    assert our_containers(docker_client, store_label) == before
+    assert len(Store().list_runs()) == runs_before
 
 
 @pytest.mark.docker
@@ -553,3 +564,65 @@ def test_cleanup_removes_a_crashed_runs_proxy_and_network(
     ), out.stdout
     assert not our_containers(docker_client, store_label)
     assert not our_networks(docker_client, store_label)
+
+
+# ---- issue 27: every attempt that did not succeed, with its cause and its step ---------------
+
+#: squid's lines for (in order) a tunnel to an allowed host that cannot be reached, the SNI
+#: hop's own line for it, a plain GET to that host, and two refused tunnels (captured from a
+#: real run of agent_payloads/web_browser), and a tunnel that worked.
+SQUID_LINES = "\n".join(
+    "\t".join(fields)
+    for fields in (
+        ("ORCH", "1795560958.686", "192.168.32.3", "CONNECT", "no-such-host.invalid", "443",
+         "500", "NONE_NONE", "-", "-", "ERR_CANNOT_FORWARD"),
+        ("ORCH", "1795560958.686", "127.0.0.1", "-", "-", "-", "0", "NONE_NONE", "-", "-",
+         "ERR_CLIENT_GONE"),
+        ("ORCH", "1795560958.692", "192.168.32.3", "GET", "no-such-host.invalid", "80", "502",
+         "TCP_MISS", "-", "-", "ERR_READ_ERROR"),
+        ("ORCH", "1795560958.693", "192.168.32.3", "GET", "gone.example.org", "80", "503",
+         "TCP_MISS", "-", "-", "ERR_DNS_FAIL"),
+        ("ORCH", "1795560958.696", "192.168.32.3", "CONNECT", "deb.debian.org", "8443", "403",
+         "TCP_DENIED", "-", "-", "ERR_ACCESS_DENIED"),
+        ("ORCH", "1795560958.700", "192.168.32.3", "CONNECT", "epoch.ai", "443", "200",
+         "TCP_TUNNEL", "epoch.ai", "splice", "-"),
+    )
+)  # fmt: skip
+
+
+def test_the_proxy_log_gives_every_failed_attempt_its_verdict_and_cause() -> None:
+    attempts = parse_access_log(SQUID_LINES)
+    assert [(a["host"], a["port"], a["verdict"]) for a in attempts] == [
+        ("no-such-host.invalid", 443, "allowed"),
+        ("no-such-host.invalid", 80, "allowed"),
+        ("gone.example.org", 80, "allowed"),
+        ("deb.debian.org", 8443, "denied"),
+    ]
+    reasons = [a["reason"] for a in attempts]
+    assert "could not reach the host upstream" in reasons[0] and "HTTP 500" in reasons[0]
+    assert "failed upstream (read error)" in reasons[1]
+    assert reasons[2].startswith("DNS failure upstream")
+    assert reasons[3] == "not on the allowlist"
+
+
+def test_a_proxy_attempt_is_tied_to_the_step_running_at_its_time(tmp_path: Path) -> None:
+    from orchestrator.record import RunRecorder
+    from orchestrator_runtime.masking import Masker
+
+    record = RunRecorder(tmp_path, Masker([]), None)
+    for ts, event in (
+        (1.0, {"type": "run_start", "agents": [{"name": "manager"}]}),
+        (2.0, {"type": "managed_agent_call", "caller": "manager", "agent": "web"}),
+        (3.0, {"type": "step", "agent": "web", "step_number": 1}),
+        (5.0, {"type": "step", "agent": "web", "step_number": 2}),
+        (6.0, {"type": "managed_agent_result", "caller": "manager", "agent": "web"}),
+        (7.0, {"type": "step", "agent": "manager", "step_number": 1}),
+    ):
+        record.observed({**event, "ts": ts})
+    assert record.step_at(0.5) == {}
+    assert record.step_at(1.5) == {"agent": "manager", "step_number": 1}
+    assert record.step_at(2.5) == {"agent": "web", "step_number": 1}
+    assert record.step_at(4.0) == {"agent": "web", "step_number": 2}
+    assert record.step_at(6.5) == {"agent": "manager", "step_number": 1}
+    assert record.step_at(8.0) == {"agent": "manager", "step_number": 2}
+    record.close()

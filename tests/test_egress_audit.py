@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator_runtime.egress_audit import EgressAudit, direct_hosts, proxy_addresses
+from orchestrator_runtime.egress_audit import install as install_audit
 from orchestrator_runtime.events import EventStream
 
 PROXY = "http://10.9.0.2:3128"
@@ -80,3 +81,49 @@ def test_a_direct_connection_and_a_lookup_are_reported_once_each(audit) -> None:
         ("dns", "example.com", 443),
     ]
     assert all(e["type"] == "egress_blocked" and e["source"] == "sandbox" for e in events)
+
+
+def test_under_network_none_every_attempt_is_reported_with_its_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`none` (no proxy at all): a lookup and a connection are each refused, said so, and tied
+    to the agent and step the runtime's recorder says are running."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    read_end, write_end = os.pipe()
+    try:
+        # As `install(events, "none")` makes it (install would also hook this test process).
+        audit = EgressAudit(EventStream(write_end), proxy_addresses(), direct_hosts(), offline=True)
+        audit.where = lambda: {"agent": "web_search_agent", "step_number": 2}
+        events = reported(
+            audit,
+            read_end,
+            [
+                ("socket.getaddrinfo", ("epoch.ai", 443, 0, 0, 0, 0)),
+                ("socket.connect", (("93.184.215.14", 80),)),
+                ("socket.connect", (("127.0.0.1", 9000),)),  # loopback: the sandbox's own
+            ],
+        )
+    finally:
+        os.close(write_end)
+        os.close(read_end)
+    assert [(e["kind"], e["host"], e["port"]) for e in events] == [
+        ("dns", "epoch.ai", 443),
+        ("connect", "93.184.215.14", 80),
+    ]
+    for event in events:
+        assert event["verdict"] == "denied" and "no network" in event["reason"]
+        assert (event["agent"], event["step_number"]) == ("web_search_agent", 2)
+
+
+def test_the_audit_is_off_without_a_proxy_unless_the_run_has_no_network(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(Only the cases that add no hook to this process: a hook stays for good.)"""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert install_audit(EventStream(1), "open") is None
+    assert install_audit(EventStream(1), "") is None  # an older request, no proxy: off
+    # An allowlist without a proxy (E2B's lists; a Docker network holding only the gateway):
+    # a direct connection may be allowed there, so it is not reported as blocked.
+    assert install_audit(EventStream(1), "allowlist") is None

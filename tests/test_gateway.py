@@ -527,7 +527,11 @@ def test_killing_the_gateway_ends_the_run_network_lost(
 @pytest.mark.docker
 @pytest.mark.parametrize("hosts", [(), ("example.com",)], ids=["sandbox", "squid"])
 def test_a_gateway_that_cannot_start_leaves_nothing_of_the_run(
-    agent_image: str, docker_client, model_key: str, nothing_left: None, monkeypatch,
+    agent_image: str,
+    docker_client,
+    model_key: str,
+    nothing_left: None,
+    monkeypatch,
     hosts: tuple[str, ...],
 ) -> None:
     """The gateway starts beside the sandbox (or beside squid): when its start fails, the
@@ -577,7 +581,7 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
     from orchestrator.gateway import HF_ROUTER, plan_gateway, sandbox_network
     from orchestrator.models import parse_model
     from orchestrator.policy import HOST_ALIAS, resolve_policy
-    from orchestrator.spec import Limits
+    from orchestrator.spec import Limits, NetworkPolicy
 
     def plan(
         model: str,
@@ -615,10 +619,19 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
         ("mock", {}, "mock model"),
         ("openai", {"enabled": False}, "--no-gateway"),
         ("openai", {"backend": "e2b"}, "e2b backend"),
-        ("openai", {"network": "none"}, "no network"),
     ):
         none, why, _ = plan(model, **kwargs)
         assert none is None and reason in str(why), (model, kwargs, why)
+    # A model that needs the network under `none` is refused up front (resolve_policy, issue
+    # 27); plan_gateway still says why such a policy would get no gateway.
+    with pytest.raises(ConfigError):
+        plan("openai", network="none")
+    offline, why = plan_gateway(
+        enabled=True, model=parse_model("openai"), network=NetworkPolicy(mode="none"),
+        backend="docker", provision=backend_capabilities("docker").model_gateway,
+        limits=Limits(),
+    )  # fmt: skip
+    assert offline is None and "no network" in str(why)
     with pytest.raises(ConfigError) as refused:
         plan("litellm:anthropic/claude-3-haiku")
     assert "--api-base" in refused.value.fix and "--no-gateway" in refused.value.fix

@@ -291,7 +291,14 @@ def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.Mon
         {LABEL_KIND: egress.KIND_EGRESS_IMAGE, LABEL_VERSION: "0.0.0"},
     )
     current_egress = egress.ensure_egress_image(docker_client)
+    # An untagged image of ours (as a rebuild under the same tag leaves one): prune removes it.
+    untagged_tag = f"{docker_images.AGENT_IMAGE}:test0000dngl"
+    _fake_image(docker_client, untagged_tag, {LABEL_KIND: docker_images.KIND_AGENT, "n": "1"})
+    untagged = docker_client.api.inspect_image(untagged_tag)["Id"]
+    _fake_image(docker_client, untagged_tag, {LABEL_KIND: docker_images.KIND_AGENT, "n": "2"})
+    untagged_name = f"<none> ({untagged.removeprefix('sha256:')[:12]})"
     try:
+        assert untagged in prune.dangling_images(docker_client)
         rows = {row["tag"]: row for row in prune.list_images(docker_client)}
         assert rows[agent_image]["kind"] == docker_images.KIND_AGENT
         assert rows[old]["kind"] == docker_images.KIND_AGENT and rows[old]["in_use"] is False
@@ -300,7 +307,7 @@ def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.Mon
 
         assert rows[old_egress]["kind"] == egress.KIND_EGRESS_IMAGE
         would = prune.prune_images(docker_client, dry_run=True)
-        assert old in would and old_egress in would
+        assert old in would and old_egress in would and untagged_name in would
         assert agent_image not in would and base_image.BASE_IMAGE not in would
         assert current_egress not in would
         assert docker_client.api.inspect_image(old)  # dry run: still there
@@ -312,16 +319,66 @@ def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.Mon
         monkeypatch.setattr(
             prune, "list_images", lambda c: [r for r in real_list(c) if r["tag"] in mine]
         )
-        assert sorted(prune.prune_images(docker_client)) == sorted([old, old_egress])
-        for gone in (old, old_egress):
+        real_dangling = prune.dangling_images
+        monkeypatch.setattr(
+            prune, "dangling_images", lambda c: [i for i in real_dangling(c) if i == untagged]
+        )
+        assert sorted(prune.prune_images(docker_client)) == sorted([old, old_egress, untagged_name])
+        for gone in (old, old_egress, untagged):
             with pytest.raises(docker.errors.ImageNotFound):
                 docker_client.api.inspect_image(gone)
         assert docker_client.api.inspect_image(current_egress)
         assert docker_client.api.inspect_image(agent_image)
         assert docker_client.api.inspect_image(base_image.BASE_IMAGE)
     finally:
-        for tag in (old, old_egress):
+        for tag in (old, old_egress, untagged_tag, untagged):
             try:
                 docker_client.api.remove_image(tag, force=True)
             except docker.errors.ImageNotFound:
                 pass
+
+
+def test_a_multi_stage_build_reports_its_steps_and_leaves_no_dangling_image(
+    docker_client, agent_image: str
+) -> None:
+    """Issue 27: the classic builder leaves each earlier stage's last image untagged (a
+    `<none>` image of hundreds of MB per payload image); build_image removes it. The stage is
+    marked with a label of this test, so other builds on the engine cannot blur the count."""
+    marker = f"test-{time.time_ns()}"
+    dockerfile = (
+        f"FROM {agent_image} AS build\n"
+        f"LABEL orchestrator.test-stage={marker}\n"
+        "RUN echo built > /tmp/made\n"
+        f"FROM {agent_image}\n"
+        "COPY --from=build /tmp/made /tmp/made\n"
+        f"LABEL orchestrator.test-final={marker}\n"
+    )
+    tag = f"orchestrator-test-stages:{marker}"
+
+    def dangling() -> list[dict]:
+        label = f"orchestrator.test-stage={marker}"
+        return docker_client.api.images(filters={"dangling": True, "label": label})
+
+    before = len(dangling())
+    progress = Recorder()
+    try:
+        docker_images.build_image(
+            docker_client, tag, {"Dockerfile": dockerfile.encode()}, {}, {}, progress
+        )
+        assert docker_client.api.inspect_image(tag)
+        assert len(dangling()) == before == 0
+        # The stage's own image is gone, not just untagged elsewhere.
+        assert not docker_client.api.images(filters={"label": f"orchestrator.test-stage={marker}"})
+        steps = [m for m in progress.messages if m.startswith(f"building {tag}: step ")]
+        assert [m.split(" step ")[1].split(" ")[0] for m in steps] == [
+            f"{n}/6" for n in range(1, 7)
+        ]
+        assert all(" after " in m and " s: " in m for m in steps)
+        assert progress.saw("build: Step 3/6 : RUN echo built")  # the builder's own, for -v
+    finally:
+        for image in dangling():
+            docker_client.api.remove_image(image["Id"], force=True)
+        try:
+            docker_client.api.remove_image(tag, force=True)
+        except docker.errors.ImageNotFound:
+            pass

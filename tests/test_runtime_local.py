@@ -563,3 +563,37 @@ def test_planning_steps_and_tool_calling_managed_agents_are_reported() -> None:
     helper_steps = [s for s in steps if s["agent"] == "helper"]
     assert helper_steps and helper_steps[0]["is_final_answer"]
     assert outcome.of_type("managed_agent_result")[0]["output"].endswith("hi there")
+
+
+# --- the program's own settings (issue 27) -------------------------------------------------
+
+
+def test_agents_keep_their_own_max_steps_unless_the_manifest_or_the_run_sets_one() -> None:
+    folder = REPO / "agent_payloads" / "web_browser"
+    own = run_runtime(build_request(folder, max_steps=10, max_steps_from="program"))
+    assert own.returncode == 0, own.stderr[-3000:]
+    agents = {a["name"]: a for a in own.events[0]["agents"]}
+    assert agents["manager"]["max_steps"] == 20  # smolagents' default, the program's
+    assert agents["web_search_agent"]["max_steps"] == 10  # its own max_steps=10
+    assert {a["max_steps_from"] for a in agents.values()} == {"program"}
+
+    capped = run_runtime(build_request(folder, max_steps=4, max_steps_from="run"))
+    agents = {a["name"]: a for a in capped.events[0]["agents"]}
+    assert agents["manager"]["max_steps"] == agents["web_search_agent"]["max_steps"] == 4
+    assert {a["max_steps_from"] for a in agents.values()} == {"run"}
+
+
+def test_the_record_says_which_imports_an_agent_declared_and_which_it_was_not_granted() -> None:
+    folder = REPO / "agent_payloads" / "web_browser"
+    outcome = run_runtime(build_request(folder, authorized_imports=["numpy"], check_only=True))
+    agents = {a["name"]: a for a in outcome.events[0]["agents"]}
+    manager = agents["manager"]
+    assert manager["declared_imports"] == ["time", "numpy", "pandas"]
+    assert manager["imports_not_granted"] == ["pandas"]  # time is always allowed
+    assert (
+        "numpy" in manager["authorized_imports"] and "pandas" not in manager["authorized_imports"]
+    )
+    assert agents["web_search_agent"]["declared_imports"] is None  # not a CodeAgent
+    assert outcome.returncode == 2
+    (problem,) = outcome.end["error"]["problems"]
+    assert "'manager'" in problem and "pandas" in problem and "python.authorized_imports" in problem

@@ -182,8 +182,10 @@ class Sandbox(ABC):
         return None
 
     def egress_blocked(self) -> list[dict[str, Any]]:
-        """Connections the backend's egress control refused (host, port, method, reason);
-        empty unless `Capabilities.egress_events`."""
+        """Connections the backend's egress control saw fail, in order, all of them at each
+        call (the caller keeps its place; called while the run goes on): host, port, method,
+        `ts`, `verdict` (`denied`: refused; `allowed`: failed upstream) and `reason` (the
+        cause); empty unless `Capabilities.egress_events`."""
         return []
 
     def take(self, spec: SandboxSpec) -> None:

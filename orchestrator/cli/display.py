@@ -169,8 +169,14 @@ def describe_event(
         return f"■ agent finished: {event.get('state')}"
     if kind in ("timed_out", "cancelled"):
         return f"■ {kind.replace('_', ' ')}: sandbox killed"
-    if kind == "egress_blocked":
-        return f"  ⛔ blocked egress to {event.get('host')}:{event.get('port')}"
+    if kind in ("egress_blocked", "egress_failed"):
+        where = ""
+        if event.get("agent"):
+            step = event.get("step_number")
+            where = f" [{event.get('agent')}{f' step {step}' if step is not None else ''}]"
+        what = "blocked egress to" if kind == "egress_blocked" else "egress failed:"
+        reason = f": {_short(event.get('reason'), limit)}" if event.get("reason") else ""
+        return f"  ⛔{where} {what} {event.get('host')}:{event.get('port')}{reason}"
     return None
 
 

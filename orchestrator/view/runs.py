@@ -122,7 +122,9 @@ def load_run(store: Store, run_id: str) -> RunView | None:
         tree=tree,
         steps=count_steps(tree),
         events=len(events),
-        egress_blocked=[e for e in events if e.get("type") == "egress_blocked"][:200],
+        egress_blocked=[e for e in events if e.get("type") in ("egress_blocked", "egress_failed")][
+            :200
+        ],
         host_tokens=host_token_usage(result, events),
         reported_tokens=reported_token_usage(result),
         stderr=stderr,

@@ -305,7 +305,8 @@ class Egress:
         )
 
     def blocked(self) -> list[dict[str, Any]]:
-        """What squid refused, from its access log: host, port, method, time, reason."""
+        """What squid refused or could not forward, from its access log (`parse_access_log`):
+        host, port, method, time, verdict, reason."""
         import docker.errors
 
         if self.container_id is None:
@@ -356,29 +357,58 @@ def remove_network(client: docker.DockerClient, network_id: str) -> None:
             client.api.remove_network(network_id)
 
 
-def parse_access_log(text: str) -> list[dict[str, Any]]:
-    """The refused requests in squid's access log (format `orchestrator`, see the template).
+#: squid's error codes (`%err_code`) of an allowed request that failed upstream, as causes.
+#: A tunnel goes through the SNI-checking hop, which hides its real error: squid then says
+#: only that it could not forward it.
+UPSTREAM_CAUSES = {
+    "ERR_DNS_FAIL": "DNS failure upstream: the name does not resolve",
+    "ERR_CONNECT_FAIL": "connection refused or unreachable upstream",
+    "ERR_SECURE_CONNECT_FAIL": "TLS failure upstream",
+    "ERR_CANNOT_FORWARD": "could not reach the host upstream (DNS failure, refused or "
+    "unreachable connection)",
+    "ERR_READ_ERROR": "connection to the host failed upstream (read error)",
+    "ERR_WRITE_ERROR": "connection to the host failed upstream (write error)",
+    "ERR_ZERO_SIZE_OBJECT": "the host closed the connection without an answer",
+    "ERR_READ_TIMEOUT": "timed out upstream",
+    "ERR_LIFETIME_EXP": "timed out upstream",
+    "ERR_GATEWAY_FAILURE": "gateway failure upstream",
+}
+#: Error codes that are no failed attempt: the client went away, or nothing went wrong.
+_NOT_FAILURES = frozenset({"-", "ERR_CLIENT_GONE", "ERR_NONE"})
 
-    A request refused by the rules is `TCP_DENIED`; a tunnel whose TLS SNI was not on the
-    allowlist shows up as `terminate` on the SNI-checking port.
+
+def parse_access_log(text: str) -> list[dict[str, Any]]:
+    """Every request in squid's access log (format `orchestrator`, see the template) that did
+    not succeed, with its verdict and cause.
+
+    Refused (`verdict: "denied"`): a request refused by the rules is `TCP_DENIED`; a tunnel
+    whose TLS SNI was not on the allowlist shows up as `terminate` on the SNI-checking port.
+    Allowed but failed (`verdict: "allowed"`): squid logged an error code (`UPSTREAM_CAUSES`).
+    The SNI-checking hop's own lines (client 127.0.0.1) are squid's plumbing, not attempts.
     """
     blocked = []
     for line in text.splitlines():
         fields = line.split("\t")
         if len(fields) != 11 or fields[0] != "ORCH":
             continue
-        _, ts, _client, method, host, port, _status, squid_status, sni, bump, error = fields
+        _, ts, client, method, host, port, status, squid_status, sni, bump, error = fields
+        verdict = "denied"
         if "DENIED" in squid_status:
             reason = "not on the allowlist"
         elif bump == "terminate":
             reason = f"TLS server name {sni!r} not on the allowlist"
-        else:
+        elif client.startswith("127.") or error in _NOT_FAILURES:
             continue
+        else:
+            verdict = "allowed"
+            reason = UPSTREAM_CAUSES.get(error, f"failed upstream ({error})")
+            reason += f" (squid: HTTP {status}, {error})"
         event: dict[str, Any] = {
             "ts": float(ts),
             "host": unquote(host),
             "port": int(port) if port.isdigit() else None,
             "method": method,
+            "verdict": verdict,
             "reason": reason,
         }
         if sni != "-":

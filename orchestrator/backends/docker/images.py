@@ -84,6 +84,9 @@ LABEL_REQUIREMENTS = "orchestrator.requirements"  # on payload images: the extra
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the classic builder colours a step's stderr
+#: The classic builder's step header and the image a step produced.
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_PRODUCED = re.compile(r"^ ---> ([0-9a-f]{12,64})$")
 
 
 @dataclass(frozen=True)
@@ -248,6 +251,19 @@ def _build_context(files: dict[str, bytes], paths: dict[str, Path]) -> IO[bytes]
     return context
 
 
+def _remove_stage_images(client: docker.DockerClient, images: list[str]) -> None:
+    """Remove the untagged images earlier build stages ended with (never a tagged one: a
+    stage that is only `FROM` ends with its base, which stays)."""
+    for image in images:
+        info = inspect_image(client, image)
+        if info is None or any(t != "<none>:<none>" for t in info.get("RepoTags") or []):
+            continue
+        try:
+            client.api.remove_image(image, noprune=False)
+        except docker.errors.APIError:  # in use by another build's next stage: left to prune
+            pass
+
+
 def build_image(
     client: docker.DockerClient,
     tag: str,
@@ -260,10 +276,16 @@ def build_image(
 
     Labels come in as build arguments of the Dockerfile's last LABEL step: the API's `labels`
     option would add one commit per label, seconds each on this storage driver.
+    Each step is reported (a progress line with the step and the time so far; the builder's
+    own output as `build:` details, shown with -v). The image each earlier stage of a
+    multi-stage build ended with is removed afterwards (the classic builder leaves it
+    untagged: a dangling `<none>` image nobody would remove).
     """
     started = time.monotonic()
     tail: deque[str] = deque(maxlen=ERROR_TAIL_LINES)
     error = None
+    produced: str | None = None  # the image the latest step produced
+    stages: list[str] = []  # the images earlier stages ended with
     with _build_context(files, paths) as context:
         try:
             for chunk in client.api.build(
@@ -282,10 +304,22 @@ def build_image(
                         tail.append(line.rstrip())
                         if progress is not None:
                             progress("build: " + line.rstrip())
+                        if found := _PRODUCED.match(line.rstrip()):
+                            produced = found.group(1)
+                        elif step := _STEP.match(line.strip()):
+                            number, total, instruction = step.groups()
+                            if instruction.upper().startswith("FROM ") and produced:
+                                stages.append(produced)
+                            report(
+                                progress,
+                                f"building {tag}: step {number}/{total} after "
+                                f"{time.monotonic() - started:.0f} s: {instruction[:70]}",
+                            )
                 if "error" in chunk:
                     error = chunk.get("errorDetail", {}).get("message") or chunk["error"]
         except docker.errors.DockerException as exc:
             error = f"{type(exc).__name__}: {exc}"
+    _remove_stage_images(client, stages)
     if error is None and inspect_image(client, tag) is None:
         error = "the build finished without producing the image"
     if error is not None:

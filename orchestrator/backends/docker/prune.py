@@ -40,8 +40,8 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
     """The orchestrator's tagged images (agent, payload, egress and base), newest first.
 
     Each is `{tag, id, kind, created, size, in_use, labels}`; `in_use` means a container
-    (running or not) was made from it. Untagged images left by multi-stage builds are the
-    builder's layer cache, not listed here (`docker image prune` removes them).
+    (running or not) was made from it. Untagged images are not listed (`prune_images`
+    removes ours: `dangling_images`).
     """
     used = {container["ImageID"] for container in client.api.containers(all=True)}
     rows = []
@@ -67,6 +67,19 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
     return rows
 
 
+def dangling_images(client: docker.DockerClient) -> list[str]:
+    """The ids of untagged images of ours (our kind label, inherited by whatever a build of
+    ours left: a multi-stage build's earlier stage, an image whose tag a rebuild took) that no
+    container uses."""
+    used = {container["ImageID"] for container in client.api.containers(all=True)}
+    kinds = (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_BASE)
+    return [
+        image["Id"]
+        for image in client.api.images(filters={"dangling": True})
+        if _kind(image) in kinds and not _tags(image) and image["Id"] not in used
+    ]
+
+
 def prune_images(
     client: docker.DockerClient,
     *,
@@ -81,7 +94,8 @@ def prune_images(
     resolve the base and the wheelhouse), its base, the payload images built on it, and the
     egress image of that base.
     Images in use by a container are kept. The debootstrap base is removed only with
-    `include_base`. Payload images go before agent images, agent images before bases.
+    `include_base`. Payload images go before agent images, agent images before bases; then
+    the untagged images of ours (`dangling_images`), so that nothing we made is left.
     """
     rows = list_images(client)
     keep: set[str] = set()
@@ -105,4 +119,14 @@ def prune_images(
                 continue
         report(progress, f"{'would remove' if dry_run else 'removed'} {row['tag']}")
         removed.append(row["tag"])
+    for image_id in dangling_images(client):
+        name = f"<none> ({image_id.removeprefix('sha256:')[:12]})"
+        if not dry_run:
+            try:
+                client.api.remove_image(image_id, noprune=False)
+            except docker.errors.APIError as exc:  # a child image or a build still uses it
+                report(progress, f"kept {name}: {exc.explanation or exc}")
+                continue
+        report(progress, f"{'would remove' if dry_run else 'removed'} {name}")
+        removed.append(name)
     return removed
