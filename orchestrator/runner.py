@@ -366,6 +366,7 @@ def execute(
             sandbox = warm.sandbox
             result.warm = True
             timings["sandbox_wait"] = warm.waited
+        result.sandbox = dict(sandbox.isolation)
         record.host_event(
             "sandbox_created",
             backend=backend.name,
@@ -374,6 +375,7 @@ def execute(
             network=prepared.network.mode,
             allowlist=result.allowlist,
             gateway=prepared.gateway is not None,
+            isolation=result.sandbox,
         )
         timings["started"] = time.time()
         # The limit counts from here, before the start (which may wait for the egress proxy):

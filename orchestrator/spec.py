@@ -109,6 +109,8 @@ class RunResult:
     #: Connections refused by the egress proxy or seen blocked in the sandbox.
     egress_blocked: int = 0
     image: str = ""
+    #: What isolated the sandbox (`Sandbox.isolation`): runtime and seccomp profile.
+    sandbox: dict[str, str] = field(default_factory=dict)
 
     @property
     def cli_exit_code(self) -> int:

@@ -24,6 +24,7 @@ import pytest
 
 from orchestrator import RunSpec, Store, run
 from orchestrator.backends.docker.gateway import KIND_GATEWAY
+from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator_runtime.gateway.usage import UsageReader
 
@@ -507,7 +508,7 @@ def test_killing_the_gateway_ends_the_run_network_lost(
             info = docker_client.api.inspect_container(gateway["Id"])
             host = info["HostConfig"]
             assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
-            assert host["SecurityOpt"] == ["no-new-privileges:true"] and not host["Privileged"]
+            assert host["SecurityOpt"] == security_options() and not host["Privileged"]
             assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
             assert host["LogConfig"]["Type"] == "none" and not host.get("Binds")
             assert info["Config"]["User"] not in ("", "0", "root")

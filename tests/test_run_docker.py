@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
+from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_RUN_ID
 
 from .conftest import (
@@ -109,7 +110,7 @@ def test_container_is_hardened_while_live(
     assert info["Config"]["User"].split(":")[0] != "0"
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
     assert not host["Privileged"]
-    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["SecurityOpt"] == security_options()  # and our seccomp profile (no io_uring)
     assert not any("unconfined" in opt for opt in host["SecurityOpt"])
     assert host["ReadonlyRootfs"] is True
     assert host["Memory"] == 256 * 2**20 and host["MemorySwap"] == host["Memory"]

@@ -137,6 +137,10 @@ class Sandbox(ABC):
     #: The run's model gateway, when the backend provides one (`Capabilities.model_gateway`)
     #: and the run has one; None otherwise.
     gateway: GatewayHandle | None = None
+    #: What isolates the sandbox from the host, for the run record: its `runtime` (the
+    #: kernel its system calls reach) and what filters them (`seccomp`); empty when the
+    #: backend does not say.
+    isolation: dict[str, str] = {}  # noqa: RUF012 (read-only default; set per instance)
 
     @abstractmethod
     def start(self, request: Request, secrets: dict[str, str]) -> None:

@@ -35,6 +35,7 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
 from .gateway import Gateway
+from .seccomp import PROFILE_NAME, security_options
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
 IDLE_READY_TIMEOUT = 60.0
@@ -55,7 +56,7 @@ def host_config_options(spec: SandboxSpec, egress: Egress | None = None) -> dict
     tmpfs = f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"
     return {
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
+        "security_opt": security_options(),
         "read_only": True,
         "tmpfs": {"/tmp": tmpfs, "/work": tmpfs},
         "mem_limit": memory,
@@ -116,6 +117,7 @@ class DockerSandbox(Sandbox):
         #: A pooled sandbox's output read while it became ready, and the rest of it.
         self._early: list[tuple[StreamName, bytes]] = []
         self._frames: Iterator[tuple[int, bytes]] | None = None
+        self.isolation = {"runtime": "runc", "seccomp": PROFILE_NAME}
 
     def start(self, request: Request, secrets: dict[str, str]) -> None:
         """The request and its secrets go in as one JSON object on the runtime's stdin: a
