@@ -25,6 +25,7 @@ from orchestrator_runtime.request import Request
 
 from .backends import backend_capabilities, backend_name, get_backend
 from .backends.base import Backend, Progress, Sandbox, SandboxSpec
+from .defaults import user_default
 from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .gateway import (
     GatewaySpec,
@@ -114,6 +115,8 @@ class PreparedRun:
     #: The run's model gateway (None: no gateway, and `gateway_off` says why).
     gateway: GatewaySpec | None = None
     gateway_off: str | None = None
+    #: The sandbox runtime asked for: the run's, else the payload's, else auto.
+    sandbox_runtime: str = "auto"
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -191,6 +194,8 @@ def prepare(
             provision=provision,
             limits=limits,
         )
+    with _field("sandbox_runtime"):
+        sandbox_runtime = choose_sandbox_runtime(spec, manifest)
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
         if spec.check_only:  # the tree is built, no step runs: no real secret goes in
@@ -213,7 +218,19 @@ def prepare(
         secrets=secrets,
         gateway=gateway,
         gateway_off=gateway_off,
+        sandbox_runtime=sandbox_runtime,
     )
+
+
+def choose_sandbox_runtime(spec: RunSpec, manifest: Manifest) -> str:
+    """The run's sandbox runtime: its own, else the machine's ($ORCHESTRATOR_SANDBOX_RUNTIME,
+    the config file: which kernel sandboxes get is the machine's choice, so it holds for
+    every run, API and schedules included), else the payload's, else auto. Raises
+    ConfigError for a bad value in the environment or the config file."""
+    if spec.sandbox_runtime:
+        return spec.sandbox_runtime
+    machine = user_default("sandbox_runtime")
+    return str(machine[0]) if machine else manifest.sandbox_runtime or "auto"
 
 
 class _Stopped(Exception):
@@ -292,7 +309,8 @@ def execute(
     sandbox is removed when this returns. `images`: where the image is taken from once
     prepared (else the backend prepares it for this run). `warm`: the run's sandbox, made
     in advance (its id must be the run's; its helpers are left to its pool). Raises
-    RecordError when the record cannot be created (nothing was started), ValueError for a
+    RecordError when the record cannot be created, ConfigError when the backend cannot give
+    the sandbox runtime asked for (nothing was started in either case), ValueError for a
     warm sandbox of another run."""
     if warm is not None and warm.run_id != prepared.run_id:
         raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {warm.run_id}")
@@ -312,6 +330,8 @@ def execute(
 
     masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
+    with _field("sandbox_runtime"):
+        backend.check_runtime(prepared.sandbox_runtime)  # ConfigError: nothing has started
     try:
         record_dir = store.create_run(
             run_id,
@@ -443,6 +463,7 @@ def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
         network=prepared.sandbox_network,
         labels=run_labels(prepared.run_id),
         gateway=prepared.gateway,
+        runtime=prepared.sandbox_runtime,
     )
 
 

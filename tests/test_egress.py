@@ -231,6 +231,7 @@ def _listener_ip(docker_client, run_id: str) -> str:
     return info["NetworkSettings"]["Networks"][f"orchestrator-net-{run_id}"]["IPAddress"]
 
 
+@pytest.mark.gvisor
 @pytest.mark.docker
 def test_every_way_around_the_allowlist_fails_and_is_recorded(
     agent_image: str, docker_client, openai_key: str, nothing_left: None

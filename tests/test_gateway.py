@@ -389,6 +389,7 @@ def test_host_measured_tokens_match_the_servers_own_counts(
     assert flagged and flagged[0]["reported"] == {"input_tokens": 1, "output_tokens": 1}
 
 
+@pytest.mark.gvisor
 @pytest.mark.docker
 def test_a_budget_of_n_calls_stops_the_run_at_call_n_plus_one(
     agent_image: str, model_key: str, nothing_left: None
@@ -488,6 +489,7 @@ def test_each_runs_token_works_only_for_its_own_run(
     assert not docker_client.api.networks(names=[runs["a"][2], runs["b"][2]])
 
 
+@pytest.mark.gvisor
 @pytest.mark.docker
 def test_killing_the_gateway_ends_the_run_network_lost(
     agent_image: str, docker_client, model_key: str, nothing_left: None

@@ -100,6 +100,9 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     #: The run's model gateway, for backends that provide one; None: no gateway.
     gateway: GatewaySpec | None = None
+    #: The sandbox runtime asked for (`spec.SANDBOX_RUNTIMES`), checked by
+    #: `Backend.check_runtime`; `auto`: the backend's best.
+    runtime: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,17 @@ class Backend(ABC):
     @max_concurrency.setter
     def max_concurrency(self, value: int | None) -> None:
         self.capabilities = replace(self.capabilities, max_concurrency=value)
+
+    def check_runtime(self, runtime: str) -> None:
+        """Raise ConfigError unless this backend's sandboxes can run on `runtime`
+        (`spec.SANDBOX_RUNTIMES`; called before anything of a run starts). By default only
+        `auto`: the backend's own isolation, which it cannot change."""
+        if runtime != "auto":
+            raise ConfigError(
+                f"The {self.name} backend has no choice of sandbox runtime (asked for "
+                f"{runtime}).",
+                "Leave the sandbox runtime at auto for this backend (--sandbox-runtime auto).",
+            )
 
     @abstractmethod
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
