@@ -223,9 +223,8 @@ def prepare(
 
 
 def choose_sandbox_runtime(spec: RunSpec, manifest: Manifest) -> str:
-    """The run's sandbox runtime: its own, else the machine's ($ORCHESTRATOR_SANDBOX_RUNTIME,
-    the config file: which kernel sandboxes get is the machine's choice, so it holds for
-    every run, API and schedules included), else the payload's, else auto. Raises
+    """The run's own, else the machine's ($ORCHESTRATOR_SANDBOX_RUNTIME, the config file: it
+    holds for every run, API and schedules too), else the payload's, else auto. Raises
     ConfigError for a bad value in the environment or the config file."""
     if spec.sandbox_runtime:
         return spec.sandbox_runtime

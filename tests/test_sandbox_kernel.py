@@ -130,4 +130,4 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     result = json.loads(done.stdout)
     assert result["sandbox"]["runtime"] == "runsc" and result["sandbox"]["requested"] == "auto"
     shown = cli("runs", "show", result["run_id"])
-    assert "runsc (gVisor's kernel; asked for auto)" in shown.stdout, shown.stdout
+    assert "sandbox runtime: runsc: gVisor's kernel; asked for auto" in shown.stdout, shown.stdout
