@@ -205,6 +205,7 @@ def test_timeout_kills_the_sandbox(agent_image: str, no_leftovers) -> None:
     assert result.timings["duration"] < 5 + 3
 
 
+@pytest.mark.gvisor
 def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
     spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "memory"}, memory_mb=128)
     result = run(spec)
@@ -212,6 +213,7 @@ def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
     assert result.oom_killed
 
 
+@pytest.mark.gvisor
 def test_fork_bomb_is_contained(agent_image: str, no_leftovers) -> None:
     spec = RunSpec(
         payload=ADVERSARY, additional_args={"mode": "forkbomb"}, pids=64, timeout_seconds=60

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
+from docker.types import Ulimit
 
 from ...defaults import SANDBOX_RUNTIMES
 from ...errors import ConfigError
@@ -27,6 +28,12 @@ from .seccomp import PROFILE_NAME, security_options
 
 #: The engine's names for gVisor, without network and with the container's own network.
 RUNSC, RUNSC_NET = "runsc", "runsc-net"
+#: Under gVisor, the container's pids cgroup holds gVisor's own host threads (the sentry's Go
+#: threads, which grow with blocking network calls, and the gofer's), not the sandbox's
+#: processes: a sandbox's 64 would starve gVisor itself ("failed to create new OS thread",
+#: exit 2). The sandbox's processes are limited inside gVisor (RLIMIT_NPROC, which gVisor
+#: enforces for its tasks); the cgroup gets this many more for gVisor.
+GVISOR_HOST_THREADS = 512
 #: The set-up step a run that asks for runsc names when the engine lacks it.
 SETUP_SCRIPT = Path(__file__).with_name("setup-gvisor.sh")
 
@@ -105,6 +112,13 @@ class Placement:
         if self.runtime == "runc":
             return security_options()
         return ["no-new-privileges:true"]
+
+    def pids_options(self, pids: int) -> tuple[int, list[Ulimit]]:
+        """The container's pids limit and the ulimits beyond the common ones that hold a
+        sandbox to `pids` processes (see GVISOR_HOST_THREADS)."""
+        if self.runtime == "runc":
+            return pids, []
+        return pids + GVISOR_HOST_THREADS, [Ulimit(name="nproc", soft=pids, hard=pids)]
 
     def isolation(self) -> dict[str, str]:
         """What the run record says (`Sandbox.isolation`)."""

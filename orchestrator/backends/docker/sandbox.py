@@ -55,6 +55,7 @@ def host_config_options(
     `placement`'s runtime (default runc), under runc with our seccomp profile.
     """
     placement = placement or Placement("runc", "runc", spec.runtime)
+    pids, ulimits = placement.pids_options(spec.limits.pids)
     limits = spec.limits
     memory = f"{limits.memory_mb}m"
     tmpfs = f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"
@@ -67,10 +68,11 @@ def host_config_options(
         "mem_limit": memory,
         "memswap_limit": memory,  # no swap: over the limit is an OOM kill, not a crawl
         "nano_cpus": int(limits.cpus * 1e9),
-        "pids_limit": limits.pids,
+        "pids_limit": pids,
         "ulimits": [
             Ulimit(name="nofile", soft=1024, hard=1024),
             Ulimit(name="core", soft=0, hard=0),
+            *ulimits,
         ],
         # PID 1 is the deadline keeper (deadline.py), not docker-init: it reaps and forwards
         # signals as an init does (kill is instant, no grace period), and it stops the
