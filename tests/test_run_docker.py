@@ -214,11 +214,16 @@ def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
 
 
 @pytest.mark.gvisor
-def test_fork_bomb_is_contained(agent_image: str, no_leftovers) -> None:
+def test_fork_bomb_is_contained(agent_image: str, sandbox_runtime: str, no_leftovers) -> None:
     spec = RunSpec(
         payload=ADVERSARY, additional_args={"mode": "forkbomb"}, pids=64, timeout_seconds=60
     )
     result = run(spec)
+    if sandbox_runtime == "runsc" and result.status == "oom_killed":
+        # gVisor's processes cost more memory each: the bomb may meet the memory limit
+        # (256 MiB) before the process limit. Contained either way, and reported as such.
+        assert result.oom_killed and result.timings["duration"] < 60
+        return
     assert result.status == "succeeded", result.error
     assert str(result.answer).startswith("fork refused after")
     children = int(str(result.answer).rsplit("after ", 1)[1].split()[0])
