@@ -329,8 +329,8 @@ def execute(
 
     masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
-    with _field("sandbox_runtime"):
-        backend.check_runtime(prepared.sandbox_runtime)  # ConfigError: nothing has started
+    with _field("sandbox_runtime"):  # nothing has started yet
+        backend.check_runtime(prepared.sandbox_runtime, asked=bool(prepared.spec.sandbox_runtime))
     try:
         record_dir = store.create_run(
             run_id,

@@ -224,11 +224,13 @@ class Backend(ABC):
     def max_concurrency(self, value: int | None) -> None:
         self.capabilities = replace(self.capabilities, max_concurrency=value)
 
-    def check_runtime(self, runtime: str) -> None:
+    def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
         """Raise ConfigError unless this backend's sandboxes can run on `runtime`
-        (`spec.SANDBOX_RUNTIMES`; called before anything of a run starts). By default only
-        `auto`: the backend's own isolation, which it cannot change."""
-        if runtime != "auto":
+        (`defaults.SANDBOX_RUNTIMES`; called before anything of a run starts). `asked`: the
+        run named it (not the machine's default or the payload's). By default a run may ask
+        only for `auto`: the backend's own isolation, which it cannot change (E2B: microVMs);
+        a machine's or a payload's choice is for backends that have one."""
+        if asked and runtime != "auto":
             raise ConfigError(
                 f"The {self.name} backend has no choice of sandbox runtime (asked for "
                 f"{runtime}).",

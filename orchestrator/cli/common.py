@@ -47,7 +47,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="the sandbox's kernel on Docker: runsc (gVisor's; set it up with "
         "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile) or auto "
         "(default: runsc when the engine has it, else runc); $ORCHESTRATOR_SANDBOX_RUNTIME, "
-        "the config file's sandbox_runtime, then the payload's `payload.sandbox_runtime`",
+        "the config file's sandbox_runtime, then the payload's `payload.sandbox_runtime` "
+        "come first when set (other backends: only auto)",
     )  # fmt: skip
     p.add_argument(
         "--allow-host",
@@ -127,7 +128,7 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         additional_args=parse_kv_args(getattr(args, "arg", [])),
     )
     fields.update(overrides)
-    fields.update(fill({k: fields[k] for k in ("model", "backend", "network", "sandbox_runtime")}))
+    fields.update(fill({k: fields[k] for k in ("model", "backend", "network")}))
     fields["model"] = fields["model"] or "mock"
     return RunSpec(**fields)
 

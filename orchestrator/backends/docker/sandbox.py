@@ -283,7 +283,7 @@ class DockerBackend(Backend):
         self.base_image = base_image
         self.runtimes = EngineRuntimes(self.client)
 
-    def check_runtime(self, runtime: str) -> None:
+    def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
         """runc is always there; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
         check_requested(runtime, self.runtimes)
 
