@@ -6,8 +6,11 @@ gVisor in CI (`ORCHESTRATOR_SANDBOX_RUNTIME=runsc pytest -m gvisor`, `.ci/run`).
 
 from __future__ import annotations
 
+import html
+import http.client
 import json
 import os
+import signal
 
 import pytest
 
@@ -17,7 +20,8 @@ from orchestrator.backends.docker.runtimes import RUNSC, RUNSC_NET, SETUP_SCRIPT
 from orchestrator.backends.docker.seccomp import PROFILE_NAME, profile_text, security_options
 from orchestrator.errors import ConfigError
 
-from .conftest import TEST_PAYLOADS, cli, events_of
+from .conftest import TEST_PAYLOADS, cli, events_of, start_cli
+from .test_view import started
 
 pytestmark = pytest.mark.docker
 
@@ -124,10 +128,22 @@ def gvisor(docker_client) -> None:
 def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     agent_image: str, gvisor: None, no_leftovers
 ) -> None:
-    """`auto` on an engine with gVisor is gVisor; `runs show` says which runtime ran it."""
+    """`auto` on an engine with gVisor is gVisor; `runs show` and the viewer say which
+    runtime ran it."""
     done = cli("run", str(KERNEL_PROBE), "--sandbox-runtime", "auto", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["sandbox"]["runtime"] == "runsc" and result["sandbox"]["requested"] == "auto"
     shown = cli("runs", "show", result["run_id"])
     assert "sandbox runtime: runsc: gVisor's kernel; asked for auto" in shown.stdout, shown.stdout
+    viewer = start_cli("view", "--port", "0")
+    try:
+        port = int(started(viewer)[-1].rsplit(":", 1)[1].split("/")[0])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", f"/run/{result['run_id']}")
+        page = html.unescape(conn.getresponse().read().decode())
+        conn.close()
+    finally:
+        os.killpg(viewer.pid, signal.SIGINT)
+        viewer.wait(10)
+    assert 'id="sandbox-runtime">runsc' in page and "gVisor's kernel; asked for auto" in page
