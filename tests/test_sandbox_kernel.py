@@ -147,3 +147,23 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
         os.killpg(viewer.pid, signal.SIGINT)
         viewer.wait(10)
     assert 'id="sandbox-runtime">runsc' in page and "gVisor's kernel; asked for auto" in page
+
+
+def test_a_batch_asking_for_runsc_without_gvisor_stops_before_its_first_task(
+    tmp_path, agent_image: str, no_leftovers
+) -> None:
+    """The batch checks the runtime once, up front (bad input for the whole batch)."""
+    from orchestrator.batch import BatchSpec, run_batch
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": 1, "task": "probe"}\n')
+    backend = DockerBackend()
+    backend.runtimes = NoGvisor(backend.client)
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out",
+        run=RunSpec(payload=KERNEL_PROBE, sandbox_runtime="runsc"),
+    )  # fmt: skip
+    before = len(Store().list_runs(limit=1000))
+    with pytest.raises(ConfigError, match="setup-gvisor.sh"):
+        run_batch(spec, backend=backend)
+    assert len(Store().list_runs(limit=1000)) == before
