@@ -476,6 +476,7 @@ def _assert_hardened(egress: dict, sandbox: dict, network: dict, run_id: str) ->
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
     assert not host["Privileged"] and host["ReadonlyRootfs"] is True
     assert host["SecurityOpt"] == security_options()  # our seccomp profile too
+    assert host["Runtime"] == "runc"  # whatever runs the sandbox
     assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
     assert not host.get("Binds") and "docker.sock" not in json.dumps(egress)
     assert egress["Config"]["Labels"][LABEL_RUN_ID] == run_id

@@ -511,6 +511,7 @@ def test_killing_the_gateway_ends_the_run_network_lost(
             host = info["HostConfig"]
             assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
             assert host["SecurityOpt"] == security_options() and not host["Privileged"]
+            assert host["Runtime"] == "runc"  # whatever runs the sandbox
             assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
             assert host["LogConfig"]["Type"] == "none" and not host.get("Binds")
             assert info["Config"]["User"] not in ("", "0", "root")

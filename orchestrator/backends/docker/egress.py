@@ -224,6 +224,7 @@ class Egress:
             network_mode="bridge",  # outbound; the run's network is connected below
             cap_drop=["ALL"],  # squid runs as `proxy` on port 3128: it needs no capability
             security_opt=security_options(),
+            runtime="runc",  # our code, not the payload's: no gVisor (runtimes.py)
             read_only=True,
             tmpfs={path: tmpfs for path in SQUID_DIRS},
             mem_limit=EGRESS_MEMORY,

@@ -106,6 +106,7 @@ class Gateway(GatewayHandle):
             network_mode="bridge",  # outbound to the model; the run's network is added below
             cap_drop=["ALL"],  # port 8000 needs no capability
             security_opt=security_options(),
+            runtime="runc",  # our code, not the payload's: no gVisor (runtimes.py)
             read_only=True,
             tmpfs={"/tmp": tmpfs},
             mem_limit=GATEWAY_MEMORY,
