@@ -5,7 +5,8 @@ Precedence, highest first: a command-line flag > an environment variable > the c
 passes a flag's value when one was given, the runner applies the manifest and built-ins to
 what is still unset.
 
-    ORCHESTRATOR_MODEL, ORCHESTRATOR_BACKEND, ORCHESTRATOR_NETWORK, ORCHESTRATOR_CONCURRENCY
+    ORCHESTRATOR_MODEL, ORCHESTRATOR_BACKEND, ORCHESTRATOR_NETWORK, ORCHESTRATOR_CONCURRENCY,
+    ORCHESTRATOR_SANDBOX_RUNTIME
 
 The config file is `$ORCHESTRATOR_CONFIG`, else `config.toml` in the state directory
 (`$ORCHESTRATOR_HOME`, else `~/.orchestrator`):
@@ -15,6 +16,7 @@ The config file is `$ORCHESTRATOR_CONFIG`, else `config.toml` in the state direc
     backend = "docker"
     network = "allowlist"
     concurrency = 4
+    sandbox_runtime = "auto"
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ else:  # pragma: no cover - Python 3.10
 CONFIG_ENV = "ORCHESTRATOR_CONFIG"
 #: What `network` may be (`spec.NetworkPolicy.mode`), in the config file and a schedule.
 NETWORK_MODES = ("none", "allowlist", "open")
+#: What `sandbox_runtime` may be: `auto` (gVisor when the engine has it, else runc), `runsc`
+#: (gVisor: the sandbox's system calls reach gVisor's kernel, not the host's) or `runc`.
+SANDBOX_RUNTIMES = ("auto", "runsc", "runc")
 #: Option name -> the environment variable that sets it.
 OPTIONS: dict[str, str] = {
     "model": "ORCHESTRATOR_MODEL",
     "backend": "ORCHESTRATOR_BACKEND",
     "network": "ORCHESTRATOR_NETWORK",
     "concurrency": "ORCHESTRATOR_CONCURRENCY",
+    "sandbox_runtime": "ORCHESTRATOR_SANDBOX_RUNTIME",
 }
 #: What each option may be, in the config file's `[defaults]` and in its variable. The
 #: backends are the registry's, asked when a value is checked (a plugin registers more).
@@ -51,6 +57,7 @@ DEFAULTS = Table({
     "backend": Field(str, choices=backend_names),
     "network": Field(str, choices=NETWORK_MODES),
     "concurrency": Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
+    "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),
 }, noun="option")  # fmt: skip
 #: The config file: one `[defaults]` table.
 CONFIG = Table({"defaults": Field(dict, table=DEFAULTS)}, noun="table", brackets=True)
@@ -98,6 +105,16 @@ def check(name: str, value: Any, where: str) -> Any:
     if problems:
         raise ConfigError(f"{where} {problems[0].message}.", problems[0].fix)
     return checked
+
+
+def choose_sandbox_runtime(requested: str | None, payload_choice: str | None) -> str:
+    """A run's sandbox runtime: its own, else the machine's ($ORCHESTRATOR_SANDBOX_RUNTIME,
+    the config file: it holds for every run, API and schedules too), else the payload's,
+    else auto. Raises ConfigError for a bad value in the environment or the config file."""
+    if requested:
+        return requested
+    machine = user_default("sandbox_runtime")
+    return str(machine[0]) if machine else payload_choice or "auto"
 
 
 def user_default(name: str) -> tuple[Any, str] | None:

@@ -149,6 +149,8 @@ class LocalExecutor(AttemptExecutor):
 
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
         backend = self.backend_for(template)
+        # runsc on an engine without it is bad input for the whole batch, before its image
+        backend.check_runtime(template.sandbox_runtime, asked=bool(template.spec.sandbox_runtime))
         self.images = self.images or ImageCache()
         self.images.prepare(backend, template.image_requirements, self.message)
         size = self.pool_size

@@ -13,6 +13,7 @@ from typing import Any
 from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
 from .config import examples_dir
+from .defaults import SANDBOX_RUNTIMES
 from .errors import ManifestError, Problem
 from .payload import ShippedFile, payload_files
 from .policy import (
@@ -58,6 +59,7 @@ SCHEMA = Table(
             "example_task": Field(str),
             "example_answer": Field(str),
             "backend": Field(str, choices=backend_names),
+            "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),
         })),
         "python": Field(dict, table=Table({
             "requirements": _strings(what="a pip requirement string"),
@@ -100,6 +102,8 @@ class Manifest:
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
     #: Where runs of this payload go unless the run names a backend (None: docker).
     backend: str | None = None
+    #: The sandbox runtime runs of this payload ask for unless the run names one (None: auto).
+    sandbox_runtime: str | None = None
 
     @property
     def folder(self) -> Path:
@@ -288,4 +292,5 @@ def _parse(
         limits_set=tuple(sections["limits"]),
         mock_scripts=dict(sections["mock"].get("scripts", {})),
         backend=payload.get("backend"),
+        sandbox_runtime=payload.get("sandbox_runtime"),
     )

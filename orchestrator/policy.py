@@ -132,16 +132,27 @@ def check_requirement(text: str, allowed: Collection[str] = ()) -> str | None:
     )
 
 
-def resolve_policy(mode: str | None, *, model: ModelSpec, hosts: tuple[str, ...]) -> NetworkPolicy:
+def resolve_policy(
+    mode: str | None,
+    *,
+    model: ModelSpec,
+    hosts: tuple[str, ...],
+    allow_hosts: tuple[str, ...] = (),
+) -> NetworkPolicy:
     """The network policy of a run: `none` unless it needs network, else `allowlist`;
     `open` only when asked for by name.
 
-    The allowlist is the model provider's host, the payload's hosts and `--allow-host`. A
-    model endpoint on the Docker host becomes `HOST_ALIAS:port`, the only way to it.
-    Raises ConfigError for an unknown mode, and for `none` with a model that needs the
-    network (it could only fail, after a sandbox was made: refused before anything starts).
+    The allowlist is the model provider's host, the payload's `hosts` and `allow_hosts`
+    (`--allow-host`, checked here). A model endpoint on the Docker host becomes
+    `HOST_ALIAS:port`, the only way to it. Raises ConfigError for a bad `--allow-host`, an
+    unknown mode, and for `none` with a model that needs the network (it could only fail,
+    after a sandbox was made: refused before anything starts).
     """
-    hosts = tuple(dict.fromkeys(h.lower() for h in hosts))
+    for host in allow_hosts:
+        problem = check_host_name(host)
+        if problem:
+            raise ConfigError(f"--allow-host {host!r} {problem}.", HOST_NAME_HELP)
+    hosts = tuple(dict.fromkeys(h.lower() for h in (*hosts, *allow_hosts)))
     needs_network = model.needs_network or bool(hosts)
     mode = mode or ("allowlist" if needs_network else "none")
     if mode not in ("none", "allowlist", "open"):

@@ -25,6 +25,7 @@ from orchestrator_runtime.request import Request
 
 from .backends import backend_capabilities, backend_name, get_backend
 from .backends.base import Backend, Progress, Sandbox, SandboxSpec
+from .defaults import choose_sandbox_runtime
 from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .gateway import (
     GatewaySpec,
@@ -40,8 +41,6 @@ from .models import ModelSpec, parse_model
 from .outcome import decide_status, explain_network
 from .payload import ShippedFile, check_task
 from .policy import (
-    HOST_NAME_HELP,
-    check_host_name,
     describe_allowlist,
     resolve_policy,
     sandbox_api_base,
@@ -115,6 +114,8 @@ class PreparedRun:
     #: The run's model gateway (None: no gateway, and `gateway_off` says why).
     gateway: GatewaySpec | None = None
     gateway_off: str | None = None
+    #: The sandbox runtime asked for: the run's, else the payload's, else auto.
+    sandbox_runtime: str = "auto"
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -179,7 +180,9 @@ def prepare(
         limits = replace(manifest.limits, **overrides)
         limits.validate(limits_from)
     with _field("network"):
-        network = resolve_network(spec, manifest, model)
+        network = resolve_policy(
+            spec.network, model=model, hosts=manifest.hosts, allow_hosts=spec.allow_hosts
+        )
     with _field("backend"):
         backend = backend_name(spec.backend, manifest)
         provision = backend_capabilities(backend).model_gateway
@@ -192,6 +195,8 @@ def prepare(
             provision=provision,
             limits=limits,
         )
+    with _field("sandbox_runtime"):
+        sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
         if spec.check_only:  # the tree is built, no step runs: no real secret goes in,
@@ -215,6 +220,7 @@ def prepare(
         secrets=secrets,
         gateway=gateway,
         gateway_off=gateway_off,
+        sandbox_runtime=sandbox_runtime,
     )
 
 
@@ -232,16 +238,6 @@ def _field(name: str) -> Iterator[None]:
     except OrchestratorError as exc:
         exc.field = exc.field or name
         raise
-
-
-def resolve_network(spec: RunSpec, manifest: Manifest, model: ModelSpec) -> NetworkPolicy:
-    """`none` unless the run needs network; then `allowlist` (the model's host, the payload's
-    hosts, --allow-host); `open` only when asked for by name."""
-    for host in spec.allow_hosts:
-        problem = check_host_name(host)
-        if problem:
-            raise ConfigError(f"--allow-host {host!r} {problem}.", HOST_NAME_HELP)
-    return resolve_policy(spec.network, model=model, hosts=(*manifest.hosts, *spec.allow_hosts))
 
 
 def run(
@@ -294,7 +290,8 @@ def execute(
     sandbox is removed when this returns. `images`: where the image is taken from once
     prepared (else the backend prepares it for this run). `warm`: the run's sandbox, made
     in advance (its id must be the run's; its helpers are left to its pool). Raises
-    RecordError when the record cannot be created (nothing was started), ValueError for a
+    RecordError when the record cannot be created, ConfigError when the backend cannot give
+    the sandbox runtime asked for (nothing was started in either case), ValueError for a
     warm sandbox of another run."""
     if warm is not None and warm.run_id != prepared.run_id:
         raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {warm.run_id}")
@@ -317,6 +314,8 @@ def execute(
 
     masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
+    with _field("sandbox_runtime"):  # nothing has started yet
+        backend.check_runtime(prepared.sandbox_runtime, asked=bool(prepared.spec.sandbox_runtime))
     try:
         record_dir = store.create_run(
             run_id,
@@ -373,6 +372,7 @@ def execute(
             sandbox = warm.sandbox
             result.warm = True
             timings["sandbox_wait"] = warm.waited
+        result.sandbox = dict(sandbox.isolation)
         record.host_event(
             "sandbox_created",
             backend=backend.name,
@@ -381,6 +381,7 @@ def execute(
             network=prepared.network.mode,
             allowlist=result.allowlist,
             gateway=prepared.gateway is not None,
+            isolation=result.sandbox,
         )
         timings["started"] = time.time()
         # The limit counts from here, before the start (which may wait for the egress proxy):
@@ -453,6 +454,7 @@ def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
         network=prepared.sandbox_network,
         labels=run_labels(prepared.run_id),
         gateway=prepared.gateway,
+        runtime=prepared.sandbox_runtime,
     )
 
 

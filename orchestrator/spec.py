@@ -52,6 +52,8 @@ class RunSpec:
     #: `docker` or `e2b`; None: the manifest's `payload.backend`, else docker.
     backend: str | None = None
     network: str | None = None
+    #: `SANDBOX_RUNTIMES`; None: the payload's `payload.sandbox_runtime`, else auto.
+    sandbox_runtime: str | None = None
     allow_hosts: tuple[str, ...] = ()
     #: Requirement strings (`name @ URL` references) the payload may install although they are
     #: not package specifications: each exactly as the manifest spells it.
@@ -111,6 +113,8 @@ class RunResult:
     image: str = ""
     #: The limits the run had (manifest, then command line, tasks row or schedule).
     limits: dict[str, Any] = field(default_factory=dict)
+    #: What isolated the sandbox (`Sandbox.isolation`): runtime and seccomp profile.
+    sandbox: dict[str, str] = field(default_factory=dict)
 
     @property
     def cli_exit_code(self) -> int:

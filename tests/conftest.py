@@ -38,6 +38,18 @@ def orchestrator_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
             os.environ[key] = value
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_runtime() -> Iterator[str]:
+    """The suite runs its sandboxes on runc (`$ORCHESTRATOR_SANDBOX_RUNTIME` chooses another
+    for the whole suite); tests/test_sandbox_kernel.py runs a chosen set on gVisor too. Not
+    `auto`: on an engine with gVisor that would move every test onto it, and CI time with it."""
+    saved = os.environ.get("ORCHESTRATOR_SANDBOX_RUNTIME")
+    chosen = os.environ.setdefault("ORCHESTRATOR_SANDBOX_RUNTIME", "runc")
+    yield chosen
+    if saved is None:
+        os.environ.pop("ORCHESTRATOR_SANDBOX_RUNTIME", None)
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     from orchestrator.backends.docker import connect

@@ -38,7 +38,7 @@ def test_every_problem_of_the_config_file_is_named_with_its_line(tmp_path: Path)
     assert info.value.cause.startswith(f"Config file {config}: 5 problems:\n")
     for expected in (
         "line 2: field `defaults.modle` is not a known option; did you mean `model`? "
-        "Known options: `backend`, `concurrency`, `model`, `network`.",
+        "Known options: `backend`, `concurrency`, `model`, `network`, `sandbox_runtime`.",
         "line 3: field `defaults.network` is 'sideways', not one of none, allowlist, open. "
         "Use one of none, allowlist, open.",
         "line 4: field `defaults.concurrency` is 0, out of range. "

@@ -30,6 +30,7 @@ import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.backends.docker.egress import KIND_EGRESS, KIND_EGRESS_NETWORK, parse_access_log
+from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.policy import HOST_ALIAS
 
@@ -241,6 +242,7 @@ def _listener_ip(docker_client, run_id: str) -> str:
     return info["NetworkSettings"]["Networks"][f"orchestrator-net-{run_id}"]["IPAddress"]
 
 
+@pytest.mark.gvisor
 @pytest.mark.docker
 def test_every_way_around_the_allowlist_fails_and_is_recorded(
     agent_image: str, docker_client, openai_key: str, nothing_left: None
@@ -484,7 +486,8 @@ def _assert_hardened(egress: dict, sandbox: dict, network: dict, run_id: str) ->
     assert egress["Config"]["User"] == "proxy:proxy"
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
     assert not host["Privileged"] and host["ReadonlyRootfs"] is True
-    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["SecurityOpt"] == security_options()  # our seccomp profile too
+    assert host["Runtime"] == "runc"  # whatever runs the sandbox
     assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
     assert not host.get("Binds") and "docker.sock" not in json.dumps(egress)
     assert egress["Config"]["Labels"][LABEL_RUN_ID] == run_id

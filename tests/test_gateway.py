@@ -24,6 +24,7 @@ import pytest
 
 from orchestrator import RunSpec, Store, run
 from orchestrator.backends.docker.gateway import KIND_GATEWAY
+from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator_runtime.gateway.usage import UsageReader
 
@@ -388,6 +389,7 @@ def test_host_measured_tokens_match_the_servers_own_counts(
     assert flagged and flagged[0]["reported"] == {"input_tokens": 1, "output_tokens": 1}
 
 
+@pytest.mark.gvisor
 @pytest.mark.docker
 def test_a_budget_of_n_calls_stops_the_run_at_call_n_plus_one(
     agent_image: str, model_key: str, nothing_left: None
@@ -487,6 +489,7 @@ def test_each_runs_token_works_only_for_its_own_run(
     assert not docker_client.api.networks(names=[runs["a"][2], runs["b"][2]])
 
 
+@pytest.mark.gvisor
 @pytest.mark.docker
 def test_killing_the_gateway_ends_the_run_network_lost(
     agent_image: str, docker_client, model_key: str, nothing_left: None
@@ -507,7 +510,8 @@ def test_killing_the_gateway_ends_the_run_network_lost(
             info = docker_client.api.inspect_container(gateway["Id"])
             host = info["HostConfig"]
             assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
-            assert host["SecurityOpt"] == ["no-new-privileges:true"] and not host["Privileged"]
+            assert host["SecurityOpt"] == security_options() and not host["Privileged"]
+            assert host["Runtime"] == "runc"  # whatever runs the sandbox
             assert host["Memory"] > 0 and host["PidsLimit"] > 0 and host["NanoCpus"] > 0
             assert host["LogConfig"]["Type"] == "none" and not host.get("Binds")
             assert info["Config"]["User"] not in ("", "0", "root")

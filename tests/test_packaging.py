@@ -44,6 +44,8 @@ def test_wheel_carries_images_runtime_and_examples(wheel: Path) -> None:
         "orchestrator/share/agent_payloads/research_team/data/landmarks.json",
         "orchestrator_runtime/__main__.py",
         "orchestrator/cli/__init__.py",
+        "orchestrator/backends/docker/seccomp.json",
+        "orchestrator/backends/docker/setup-gvisor.sh",
     ):
         assert required in names, required
     assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]

@@ -57,6 +57,7 @@ def _hardening(info: dict) -> dict:
     }
 
 
+@pytest.mark.gvisor
 @pytest.mark.parametrize("network", ["none", "allowlist"])
 def test_warm_sandbox_is_hardened_exactly_like_a_cold_one(
     agent_image: str, docker_client, network: str, openai_key: str, no_leftovers
@@ -178,8 +179,14 @@ def test_an_idle_sandbox_has_its_models_client_library_loaded(
     assert "_pydantic_core" not in without[0]
 
 
+@pytest.mark.gvisor
 def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
-    agent_image: str, docker_client, store_label: str, openai_key: str, no_leftovers
+    agent_image: str,
+    docker_client,
+    store_label: str,
+    openai_key: str,
+    sandbox_runtime: str,
+    no_leftovers,
 ) -> None:
     """A warm hosted run's result does not wait for its network and gateway to be removed
     (about 0.3 s), but its sandbox is gone when the result comes, and the rest by the time
@@ -195,7 +202,7 @@ def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
             wait_for(lambda: pool.stats()["idle"] == 1, timeout=90)
             result = pool.run(spec)
             assert result.status == "succeeded" and result.answer == 42, result.error
-            assert result.warm
+            assert result.warm and result.sandbox["runtime"] == sandbox_runtime
             created = next(e for e in events_of(result) if e["type"] == "sandbox_created")
             with pytest.raises(docker.errors.NotFound):
                 docker_client.api.inspect_container(created["sandbox_id"])

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
+from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_RUN_ID
 
 from .conftest import (
@@ -109,7 +110,7 @@ def test_container_is_hardened_while_live(
     assert info["Config"]["User"].split(":")[0] != "0"
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
     assert not host["Privileged"]
-    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["SecurityOpt"] == security_options()  # and our seccomp profile (no io_uring)
     assert not any("unconfined" in opt for opt in host["SecurityOpt"])
     assert host["ReadonlyRootfs"] is True
     assert host["Memory"] == 256 * 2**20 and host["MemorySwap"] == host["Memory"]
@@ -204,6 +205,7 @@ def test_timeout_kills_the_sandbox(agent_image: str, no_leftovers) -> None:
     assert result.timings["duration"] < 5 + 3
 
 
+@pytest.mark.gvisor
 def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
     spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "memory"}, memory_mb=128)
     result = run(spec)
@@ -211,11 +213,17 @@ def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
     assert result.oom_killed
 
 
-def test_fork_bomb_is_contained(agent_image: str, no_leftovers) -> None:
+@pytest.mark.gvisor
+def test_fork_bomb_is_contained(agent_image: str, sandbox_runtime: str, no_leftovers) -> None:
     spec = RunSpec(
         payload=ADVERSARY, additional_args={"mode": "forkbomb"}, pids=64, timeout_seconds=60
     )
     result = run(spec)
+    if sandbox_runtime == "runsc" and result.status == "oom_killed":
+        # gVisor's processes cost more memory each: the bomb may meet the memory limit
+        # (256 MiB) before the process limit. Contained either way, and reported as such.
+        assert result.oom_killed and result.timings["duration"] < 60
+        return
     assert result.status == "succeeded", result.error
     assert str(result.answer).startswith("fork refused after")
     children = int(str(result.answer).rsplit("after ", 1)[1].split()[0])

@@ -100,6 +100,9 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     #: The run's model gateway, for backends that provide one; None: no gateway.
     gateway: GatewaySpec | None = None
+    #: The sandbox runtime asked for (`spec.SANDBOX_RUNTIMES`), checked by
+    #: `Backend.check_runtime`; `auto`: the backend's best.
+    runtime: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,10 @@ class Sandbox(ABC):
     #: The run's model gateway, when the backend provides one (`Capabilities.model_gateway`)
     #: and the run has one; None otherwise.
     gateway: GatewayHandle | None = None
+    #: What isolates the sandbox from the host, for the run record: its `runtime` (the
+    #: kernel its system calls reach) and what filters them (`seccomp`); empty when the
+    #: backend does not say.
+    isolation: dict[str, str] = {}  # noqa: RUF012 (read-only default; set per instance)
 
     @abstractmethod
     def start(self, request: Request, secrets: dict[str, str]) -> None:
@@ -218,6 +225,19 @@ class Backend(ABC):
     @max_concurrency.setter
     def max_concurrency(self, value: int | None) -> None:
         self.capabilities = replace(self.capabilities, max_concurrency=value)
+
+    def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
+        """Raise ConfigError unless this backend's sandboxes can run on `runtime`
+        (`defaults.SANDBOX_RUNTIMES`; called before anything of a run starts). `asked`: the
+        run named it (not the machine's default or the payload's). By default a run may ask
+        only for `auto`: the backend's own isolation, which it cannot change (E2B: microVMs);
+        a machine's or a payload's choice is for backends that have one."""
+        if asked and runtime != "auto":
+            raise ConfigError(
+                f"The {self.name} backend has no choice of sandbox runtime (asked for "
+                f"{runtime}).",
+                "Leave the sandbox runtime at auto for this backend (--sandbox-runtime auto).",
+            )
 
     @abstractmethod
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..defaults import fill
+from ..defaults import SANDBOX_RUNTIMES, fill
 from ..errors import OrchestratorError
 from ..models import PROVIDERS
 from ..registry import backend_names, backends_help
@@ -41,6 +41,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "allowlist (default otherwise: the model's host, the payload's [network] hosts and "
         "--allow-host, through an egress proxy) or open (unrestricted; only when named); "
         "$ORCHESTRATOR_NETWORK or the config file's network come first when set",
+    )  # fmt: skip
+    p.add_argument(
+        "--sandbox-runtime", choices=SANDBOX_RUNTIMES,
+        help="the sandbox's kernel on Docker: runsc (gVisor's; set it up with "
+        "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile) or auto "
+        "(default: runsc when the engine has it, else runc); $ORCHESTRATOR_SANDBOX_RUNTIME, "
+        "the config file's sandbox_runtime, then the payload's `payload.sandbox_runtime` "
+        "come first when set (other backends: only auto)",
     )  # fmt: skip
     p.add_argument(
         "--allow-host",
@@ -104,6 +112,7 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         model_key_env=args.model_key_env,
         backend=args.backend,
         network=args.network,
+        sandbox_runtime=args.sandbox_runtime,
         allow_hosts=tuple(args.allow_host),
         allowed_requirements=tuple(args.allowed_requirements),
         max_steps=args.max_steps,

@@ -216,6 +216,8 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, Any]]:
     """What `runs show` prints, from the index row and result.json (absent ones left out)."""
+    from ..record import describe_isolation
+
     r = {**row, **{k: v for k, v in result.items() if v not in (None, "", {}, [])}}
     timings = result.get("timings") or {}
     usage = result.get("token_usage") or {
@@ -248,6 +250,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("model", r.get("model")),
         ("backend", r.get("backend")),
         ("network", r.get("network")),
+        ("sandbox runtime", describe_isolation(result.get("sandbox"))),
         ("allowlist", ", ".join(result.get("allowlist") or []) or None),
         ("limits", _limits(result.get("limits"))),
         ("egress blocked", result.get("egress_blocked") or None),

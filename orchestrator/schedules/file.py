@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from orchestrator_runtime.protocol import ENV_NAME_RE
 
-from ..defaults import NETWORK_MODES
+from ..defaults import NETWORK_MODES, SANDBOX_RUNTIMES
 from ..errors import ConfigError, OrchestratorError, Problem
 from ..manifest import decode_utf8, payload_path
 from ..policy import check_host_name
@@ -89,6 +89,7 @@ SCHEDULE = Table({
     "model_key_env": Field(str),
     "backend": Field(str, choices=backend_names),  # None: the payload's, else docker
     "network": Field(str, choices=NETWORK_MODES),
+    "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),  # None: the payload's, else auto
     "allow_hosts": Field(list, items=Field(str, check=check_host_name, fix=(
         "List DNS names (api.example.com, *.example.com); for a model server on this "
         'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
@@ -141,6 +142,7 @@ class Schedule:
     model_key_env: str | None = None
     backend: str | None = None
     network: str | None = None
+    sandbox_runtime: str | None = None
     allow_hosts: tuple[str, ...] = ()
     limits: dict[str, Any] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
@@ -181,6 +183,7 @@ class Schedule:
             additional_args=self.additional_args,
             backend=self.backend,
             network=self.network,
+            sandbox_runtime=self.sandbox_runtime,
             allow_hosts=self.allow_hosts,
             gateway=self.gateway,
             env_file=self.env_file or self.source.parent / ".env",
@@ -394,6 +397,7 @@ def _parse_schedule(
         model_key_env=values.get("model_key_env"),
         backend=values.get("backend"),
         network=values.get("network"),
+        sandbox_runtime=values.get("sandbox_runtime"),
         allow_hosts=tuple(values.get("allow_hosts", ())),
         limits=dict(values.get("limits", {})),
         secrets=tuple(values.get("secrets", ())),

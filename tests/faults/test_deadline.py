@@ -92,6 +92,7 @@ def test_code_in_the_sandbox_cannot_outlive_the_deadline(
     assert not our_containers(docker_client, store_label)
 
 
+@pytest.mark.gvisor
 @pytest.mark.parametrize("network", ["none", "allowlist", "gateway"])
 def test_killed_orchestrator_leaves_nothing_running_past_the_deadline(
     agent_image: str, docker_client, store_label: str, network: str

@@ -37,6 +37,7 @@ from .base_image import resolve_base
 from .deadline import EGRESS_KEEPER, kept
 from .engine import inspect_image, stopped
 from .images import build_image
+from .seccomp import security_options
 
 if TYPE_CHECKING:
     import docker
@@ -222,7 +223,8 @@ class Egress:
         host_config = api.create_host_config(
             network_mode="bridge",  # outbound; the run's network is connected below
             cap_drop=["ALL"],  # squid runs as `proxy` on port 3128: it needs no capability
-            security_opt=["no-new-privileges:true"],
+            security_opt=security_options(),
+            runtime="runc",  # our code, not the payload's: no gVisor (runtimes.py)
             read_only=True,
             tmpfs={path: tmpfs for path in SQUID_DIRS},
             mem_limit=EGRESS_MEMORY,

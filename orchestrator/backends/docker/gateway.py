@@ -31,6 +31,7 @@ from ...policy import HOST_ALIAS
 from ..base import GatewayHandle
 from .deadline import AGENT_KEEPER, kept
 from .engine import stopped
+from .seccomp import security_options
 
 if TYPE_CHECKING:
     import docker
@@ -104,7 +105,8 @@ class Gateway(GatewayHandle):
         host_config = api.create_host_config(
             network_mode="bridge",  # outbound to the model; the run's network is added below
             cap_drop=["ALL"],  # port 8000 needs no capability
-            security_opt=["no-new-privileges:true"],
+            security_opt=security_options(),
+            runtime="runc",  # our code, not the payload's: no gVisor (runtimes.py)
             read_only=True,
             tmpfs={"/tmp": tmpfs},
             mem_limit=GATEWAY_MEMORY,

@@ -35,6 +35,7 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
 from .gateway import Gateway
+from .runtimes import EngineRuntimes, Placement, check_requested, place
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
 IDLE_READY_TIMEOUT = 60.0
@@ -45,26 +46,33 @@ SANDBOX_USER = "10001:10001"
 STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 
 
-def host_config_options(spec: SandboxSpec, egress: Egress | None = None) -> dict[str, Any]:
+def host_config_options(
+    spec: SandboxSpec, egress: Egress | None = None, placement: Placement | None = None
+) -> dict[str, Any]:
     """The hardening of every sandbox, as `create_host_config` keyword arguments.
 
-    CIS Docker Benchmark section 5, stricter: no capabilities at all, no host mounts.
+    CIS Docker Benchmark section 5, stricter: no capabilities at all, no host mounts; on
+    `placement`'s runtime (default runc), under runc with our seccomp profile.
     """
+    placement = placement or Placement("runc", "runc", spec.runtime)
+    pids, ulimits = placement.pids_options(spec.limits.pids)
     limits = spec.limits
     memory = f"{limits.memory_mb}m"
     tmpfs = f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"
     return {
         "cap_drop": ["ALL"],
-        "security_opt": ["no-new-privileges:true"],
+        "security_opt": placement.security_options(),
+        "runtime": placement.engine_runtime,
         "read_only": True,
         "tmpfs": {"/tmp": tmpfs, "/work": tmpfs},
         "mem_limit": memory,
         "memswap_limit": memory,  # no swap: over the limit is an OOM kill, not a crawl
         "nano_cpus": int(limits.cpus * 1e9),
-        "pids_limit": limits.pids,
+        "pids_limit": pids,
         "ulimits": [
             Ulimit(name="nofile", soft=1024, hard=1024),
             Ulimit(name="core", soft=0, hard=0),
+            *ulimits,
         ],
         # PID 1 is the deadline keeper (deadline.py), not docker-init: it reaps and forwards
         # signals as an init does (kill is instant, no grace period), and it stops the
@@ -105,6 +113,7 @@ class DockerSandbox(Sandbox):
         egress: Egress | None = None,
         gateway: Gateway | None = None,
         spec: SandboxSpec | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.client = client
         self.api = client.api
@@ -116,6 +125,7 @@ class DockerSandbox(Sandbox):
         #: A pooled sandbox's output read while it became ready, and the rest of it.
         self._early: list[tuple[StreamName, bytes]] = []
         self._frames: Iterator[tuple[int, bytes]] | None = None
+        self.isolation = placement.isolation() if placement else {}
 
     def start(self, request: Request, secrets: dict[str, str]) -> None:
         """The request and its secrets go in as one JSON object on the runtime's stdin: a
@@ -271,6 +281,11 @@ class DockerBackend(Backend):
     def __init__(self, client: docker.DockerClient | None = None, *, base_image: str | None = None):
         self.client = client or connect()
         self.base_image = base_image
+        self.runtimes = EngineRuntimes(self.client)
+
+    def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
+        """runc is always there; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
+        check_requested(runtime, self.runtimes)
 
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
         return self.build_image(self.base_image, extra_requirements, progress)
@@ -405,7 +420,10 @@ class DockerBackend(Backend):
         gateway: Gateway | None,
         entrypoint: list[str],
     ) -> DockerSandbox:
-        host_config = self.client.api.create_host_config(**host_config_options(spec, egress))
+        networked = network_options(spec.network, egress)["network_mode"] != "none"
+        placement = place(spec.runtime, self.runtimes, networked=networked)
+        options = host_config_options(spec, egress, placement)
+        host_config = self.client.api.create_host_config(**options)
         direct = (gateway.ip,) if gateway is not None and gateway.ip else ()
         container = self.client.api.create_container(
             image=spec.image,
@@ -423,7 +441,7 @@ class DockerBackend(Backend):
         )
         if spec.network.mode == "open" and egress is not None:  # the bridge, and the gateway
             self.client.api.connect_container_to_network(container["Id"], egress.network_id)
-        return DockerSandbox(self.client, container["Id"], egress, gateway, spec)
+        return DockerSandbox(self.client, container["Id"], egress, gateway, spec, placement)
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Containers (sandboxes, egress proxies), then the runs' networks: in that order

@@ -1,0 +1,140 @@
+"""Which runtime runs a sandbox's container: gVisor's `runsc` (the sandbox's system calls
+reach gVisor's kernel, a user-space kernel, not the host's) or `runc` (the host's kernel,
+behind our seccomp profile, `seccomp.py`).
+
+The engine knows gVisor once `setup-gvisor.sh` (beside this file) registered two runtimes:
+`runsc` (`--network=none`, for sandboxes without network) and `runsc-net`
+(`--network=host`: gVisor uses the network stack of the container's own namespace, which
+Docker still creates, for sandboxes on a network). Debian's runsc 0.0~20221219 cannot run
+with its default network mode, hence the two.
+
+Only the sandbox runs on gVisor. The egress proxy (squid) and the model gateway run our own
+code, never the payload's, and their job is the network itself: they stay on runc with the
+seccomp profile, which costs them no start-up time and no memory (a gVisor sandbox takes both).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+from docker.types import Ulimit
+
+from ...defaults import SANDBOX_RUNTIMES
+from ...errors import ConfigError
+from .seccomp import PROFILE_NAME, security_options
+
+#: The engine's names for gVisor, without network and with the container's own network.
+RUNSC, RUNSC_NET = "runsc", "runsc-net"
+#: Under gVisor, the container's pids cgroup holds gVisor's own host threads (the sentry's Go
+#: threads, which grow with blocking network calls, and the gofer's), not the sandbox's
+#: processes: a sandbox's 64 would starve gVisor itself ("failed to create new OS thread",
+#: exit 2). The sandbox's processes are limited inside gVisor (RLIMIT_NPROC, which gVisor
+#: enforces for its tasks); the cgroup gets this many more for gVisor.
+GVISOR_HOST_THREADS = 512
+#: The set-up step a run that asks for runsc names when the engine lacks it.
+SETUP_SCRIPT = Path(__file__).with_name("setup-gvisor.sh")
+
+
+class EngineRuntimes:
+    """The runtimes registered with the engine, asked once (about 40 ms; `prefetch` asks in
+    the background, so that a run on `auto` waits for nothing)."""
+
+    def __init__(self, client: docker.DockerClient) -> None:
+        self.client = client
+        self._names: set[str] | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._started = False
+
+    def prefetch(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        threading.Thread(target=self._fetch, name="engine-runtimes", daemon=True).start()
+
+    def _fetch(self) -> None:
+        try:
+            self._names = set(self.client.api.info().get("Runtimes") or {})
+        except Exception:  # an engine that cannot say has no gVisor for us
+            self._names = set()
+        finally:
+            self._done.set()
+
+    def names(self) -> set[str]:
+        self.prefetch()
+        self._done.wait(timeout=60)
+        return self._names or set()
+
+    def has_gvisor(self) -> bool:
+        return {RUNSC, RUNSC_NET} <= self.names()
+
+
+def gvisor_missing(names: set[str]) -> ConfigError:
+    """The error of a run that asks for runsc on an engine without it."""
+    return ConfigError(
+        "The Docker engine has no gVisor runtime (runsc and runsc-net); it has: "
+        f"{', '.join(sorted(names)) or 'none it would name'}.",
+        f"Set gVisor up once, as root: `bash {SETUP_SCRIPT}` (installs Debian's runsc and "
+        "registers it with the engine without restarting it; README, 'gVisor'), or run on "
+        "runc with --sandbox-runtime runc (or auto).",
+    )
+
+
+def check_requested(runtime: str, runtimes: EngineRuntimes) -> None:
+    """Raise ConfigError for a runtime that is not one of ours, or runsc on an engine
+    without it; `auto` starts asking the engine in the background."""
+    if runtime not in SANDBOX_RUNTIMES:
+        raise ConfigError(
+            f"Unknown sandbox runtime {runtime!r}.", f"Use one of {', '.join(SANDBOX_RUNTIMES)}."
+        )
+    if runtime == "runsc" and not runtimes.has_gvisor():
+        raise gvisor_missing(runtimes.names())
+    if runtime == "auto":
+        runtimes.prefetch()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a sandbox runs: `runtime` (runc or runsc), the engine's name for it, and what
+    was asked for."""
+
+    runtime: str
+    engine_runtime: str
+    requested: str
+
+    def security_options(self) -> list[str]:
+        """Under runc, our seccomp profile too; under gVisor the engine does not apply one
+        (gVisor's kernel answers the system calls), so none is claimed."""
+        if self.runtime == "runc":
+            return security_options()
+        return ["no-new-privileges:true"]
+
+    def pids_options(self, pids: int) -> tuple[int, list[Ulimit]]:
+        """The container's pids limit and the ulimits beyond the common ones that hold a
+        sandbox to `pids` processes (see GVISOR_HOST_THREADS)."""
+        if self.runtime == "runc":
+            return pids, []
+        return pids + GVISOR_HOST_THREADS, [Ulimit(name="nproc", soft=pids, hard=pids)]
+
+    def isolation(self) -> dict[str, str]:
+        """What the run record says (`Sandbox.isolation`)."""
+        seccomp = PROFILE_NAME if self.runtime == "runc" else "none (gVisor's kernel)"
+        found = {"runtime": self.runtime, "seccomp": seccomp, "requested": self.requested}
+        if self.engine_runtime != self.runtime:
+            found["engine_runtime"] = self.engine_runtime
+        return found
+
+
+def place(requested: str, runtimes: EngineRuntimes, *, networked: bool) -> Placement:
+    """The runtime of a sandbox asked to run on `requested`: auto is runsc when the engine
+    has it, else runc. Raises ConfigError for runsc on an engine without it."""
+    gvisor = requested == "runsc" or (requested == "auto" and runtimes.has_gvisor())
+    if not gvisor:
+        return Placement("runc", "runc", requested)
+    if not runtimes.has_gvisor():
+        raise gvisor_missing(runtimes.names())
+    return Placement("runsc", RUNSC_NET if networked else RUNSC, requested)
