@@ -16,7 +16,11 @@ DAEMON_JSON=${DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}
 
 if ! command -v runsc >/dev/null 2>&1; then
     echo "setup-gvisor: installing runsc (apt)"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q runsc >/dev/null
+    # A fresh machine may have no package lists yet: update once if the first try fails.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q runsc >/dev/null 2>&1 || {
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q runsc >/dev/null
+    }
 fi
 RUNSC=$(command -v runsc)
 
