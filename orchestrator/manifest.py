@@ -251,7 +251,7 @@ def _parse(
         if not module_file.is_file():
             found.append(Problem(
                 "payload.entrypoint", f"names a module with no file {module_file}",
-                "Fix the name.",
+                _module_fix(path.parent, entrypoint),
             ))  # fmt: skip
     requirements: list[str] = []
     for item in sections["python"].get("requirements", []):
@@ -294,3 +294,22 @@ def _parse(
         backend=payload.get("backend"),
         sandbox_runtime=payload.get("sandbox_runtime"),
     )
+
+
+def _module_fix(folder: Path, entrypoint: str) -> str:
+    """What to write instead of an entrypoint whose module has no file: the payload's own
+    modules, the nearest first."""
+    import difflib
+    import itertools
+
+    found = (f for f in folder.rglob("*.py") if f.is_file() and f.name != "__init__.py")
+    modules = sorted(  # a bounded look: the folder is not checked for size yet
+        str(f.relative_to(folder).with_suffix("")).replace("/", ".")
+        for f in itertools.islice(found, 200)
+    )
+    name, _, function = entrypoint.partition(":")
+    if not modules:
+        return "Add the module's .py file to the payload folder, next to manifest.toml."
+    near = difflib.get_close_matches(name, modules, n=1)
+    hint = f"Did you mean `{near[0]}:{function}`? " if near else ""
+    return f"{hint}Modules in this payload: {', '.join(modules)}."

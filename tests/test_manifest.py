@@ -430,6 +430,18 @@ def test_a_missing_entrypoint_function_lists_the_functions_that_exist(tmp_path: 
     assert load_manifest(star).missing_function() is None
 
 
+def test_a_missing_entrypoint_module_names_the_modules_that_exist(tmp_path: Path) -> None:
+    """Issue 24 item 7: not "Fix the name.", but what the name could be."""
+    folder = write_payload(tmp_path, GOOD.replace("agent:build", "agnet:build"))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    assert info.value.fix == "Did you mean `agent:build`? Modules in this payload: agent."
+    (folder / "agent.py").unlink()
+    with pytest.raises(ManifestError) as info:
+        load_manifest(folder)
+    assert "Add the module's .py file to the payload folder" in info.value.fix
+
+
 def test_shipped_and_test_payloads_define_their_entrypoint() -> None:
     folders = [*PAYLOADS.iterdir(), *TEST_PAYLOADS.iterdir()]
     for folder in folders:
