@@ -82,7 +82,10 @@ def load_manager(entrypoint: str, root: Path, model: Any) -> Any:
     loaded = sys.modules.get(module_name.split(".")[0])
     if loaded is not None and root not in Path(getattr(loaded, "__file__", None) or "/").parents:
         raise PayloadError(f"payload module {module_name!r} would shadow the installed module")
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise missing_module(exc, root) from None
     function = getattr(module, function_name, None)
     if not callable(function):
         raise PayloadError(
@@ -94,6 +97,25 @@ def load_manager(entrypoint: str, root: Path, model: Any) -> Any:
             f"entrypoint {entrypoint!r} returned {type(manager).__name__}, not a smolagents agent"
         )
     return manager
+
+
+def missing_module(exc: ModuleNotFoundError, root: Path) -> Exception:
+    """A payload's import of a module the image does not have, said with where it is and what
+    to do (the image is built from the manifest's requirements); `exc` itself when the
+    missing module is the payload's own (its message then says it all)."""
+    own = exc.name is not None and (root / exc.name.split(".")[0]).with_suffix(".py").exists()
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename).is_relative_to(root)
+    ]
+    if own or exc.name is None or not frames:
+        return exc
+    where = f"{Path(frames[-1].filename).relative_to(root)}, line {frames[-1].lineno}"
+    package = exc.name.split(".")[0]
+    return PayloadError(
+        f"{where}: `import {exc.name}`, but the sandbox's image has no module {package!r}. "
+        f"Add its package to `[python] requirements` in manifest.toml (the image is built "
+        f"with them), or remove the import"
+    )
 
 
 def apply_rlimits(limits: dict[str, int]) -> None:

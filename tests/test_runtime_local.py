@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -597,3 +598,19 @@ def test_the_record_says_which_imports_an_agent_declared_and_which_it_was_not_gr
     assert outcome.returncode == 2
     (problem,) = outcome.end["error"]["problems"]
     assert "'manager'" in problem and "pandas" in problem and "python.authorized_imports" in problem
+
+
+def test_an_import_the_image_lacks_names_the_line_and_the_requirement(tmp_path: Path) -> None:
+    """Issue 24 item 7: a payload's `import X` of a package not in its image says where and
+    what to do (add it to `[python] requirements`), not a bare ModuleNotFoundError."""
+    folder = tmp_path / "needs_a_package"
+    shutil.copytree(TEST_PAYLOADS / "forbidden_import", folder)
+    module = manifest_of(folder)["payload"]["entrypoint"].split(":")[0]
+    source = folder / f"{module}.py"
+    source.write_text("import json\nimport tabulatr_nonexistent\n" + source.read_text())
+    outcome = run_runtime(build_request(folder))
+    assert outcome.returncode == 2, outcome.stderr[-2000:]
+    error = outcome.end["error"]
+    assert error["type"] == "PayloadError", error
+    assert f"{module}.py, line 2: `import tabulatr_nonexistent`" in error["message"], error
+    assert "`[python] requirements` in manifest.toml" in error["message"], error
