@@ -56,8 +56,9 @@ def test_the_progress_line_shows_the_spend_against_the_cap() -> None:
 
 
 @docker
+@pytest.mark.usefixtures("model_key", "nothing_left")
 def test_a_batch_stops_at_its_token_cap_and_a_higher_cap_resumes_it(
-    agent_image: str, model_key: str, tmp_path: Path, nothing_left: None  # noqa: F811
+    agent_image: str, tmp_path: Path
 ) -> None:
     """Acceptance 4, through the command: concurrency 1, the gateway measuring every call."""
     step = load_manifest(MATH).mock_scripts["manager"][0]
