@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..spec import RunResult
 from ..store import new_run_id
+from .budget import BUDGET_EXCEEDED, spend_summary
 from .output import FINISHED, BatchDir
 from .plan import BatchPlan, BatchSpec, BatchSummary
 from .scoring import Scorer, percentile, wilson_interval
@@ -130,7 +131,8 @@ def summarize(
     all_tokens = {"input": 0, "output": 0}
     attempts = cancelled = retries = 0
     final = {row.get("run_id") for row in rows}
-    for entry in out.load_attempts():
+    entries = out.load_attempts()
+    for entry in entries:
         if entry.get("event") != "end" or entry.get("id") not in tasks:
             continue
         attempts += 1
@@ -141,9 +143,8 @@ def summarize(
         usage = entry.get("tokens") or {}
         all_tokens["input"] += int(usage.get("input_tokens") or 0)
         all_tokens["output"] += int(usage.get("output_tokens") or 0)
-    state = {"interrupted": "interrupted", "fail_on_error": "stopped"}.get(
-        stop_reason or "", "complete"
-    )
+    stopped = {"fail_on_error": "stopped", BUDGET_EXCEEDED: "stopped"}
+    state = {"interrupted": "interrupted", **stopped}.get(stop_reason or "", "complete")
     if state == "complete" and len(rows) < len(tasks):
         state = "interrupted"
     if write_error is not None:  # whatever else happened, the disk needs attention
@@ -178,6 +179,7 @@ def summarize(
         cancelled=cancelled,
         skipped_lines=[asdict(b) for b in plan.file.bad_lines],
         stop_reason=stop_reason,
+        spend=spend_summary(entries, tasks, spec.max_total_tokens, stop_reason),
         session={
             "number": session,
             "started_at": started,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,9 @@ class BatchSpec:
     #: Warm sandboxes kept ready (orchestrator/pool.py): None = as many as the concurrency
     #: when there are more tasks than that, 0 = none (every run starts cold).
     warm: int | None = None
+    #: The batch's token cap (input + output, all attempts, all sessions; `batch/budget.py`):
+    #: once reached, no task starts and running ones are stopped. None: no cap.
+    max_total_tokens: int | None = None
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:
@@ -70,6 +73,9 @@ class BatchProgress:
     retries: int
     elapsed: float
     stopping: str | None
+    #: Tokens spent by the batch so far (all sessions), and its cap (None: no cap).
+    spent_tokens: int = 0
+    max_total_tokens: int | None = None
 
     @property
     def rate_per_minute(self) -> float:
@@ -114,11 +120,15 @@ class BatchSummary:
     #: Attempts cancelled (an interrupted session, `runs stop`): run again on resume, not
     #: retries.
     cancelled: int = 0
+    #: The spend cap (`budget.spend_summary`): cap, tokens spent by all attempts, their source,
+    #: whether the cap was reached, attempts it stopped.
+    spend: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         """0 every task has an agent outcome; 5 infrastructure faults remain or the batch was
-        stopped by --fail-on-error; 130 interrupted (resume with the same command)."""
+        stopped (--fail-on-error, --max-total-tokens, a write error); 130 interrupted (resume
+        with the same command)."""
         if self.state == "interrupted":
             return 130
         if self.state == "stopped" or self.counts.get("infra_error") or self.pending:
@@ -168,6 +178,16 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
     if spec.fail_on_error is not None and spec.fail_on_error < 0:
         raise ConfigError(
             "--fail-on-error must be a share from 0 to 1 or a count.", "e.g. 0.1 or 5"
+        )
+    if spec.max_total_tokens is not None and (
+        isinstance(spec.max_total_tokens, bool)
+        or not isinstance(spec.max_total_tokens, int)
+        or spec.max_total_tokens < 1
+    ):
+        raise ConfigError(
+            f"--max-total-tokens must be a positive whole number, not {spec.max_total_tokens!r}.",
+            "Give the batch's token cap (input + output, all tasks), e.g. 2000000; leave it out "
+            "for no cap.",
         )
     make_scorer(spec.scorer, tolerance=spec.tolerance)  # a bad scorer fails now, not per task
     file = read_tasks(spec.tasks, on_bad_line=spec.on_bad_line)

@@ -44,6 +44,7 @@ from ..executor import Attempt, AttemptExecutor, LocalExecutor
 from ..runner import PreparedRun, RunObservers
 from ..spec import RunResult
 from ..store import Store
+from .budget import BUDGET_EXCEEDED, Spend, cap_reached_before
 from .ledger import open_meta, result_row, score_of, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
 from .plan import (
@@ -96,7 +97,8 @@ def run_batch(
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
     done = out.done_ids(rerun_failed=spec.rerun_failed)
-    if any(task.id not in done for task in plan.file.tasks):  # else nothing starts at all
+    ids = {task.id for task in plan.file.tasks}
+    if ids - done and not cap_reached_before(spec.max_total_tokens, spec.output, ids):
         check_payload_loads(plan, executor, store, cancel)
     with out.locked():
         session = _BatchRun(
@@ -151,6 +153,8 @@ class _BatchRun:
         self.session = 1
         self.limit = 1
         self.started = time.time()
+        self.spend = Spend(spec.max_total_tokens, out.load_attempts(), set(self.tasks),
+                           on_reached=self.halt, message=self.message)  # fmt: skip
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -159,6 +163,7 @@ class _BatchRun:
         self.batch_id, self.session = meta["batch_id"], meta["sessions"]
         self.reap_orphans()
         todo = self.resume()
+        todo = [] if self.spend.check() else todo  # earlier sessions spent the cap already
         limit = self.concurrency()
         self.limit = min(limit, max(1, len(todo)))  # as many at once as there are tasks
         interrupted: BaseException | None = None
@@ -381,7 +386,9 @@ class _BatchRun:
         with self.lock:
             self.running += 1
         try:
-            result = self.executor.run(attempt, RunObservers(store=self.store, cancel=self.stop))
+            watch = self.spend.watch(run_id)
+            observers = RunObservers(store=self.store, on_event=watch, cancel=self.stop)
+            result = self.executor.run(attempt, observers)
         except Exception as exc:  # before the run record existed (store, engine)
             result = RunResult(
                 run_id=run_id,
@@ -397,7 +404,11 @@ class _BatchRun:
             "session": self.session, "status": result.status, "error": result.error,
             "duration": result.timings.get("duration"), "tokens": result.token_usage,
             "record_dir": result.record_dir, "ts": time.time(),
+            "tokens_source": result.token_usage_source,
         }  # fmt: skip
+        if result.status == "cancelled" and self.stop_reason == BUDGET_EXCEEDED:
+            entry.update(self.spend.stopped())  # run again on resume, as a cancelled one
+        self.spend.ended(run_id, result)
         try:
             self.out.append_attempt(entry)
         except OutputWriteError as exc:  # its result could not be kept either: run it again
@@ -473,6 +484,8 @@ class _BatchRun:
                 retries=self.retries,
                 elapsed=time.time() - self.started,
                 stopping=self.stop_reason,
+                spent_tokens=self.spend.spent,
+                max_total_tokens=self.spec.max_total_tokens,
             )
 
     def summarize(self) -> BatchSummary:

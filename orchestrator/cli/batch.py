@@ -38,9 +38,10 @@ Resume: run the same command again with the same --output directory. Finished ta
 kept; unfinished and infrastructure-failed ones run again (--rerun-failed: failed ones too).
 
 Exit codes: 0 every task has an agent outcome (succeeded or not), 2 bad input (nothing
-started), 5 tasks left with infrastructure errors, stopped by --fail-on-error, or an output
-file could not be written (disk full: free space, then resume with the same command),
-130 interrupted (resume with the same command).
+started), 5 tasks left with infrastructure errors, stopped by --fail-on-error or
+--max-total-tokens (resume with a higher cap), or an output file could not be written
+(disk full: free space, then resume with the same command), 130 interrupted (resume with
+the same command).
 """
 
 
@@ -106,6 +107,13 @@ def add_batch_parser(sub: Any) -> None:
         "(>= 1), ended in infra_error after their retries",
     )  # fmt: skip
     p.add_argument(
+        "--max-total-tokens", type=int, metavar="N",
+        help="the batch's token cap: once its tasks spent N tokens (input + output, every "
+        "attempt of every session, as the model gateway measured them, else as the sandboxes "
+        "reported), no task starts and running ones are stopped (exit 5); re-run with a higher "
+        "N to resume (default: no cap)",
+    )  # fmt: skip
+    p.add_argument(
         "--on-bad-line", choices=["fail", "skip"], default="fail",
         help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
     )  # fmt: skip
@@ -128,6 +136,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         fail_on_error=args.fail_on_error,
         on_bad_line=args.on_bad_line,
         warm=args.warm,
+        max_total_tokens=args.max_total_tokens,
     )
 
 
@@ -153,6 +162,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if reason.startswith("write_error:"):  # one line: what failed, what to do
         cause = reason.split(":", 1)[1].strip()
         say(f"{cause}. {write_advice(command)}", kind="stopped")
+    elif reason == "budget_exceeded":
+        say(
+            f"stopped: the batch's cap --max-total-tokens {summary.spend['max_total_tokens']} "
+            f"was reached ({summary.spend['tokens']} tokens spent); finished tasks are in "
+            f"{summary.output_dir}/results.jsonl"
+        )
+        print(f"  resume with the same command and a higher --max-total-tokens: {command}",
+              file=sys.stderr)  # fmt: skip
     elif summary.state != "complete" or summary.counts.get("infra_error"):
         what = {
             "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
@@ -197,6 +214,8 @@ def progress_line(p: BatchProgress) -> str:
         parts.append(f"{p.retries} retries")
     parts.append(f"{p.rate_per_minute:.1f} tasks/min")
     parts.append(f"ETA {_duration(p.eta_seconds)}")
+    if p.max_total_tokens is not None:
+        parts.append(f"{p.spent_tokens}/{p.max_total_tokens} tokens")
     if p.stopping:
         parts.append(f"stopping ({p.stopping})")
     return " · ".join(parts)
@@ -318,6 +337,16 @@ class BatchDisplay:
                 s.tokens_source, " (partly measured, partly as reported)"
             ),
         )
+        spend = s.spend
+        if spend.get("max_total_tokens") is not None:
+            table.add_row(
+                "spend",
+                f"{spend['tokens']} of --max-total-tokens {spend['max_total_tokens']} "
+                f"({spend['source']})"
+                + (" · cap reached" if spend.get("cap_reached") else "")
+                + (f" · {spend['attempts_stopped']} run(s) stopped by it: run again on resume"
+                   if spend.get("attempts_stopped") else ""),
+            )  # fmt: skip
         cancelled = f", {s.cancelled} cancelled: run again on resume" if s.cancelled else ""
         table.add_row("retries", f"{s.retries} ({s.attempts} attempts in all{cancelled})")
         session = s.session
