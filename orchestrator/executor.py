@@ -61,8 +61,13 @@ class AttemptExecutor(ABC):
         return None
 
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:  # noqa: B027
-        """Get ready for about `attempts` attempts like `template`, `concurrency` at once
-        (image, warm sandboxes). Raises `ImageBuildError` when the image cannot be had."""
+        """Get ready for `attempts` attempts like `template`, `concurrency` at once (image,
+        warm sandboxes, no more of them than `attempts`: each `reserve` counts one down).
+        Raises `ImageBuildError` when the image cannot be had."""
+
+    def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:  # noqa: B027
+        """`attempts` more attempts like `prepared` will be reserved than `open` said (a
+        retry), so that a warm sandbox may be made for each."""
 
     def keep_warm(self, prepared: PreparedRun, count: int) -> None:  # noqa: B027
         """Keep `count` sandboxes ready for runs like `prepared` (0: make no more)."""
@@ -162,8 +167,12 @@ class LocalExecutor(AttemptExecutor):
                 size=size, backend=backend, on_message=self.message, images=self.images
             )
             self._own_pool = True
-        if self.pool is not None:
-            self.pool.warm(template)
+        if self.pool is not None:  # its own pool makes no sandbox past the last attempt
+            self.pool.warm(template, runs=attempts if self._own_pool else None)
+
+    def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
+        if self.pool is not None and self._own_pool:
+            self.pool.expect(prepared, attempts)
 
     def keep_warm(self, prepared: PreparedRun, count: int) -> None:
         if self.pool is not None:

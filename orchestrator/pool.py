@@ -12,10 +12,15 @@ the gateway's key and token) is in it until a run takes it; the run then goes th
 Sandboxes are pooled per key: image, command, limits, network policy and gateway endpoint
 (a run's token and key are its own, so they are no part of the key). The pool holds at most
 `size` sandboxes, idle or being made; a background builder refills a slot when a run takes
-its sandbox. Each idle sandbox has a time-to-live that its own deadline keeper enforces, with
-or without this process: the pool replaces one shortly before it expires, and `close`
-removes the idle ones. If this process dies, the sandboxes' stdin ends and their runtimes
-exit; `orchestrator cleanup` removes the stopped containers of dead owners.
+its sandbox. When its owner says how many runs are still to come (`warm(..., runs=N)`, a
+batch's attempts; `expect` for a retry), the pool never makes a sandbox that no run will
+take: every run handed out (`claim`, warm or cold) counts down, and the builder stops once
+each run still to come has a sandbox idle or being made, so the last ones made are taken
+and none is idle when the batch ends. Each idle sandbox has a time-to-live that its own
+deadline keeper enforces, with or without this process: the pool replaces one shortly
+before it expires, and `close` removes the idle ones. If this process dies, the
+sandboxes' stdin ends and their runtimes exit; `orchestrator cleanup` removes the stopped
+containers of dead owners.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ class _Slot:
 
     spec: SandboxSpec  # the key's sandbox spec (its run id and labels are replaced per sandbox)
     wanted: int
+    #: Runs still to be handed out (claimed) for this key; None: unknown (no end in sight).
+    remaining: int | None = None
     ready: deque[_Idle] = field(default_factory=deque)
     making: int = 0
     #: Runs waiting for a sandbox being made (never more than are being made: the others
@@ -217,22 +224,41 @@ class Pool:
         meanwhile)."""
         return self.images.prepare(backend, prepared.image_requirements, self.message)
 
-    def warm(self, prepared: PreparedRun, count: int | None = None) -> None:
-        """Keep `count` (default: the pool's size) sandboxes ready for runs like `prepared`.
-        The backend must be the one given to the pool. Prepares the image first (so it may
-        raise `ImageBuildError`)."""
+    def warm(
+        self, prepared: PreparedRun, count: int | None = None, *, runs: int | None = None
+    ) -> None:
+        """Keep `count` (default: the pool's size) sandboxes ready for runs like `prepared`;
+        `runs`: how many such runs are still to be handed out (None: leave it as it was,
+        unknown at first): the pool then never makes more sandboxes than that. The backend
+        must be the one given to the pool. Prepares the image first (so it may raise
+        `ImageBuildError`)."""
+        wanted = self.size if count is None else max(0, min(count, self.size))
+        self._update(prepared, wanted=wanted, runs=runs)
+
+    def expect(self, prepared: PreparedRun, more: int = 1) -> None:
+        """`more` runs like `prepared` will be handed out than `warm(..., runs=N)` said (a
+        retry): the pool may make a sandbox for each. Nothing when the count is unknown."""
+        self._update(prepared, more=more)
+
+    def _update(
+        self, prepared: PreparedRun, *, wanted: int | None = None, runs: int | None = None,
+        more: int = 0,
+    ) -> None:  # fmt: skip
         backend = self._backend_for(prepared)
         if prepared.backend != backend.name or not _supports_pool(backend):
             return
         spec = self._key_spec(prepared, backend)
         key = pool_key(spec)
-        wanted = self.size if count is None else max(0, min(count, self.size))
         with self._lock:
             slot = self._slots.get(key)
             if slot is None:
-                self._slots[key] = _Slot(spec=spec, wanted=wanted)
-            else:
+                slot = self._slots[key] = _Slot(spec=spec, wanted=self.size)
+            if wanted is not None:
                 slot.wanted = wanted
+            if runs is not None:
+                slot.remaining = max(0, runs)
+            if more and slot.remaining is not None:
+                slot.remaining += more
             self._lock.notify_all()
 
     def claim(
@@ -253,25 +279,34 @@ class Pool:
                 slot = self._slots[key] = _Slot(spec=spec, wanted=self.size)
                 self._lock.notify_all()
             if not slot.ready and slot.waiting >= slot.making:
-                self._lock.notify_all()  # none coming for this run: cold, and refill
+                self._handed_out(slot)  # none coming for this run: cold, and refill
                 return None
             slot.waiting += 1
             try:
                 while not self._closed and not (cancel is not None and cancel.is_set()):
                     while slot.ready:
                         idle = slot.ready.popleft()
-                        self._lock.notify_all()  # a slot is free: the builder refills it
                         if idle.idle_until - time.time() > EXPIRY_MARGIN:
+                            self._handed_out(slot)  # a slot is free: the builder refills it
                             slot.claimed_at = time.monotonic()
                             waited = round(time.monotonic() - started, 3)
                             return Claim(idle.run_id, idle.sandbox, waited)
                         _remove_later(idle.sandbox)
+                        self._lock.notify_all()  # replace it
                     if slot.making < slot.waiting:
-                        return None
+                        break
                     self._lock.wait(timeout=0.5)
             finally:
                 slot.waiting -= 1
+            self._handed_out(slot)
         return None
+
+    def _handed_out(self, slot: _Slot) -> None:
+        """A run of `slot` was handed out, with a sandbox or cold: one fewer to come (lock
+        held). Wakes the builder."""
+        if slot.remaining is not None:
+            slot.remaining = max(0, slot.remaining - 1)
+        self._lock.notify_all()
 
     def close(self) -> None:
         """Stop refilling and remove every idle sandbox (the ones being made too, once made).
@@ -308,9 +343,10 @@ class Pool:
     def _can_make(self, slot: _Slot) -> bool:
         """Whether the builder would make a sandbox of `slot` now (lock held)."""
         total = sum(len(s.ready) + s.making for s in self._slots.values())
+        wanted = slot.wanted if slot.remaining is None else min(slot.wanted, slot.remaining)
         return (
             total < self.size
-            and len(slot.ready) + slot.making < slot.wanted
+            and len(slot.ready) + slot.making < wanted
             and time.monotonic() >= slot.failed_until
         )
 

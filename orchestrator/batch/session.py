@@ -328,6 +328,7 @@ class _BatchRun:
             wait = state.next_action.sleep if state.next_action else 0
             with self.lock:
                 self.retries += 1
+            self.executor.expect(prepared)  # the retry is one more attempt to come
             self.message(
                 f"task {task.id}: attempt {state.attempt_number} hit an infrastructure fault "
                 f"({error.get('type')}: {error.get('message')}); retrying in {wait:.1f}s"

@@ -1,0 +1,81 @@
+"""A batch's warm pool makes a sandbox only for an attempt that will take it (issue 28): counted
+from the creations the Docker engine saw, not from what the pool says of itself."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
+from orchestrator.spec import RunSpec
+
+from .conftest import TEST_PAYLOADS
+
+pytestmark = pytest.mark.docker
+
+MATH = TEST_PAYLOADS / "batch_math"
+
+
+def sandbox_creations(docker_client, store_label: str, since: float) -> list[dict[str, Any]]:
+    """The sandboxes of this test session the engine created from `since` to now, in order:
+    each one's run id, whether it was warm, and when (engine event time, epoch seconds)."""
+    events = docker_client.api.events(
+        since=f"{since:.9f}",
+        until=f"{time.time():.9f}",
+        decode=True,
+        filters={
+            "type": "container",
+            "event": "create",
+            "label": [store_label, f"{LABEL_KIND}=sandbox"],
+        },
+    )
+    return [
+        {
+            "run_id": event["Actor"]["Attributes"][LABEL_RUN_ID],
+            "warm": event["Actor"]["Attributes"].get(LABEL_WARM) == "true",
+            "at": event["timeNano"] / 1e9,
+        }
+        for event in events
+    ]
+
+
+def test_a_batch_pool_makes_one_sandbox_per_attempt_and_none_past_the_last(
+    tmp_path: Path, agent_image: str, docker_client, store_label: str, no_leftovers
+) -> None:
+    rows = [
+        {"id": f"t{i}", "task": "mul", "additional_args": {"op": "mul", "a": i, "b": 3},
+         "expected": i * 3}
+        for i in range(6)
+    ]  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2, warm=2
+    )
+    since = time.time()
+    summary = run_batch(spec)
+    created = sandbox_creations(docker_client, store_label, since)
+
+    assert summary.counts["succeeded"] == 6 and summary.correct == 6, summary.counts
+    lines = (tmp_path / "out" / "attempts.jsonl").read_text().splitlines()
+    starts = [row for row in map(json.loads, lines) if row["event"] == "start"]
+    attempts = [row["run_id"] for row in starts]
+    assert len(attempts) == 6
+    # The first sandbox is the payload's load check, made before the batch's pool exists.
+    check, created = created[0], created[1:]
+    assert not check["warm"] and check["run_id"] not in attempts
+    made = [c["run_id"] for c in created]
+    assert sorted(made) == sorted(attempts), (
+        f"{len(made)} sandboxes for {len(attempts)} attempts; "
+        f"made for no attempt: {sorted(set(made) - set(attempts))}"
+    )
+    assert any(c["warm"] for c in created), "the pool made no sandbox at all"
+    last_handed_out = max(row["ts"] for row in starts)
+    late = [c for c in created if c["warm"] and c["at"] > last_handed_out]
+    assert late == [], f"warm sandboxes made after the last attempt was handed out: {late}"
+    assert no_leftovers() == [], "a sandbox was left when the batch ended"
