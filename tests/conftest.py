@@ -75,6 +75,26 @@ def our_containers(docker_client, store_label: str) -> list[dict]:
     return docker_client.api.containers(all=True, filters={"label": [store_label]})
 
 
+def our_networks(docker_client, store_label: str) -> list[dict]:
+    return docker_client.api.networks(filters={"label": [store_label]})
+
+
+@pytest.fixture
+def nothing_left(docker_client, store_label: str) -> Iterator[None]:
+    """Like `no_leftovers`, for the runs' networks too: fails the test if any container
+    (sandbox, gateway, proxy) or network of this test session is left when it ends, and
+    removes them so one failure does not cascade."""
+    yield
+    containers = our_containers(docker_client, store_label)
+    networks = our_networks(docker_client, store_label)
+    for container in containers:
+        docker_client.api.remove_container(container["Id"], force=True)
+    for network in networks:
+        docker_client.api.remove_network(network["Id"])
+    assert not containers, f"containers left behind: {[c['Names'] for c in containers]}"
+    assert not networks, f"networks left behind: {[n['Name'] for n in networks]}"
+
+
 @pytest.fixture
 def no_leftovers(docker_client, store_label: str) -> Iterator[Callable[[], list[dict]]]:
     """Fails the test if any container of this test session is left when it ends."""

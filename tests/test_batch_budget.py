@@ -18,7 +18,7 @@ from orchestrator.spec import RunSpec
 from .conftest import cli
 from .model_server import ScriptedModelServer
 from .test_batch import MATH, math_rows, write_jsonl
-from .test_gateway import model_key, nothing_left  # noqa: F401 - fixtures
+from .test_gateway import model_key  # noqa: F401 - a fixture
 
 docker = pytest.mark.docker
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from .conftest import (
     cli,
     events_of,
     our_containers,
+    our_networks,
     wait_for,
 )
 from .model_server import ScriptedModelServer, SinkServer, docker_bridge_address, host_address
@@ -62,24 +63,6 @@ def outcomes(result: Any) -> list[dict[str, Any]]:
     assert result.status == "succeeded", (result.status, result.error)
     return json.loads(result.answer)
 
-
-def our_networks(docker_client, store_label: str) -> list[dict]:
-    return docker_client.api.networks(filters={"label": [store_label]})
-
-
-@pytest.fixture
-def nothing_left(docker_client, store_label: str) -> Iterator[None]:
-    """Like `no_leftovers` (conftest), for the runs' networks too: fails the test if any
-    container or network of this test session is left when it ends, and removes them."""
-    yield
-    containers = our_containers(docker_client, store_label)
-    networks = our_networks(docker_client, store_label)
-    for container in containers:
-        docker_client.api.remove_container(container["Id"], force=True)
-    for network in networks:
-        docker_client.api.remove_network(network["Id"])
-    assert not containers, f"containers left behind: {[c['Names'] for c in containers]}"
-    assert not networks, f"networks left behind: {[n['Name'] for n in networks]}"
 
 
 def research_outputs() -> list[str]:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from .conftest import (
     TEST_PAYLOADS,
     cli,
     events_of,
-    our_containers,
     wait_for,
 )
 from .model_server import ScriptedModelServer
@@ -58,19 +56,6 @@ def model_key(monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("OPENAI_API_KEY", key)
     return key
 
-
-@pytest.fixture
-def nothing_left(docker_client, store_label: str) -> Iterator[None]:
-    """No container (sandbox, gateway, proxy) and no network of this session is left."""
-    yield
-    containers = our_containers(docker_client, store_label)
-    networks = docker_client.api.networks(filters={"label": [store_label]})
-    for c in containers:
-        docker_client.api.remove_container(c["Id"], force=True)
-    for n in networks:
-        docker_client.api.remove_network(n["Id"])
-    assert not containers, [c["Names"] for c in containers]
-    assert not networks, [n["Name"] for n in networks]
 
 
 def gateway_events(result: Any, kind: str) -> list[dict[str, Any]]:

@@ -9,7 +9,6 @@ import json
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,7 +18,7 @@ import pytest
 from orchestrator import RunSpec, run
 from orchestrator.view.tree import AgentNode, build_tree
 
-from .conftest import PAYLOADS, cli, events_of, our_containers
+from .conftest import PAYLOADS, cli, events_of
 from .model_server import ScriptedModelServer
 
 pytestmark = pytest.mark.docker
@@ -28,19 +27,6 @@ TUTORIAL = PAYLOADS / "web_browser"
 #: A listed host that never resolves (RFC 6761 reserves .invalid): its failure is certain.
 UNRESOLVABLE = "no-such-host.invalid"
 
-
-@pytest.fixture
-def nothing_left(docker_client, store_label: str) -> Iterator[None]:
-    """No container (sandbox, gateway, proxy) and no network of this session is left."""
-    yield
-    containers = our_containers(docker_client, store_label)
-    networks = docker_client.api.networks(filters={"label": [store_label]})
-    for c in containers:
-        docker_client.api.remove_container(c["Id"], force=True)
-    for n in networks:
-        docker_client.api.remove_network(n["Id"])
-    assert not containers, [c["Names"] for c in containers]
-    assert not networks, [n["Name"] for n in networks]
 
 
 def tutorial_copy(folder: Path, extra_hosts: tuple[str, ...] = ()) -> Path:
