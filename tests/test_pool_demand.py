@@ -14,11 +14,9 @@ from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from orchestrator.spec import RunSpec
 
-from .conftest import TEST_PAYLOADS
+from .test_batch import MATH, math_rows, write_jsonl
 
 pytestmark = pytest.mark.docker
-
-MATH = TEST_PAYLOADS / "batch_math"
 
 
 def sandbox_creations(docker_client, store_label: str, since: float) -> list[dict[str, Any]]:
@@ -47,13 +45,7 @@ def sandbox_creations(docker_client, store_label: str, since: float) -> list[dic
 def test_a_batch_pool_makes_one_sandbox_per_attempt_and_none_past_the_last(
     tmp_path: Path, agent_image: str, docker_client, store_label: str, no_leftovers
 ) -> None:
-    rows = [
-        {"id": f"t{i}", "task": "mul", "additional_args": {"op": "mul", "a": i, "b": 3},
-         "expected": i * 3}
-        for i in range(6)
-    ]  # fmt: skip
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(6))
     spec = BatchSpec(
         tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2, warm=2
     )

@@ -34,6 +34,11 @@ def ended_attempts(entries: Iterable[dict[str, Any]], task_ids: set[str]) -> lis
     return [e for e in entries if e.get("event") == "end" and e.get("id") in task_ids]
 
 
+def tokens_spent(ended: Iterable[dict[str, Any]]) -> int:
+    """The tokens of ended attempts (`ended_attempts`), all sessions together."""
+    return sum(tokens_of(e.get("tokens")) for e in ended)
+
+
 def spend_summary(
     entries: Iterable[dict[str, Any]], task_ids: set[str], cap: int | None, stop_reason: str | None
 ) -> dict[str, Any]:
@@ -41,7 +46,7 @@ def spend_summary(
     figures come from (`gateway`, `sandbox` or `mixed`), whether the cap was reached, and how
     many running attempts it stopped (they run again on resume)."""
     ended = ended_attempts(entries, task_ids)
-    spent = sum(tokens_of(e.get("tokens")) for e in ended)
+    spent = tokens_spent(ended)
     sources = {str(e.get("tokens_source") or "sandbox") for e in ended}
     return {
         "max_total_tokens": cap,
@@ -57,7 +62,7 @@ def cap_reached_before(cap: int | None, output: str | Path, task_ids: set[str]) 
     if cap is None:
         return False
     entries = BatchDir(Path(output)).load_attempts()
-    return sum(tokens_of(e.get("tokens")) for e in ended_attempts(entries, task_ids)) >= cap
+    return tokens_spent(ended_attempts(entries, task_ids)) >= cap
 
 
 class Spend:
@@ -75,7 +80,7 @@ class Spend:
         self.cap = cap
         self.on_reached = on_reached
         self.message = message
-        self._done = sum(tokens_of(e.get("tokens")) for e in ended_attempts(earlier, task_ids))
+        self._done = tokens_spent(ended_attempts(earlier, task_ids))
         self._live: dict[str, int] = {}
         self._lock = threading.Lock()
         self._told = False
