@@ -7,11 +7,12 @@ claim that counts only when all of those agree (see `decide_status`).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from .backends.base import ExitInfo
 from .models import ModelSpec
-from .spec import PAYLOAD_ERROR, NetworkPolicy, RunStatus, host_error
+from .spec import PAYLOAD_ERROR, NetworkPolicy, RunStatus, cancelled_error, host_error
 
 
 def explain_network(
@@ -43,16 +44,18 @@ def decide_status(
     violations: list[str] | tuple[str, ...] = (),
     *,
     reason: str | None = None,
+    cancel: threading.Event | None = None,
 ) -> tuple[RunStatus, dict[str, Any] | None]:
     """Map what happened to one terminal status and an error (None on success).
 
     Decided from what the host can check: its own outcome (limit, cancel, network), the
     engine's exit record, and the event channel's integrity. The sandbox's `run_end` is a
-    claim: success counts only with a clean channel and a runtime process that exited 0."""
+    claim: success counts only with a clean channel and a runtime process that exited 0.
+    `cancel`: the run's cancel event (a `StopRequest` says why it stopped the run)."""
     if outcome == "timed_out":
         return "timed_out", host_error("timed_out", "time limit reached")
     if outcome == "cancelled":
-        return "cancelled", host_error("cancelled", "cancelled by the user")
+        return "cancelled", cancelled_error(cancel)
     if outcome == "record_unwritable":
         return "infra_error", host_error("record_unwritable", "the run record could not be written")
     if outcome == "budget_exceeded":

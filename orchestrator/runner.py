@@ -38,7 +38,7 @@ from .imagecache import ImageCache
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
-from .outcome import decide_status, explain_network
+from .outcome import cancelled_error, decide_status, explain_network
 from .payload import ShippedFile, check_task
 from .policy import (
     describe_allowlist,
@@ -402,8 +402,9 @@ def execute(
         if record.run_end is None and outcome != "cancelled":
             record.recover(sandbox.recover_stdout())
         result.status, result.error = decide_status(
-            outcome, exit_info, record.run_end, record.violations, reason=record.stop_reason
-        )
+            outcome, exit_info, record.run_end, record.violations, reason=record.stop_reason,
+            cancel=cancel,
+        )  # fmt: skip
         result.exit_code = exit_info.exit_code
         result.oom_killed = exit_info.oom_killed
     except (_Stopped, KeyboardInterrupt) as exc:
@@ -412,7 +413,7 @@ def execute(
         if sandbox is not None:
             sandbox.kill()
         result.status = "cancelled"
-        result.error = {"type": "cancelled", "message": "cancelled by the user"}
+        result.error = cancelled_error(cancel)
     except ManifestError as exc:  # the payload asks for what cannot be had (a requirement)
         result.status = "failed"
         message = f"{prepared.manifest.path}: {exc.cause} {exc.fix}"

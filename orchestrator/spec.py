@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,29 @@ EXIT_CODES: dict[RunStatus, int] = {
 def host_error(type_: HostErrorType, message: str) -> dict[str, Any]:
     """A run's error as the host decided it (`RunResult.error`)."""
     return {"type": type_, "message": message}
+
+
+class StopRequest(threading.Event):
+    """A cancel event that says why it was set: a caller that stops runs for a reason of its
+    own (a batch's spend cap) calls `stop(error)`, and every run it stops records that error
+    (status `cancelled`, error type such as `budget_exceeded`) instead of "cancelled by the
+    user". `set()` alone is a plain cancel. The first reason given stays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.error: dict[str, Any] | None = None
+
+    def stop(self, error: dict[str, Any]) -> None:
+        if self.error is None:
+            self.error = dict(error)  # before `set`: whoever sees the event set sees why
+        self.set()
+
+
+def cancelled_error(cancel: threading.Event | None) -> dict[str, Any]:
+    """The error of a run its `cancel` event stopped: the reason a `StopRequest` was given,
+    else the user's cancel."""
+    error = cancel.error if isinstance(cancel, StopRequest) else None
+    return dict(error) if error else host_error("cancelled", "cancelled by the user")
 
 
 @dataclass

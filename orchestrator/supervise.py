@@ -9,6 +9,7 @@ import time
 
 from .backends.base import Sandbox
 from .record import RunRecorder
+from .spec import StopRequest
 
 #: How often the host checks that a running sandbox still has its egress proxy.
 HEALTH_INTERVAL = 1.0
@@ -55,7 +56,8 @@ def supervise(
             record_egress_blocked(sandbox, record, live=True)  # shown while the run goes on
         spent = record_gateway(sandbox, record)
         if cancel.is_set() or stop:
-            outcome, lost = "cancelled", stop or lost
+            why = cancel.error if isinstance(cancel, StopRequest) else None  # a batch's cap
+            outcome, lost = "cancelled", stop or (why or {}).get("message") or lost
         elif spent:
             outcome = "budget_exceeded"
             lost = spent

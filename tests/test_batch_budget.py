@@ -52,7 +52,9 @@ def test_the_progress_line_shows_the_spend_against_the_cap() -> None:
     )  # fmt: skip
     assert "1234/5000 tokens" in progress_line(progress)
     uncapped = BatchProgress(**{**progress.__dict__, "max_total_tokens": None})
-    assert "tokens" not in progress_line(uncapped)
+    assert "tokens" not in progress_line(uncapped) and "$" not in progress_line(uncapped)
+    costed = BatchProgress(**{**progress.__dict__, "spent_cost": 0.0123, "max_cost": 5.0})
+    assert "$0.0123/$5.00" in progress_line(costed)
 
 
 @docker
@@ -85,12 +87,16 @@ def test_a_batch_stops_at_its_token_cap_and_a_higher_cap_resumes_it(
         assert len(started) == 1  # no task started after the cap was reached
         assert spent == sum(server.usage.values()) > 1  # what the gateway measured
         assert summary["spend"]["source"] == "gateway" and summary["spend"]["cap_reached"]
+        assert summary["spend"]["stopped_by"] == "max_total_tokens"
         (first,) = [a for a in attempts(out) if a["event"] == "end"]
         # The crossing call's run is stopped, unless it ended before the host saw the call.
         assert first["status"] in ("budget_exceeded", "succeeded"), first
         if first["status"] == "budget_exceeded":
             assert first["error"]["type"] == "budget_exceeded"
             assert "--max-total-tokens 1 was reached" in first["error"]["message"]
+            # The run's own record says the batch's cap stopped it, not "cancelled by the user".
+            record = json.loads((Path(first["record_dir"]) / "result.json").read_text())
+            assert record["status"] == "cancelled" and record["error"] == first["error"], record
             assert summary["spend"]["attempts_stopped"] == 1 and summary["pending"] == 3
         else:
             assert summary["pending"] == 2
@@ -113,7 +119,9 @@ def test_a_batch_stops_at_its_token_cap_and_a_higher_cap_resumes_it(
     assert summary["state"] == "complete" and summary["counts"]["succeeded"] == 3, summary
     assert summary["spend"] == {
         "max_total_tokens": 10**9, "tokens": served, "source": "gateway",
-        "cap_reached": False, "attempts_stopped": summary["spend"]["attempts_stopped"],
+        "max_cost_usd": None, "cost_usd": None, "price": None, "unmeasured_calls": 0,
+        "cap_reached": False, "stopped_by": None,
+        "attempts_stopped": summary["spend"]["attempts_stopped"],
     }  # fmt: skip
     rows = [json.loads(line) for line in (out / "results.jsonl").open()]
     assert sorted(row["id"] for row in rows) == sorted(r["id"] for r in math_rows(3))

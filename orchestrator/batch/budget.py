@@ -1,23 +1,33 @@
-"""A batch's spend cap (`--max-total-tokens`): the tokens every attempt of the batch spent, in
-all its sessions, and whether the cap is reached.
+"""A batch's spend caps: `--max-total-tokens N` and `--max-cost USD`, over every attempt of the
+batch in all its sessions, and whether one is reached.
 
 Tokens are counted as the model gateway measured them on the host (`gateway`); a run without a
-gateway counts what its sandbox reported (`sandbox`), and the summary says which. While a run
-goes on, each of its gateway `model_call` events adds its tokens at once, so the batch stops
-at the call that reaches the cap, not after the run; when the run ends, its final figures
-replace the live ones. The calls already in flight when the cap is reached are measured and
-counted too: the spend may pass the cap by those. Default: no cap.
+gateway counts what its sandbox reported (`sandbox`) against the token cap, and the summary
+says which. The cost cap counts measured tokens only (`prices.plan_pricing` refuses runs
+without a gateway before anything starts; `mock` costs 0): each gateway `model_call` costs its
+input and output tokens at the model's price (`prices.Pricing`), and a call the gateway could
+not measure (the server's answer said no usage) stops the batch, since its spend is then
+unknown (fail closed). While a run goes on, each call counts at once, so the batch stops at
+the call that reaches a cap, not after the run; the calls already in flight then are measured
+and counted too: the spend may pass the cap by those. Default: no cap.
+
+A run the cap stops ends `cancelled` with the error `budget_exceeded` naming the cap in its
+own record (`spec.StopRequest`), and `budget_exceeded` in `attempts.jsonl`; it runs again
+on resume.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..spec import RunResult
+from ..spec import RunResult, StopRequest
 from .output import BatchDir
+from .plan import BatchPlan, BatchSpec
+from .prices import Pricing, parse_max_cost
 
 #: The stop reason, and the status of an attempt the cap stopped (it runs again on resume).
 BUDGET_EXCEEDED = "budget_exceeded"
@@ -39,51 +49,112 @@ def tokens_spent(ended: Iterable[dict[str, Any]]) -> int:
     return sum(tokens_of(e.get("tokens")) for e in ended)
 
 
+def cost_spent(ended: Iterable[dict[str, Any]], pricing: Pricing) -> Decimal:
+    """The cost of ended attempts: each one's `cost_usd` (summed call by call while it ran),
+    else (a session without --max-cost) its tokens at today's price."""
+    total = Decimal(0)
+    for entry in ended:
+        if entry.get("cost_usd") is not None:
+            total += Decimal(str(entry["cost_usd"]))
+        else:
+            usage = entry.get("tokens") or {}
+            inp, out = int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)
+            total += pricing.cost(inp, out) if inp or out else Decimal(0)
+    return total
+
+
+def usd(amount: Decimal | float) -> str:
+    """`$5.00`, `$0.000123`: cents at least, six decimals at most."""
+    text = f"{Decimal(str(amount)):.6f}".rstrip("0")
+    whole, _, cents = text.partition(".")
+    return f"${whole}.{cents.ljust(2, '0')}"
+
+
 def spend_summary(
-    entries: Iterable[dict[str, Any]], task_ids: set[str], cap: int | None, stop_reason: str | None
+    entries: Iterable[dict[str, Any]], plan: BatchPlan, spec: BatchSpec, stop_reason: str | None
 ) -> dict[str, Any]:
-    """`summary.json`'s `spend`: the cap (None: none), the tokens all attempts spent, where the
-    figures come from (`gateway`, `sandbox` or `mixed`), whether the cap was reached, and how
-    many running attempts it stopped (they run again on resume)."""
-    ended = ended_attempts(entries, task_ids)
+    """`summary.json`'s `spend`: the caps (None: none), the tokens all attempts spent, where
+    the figures come from (`gateway`, `sandbox` or `mixed`), their cost and the price it was
+    counted at (None without --max-cost), calls whose tokens could not be measured, whether
+    a cap was reached and which stopped the batch (`max_total_tokens`, `max_cost`, or
+    `unmeasured`: a call's spend was unknown), and how many running attempts it stopped (they
+    run again on resume)."""
+    ended = ended_attempts(entries, {t.id for t in plan.file.tasks})
     spent = tokens_spent(ended)
     sources = {str(e.get("tokens_source") or "sandbox") for e in ended}
+    max_cost = parse_max_cost(spec.max_cost) if spec.max_cost is not None else None
+    cost = cost_spent(ended, plan.pricing) if plan.pricing is not None else None
+    unmeasured = sum(int(e.get("unmeasured_calls") or 0) for e in ended)
+    reached = [
+        name
+        for name, cap, value in (("max_total_tokens", spec.max_total_tokens, spent),
+                                 ("max_cost", max_cost, cost))  # fmt: skip
+        if cap is not None and value is not None and value >= cap
+    ]
+    stopped_by = None
+    if stop_reason == BUDGET_EXCEEDED:
+        stopped_by = reached[0] if reached else "unmeasured" if unmeasured else None
     return {
-        "max_total_tokens": cap,
+        "max_total_tokens": spec.max_total_tokens,
         "tokens": spent,
         "source": sources.pop() if len(sources) == 1 else ("mixed" if sources else "sandbox"),
-        "cap_reached": stop_reason == BUDGET_EXCEEDED or (cap is not None and spent >= cap),
+        "max_cost_usd": float(max_cost) if max_cost is not None else None,
+        "cost_usd": float(cost) if cost is not None else None,
+        "price": plan.pricing.to_dict() if plan.pricing is not None else None,
+        "unmeasured_calls": unmeasured,
+        "cap_reached": bool(reached) or stopped_by not in (None, "unmeasured"),
+        "stopped_by": stopped_by,
         "attempts_stopped": sum(e.get("status") == BUDGET_EXCEEDED for e in ended),
     }
 
 
-def cap_reached_before(cap: int | None, output: str | Path, task_ids: set[str]) -> bool:
-    """True when earlier sessions already spent the cap: this one starts nothing."""
-    if cap is None:
+def cap_reached_before(spec: BatchSpec, plan: BatchPlan) -> bool:
+    """True when earlier sessions already spent a cap: this one starts nothing."""
+    if spec.max_total_tokens is None and spec.max_cost is None:
         return False
-    entries = BatchDir(Path(output)).load_attempts()
-    return tokens_spent(ended_attempts(entries, task_ids)) >= cap
+    assert spec.output is not None
+    ended = ended_attempts(BatchDir(Path(spec.output)).load_attempts(), set(plan.prepared))
+    if spec.max_total_tokens is not None and tokens_spent(ended) >= spec.max_total_tokens:
+        return True
+    return (
+        spec.max_cost is not None
+        and plan.pricing is not None
+        and cost_spent(ended, plan.pricing) >= parse_max_cost(spec.max_cost)
+    )
 
 
 class Spend:
-    """The batch's spend as it grows (thread-safe); says so and calls `on_reached(
-    BUDGET_EXCEEDED)` once, from the thread whose tokens reached the cap."""
+    """The batch's spend as it grows (thread-safe). The first time a cap is reached it says
+    so, stops the batch's runs with the cap's error (`stop.stop(error)`: each stopped run
+    records it) and calls `on_reached(BUDGET_EXCEEDED)`, from the thread whose call reached
+    it."""
 
     def __init__(
         self,
-        cap: int | None,
+        spec: BatchSpec,
+        plan: BatchPlan,
         earlier: Iterable[dict[str, Any]],
-        task_ids: set[str],
+        *,
+        stop: StopRequest,
         on_reached: Callable[[str], None],
         message: Callable[[str], None],
     ) -> None:
-        self.cap = cap
+        self.cap = spec.max_total_tokens
+        self.max_cost = parse_max_cost(spec.max_cost) if spec.max_cost is not None else None
+        self.pricing = plan.pricing
+        self.stop = stop
         self.on_reached = on_reached
         self.message = message
-        self._done = tokens_spent(ended_attempts(earlier, task_ids))
+        before = ended_attempts(earlier, set(plan.prepared))
+        self._done = tokens_spent(before)
+        self._done_cost = cost_spent(before, self.pricing) if self.pricing else Decimal(0)
         self._live: dict[str, int] = {}
+        self._live_cost: dict[str, Decimal] = {}
+        self._unmeasured: dict[str, int] = {}
+        self._unmeasured_done = 0
         self._lock = threading.Lock()
-        self._told = False
+        #: The error the cap stopped the batch's runs with (None: not reached).
+        self.error: dict[str, Any] | None = None
 
     @property
     def spent(self) -> int:
@@ -91,8 +162,37 @@ class Spend:
             return self._done + sum(self._live.values())
 
     @property
+    def cost(self) -> Decimal:
+        with self._lock:
+            return self._done_cost + sum(self._live_cost.values(), Decimal(0))
+
+    def over(self) -> str | None:
+        """Which cap is reached, as the stop message says it (None: none)."""
+        if self.cap is not None and (spent := self.spent) >= self.cap:
+            return (
+                f"the batch's cap --max-total-tokens {self.cap} was reached ({spent} tokens "
+                "spent)"
+            )
+        if self.max_cost is None or self.pricing is None:
+            return None
+        if (cost := self.cost) >= self.max_cost:
+            return (
+                f"the batch's cap --max-cost {usd(self.max_cost)} was reached ({usd(cost)} "
+                f"spent; {self.pricing.describe()})"
+            )
+        with self._lock:
+            unmeasured = self._unmeasured_done + sum(self._unmeasured.values())
+        if unmeasured:
+            return (
+                "a model call's tokens could not be measured (the model server's answer "
+                "reported no usage), so the batch's spend is unknown and --max-cost stops it "
+                "(fail closed)"
+            )
+        return None
+
+    @property
     def reached(self) -> bool:
-        return self.cap is not None and self.spent >= self.cap
+        return self.over() is not None
 
     def watch(self, run_id: str) -> Callable[[dict[str, Any]], None]:
         """The run's `on_event`: adds each gateway-measured model call as it is recorded."""
@@ -100,42 +200,57 @@ class Spend:
         def on_event(event: dict[str, Any]) -> None:
             if event.get("type") != "model_call" or event.get("source") != "gateway":
                 return
+            inp, out = int(event.get("input_tokens") or 0), int(event.get("output_tokens") or 0)
+            cost = self.pricing.cost(inp, out) if self.pricing and (inp or out) else Decimal(0)
             with self._lock:
-                self._live[run_id] = self._live.get(run_id, 0) + tokens_of(event)
+                self._live[run_id] = self._live.get(run_id, 0) + inp + out
+                self._live_cost[run_id] = self._live_cost.get(run_id, Decimal(0)) + cost
+                if event.get("usage_unknown"):
+                    self._unmeasured[run_id] = self._unmeasured.get(run_id, 0) + 1
             self.check()
 
         return on_event
 
-    def ended(self, run_id: str, result: RunResult) -> None:
+    def ended(self, run_id: str, result: RunResult) -> dict[str, Any]:
         """The run's final figures (measured, or as reported without a gateway) replace its
-        live ones."""
+        live tokens; returns what its `attempts.jsonl` end line adds: its cost and
+        unmeasured calls (with --max-cost), and, for a run the cap stopped, the status
+        `budget_exceeded` (it runs again on resume)."""
         with self._lock:
             self._live.pop(run_id, None)
             self._done += tokens_of(result.token_usage)
+            cost = self._live_cost.pop(run_id, Decimal(0))
+            self._done_cost += cost
+            unmeasured = self._unmeasured.pop(run_id, 0)
+            self._unmeasured_done += unmeasured
         self.check()
+        line: dict[str, Any] = {}
+        if self.pricing is not None:
+            line.update(cost_usd=str(cost), unmeasured_calls=unmeasured)
+        if result.status == "cancelled" and (result.error or {}).get("type") == BUDGET_EXCEEDED:
+            line.update(status=BUDGET_EXCEEDED, error=result.error)
+        return line
 
     def check(self) -> bool:
-        """True when the cap is reached (the first time: stop the batch)."""
-        if not self.reached:
+        """True when a cap is reached (the first time: stop the batch)."""
+        why = self.over()
+        if why is None:
             return False
+        error = {"type": BUDGET_EXCEEDED,
+                 "message": f"{why}; the run was stopped and runs again on resume"}  # fmt: skip
         with self._lock:
-            told, self._told = self._told, True
-        if not told:
-            self.message(f"stopping: {self.describe()}; cancelling the running tasks")
+            first, self.error = self.error is None, self.error or error
+        if first:
+            self.stop.stop(error)  # the runs it stops record this error
+            self.message(f"stopping: {why}; cancelling the running tasks")
             self.on_reached(BUDGET_EXCEEDED)
         return True
 
-    def stopped(self) -> dict[str, Any]:
-        """What an attempt the cap stopped records in `attempts.jsonl` instead of `cancelled`."""
+    def progress(self) -> dict[str, Any]:
+        """`BatchProgress`'s spend fields."""
         return {
-            "status": BUDGET_EXCEEDED,
-            "error": {
-                "type": BUDGET_EXCEEDED,
-                "message": f"the batch's cap --max-total-tokens {self.cap} was reached "
-                f"({self.spent} tokens spent); the run was stopped and runs again on resume",
-            },
+            "spent_tokens": self.spent,
+            "max_total_tokens": self.cap,
+            "spent_cost": float(self.cost) if self.pricing is not None else None,
+            "max_cost": float(self.max_cost) if self.max_cost is not None else None,
         }
-
-    def describe(self) -> str:
-        spent = self.spent
-        return f"the batch's cap --max-total-tokens {self.cap} is reached ({spent} tokens spent)"

@@ -179,7 +179,7 @@ def summarize(
         cancelled=cancelled,
         skipped_lines=[asdict(b) for b in plan.file.bad_lines],
         stop_reason=stop_reason,
-        spend=spend_summary(entries, tasks, spec.max_total_tokens, stop_reason),
+        spend=spend_summary(entries, plan, spec, stop_reason),
         session={
             "number": session,
             "started_at": started,

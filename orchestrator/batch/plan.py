@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import asdict, dataclass, field, replace
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from ..pool import MAX_SIZE
 from ..runner import PreparedRun, RunObservers, prepare
 from ..spec import PAYLOAD_ERROR, RunSpec
 from ..store import Store
+from .prices import Pricing, plan_pricing
 from .scoring import make_scorer
 from .tasks import (
     BadLine,
@@ -54,6 +56,12 @@ class BatchSpec:
     #: The batch's token cap (input + output, all attempts, all sessions; `batch/budget.py`):
     #: once reached, no task starts and running ones are stopped. None: no cap.
     max_total_tokens: int | None = None
+    #: The batch's cost cap in US dollars (a number or its text; `batch/budget.py`), counted
+    #: from gateway-measured tokens at the model's price (`batch/prices.py`). None: no cap.
+    max_cost: Decimal | float | str | None = None
+    #: Prices the user gives, per model as `--model` spells it: US dollars per million
+    #: (input, output) tokens, e.g. `{"openai:gpt-4o-mini": (0.15, 0.60)}`; used by `max_cost`.
+    prices: dict[str, Any] = field(default_factory=dict)
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:
@@ -76,6 +84,9 @@ class BatchProgress:
     #: Tokens spent by the batch so far (all sessions), and its cap (None: no cap).
     spent_tokens: int = 0
     max_total_tokens: int | None = None
+    #: Its cost so far in US dollars, and its cost cap (None: no --max-cost).
+    spent_cost: float | None = None
+    max_cost: float | None = None
 
     @property
     def rate_per_minute(self) -> float:
@@ -120,15 +131,16 @@ class BatchSummary:
     #: Attempts cancelled (an interrupted session, `runs stop`): run again on resume, not
     #: retries.
     cancelled: int = 0
-    #: The spend cap (`budget.spend_summary`): cap, tokens spent by all attempts, their source,
-    #: whether the cap was reached, attempts it stopped.
+    #: The spend caps (`budget.spend_summary`): caps, tokens spent by all attempts, their
+    #: source, their cost and price, whether a cap was reached, which stopped the batch,
+    #: attempts it stopped.
     spend: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
         """0 every task has an agent outcome; 5 infrastructure faults remain or the batch was
-        stopped (--fail-on-error, --max-total-tokens, a write error); 130 interrupted (resume
-        with the same command)."""
+        stopped (--fail-on-error, --max-total-tokens, --max-cost, a write error); 130
+        interrupted (resume with the same command)."""
         if self.state == "interrupted":
             return 130
         if self.state == "stopped" or self.counts.get("infra_error") or self.pending:
@@ -160,6 +172,8 @@ class BatchPlan:
     file: TaskFile
     prepared: dict[str, PreparedRun]
     fingerprint: dict[str, Any]
+    #: The price --max-cost counts with (None: no cost cap).
+    pricing: Pricing | None = None
 
 
 def plan_batch(spec: BatchSpec) -> BatchPlan:
@@ -235,7 +249,11 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         "scorer": spec.scorer,
         "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
     }
-    return BatchPlan(file=file, prepared=prepared, fingerprint=fingerprint)
+    pricing = plan_pricing(
+        spec.max_cost, spec.prices, {t: p.model for t, p in prepared.items()},
+        {t: None if p.gateway else (p.gateway_off or "no gateway") for t, p in prepared.items()},
+    )  # fmt: skip
+    return BatchPlan(file=file, prepared=prepared, fingerprint=fingerprint, pricing=pricing)
 
 
 def check_payload_loads(

@@ -42,9 +42,9 @@ import tenacity
 from ..backends.base import Backend
 from ..executor import Attempt, AttemptExecutor, LocalExecutor
 from ..runner import PreparedRun, RunObservers
-from ..spec import RunResult
+from ..spec import RunResult, StopRequest
 from ..store import Store
-from .budget import BUDGET_EXCEEDED, Spend, cap_reached_before
+from .budget import Spend, cap_reached_before
 from .ledger import open_meta, result_row, score_of, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
 from .plan import (
@@ -98,7 +98,7 @@ def run_batch(
     out = BatchDir(Path(spec.output))
     done = out.done_ids(rerun_failed=spec.rerun_failed)
     ids = {task.id for task in plan.file.tasks}
-    if ids - done and not cap_reached_before(spec.max_total_tokens, spec.output, ids):
+    if ids - done and not cap_reached_before(spec, plan):
         check_payload_loads(plan, executor, store, cancel)
     with out.locked():
         session = _BatchRun(
@@ -133,7 +133,7 @@ class _BatchRun:
         self.template = next(iter(plan.prepared.values()))
         self.store = store
         self.cancel = cancel or threading.Event()
-        self.stop = threading.Event()  # on cancel, --fail-on-error, a write error: runs killed
+        self.stop = StopRequest()  # on cancel, --fail-on-error, a spend cap, a write error
         self.stop_reason: str | None = None
         #: The first output file that could not be written: the batch stops at it.
         self.write_error: OutputWriteError | None = None
@@ -153,7 +153,7 @@ class _BatchRun:
         self.session = 1
         self.limit = 1
         self.started = time.time()
-        self.spend = Spend(spec.max_total_tokens, out.load_attempts(), set(self.tasks),
+        self.spend = Spend(spec, plan, out.load_attempts(), stop=self.stop,
                            on_reached=self.halt, message=self.message)  # fmt: skip
 
     # -- setup ------------------------------------------------------------------------------
@@ -407,9 +407,7 @@ class _BatchRun:
             "record_dir": result.record_dir, "ts": time.time(),
             "tokens_source": result.token_usage_source,
         }  # fmt: skip
-        if result.status == "cancelled" and self.stop_reason == BUDGET_EXCEEDED:
-            entry.update(self.spend.stopped())  # run again on resume, as a cancelled one
-        self.spend.ended(run_id, result)
+        entry.update(self.spend.ended(run_id, result))  # its cost; stopped by a cap?
         try:
             self.out.append_attempt(entry)
         except OutputWriteError as exc:  # its result could not be kept either: run it again
@@ -485,8 +483,7 @@ class _BatchRun:
                 retries=self.retries,
                 elapsed=time.time() - self.started,
                 stopping=self.stop_reason,
-                spent_tokens=self.spend.spent,
-                max_total_tokens=self.spec.max_total_tokens,
+                **self.spend.progress(),
             )
 
     def summarize(self) -> BatchSummary:

@@ -11,8 +11,10 @@ import threading
 import time
 from typing import Any
 
+from ..batch.budget import usd
 from ..batch.output import OutputWriteError
 from ..batch.plan import BatchProgress, BatchSpec, BatchSummary
+from ..batch.prices import PRICE_EXAMPLE, parse_price
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
 from ..defaults import fill
@@ -38,8 +40,8 @@ Resume: run the same command again with the same --output directory. Finished ta
 kept; unfinished and infrastructure-failed ones run again (--rerun-failed: failed ones too).
 
 Exit codes: 0 every task has an agent outcome (succeeded or not), 2 bad input (nothing
-started), 5 tasks left with infrastructure errors, stopped by --fail-on-error or
---max-total-tokens (resume with a higher cap), or an output file could not be written
+started), 5 tasks left with infrastructure errors, stopped by --fail-on-error,
+--max-total-tokens or --max-cost (resume with a higher cap), or an output file could not be written
 (disk full: free space, then resume with the same command), 130 interrupted (resume with
 the same command).
 """
@@ -114,6 +116,19 @@ def add_batch_parser(sub: Any) -> None:
         "N to resume (default: no cap)",
     )  # fmt: skip
     p.add_argument(
+        "--max-cost", metavar="USD",
+        help="the batch's cost cap in US dollars: as --max-total-tokens, counting each model "
+        "call's gateway-measured tokens at the model's price (--price, else the prices bundled "
+        "with genai-prices, offline); a model with no known price, or runs without the model "
+        "gateway, are refused before anything starts; mock costs 0 (default: no cap)",
+    )  # fmt: skip
+    p.add_argument(
+        "--price", action="append", default=[], metavar="MODEL=IN/OUT",
+        help="the price --max-cost counts MODEL (as --model spells it) at: US dollars per "
+        f"million input and output tokens, e.g. {PRICE_EXAMPLE}; repeatable; wins over the "
+        "bundled prices",
+    )  # fmt: skip
+    p.add_argument(
         "--on-bad-line", choices=["fail", "skip"], default="fail",
         help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
     )  # fmt: skip
@@ -137,6 +152,8 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         on_bad_line=args.on_bad_line,
         warm=args.warm,
         max_total_tokens=args.max_total_tokens,
+        max_cost=args.max_cost,
+        prices=dict(parse_price(text) for text in args.price),
     )
 
 
@@ -163,13 +180,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
         cause = reason.split(":", 1)[1].strip()
         say(f"{cause}. {write_advice(command)}", kind="stopped")
     elif reason == "budget_exceeded":
-        say(
-            f"stopped: the batch's cap --max-total-tokens {summary.spend['max_total_tokens']} "
-            f"was reached ({summary.spend['tokens']} tokens spent); finished tasks are in "
-            f"{summary.output_dir}/results.jsonl"
-        )
-        print(f"  resume with the same command and a higher --max-total-tokens: {command}",
-              file=sys.stderr)  # fmt: skip
+        what, then = spend_stop(summary.spend)
+        say(f"stopped: {what}; finished tasks are in {summary.output_dir}/results.jsonl")
+        print(f"  resume with the same command {then}: {command}", file=sys.stderr)
     elif summary.state != "complete" or summary.counts.get("infra_error"):
         what = {
             "interrupted": "interrupted: every sandbox was removed; finished tasks are in",
@@ -178,6 +191,27 @@ def cmd_batch(args: argparse.Namespace) -> int:
         say(f"{what} {summary.output_dir}/results.jsonl")
         print(f"  resume with: {command}", file=sys.stderr)
     return summary.exit_code
+
+
+def spend_stop(spend: dict[str, Any]) -> tuple[str, str]:
+    """What stopped the batch (which cap, how much was spent), and what a resume needs."""
+    if spend.get("stopped_by") == "max_cost":
+        return (
+            f"the batch's cap --max-cost {usd(spend['max_cost_usd'])} was reached "
+            f"({usd(spend['cost_usd'])} spent, {spend['tokens']} tokens)",
+            "and a higher --max-cost",
+        )
+    if spend.get("stopped_by") == "unmeasured":
+        return (
+            f"{spend['unmeasured_calls']} model call(s) could not be measured (the server "
+            "reported no usage), so --max-cost cannot count the spend (fail closed)",
+            "once the model server reports usage (or with --max-total-tokens instead)",
+        )
+    return (
+        f"the batch's cap --max-total-tokens {spend['max_total_tokens']} was reached "
+        f"({spend['tokens']} tokens spent)",
+        "and a higher --max-total-tokens",
+    )
 
 
 def write_advice(command: str) -> str:
@@ -216,6 +250,8 @@ def progress_line(p: BatchProgress) -> str:
     parts.append(f"ETA {_duration(p.eta_seconds)}")
     if p.max_total_tokens is not None:
         parts.append(f"{p.spent_tokens}/{p.max_total_tokens} tokens")
+    if p.max_cost is not None and p.spent_cost is not None:
+        parts.append(f"{usd(p.spent_cost)}/{usd(p.max_cost)}")
     if p.stopping:
         parts.append(f"stopping ({p.stopping})")
     return " · ".join(parts)
@@ -338,12 +374,22 @@ class BatchDisplay:
             ),
         )
         spend = s.spend
+        caps = []
         if spend.get("max_total_tokens") is not None:
+            caps.append(f"{spend['tokens']} of --max-total-tokens {spend['max_total_tokens']} "
+                        f"({spend['source']})")  # fmt: skip
+        if spend.get("max_cost_usd") is not None and spend.get("price"):
+            price = spend["price"]
+            caps.append(
+                f"{usd(spend['cost_usd'])} of --max-cost {usd(spend['max_cost_usd'])} "
+                f"({price['model']} at ${price['input_per_mtok']:g}/${price['output_per_mtok']:g} "
+                f"per M tokens, {price['source']})"
+            )
+        if caps:
             table.add_row(
                 "spend",
-                f"{spend['tokens']} of --max-total-tokens {spend['max_total_tokens']} "
-                f"({spend['source']})"
-                + (" · cap reached" if spend.get("cap_reached") else "")
+                " · ".join(caps)
+                + (f" · stopped by {spend['stopped_by']}" if spend.get("stopped_by") else "")
                 + (f" · {spend['attempts_stopped']} run(s) stopped by it: run again on resume"
                    if spend.get("attempts_stopped") else ""),
             )  # fmt: skip
