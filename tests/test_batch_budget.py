@@ -119,7 +119,7 @@ def test_a_batch_stops_at_its_token_cap_and_a_higher_cap_resumes_it(
     assert summary["state"] == "complete" and summary["counts"]["succeeded"] == 3, summary
     assert summary["spend"] == {
         "max_total_tokens": 10**9, "tokens": served, "source": "gateway",
-        "max_cost_usd": None, "cost_usd": None, "price": None, "unmeasured_calls": 0,
+        "max_cost_usd": None, "cost_usd": None, "price": None, "uncounted_calls": 0,
         "cap_reached": False, "stopped_by": None,
         "attempts_stopped": summary["spend"]["attempts_stopped"],
     }  # fmt: skip

@@ -24,6 +24,7 @@ from orchestrator.models import parse_model
 from orchestrator.outcome import decide_status
 from orchestrator.runner import run
 from orchestrator.spec import RunResult, RunSpec, StopRequest
+from orchestrator_runtime.gateway.usage import requested_model
 
 from .conftest import cli
 from .model_server import ScriptedModelServer
@@ -158,13 +159,13 @@ def test_the_mock_model_costs_nothing(tmp_path: Path) -> None:
 
 
 def spend_of(tmp_path: Path, **caps: Any) -> tuple[Spend, StopRequest, list[str]]:
-    """A batch's Spend over a plan priced by the user at $1/$2 per million tokens (its run
-    id's calls fed by hand, as the gateway's events come)."""
+    """A batch's Spend over a plan of OpenAI's gpt-4o-mini, priced by the user at $1/$2 per
+    million tokens (calls fed by hand, as the gateway's events come)."""
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(2))
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), **caps)
+    run_spec = RunSpec(payload=MATH, model="openai:gpt-4o-mini")
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=run_spec,
+                     prices={"openai:gpt-4o-mini": ("1", "2")}, **caps)  # fmt: skip
     plan = plan_batch(spec)
-    # The plan's mock costs 0; count with a price of the user's, as for a hosted model.
-    plan.pricing = pricing_for(parse_model("openai:x"), {"openai:x": (Decimal(1), Decimal(2))})
     stop, reasons = StopRequest(), []
     spend = Spend(spec, plan, [], stop=stop, on_reached=reasons.append, message=lambda _m: None)
     return spend, stop, reasons
@@ -175,6 +176,7 @@ def call(spend: Spend, run_id: str, inp: int, out: int, **extra: Any) -> None:
                          "output_tokens": out, **extra})  # fmt: skip
 
 
+@pytest.mark.usefixtures("model_key")
 def test_each_measured_call_costs_its_tokens_and_the_call_that_reaches_the_cap_stops_all(
     tmp_path: Path,
 ) -> None:
@@ -191,10 +193,11 @@ def test_each_measured_call_costs_its_tokens_and_the_call_that_reaches_the_cap_s
     stopped = RunResult(run_id="r-2", status="cancelled", error=dict(stop.error))
     line = spend.ended("r-2", stopped)
     assert line["status"] == BUDGET_EXCEEDED and line["error"] == stop.error
-    assert Decimal(line["cost_usd"]) == Decimal("0.004") and line["unmeasured_calls"] == 0
+    assert Decimal(line["cost_usd"]) == Decimal("0.004") and line["uncounted_calls"] == 0
     assert reasons == [BUDGET_EXCEEDED]  # said once
 
 
+@pytest.mark.usefixtures("model_key")
 def test_a_call_the_gateway_could_not_measure_stops_a_cost_capped_batch(tmp_path: Path) -> None:
     """Fail closed: its spend is unknown, so the cap can no longer be kept."""
     spend, stop, _ = spend_of(tmp_path, max_cost="100")
@@ -202,9 +205,37 @@ def test_a_call_the_gateway_could_not_measure_stops_a_cost_capped_batch(tmp_path
     assert stop.is_set() and stop.error is not None
     assert "could not be measured" in stop.error["message"]
     assert spend.ended("r-1", RunResult(run_id="r-1", status="succeeded"))[
-        "unmeasured_calls"] == 1  # fmt: skip
+        "uncounted_calls"] == 1  # fmt: skip
 
 
+@pytest.mark.usefixtures("model_key")
+def test_a_call_is_priced_by_the_model_its_request_names(tmp_path: Path) -> None:
+    """The provider bills the model the request names, whatever the run was given: another
+    known model costs its own (bundled) price; one with no known price stops the batch."""
+    spend, stop, _ = spend_of(tmp_path, max_cost="100")
+    call(spend, "r-1", 1_000_000, 0, model="gpt-4o-mini")  # the batch's: the user's $1
+    assert spend.cost == Decimal(1)
+    bundled = pricing_for(parse_model("openai:gpt-4o"), {})
+    call(spend, "r-1", 1_000_000, 0, model="gpt-4o")  # another: its list price, not $1
+    assert spend.cost == 1 + bundled.input_per_mtok and bundled.input_per_mtok > 1
+    assert not stop.is_set()
+    call(spend, "r-1", 10, 10, model="made-up-model-9000")
+    assert stop.is_set() and stop.error is not None
+    message = stop.error["message"]
+    assert "named the model 'made-up-model-9000', whose price is not known" in message
+    assert "--price openai:made-up-model-9000=IN/OUT" in message and "fail closed" in message
+    assert spend.ended("r-1", RunResult(run_id="r-1", status="cancelled", error=stop.error))[
+        "uncounted_calls"] == 1  # fmt: skip
+
+
+def test_the_gateway_reads_the_model_a_request_names() -> None:
+    assert requested_model(b'{"model": "gpt-4o-mini", "messages": []}') == "gpt-4o-mini"
+    assert requested_model(json.dumps({"model": "m" * 500}).encode()) == "m" * 200
+    for body in (b"", b"not json", b'["model"]', b'{"model": 7}', b'{"messages": []}'):
+        assert requested_model(body) is None
+
+
+@pytest.mark.usefixtures("model_key")
 def test_either_cap_stops_the_batch_whichever_comes_first(tmp_path: Path) -> None:
     spend, stop, _ = spend_of(tmp_path, max_cost="100", max_total_tokens=50)
     call(spend, "r-1", 40, 10)
@@ -279,6 +310,10 @@ def test_a_batch_stops_at_its_cost_cap_and_a_higher_cap_resumes_it(
         assert len([a for a in attempts(out) if a["event"] == "start"]) == 1
         (first,) = [a for a in attempts(out) if a["event"] == "end"]
         assert Decimal(first["cost_usd"]) * 1000 == sum(server.usage.values())
+        # Each call was priced by the model its request named, as the gateway read it.
+        events = (Path(first["record_dir"]) / "events.jsonl").read_text().splitlines()
+        calls = [e for e in map(json.loads, events) if e["type"] == "model_call"]
+        assert calls and {c.get("model") for c in calls} == {"scripted"}, calls
         if first["status"] == "budget_exceeded":  # unless it ended before the host saw the call
             record = json.loads((Path(first["record_dir"]) / "result.json").read_text())
             assert record["status"] == "cancelled", record

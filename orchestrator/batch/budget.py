@@ -5,9 +5,10 @@ Tokens are counted as the model gateway measured them on the host (`gateway`); a
 gateway counts what its sandbox reported (`sandbox`) against the token cap, and the summary
 says which. The cost cap counts measured tokens only (`prices.plan_pricing` refuses runs
 without a gateway before anything starts; `mock` costs 0): each gateway `model_call` costs its
-input and output tokens at the model's price (`prices.Pricing`), and a call the gateway could
-not measure (the server's answer said no usage) stops the batch, since its spend is then
-unknown (fail closed). While a run goes on, each call counts at once, so the batch stops at
+input and output tokens at the price of the model its request names (`prices.CallPrices`),
+and a call whose cost cannot be counted (the gateway could not measure it: the server's answer
+said no usage; or it named a model with no known price) stops the batch, since its spend is
+then unknown (fail closed). While a run goes on, each call counts at once, so the batch stops at
 the call that reaches a cap, not after the run; the calls already in flight then are measured
 and counted too: the spend may pass the cap by those. Default: no cap.
 
@@ -27,7 +28,7 @@ from typing import Any
 from ..spec import RunResult, StopRequest
 from .output import BatchDir
 from .plan import BatchPlan, BatchSpec
-from .prices import Pricing, parse_max_cost
+from .prices import CallPrices, Pricing, check_prices, model_key, parse_max_cost
 
 #: The stop reason, and the status of an attempt the cap stopped (it runs again on resume).
 BUDGET_EXCEEDED = "budget_exceeded"
@@ -75,16 +76,16 @@ def spend_summary(
 ) -> dict[str, Any]:
     """`summary.json`'s `spend`: the caps (None: none), the tokens all attempts spent, where
     the figures come from (`gateway`, `sandbox` or `mixed`), their cost and the price it was
-    counted at (None without --max-cost), calls whose tokens could not be measured, whether
-    a cap was reached and which stopped the batch (`max_total_tokens`, `max_cost`, or
-    `unmeasured`: a call's spend was unknown), and how many running attempts it stopped (they
+    counted at (None without --max-cost), calls whose cost could not be counted, whether a
+    cap was reached and which stopped the batch (`max_total_tokens`, `max_cost`, or
+    `uncounted`: a call's cost was unknown), and how many running attempts it stopped (they
     run again on resume)."""
     ended = ended_attempts(entries, {t.id for t in plan.file.tasks})
     spent = tokens_spent(ended)
     sources = {str(e.get("tokens_source") or "sandbox") for e in ended}
     max_cost = parse_max_cost(spec.max_cost) if spec.max_cost is not None else None
     cost = cost_spent(ended, plan.pricing) if plan.pricing is not None else None
-    unmeasured = sum(int(e.get("unmeasured_calls") or 0) for e in ended)
+    uncounted = sum(int(e.get("uncounted_calls") or 0) for e in ended)
     reached = [
         name
         for name, cap, value in (("max_total_tokens", spec.max_total_tokens, spent),
@@ -93,7 +94,7 @@ def spend_summary(
     ]
     stopped_by = None
     if stop_reason == BUDGET_EXCEEDED:
-        stopped_by = reached[0] if reached else "unmeasured" if unmeasured else None
+        stopped_by = reached[0] if reached else "uncounted" if uncounted else None
     return {
         "max_total_tokens": spec.max_total_tokens,
         "tokens": spent,
@@ -101,8 +102,8 @@ def spend_summary(
         "max_cost_usd": float(max_cost) if max_cost is not None else None,
         "cost_usd": float(cost) if cost is not None else None,
         "price": plan.pricing.to_dict() if plan.pricing is not None else None,
-        "unmeasured_calls": unmeasured,
-        "cap_reached": bool(reached) or stopped_by not in (None, "unmeasured"),
+        "uncounted_calls": uncounted,
+        "cap_reached": bool(reached) or stopped_by not in (None, "uncounted"),
         "stopped_by": stopped_by,
         "attempts_stopped": sum(e.get("status") == BUDGET_EXCEEDED for e in ended),
     }
@@ -142,6 +143,10 @@ class Spend:
         self.cap = spec.max_total_tokens
         self.max_cost = parse_max_cost(spec.max_cost) if spec.max_cost is not None else None
         self.pricing = plan.pricing
+        model = next(iter(plan.prepared.values())).model
+        self.prices = (
+            CallPrices(plan.pricing, model, check_prices(spec.prices)) if plan.pricing else None
+        )
         self.stop = stop
         self.on_reached = on_reached
         self.message = message
@@ -150,8 +155,9 @@ class Spend:
         self._done_cost = cost_spent(before, self.pricing) if self.pricing else Decimal(0)
         self._live: dict[str, int] = {}
         self._live_cost: dict[str, Decimal] = {}
-        self._unmeasured: dict[str, int] = {}
-        self._unmeasured_done = 0
+        #: Calls whose cost could not be counted, per running run; why the first one could not.
+        self._uncounted: dict[str, int] = {}
+        self._uncounted_why: str | None = None
         self._lock = threading.Lock()
         #: The error the cap stopped the batch's runs with (None: not reached).
         self.error: dict[str, Any] | None = None
@@ -181,13 +187,9 @@ class Spend:
                 f"spent; {self.pricing.describe()})"
             )
         with self._lock:
-            unmeasured = self._unmeasured_done + sum(self._unmeasured.values())
-        if unmeasured:
-            return (
-                "a model call's tokens could not be measured (the model server's answer "
-                "reported no usage), so the batch's spend is unknown and --max-cost stops it "
-                "(fail closed)"
-            )
+            why = self._uncounted_why
+        if why:
+            return f"{why}, so the batch's spend is unknown and --max-cost stops it (fail closed)"
         return None
 
     @property
@@ -201,32 +203,53 @@ class Spend:
             if event.get("type") != "model_call" or event.get("source") != "gateway":
                 return
             inp, out = int(event.get("input_tokens") or 0), int(event.get("output_tokens") or 0)
-            cost = self.pricing.cost(inp, out) if self.pricing and (inp or out) else Decimal(0)
+            cost, why = self.cost_of(event.get("model"), inp, out)
+            if event.get("usage_unknown") and self.prices is not None:
+                why = "a model call's tokens could not be measured (the model server's answer "
+                why += "reported no usage)"
             with self._lock:
                 self._live[run_id] = self._live.get(run_id, 0) + inp + out
                 self._live_cost[run_id] = self._live_cost.get(run_id, Decimal(0)) + cost
-                if event.get("usage_unknown"):
-                    self._unmeasured[run_id] = self._unmeasured.get(run_id, 0) + 1
+                if why:
+                    self._uncounted[run_id] = self._uncounted.get(run_id, 0) + 1
+                    self._uncounted_why = self._uncounted_why or why
             self.check()
 
         return on_event
 
+    def cost_of(self, named: Any, inp: int, out: int) -> tuple[Decimal, str | None]:
+        """A call's cost at the price of the model it names, and why it cannot be counted
+        (None: it can; always 0 without --max-cost)."""
+        if self.prices is None:
+            return Decimal(0), None
+        pricing = self.prices(named if isinstance(named, str) else None)
+        if pricing is None:
+            key = model_key(self.prices.model)
+            return Decimal(0), (
+                f"a model call named the model {named!r}, whose price is not known (the "
+                f"batch's model is {key}; give --price {self.prices.model.provider}:{named}"
+                "=IN/OUT)"
+            )
+        try:
+            return (pricing.cost(inp, out) if inp or out else Decimal(0)), None
+        except Exception as exc:  # never break the run's recording; the batch stops instead
+            return Decimal(0), f"a model call could not be priced ({type(exc).__name__}: {exc})"
+
     def ended(self, run_id: str, result: RunResult) -> dict[str, Any]:
         """The run's final figures (measured, or as reported without a gateway) replace its
         live tokens; returns what its `attempts.jsonl` end line adds: its cost and
-        unmeasured calls (with --max-cost), and, for a run the cap stopped, the status
+        uncounted calls (with --max-cost), and, for a run the cap stopped, the status
         `budget_exceeded` (it runs again on resume)."""
         with self._lock:
             self._live.pop(run_id, None)
             self._done += tokens_of(result.token_usage)
             cost = self._live_cost.pop(run_id, Decimal(0))
             self._done_cost += cost
-            unmeasured = self._unmeasured.pop(run_id, 0)
-            self._unmeasured_done += unmeasured
+            uncounted = self._uncounted.pop(run_id, 0)
         self.check()
         line: dict[str, Any] = {}
         if self.pricing is not None:
-            line.update(cost_usd=str(cost), unmeasured_calls=unmeasured)
+            line.update(cost_usd=str(cost), uncounted_calls=uncounted)
         if result.status == "cancelled" and (result.error or {}).get("type") == BUDGET_EXCEEDED:
             line.update(status=BUDGET_EXCEEDED, error=result.error)
         return line

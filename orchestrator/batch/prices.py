@@ -18,15 +18,19 @@ model genai-prices does not know) has no price: `--max-cost` is refused before a
 starts (exit 2), saying how to give one. Nothing is ever counted as free by default.
 
 A call's cost is computed from the gateway-measured input and output tokens of that call, at
-the rates in force now (tiered rates by the call's size included). The gateway measures no
+the rates in force now (tiered rates by the call's size included), for the model its request
+names (`CallPrices`: a payload that calls another model than the run's is charged that
+model's price, and a call to a model with no known price stops the batch). The gateway measures no
 cached tokens, so every input token is charged at the full input rate: the count errs high.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -153,14 +157,21 @@ def bundled_pricing(model: ModelSpec) -> Pricing | None:
         from genai_prices import Usage, calc_price
     except ImportError:  # Python 3.10 (it needs 3.11+), or removed: --price still works
         return None
-    where: dict[str, str] = (
-        {"provider_api_url": model.api_base} if model.api_base else {"provider_id": "litellm"}
-    )
 
     def calc(input_tokens: int, output_tokens: int) -> Decimal:
+        """Found by the endpoint's URL (OpenAI, Groq, OpenRouter...), or by litellm's
+        `provider/model` name."""
         usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens)
         now = datetime.now(timezone.utc)
-        price = calc_price(usage, model.model_id, genai_request_timestamp=now, **where)  # type: ignore[call-overload]
+        if model.api_base:
+            price = calc_price(
+                usage, model.model_id, provider_api_url=model.api_base,
+                genai_request_timestamp=now,
+            )  # fmt: skip
+        else:
+            price = calc_price(
+                usage, model.model_id, provider_id="litellm", genai_request_timestamp=now
+            )
         return Decimal(price.total_price)
 
     try:
@@ -168,6 +179,33 @@ def bundled_pricing(model: ModelSpec) -> Pricing | None:
     except (LookupError, ValueError, TypeError):  # unknown provider or model, odd units
         return None
     return Pricing(model_key(model), f"genai-prices {genai_prices.__version__}", *rates, calc)
+
+
+class CallPrices:
+    """The price of each model call by the model its request names (the gateway reads it:
+    the provider bills that one, whatever the run was given): the batch's `base` price for
+    its own model (or a call that names none), else the named model at the same endpoint,
+    from `user` prices or the bundle, looked up once; None when it has no known price."""
+
+    def __init__(self, base: Pricing, model: ModelSpec, user: Mapping[str, Rates]) -> None:
+        self.base = base
+        self.model = model
+        self.user = dict(user)
+        self._found: dict[str, Pricing | None] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, named: str | None) -> Pricing | None:
+        own = self.model.model_id
+        # litellm's `provider/model` reaches the provider as `model`.
+        if named is None or named == own or own.endswith(f"/{named}"):
+            return self.base
+        with self._lock:
+            if named not in self._found:
+                try:
+                    self._found[named] = pricing_for(replace(self.model, model_id=named), self.user)
+                except ConfigError:
+                    self._found[named] = None
+            return self._found[named]
 
 
 def pricing_for(model: ModelSpec, user: Mapping[str, Rates]) -> Pricing:
@@ -181,9 +219,15 @@ def pricing_for(model: ModelSpec, user: Mapping[str, Rates]) -> Pricing:
     if found is not None:
         return found
     where = f" at {model.api_base}" if model.api_base else ""
+    bundle = (
+        "the prices bundled with genai-prices cover hosted providers' list prices, not this "
+        "model or endpoint"
+        if importlib.util.find_spec("genai_prices") is not None
+        else "genai-prices, whose bundled prices cover hosted models, is not installed (it "
+        "needs Python 3.11+)"
+    )
     raise ConfigError(
-        f"--max-cost needs the price of {key}{where}, and none is known: the prices bundled "
-        "with genai-prices cover hosted providers' list prices, not this model or endpoint.",
+        f"--max-cost needs the price of {key}{where}, and none is known: {bundle}.",
         f"Give it with --price {key}=IN/OUT (US dollars per million input/output tokens, "
         "e.g. 0.15/0.60; 0/0 for a server that bills nothing); nothing was started.",
     )

@@ -41,9 +41,9 @@ kept; unfinished and infrastructure-failed ones run again (--rerun-failed: faile
 
 Exit codes: 0 every task has an agent outcome (succeeded or not), 2 bad input (nothing
 started), 5 tasks left with infrastructure errors, stopped by --fail-on-error,
---max-total-tokens or --max-cost (resume with a higher cap), or an output file could not be written
-(disk full: free space, then resume with the same command), 130 interrupted (resume with
-the same command).
+--max-total-tokens or --max-cost (resume with a higher cap), or an output file could not
+be written (disk full: free space, then resume with the same command), 130 interrupted
+(resume with the same command).
 """
 
 
@@ -118,9 +118,10 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument(
         "--max-cost", metavar="USD",
         help="the batch's cost cap in US dollars: as --max-total-tokens, counting each model "
-        "call's gateway-measured tokens at the model's price (--price, else the prices bundled "
-        "with genai-prices, offline); a model with no known price, or runs without the model "
-        "gateway, are refused before anything starts; mock costs 0 (default: no cap)",
+        "call's gateway-measured tokens at the price of the model it names (--price, else the "
+        "prices bundled with genai-prices, offline); a model with no known price, or runs "
+        "without the model gateway, are refused before anything starts, and a call whose cost "
+        "cannot be counted stops the batch; mock costs 0 (default: no cap)",
     )  # fmt: skip
     p.add_argument(
         "--price", action="append", default=[], metavar="MODEL=IN/OUT",
@@ -201,11 +202,13 @@ def spend_stop(spend: dict[str, Any]) -> tuple[str, str]:
             f"({usd(spend['cost_usd'])} spent, {spend['tokens']} tokens)",
             "and a higher --max-cost",
         )
-    if spend.get("stopped_by") == "unmeasured":
+    if spend.get("stopped_by") == "uncounted":
         return (
-            f"{spend['unmeasured_calls']} model call(s) could not be measured (the server "
-            "reported no usage), so --max-cost cannot count the spend (fail closed)",
-            "once the model server reports usage (or with --max-total-tokens instead)",
+            f"the cost of {spend['uncounted_calls']} model call(s) could not be counted (no "
+            "usage measured, or a model with no known price), so --max-cost cannot keep the "
+            "cap (fail closed; the reason is in the stopped runs' attempts.jsonl lines)",
+            "once the model server reports usage and every model called has a --price (or "
+            "with --max-total-tokens instead)",
         )
     return (
         f"the batch's cap --max-total-tokens {spend['max_total_tokens']} was reached "

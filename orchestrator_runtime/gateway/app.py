@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .usage import UsageReader
+from .usage import UsageReader, requested_model
 
 Emit = Callable[[dict[str, Any]], None]
 Scope = dict[str, Any]
@@ -260,6 +260,8 @@ class Gateway:
         )
         event: dict[str, Any] = {"type": "model_call", "ts": started,
                                  "method": scope["method"], "path": path}  # fmt: skip
+        if (model := requested_model(body)) is not None:
+            event["model"] = model  # what the provider bills the call at
         try:
             response = await self.client.send(request, stream=True)
         except httpx.HTTPError as exc:

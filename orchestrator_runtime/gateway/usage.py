@@ -5,7 +5,8 @@ OpenAI-compatible servers (OpenAI, vLLM, llama.cpp, Ollama, Hugging Face's route
 streamed one (`stream_options.include_usage`). Anthropic-style responses say
 `input_tokens`/`output_tokens`, in a stream spread over `message_start` (input) and
 `message_delta` (output so far). Reading the last value seen of each field is right for all
-of them.
+of them. The model a call names is read from its request (`requested_model`): a batch's cost
+cap prices each call by it.
 
 Standard library only.
 """
@@ -20,6 +21,21 @@ from typing import Any
 MAX_USAGE_BODY = 16 * 1024 * 1024
 #: The longest SSE line looked at; a longer one is forwarded but not parsed.
 MAX_SSE_LINE = 1024 * 1024
+#: The longest model name recorded from a request.
+MAX_MODEL_NAME = 200
+
+
+def requested_model(body: bytes) -> str | None:
+    """The model a JSON request body names (`model`: OpenAI's and Anthropic's APIs both say
+    it there; the provider bills that one), cut to MAX_MODEL_NAME; None when it names none."""
+    if b'"model"' not in body:  # no parse of a large body that names none
+        return None
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return model[:MAX_MODEL_NAME] if isinstance(model, str) else None
 
 
 def usage_of(obj: Any) -> tuple[int | None, int | None]:
