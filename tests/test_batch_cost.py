@@ -87,9 +87,9 @@ def test_a_bad_price_option_is_refused_before_anything_starts(tmp_path: Path) ->
     assert "MODEL=IN/OUT" in stderr and "--price openai:gpt-4o-mini=0.15/0.60" in stderr
     stderr = refused(tmp_path, *model, "--price", "openai:scripted=1/2")
     assert "--max-cost, which is not set" in stderr
-    # A price for a model the batch does not use is a typo until shown otherwise.
-    stderr = refused(tmp_path, *model, "--max-cost", "1", "--price", "openai:scriptd=1/2")
-    assert "openai:scriptd, which this batch does not use" in stderr
+    # A price of another provider's model can price no call of this batch: a typo.
+    stderr = refused(tmp_path, *model, "--max-cost", "1", "--price", "litellm:scripted=1/2")
+    assert "litellm:scripted, which this batch cannot call" in stderr
     assert "openai:scripted" in stderr
 
 
@@ -158,13 +158,16 @@ def test_the_mock_model_costs_nothing(tmp_path: Path) -> None:
 # -- counting ---------------------------------------------------------------------------------
 
 
-def spend_of(tmp_path: Path, **caps: Any) -> tuple[Spend, StopRequest, list[str]]:
+def spend_of(
+    tmp_path: Path, *, other: dict[str, Any] | None = None, **caps: Any
+) -> tuple[Spend, StopRequest, list[str]]:
     """A batch's Spend over a plan of OpenAI's gpt-4o-mini, priced by the user at $1/$2 per
     million tokens (calls fed by hand, as the gateway's events come)."""
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(2))
     run_spec = RunSpec(payload=MATH, model="openai:gpt-4o-mini")
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=run_spec,
-                     prices={"openai:gpt-4o-mini": ("1", "2")}, **caps)  # fmt: skip
+                     prices={"openai:gpt-4o-mini": ("1", "2"), **(other or {})},
+                     **caps)  # fmt: skip
     plan = plan_batch(spec)
     stop, reasons = StopRequest(), []
     spend = Spend(spec, plan, [], stop=stop, on_reached=reasons.append, message=lambda _m: None)
@@ -212,12 +215,13 @@ def test_a_call_the_gateway_could_not_measure_stops_a_cost_capped_batch(tmp_path
 def test_a_call_is_priced_by_the_model_its_request_names(tmp_path: Path) -> None:
     """The provider bills the model the request names, whatever the run was given: another
     known model costs its own (bundled) price; one with no known price stops the batch."""
-    spend, stop, _ = spend_of(tmp_path, max_cost="100")
+    spend, stop, _ = spend_of(tmp_path, max_cost="100", other={"openai:my-tune": (5, 5)})
+    call(spend, "r-1", 1_000_000, 0, model="my-tune")  # priced by the user too: $5
     call(spend, "r-1", 1_000_000, 0, model="gpt-4o-mini")  # the batch's: the user's $1
-    assert spend.cost == Decimal(1)
+    assert spend.cost == Decimal(6)
     bundled = pricing_for(parse_model("openai:gpt-4o"), {})
     call(spend, "r-1", 1_000_000, 0, model="gpt-4o")  # another: its list price, not $1
-    assert spend.cost == 1 + bundled.input_per_mtok and bundled.input_per_mtok > 1
+    assert spend.cost == 6 + bundled.input_per_mtok and bundled.input_per_mtok > 1
     assert not stop.is_set()
     call(spend, "r-1", 10, 10, model="made-up-model-9000")
     assert stop.is_set() and stop.error is not None

@@ -17,6 +17,15 @@ Anything else (a local or unknown server, `hf`, whose router picks the provider 
 model genai-prices does not know) has no price: `--max-cost` is refused before anything
 starts (exit 2), saying how to give one. Nothing is ever counted as free by default.
 
+Why genai-prices: it is kept by pydantic (Logfire and Pydantic AI price calls with it), MIT,
+released often (price changes come as patch releases), a ~170 KB wheel whose data is a Python
+module read from the installed package (its updater, which fetches, is opt-in and never
+started here), and it finds a provider by its API URL.
+The alternatives: litellm's `model_prices_and_context_window.json` comes inside litellm (a
+large dependency with many of its own) and litellm fetches the remote copy at import unless
+told not to; `tokencost` copies litellm's data, was last released in August 2025, and pulls
+tiktoken, anthropic and aiohttp.
+
 A call's cost is computed from the gateway-measured input and output tokens of that call, at
 the rates in force now (tiered rates by the call's size included), for the model its request
 names (`CallPrices`: a payload that calls another model than the run's is charged that
@@ -252,10 +261,13 @@ def plan_pricing(
         return None
     parse_max_cost(max_cost)
     keys = {model_key(m): m for m in models.values()}
-    unused = sorted(set(user) - set(keys))
+    # A price for another model of the same provider prices the calls that name it (a
+    # payload may call several); one of another provider can price nothing: a typo.
+    providers = {m.provider for m in keys.values()}
+    unused = sorted(k for k in user if k.partition(":")[0] not in providers)
     if unused:
         raise ConfigError(
-            f"--price names {', '.join(unused)}, which this batch does not use (its model: "
+            f"--price names {', '.join(unused)}, which this batch cannot call (its model: "
             f"{', '.join(sorted(keys))}).",
             "Spell the model as --model does (provider:model_id), or leave that --price out.",
         )
