@@ -1,0 +1,107 @@
+"""Reaching a Ray cluster: Ray imported only when asked for (an optional extra), the
+driver connected once, and the nodes that run sandboxes found by their custom resource.
+
+Why Ray: it is the cluster engine our users already run for Python batch work over a fleet
+(agent-training stacks drive their sandboxes from it); we use its actors, node affinity and
+custom resources, nothing else, so the batch keeps every rule of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from ..errors import ConfigError
+
+#: The custom resource a node declares to run sandboxes, and how many at once:
+#: `ray start ... --resources '{"orchestrator_sandboxes": 8}'`.
+RESOURCE = "orchestrator_sandboxes"
+
+INSTALL_FIX = (
+    "Install the extra on this machine and on every node: pip install 'orchestrator[ray]' "
+    "(or leave out --ray to run on this host)."
+)
+
+_lock = threading.Lock()
+_connected: str | None = None
+
+
+def import_ray() -> ModuleType:
+    """The `ray` module; ConfigError (exit 2) saying how to install it when it is absent."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(
+            f"--ray needs the `ray` package, which is not installed here ({exc}).", INSTALL_FIX
+        ) from exc
+    return ray
+
+
+def resolve_address(address: str | None) -> str:
+    """The cluster to join: the one given, else $RAY_ADDRESS (Ray's own convention), else
+    `auto` (a cluster started on this machine with `ray start`)."""
+    return address or os.environ.get("RAY_ADDRESS") or "auto"
+
+
+def connect(address: str | None) -> ModuleType:
+    """Join the cluster at `address` once per process (later calls reuse the connection).
+    Raises ConfigError (exit 2) when Ray is missing or no cluster answers there."""
+    global _connected
+    ray = import_ray()
+    where = resolve_address(address)
+    with _lock:
+        if ray.is_initialized():
+            return ray
+        try:
+            ray.init(
+                address=where,
+                log_to_driver=False,  # the nodes' worker output stays in their Ray logs
+                logging_level="WARNING",
+                configure_logging=True,
+            )
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise ConfigError(
+                f"Cannot join the Ray cluster at {where!r}: {exc}",
+                "Start one (`ray start --head --resources '{\"orchestrator_sandboxes\": 4}'`), "
+                "or pass its address (--ray HOST:PORT or RAY_ADDRESS).",
+            ) from exc
+        _connected = where
+    return ray
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node that declares `orchestrator_sandboxes`: Ray's node id, its address, its
+    host name as Ray knows it, and how many sandboxes it runs at once."""
+
+    node_id: str
+    address: str
+    hostname: str
+    capacity: int
+
+    def describe(self) -> dict[str, Any]:
+        """The node as a run's record names it (`RunResult.node`)."""
+        return {"node_id": self.node_id, "address": self.address, "hostname": self.hostname}
+
+    def short(self) -> str:
+        return f"{self.node_id[:12]} ({self.address})"
+
+
+def sandbox_nodes(ray: ModuleType) -> list[NodeInfo]:
+    """The live nodes that declare `orchestrator_sandboxes` (at least one)."""
+    found = []
+    for node in ray.nodes():
+        capacity = int(node.get("Resources", {}).get(RESOURCE, 0))
+        if node.get("Alive") and capacity >= 1:
+            found.append(
+                NodeInfo(
+                    node_id=node["NodeID"],
+                    address=node.get("NodeManagerAddress", "?"),
+                    hostname=node.get("NodeManagerHostname", "?"),
+                    capacity=capacity,
+                )
+            )
+    return found

@@ -1,0 +1,173 @@
+"""Batches on a real Ray cluster (issue 23): a head and a second node on this machine, each
+with its own Ray temp dir, node id and orchestrator state directory; the second node killed
+mid-batch (raylet and workers, SIGKILL), then the driver killed mid-batch and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.labels import LABEL_STORE, store_id
+from orchestrator.store import Store
+
+from .conftest import REPO, TEST_PAYLOADS, cli, start_cli, wait_for
+from .ray_cluster import RayNode, start_node
+
+MATH = TEST_PAYLOADS / "batch_math"
+#: Each task's time limit: a killed node's sandboxes stop at their keeper's deadline, this
+#: plus 10 s after they started.
+TIMEOUT = 15
+
+
+def sleepers(n: int, prefix: str, seconds: float = 2) -> list[dict]:
+    return [{"id": f"{prefix}{i:02d}", "task": f"sleep {i}", "expected": "woke",
+             "additional_args": {"op": "sleep", "seconds": seconds}} for i in range(n)]  # fmt: skip
+
+
+def write_tasks(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def lines_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def node_containers(docker_client, home: Path, *, running: bool = False) -> list[dict]:
+    label = f"{LABEL_STORE}={store_id(home)}"
+    return docker_client.api.containers(all=not running, filters={"label": [label]})
+
+
+def node_networks(docker_client, home: Path) -> list[dict]:
+    return docker_client.api.networks(filters={"label": [f"{LABEL_STORE}={store_id(home)}"]})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    tmp = tmp_path_factory.mktemp("ray")
+    nodes: list[RayNode] = []
+    try:
+        head, address = start_node(tmp, "head", sandboxes=2)
+        nodes.append(head)
+        extra, _ = start_node(tmp, "extra", sandboxes=2, head_address=address)
+        nodes.append(extra)
+        yield {"address": address, "head": head, "extra": extra, "tmp": tmp}
+    finally:
+        for node in nodes:
+            node.kill()
+
+
+def batch_command(tasks: Path, out: Path, address: str) -> list[str]:
+    return ["batch", str(MATH), str(tasks), "-o", str(out), "--ray", address, "-q",
+            "--backoff", "0.2", "--timeout", str(TIMEOUT)]  # fmt: skip
+
+
+@pytest.mark.docker
+def test_a_killed_node_and_a_killed_driver_lose_nothing(
+    cluster: dict, tmp_path: Path, agent_image: str, docker_client, nothing_left
+) -> None:
+    """Acceptance 1 and 2 of issue 23."""
+    head, extra, address = cluster["head"], cluster["extra"], cluster["address"]
+    head_id, extra_id = head.node_id(), extra.node_id()
+    assert head_id != extra_id and head.home != extra.home
+
+    # 1. 16 tasks on two nodes; the extra node killed while it runs some of them.
+    tasks = write_tasks(tmp_path / "tasks.jsonl", sleepers(16, "t"))
+    out = tmp_path / "out"
+    driver = start_cli(*batch_command(tasks, out, address))
+    extra_store = Store(extra.home / "ray-node")
+    try:
+        wait_for(lambda: len(lines_of(out / "results.jsonl")) >= 2, 180)
+        wait_for(lambda: extra_store.unfinished_runs()
+                 and node_containers(docker_client, extra.home, running=True), 60)  # fmt: skip
+        cut = {r["run_id"] for r in extra_store.unfinished_runs()}
+        extra.kill()
+        stdout, stderr = driver.communicate(timeout=240)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, stderr
+    results = lines_of(out / "results.jsonl")
+    assert sorted(r["id"] for r in results) == [f"t{i:02d}" for i in range(16)]  # each once
+    assert all(r["status"] == "succeeded" and r["score"] == 1.0 for r in results), results
+    ends = [a for a in lines_of(out / "attempts.jsonl") if a["event"] == "end"]
+    lost = [a for a in ends if a["status"] == "infra_error"]
+    assert {a["run_id"] for a in lost} == cut, (lost, cut)  # the killed node's attempts...
+    for attempt in lost:
+        assert attempt["error"]["type"] == "node_lost" and extra_id[:12] in attempt["error"][
+            "message"
+        ]
+        record = Store().get_run(attempt["run_id"])
+        assert record is not None and record["status"] == "infra_error"
+        assert Store.read_result(record["record_dir"])["node"]["node_id"] == extra_id
+        row = next(r for r in results if r["id"] == attempt["id"])  # ... were retried
+        assert row["attempts"] >= 2 and row["run_id"] != attempt["run_id"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["counts"]["succeeded"] == 16 and summary["pending"] == 0
+    assert summary["retries"] == len(lost) and summary["attempts"] == 16 + len(lost)
+    nodes = {Store.read_result(r["record_dir"])["node"]["node_id"] for r in results}
+    assert nodes <= {head_id, extra_id} and head_id in nodes
+
+    # Records that came from a node are complete in the driver's store, naming the node.
+    ran = results[0]["run_id"]
+    shown = cli("runs", "show", ran)
+    assert shown.returncode == 0 and "Ray node" in shown.stdout, shown.stdout
+    logs = cli("runs", "logs", ran)
+    assert logs.returncode == 0 and "final answer" in logs.stdout, logs.stdout
+    assert "woke" in cli("runs", "show", ran, "--json").stdout
+    assert not list(Path(head.home, "ray-node", "runs").iterdir())  # the node's copies went
+
+    # The killed node's sandboxes stop at their deadline by themselves; its next worker (or
+    # `cleanup` there) removes them. The head's are gone already.
+    assert not node_containers(docker_client, head.home)
+    wait_for(lambda: not node_containers(docker_client, extra.home, running=True),
+             TIMEOUT + 30)  # fmt: skip
+    tidy = cli("cleanup", env={"ORCHESTRATOR_HOME": str(extra.home)})
+    assert tidy.returncode == 0, tidy.stderr
+    assert not node_containers(docker_client, extra.home)
+    assert not node_networks(docker_client, extra.home)
+
+    # 2. The driver SIGKILLed mid-batch (on the head alone now); the same command resumes.
+    tasks2 = write_tasks(tmp_path / "tasks2.jsonl", sleepers(8, "u"))
+    out2 = tmp_path / "out2"
+    command = batch_command(tasks2, out2, address)
+    driver = start_cli(*command)
+    try:
+        wait_for(lambda: len(lines_of(out2 / "results.jsonl")) >= 2, 180)
+        wait_for(lambda: node_containers(docker_client, head.home, running=True), 60)
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=10)
+    finally:
+        driver.kill()
+    snapshot = {r["id"]: r for r in lines_of(out2 / "results.jsonl")}
+    assert 2 <= len(snapshot) < 8
+    again = cli(*command, timeout=240)
+    assert again.returncode == 0, again.stderr
+    final = lines_of(out2 / "results.jsonl")
+    assert sorted(r["id"] for r in final) == [f"u{i:02d}" for i in range(8)]
+    for row in final:
+        assert row["status"] == "succeeded"
+        if row["id"] in snapshot:
+            assert row == snapshot[row["id"]]
+    attempts = lines_of(out2 / "attempts.jsonl")
+    rerun = {a["id"] for a in attempts if a["event"] == "start" and a["session"] == 2}
+    assert rerun and not rerun & set(snapshot)
+    assert not node_containers(docker_client, head.home)  # the dead driver's too
+    assert not node_networks(docker_client, head.home)
+
+
+def test_without_ray_the_option_exits_2_saying_how_to_install(tmp_path: Path) -> None:
+    """Issue 23 acceptance 4: `ray` is an optional extra."""
+    hide = tmp_path / "no-ray" / "ray"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", sleepers(1, "x"))
+    env = {"PYTHONPATH": f"{hide.parent}{os.pathsep}{REPO}"}
+    done = cli("batch", str(MATH), str(tasks), "-o", str(tmp_path / "out"), "--ray", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'orchestrator[ray]'" in done.stderr
+    assert not (tmp_path / "out").exists()
