@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,10 +22,10 @@ from .ray_cluster import RayNode, start_node
 MATH = TEST_PAYLOADS / "batch_math"
 #: Each task's time limit: a killed node's sandboxes stop at their keeper's deadline, this
 #: plus 10 s after they started.
-TIMEOUT = 15
+TIMEOUT = 30
 
 
-def sleepers(n: int, prefix: str, seconds: float = 2) -> list[dict]:
+def sleepers(n: int, prefix: str, seconds: float = 1) -> list[dict]:
     return [{"id": f"{prefix}{i:02d}", "task": f"sleep {i}", "expected": "woke",
              "additional_args": {"op": "sleep", "seconds": seconds}} for i in range(n)]  # fmt: skip
 
@@ -73,6 +74,8 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
 ) -> None:
     """Acceptance 1 and 2 of issue 23."""
     head, extra, address = cluster["head"], cluster["extra"], cluster["address"]
+    t0 = time.monotonic()
+    mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}")  # noqa: E731
     head_id, extra_id = head.node_id(), extra.node_id()
     assert head_id != extra_id and head.home != extra.home
 
@@ -86,17 +89,22 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
         wait_for(lambda: extra_store.unfinished_runs()
                  and node_containers(docker_client, extra.home, running=True), 60)  # fmt: skip
         cut = {r["run_id"] for r in extra_store.unfinished_runs()}
+        mark("killing the extra node")
+        killed_at = time.time()
         extra.kill()
         stdout, stderr = driver.communicate(timeout=240)
+        mark("first batch ended")
     finally:
         driver.kill()
     assert driver.returncode == 0, stderr
     results = lines_of(out / "results.jsonl")
     assert sorted(r["id"] for r in results) == [f"t{i:02d}" for i in range(16)]  # each once
-    assert all(r["status"] == "succeeded" and r["score"] == 1.0 for r in results), results
+    bad = [r for r in results if r["status"] != "succeeded" or r["score"] != 1.0]
+    assert not bad, [(r["id"], r["status"], r["error"], r["attempt_history"]) for r in bad]
     ends = [a for a in lines_of(out / "attempts.jsonl") if a["event"] == "end"]
     lost = [a for a in ends if a["status"] == "infra_error"]
     assert {a["run_id"] for a in lost} == cut, (lost, cut)  # the killed node's attempts...
+    print(f"node loss seen {max(a['ts'] for a in lost) - killed_at:.1f}s after the kill")
     for attempt in lost:
         assert attempt["error"]["type"] == "node_lost" and extra_id[:12] in attempt["error"][
             "message"
@@ -126,29 +134,32 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     assert not node_containers(docker_client, head.home)
     wait_for(lambda: not node_containers(docker_client, extra.home, running=True),
              TIMEOUT + 30)  # fmt: skip
+    mark("the killed node's sandboxes stopped")
     tidy = cli("cleanup", env={"ORCHESTRATOR_HOME": str(extra.home)})
     assert tidy.returncode == 0, tidy.stderr
     assert not node_containers(docker_client, extra.home)
     assert not node_networks(docker_client, extra.home)
 
     # 2. The driver SIGKILLed mid-batch (on the head alone now); the same command resumes.
-    tasks2 = write_tasks(tmp_path / "tasks2.jsonl", sleepers(8, "u"))
+    tasks2 = write_tasks(tmp_path / "tasks2.jsonl", sleepers(6, "u"))
     out2 = tmp_path / "out2"
     command = batch_command(tasks2, out2, address)
     driver = start_cli(*command)
     try:
-        wait_for(lambda: len(lines_of(out2 / "results.jsonl")) >= 2, 180)
+        wait_for(lambda: len(lines_of(out2 / "results.jsonl")) >= 1, 180)
         wait_for(lambda: node_containers(docker_client, head.home, running=True), 60)
+        mark("killing the driver")
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(timeout=10)
     finally:
         driver.kill()
     snapshot = {r["id"]: r for r in lines_of(out2 / "results.jsonl")}
-    assert 2 <= len(snapshot) < 8
+    assert 1 <= len(snapshot) < 6
     again = cli(*command, timeout=240)
+    mark("resumed batch ended")
     assert again.returncode == 0, again.stderr
     final = lines_of(out2 / "results.jsonl")
-    assert sorted(r["id"] for r in final) == [f"u{i:02d}" for i in range(8)]
+    assert sorted(r["id"] for r in final) == [f"u{i:02d}" for i in range(6)]
     for row in final:
         assert row["status"] == "succeeded"
         if row["id"] in snapshot:
