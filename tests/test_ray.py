@@ -17,7 +17,7 @@ from orchestrator.labels import LABEL_STORE, store_id
 from orchestrator.store import Store
 
 from .conftest import REPO, TEST_PAYLOADS, cli, start_cli, wait_for
-from .ray_cluster import RayNode, start_node
+from .ray_cluster import RayNode, free_port, start_node
 
 MATH = TEST_PAYLOADS / "batch_math"
 #: Each task's time limit: a killed node's sandboxes stop at their keeper's deadline, this
@@ -57,7 +57,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         nodes.append(head)
         extra, _ = start_node(tmp, "extra", sandboxes=2, head_address=address)
         nodes.append(extra)
-        yield {"address": address, "head": head, "extra": extra, "tmp": tmp}
+        ids = {"head_id": head.node_id(), "extra_id": extra.node_id()}
+        yield {"address": address, "head": head, "extra": extra, "tmp": tmp, **ids}
     finally:
         for node in nodes:
             node.kill()
@@ -76,7 +77,7 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     head, extra, address = cluster["head"], cluster["extra"], cluster["address"]
     t0 = time.monotonic()
     mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}")  # noqa: E731
-    head_id, extra_id = head.node_id(), extra.node_id()
+    head_id, extra_id = cluster["head_id"], cluster["extra_id"]
     assert head_id != extra_id and head.home != extra.home
 
     # 1. 16 tasks on two nodes; the extra node killed while it runs some of them.
@@ -103,7 +104,8 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     assert not bad, [(r["id"], r["status"], r["error"], r["attempt_history"]) for r in bad]
     ends = [a for a in lines_of(out / "attempts.jsonl") if a["event"] == "end"]
     lost = [a for a in ends if a["status"] == "infra_error"]
-    assert {a["run_id"] for a in lost} == cut, (lost, cut)  # the killed node's attempts...
+    # The killed node's attempts (those running at the kill, and any it had just reserved)...
+    assert cut <= {a["run_id"] for a in lost}, (lost, cut)
     print(f"node loss seen {max(a['ts'] for a in lost) - killed_at:.1f}s after the kill")
     for attempt in lost:
         assert attempt["error"]["type"] == "node_lost" and extra_id[:12] in attempt["error"][
@@ -182,3 +184,57 @@ def test_without_ray_the_option_exits_2_saying_how_to_install(tmp_path: Path) ->
     assert done.returncode == 2, done.stderr
     assert "pip install 'orchestrator[ray]'" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.docker
+def test_schedule_serve_fires_on_the_cluster(
+    cluster: dict, tmp_path: Path, agent_image: str, nothing_left
+) -> None:
+    """Issue 23 item 5: `schedule serve --ray`: a firing runs on a node (the lock and the
+    overlap rules stay with serve); its record is in this machine's store, naming the node."""
+    import threading
+    from datetime import timedelta
+
+    import ray
+
+    from orchestrator.cluster import RayExecutor
+    from orchestrator.schedules.file import load_schedules
+    from orchestrator.schedules.serve import Scheduler
+
+    from .test_schedules import FakeClock, at, firings, sync, unique, write_schedules
+
+    name = unique("ray")
+    args = {"op": "mul", "a": 6, "b": 7}
+    path = write_schedules(tmp_path, {"name": name, "cron": "0 * * * *", "payload": str(MATH),
+                                      "additional_args": args})  # fmt: skip
+    t = at("2024-06-01T10:00:00+00:00")
+    executor = RayExecutor(cluster["address"])
+    try:
+        scheduler = Scheduler(
+            load_schedules(path).schedules, executor=executor, spawn=sync, log=print,
+            clock=FakeClock(t - timedelta(seconds=1), t + timedelta(seconds=1)),
+        )  # fmt: skip
+        scheduler.serve(threading.Event())
+    finally:
+        executor.close()
+        ray.shutdown()
+    (row,) = firings(scheduler.store, name)
+    assert row["outcome"] == "succeeded" and row["run_id"], row
+    result = Store.read_result(Store().get_run(row["run_id"])["record_dir"])
+    assert result["answer"] == 42
+    live = {cluster["head_id"], cluster["extra_id"]}
+    assert result["node"]["node_id"] in live
+
+    # The command: joins the cluster at start (a wrong address is refused at once), stops on
+    # SIGTERM.
+    serve = start_cli("schedule", "serve", "--file", str(path), "--ray", cluster["address"])
+    try:
+        assert "serve started" in serve.stdout.readline()
+        serve.send_signal(signal.SIGTERM)
+        _, err = serve.communicate(timeout=60)
+    finally:
+        serve.kill()
+    assert serve.returncode == 0 and "1 sandbox" not in err and "firing on the Ray" in err, err
+    wrong = cli("schedule", "serve", "--file", str(path), "--ray", f"127.0.0.1:{free_port()}",
+                timeout=120)  # fmt: skip
+    assert wrong.returncode == 2 and "Cannot join the Ray cluster" in wrong.stderr, wrong.stderr

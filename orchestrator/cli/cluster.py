@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..batch.plan import BatchSpec
 from ..executor import AttemptExecutor
+
+if TYPE_CHECKING:
+    from ..cluster import RayExecutor
 
 
 def add_ray_option(p: argparse.ArgumentParser, what: str) -> None:
@@ -22,9 +25,7 @@ def add_ray_option(p: argparse.ArgumentParser, what: str) -> None:
     )  # fmt: skip
 
 
-def ray_executor(
-    args: argparse.Namespace, on_message: Callable[[str], None]
-) -> AttemptExecutor | None:
+def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) -> RayExecutor | None:
     """The executor `--ray` asks for (None without it: this host). Raises ConfigError (exit
     2) when Ray is not installed."""
     address: Any = getattr(args, "ray", None)
@@ -44,8 +45,5 @@ def ray_batch(
     if executor is not None and spec.concurrency is None:
         from dataclasses import replace
 
-        from ..cluster import RayExecutor
-
-        assert isinstance(executor, RayExecutor)
-        spec = replace(spec, concurrency=max(1, executor.capacity()))
+        spec = replace(spec, concurrency=executor.capacity())
     return executor, spec

@@ -9,6 +9,8 @@ custom resources, nothing else, so the batch keeps every rule of its own.
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -24,6 +26,12 @@ INSTALL_FIX = (
     "Install the extra on this machine and on every node: pip install 'orchestrator[ray]' "
     "(or leave out --ray to run on this host)."
 )
+
+#: Seconds to wait for the head's port to answer before refusing the address.
+PROBE_SECONDS = 10.0
+
+#: The signals the CLI turns into a stop request (cli/signals.py), kept through `ray.init`.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 _lock = threading.Lock()
 _connected: str | None = None
@@ -55,6 +63,9 @@ def connect(address: str | None) -> ModuleType:
     with _lock:
         if ray.is_initialized():
             return ray
+        _probe(where)
+        main = threading.current_thread() is threading.main_thread()
+        saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS} if main else {}
         try:
             ray.init(
                 address=where,
@@ -68,8 +79,29 @@ def connect(address: str | None) -> ModuleType:
                 "Start one (`ray start --head --resources '{\"orchestrator_sandboxes\": 4}'`), "
                 "or pass its address (--ray HOST:PORT or RAY_ADDRESS).",
             ) from exc
+        finally:  # Ray's core installs its own SIGTERM handler (a stack dump, then death):
+            for sig, handler in saved.items():  # ours stop the batch cleanly instead
+                if handler is not None:
+                    signal.signal(sig, handler)
         _connected = where
     return ray
+
+
+def _probe(where: str) -> None:
+    """A HOST:PORT that nothing listens on is refused at once (Ray itself retries for
+    minutes before it gives up on an address)."""
+    host, _, port = where.rpartition("://")[2].rpartition(":")
+    if not host or not port.isdigit():
+        return  # `auto`, or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot join the Ray cluster at {where!r}: nothing answers there "
+            f"({exc.strerror or exc}).",
+            "Check the head's address and port (`ray status` on the head prints it), or start "
+            "one: ray start --head --include-dashboard=false.",
+        ) from exc
 
 
 @dataclass(frozen=True)

@@ -92,14 +92,7 @@ class RayExecutor(AttemptExecutor):
             ray = connect(self.address)
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            nodes = sandbox_nodes(ray)
-            if not nodes:
-                raise ConfigError(
-                    f"No node of the Ray cluster declares the resource {RESOURCE!r}.",
-                    "Start the nodes that run sandboxes with "
-                    f"`ray start ... --resources '{{\"{RESOURCE}\": 4}}'` (4 sandboxes at once "
-                    "there; each needs Docker and orchestrator installed).",
-                )
+            nodes = _declaring(ray)
             worker = ray.remote(NodeWorker)
             started = []
             for info in nodes:
@@ -180,8 +173,9 @@ class RayExecutor(AttemptExecutor):
             self._cond.notify_all()
 
     def capacity(self) -> int:
-        """How many sandboxes the cluster's nodes declare they run at once (joins it)."""
-        return sum(node.capacity for node in sandbox_nodes(connect(self.address)))
+        """How many sandboxes the cluster's nodes declare they run at once (joins it).
+        Raises ConfigError (exit 2) when no cluster answers or no node declares any."""
+        return sum(node.capacity for node in _declaring(connect(self.address)))
 
     # -- the seam ---------------------------------------------------------------------------
 
@@ -328,6 +322,18 @@ class RayExecutor(AttemptExecutor):
                 ray.kill(node.actor, no_restart=True)
             except Exception:  # noqa: BLE001 - gone already
                 pass
+
+
+def _declaring(ray: Any) -> list[NodeInfo]:
+    nodes = sandbox_nodes(ray)
+    if not nodes:
+        raise ConfigError(
+            f"No node of the Ray cluster declares the resource {RESOURCE!r}.",
+            "Start the nodes that run sandboxes with "
+            f"`ray start ... --resources '{{\"{RESOURCE}\": 4}}'` (4 sandboxes at once there; "
+            "each needs Docker and orchestrator installed).",
+        )
+    return nodes
 
 
 def _without_secrets(prepared: PreparedRun) -> PreparedRun:
