@@ -129,6 +129,11 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     logs = cli("runs", "logs", ran)
     assert logs.returncode == 0 and "final answer" in logs.stdout, logs.stdout
     assert "woke" in cli("runs", "show", ran, "--json").stdout
+    exported = cli("view", "--export", str(tmp_path / "html"), ran)
+    assert exported.returncode == 0, exported.stderr
+    pages = "".join(p.read_text() for p in (tmp_path / "html").rglob("*.html"))
+    node_of_ran = Store.read_result(results[0]["record_dir"])["node"]["node_id"]
+    assert f"Ray node {node_of_ran}" in pages
     assert not list(Path(head.home, "ray-node", "runs").iterdir())  # the node's copies went
 
     # The killed node's sandboxes stop at their deadline by themselves; its next worker (or

@@ -41,6 +41,10 @@ READY_TIMEOUT = 120.0
 #: Seconds past a run's own time limit after which a node that has not answered counts as
 #: lost (its sandbox stops at its own deadline, time limit + 10 s, whatever happens).
 ANSWER_GRACE = 120.0
+#: Seconds between looks for nodes that joined the cluster (or lost their worker).
+REFRESH = 30.0
+#: Seconds after a worker's loss before looking for its node again.
+REVIVE_DELAY = 5.0
 #: How often the driver checks a running attempt for a cancel.
 POLL = 0.25
 
@@ -81,6 +85,9 @@ class RayExecutor(AttemptExecutor):
         self._bound: dict[str, _Node] = {}
         self._cond = threading.Condition()
         self._started = False
+        self._template: PreparedRun | None = None
+        self._refreshing = False
+        self._refreshed = 0.0
 
     # -- the cluster ------------------------------------------------------------------------
 
@@ -90,47 +97,99 @@ class RayExecutor(AttemptExecutor):
             if self._started:
                 return
             ray = connect(self.address)
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            nodes = _declaring(ray)
-            worker = ray.remote(NodeWorker)
-            started = []
-            for info in nodes:
-                actor = worker.options(
-                    num_cpus=0,
-                    resources={RESOURCE: info.capacity},
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(info.node_id, soft=False),
-                    max_restarts=0,  # a dead worker's attempts are the batch's to retry
-                    max_task_retries=0,
-                    max_concurrency=2 * info.capacity + 8,
-                ).remote(info.describe(), template.backend, self.warm)
-                started.append(_Node(info, actor))
-            hellos = {node.actor.hello.remote(): node for node in started}
-            ready, _ = ray.wait(list(hellos), num_returns=len(hellos), timeout=READY_TIMEOUT)
-            problems = []
-            for ref, node in hellos.items():
-                try:
-                    if ref not in ready:
-                        raise TimeoutError(f"its worker did not start within {READY_TIMEOUT:g}s")
-                    ray.get(ref)
-                except Exception as exc:  # no engine there, say: the node is left out
-                    problems.append(f"node {node.info.short()}: {_reason(exc)}")
-                    ray.kill(node.actor, no_restart=True)
-                    continue
-                self._nodes.append(node)
+            self._template = template
+            ready, problems = self._start_workers(ray, _declaring(ray), template)
             for problem in problems:
                 self.message(f"warning: left out {problem}")
-            if not self._nodes:
+            if not ready:
                 raise EngineUnavailable(
                     "No node of the Ray cluster can run sandboxes: " + "; ".join(problems),
-                    "Check Docker on those nodes (`orchestrator doctor` there), then run again.",
+                    "Check that Docker answers on those nodes (`docker info` there) and that "
+                    "orchestrator is installed there, then run again.",
                 )
+            self._nodes.extend(ready)
             self._started = True
-            total = sum(n.capacity for n in self._nodes)
-            self.message(
-                f"Ray cluster: {len(self._nodes)} node(s) with {RESOURCE}, {total} sandbox(es) "
-                "at once"
-            )
+            self._refreshed = time.monotonic()
+        total = sum(n.capacity for n in ready)
+        self.message(
+            f"Ray cluster: {len(ready)} node(s) with {RESOURCE}, {total} sandbox(es) at once"
+        )
+
+    def _start_workers(
+        self, ray: Any, infos: list[NodeInfo], template: PreparedRun
+    ) -> tuple[list[_Node], list[str]]:
+        """A worker on each of `infos` (pinned to it, holding its `orchestrator_sandboxes`,
+        Ray's restarts and retries off); those whose worker reached its engine in time, and
+        what went wrong on the others (their workers are killed)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        worker = ray.remote(NodeWorker)
+        started = []
+        for info in infos:
+            actor = worker.options(
+                num_cpus=0,
+                resources={RESOURCE: info.capacity},
+                scheduling_strategy=NodeAffinitySchedulingStrategy(info.node_id, soft=False),
+                max_restarts=0,  # a dead worker's attempts are the batch's to retry
+                max_task_retries=0,
+                max_concurrency=2 * info.capacity + 8,
+            ).remote(info.describe(), template.backend, self.warm)
+            started.append(_Node(info, actor))
+        hellos = {node.actor.hello.remote(): node for node in started}
+        done, _ = ray.wait(list(hellos), num_returns=len(hellos), timeout=READY_TIMEOUT)
+        ready, problems = [], []
+        for ref, node in hellos.items():
+            try:
+                if ref not in done:
+                    raise TimeoutError(f"its worker did not start within {READY_TIMEOUT:g}s")
+                ray.get(ref)
+            except Exception as exc:  # no engine there, say: the node is left out
+                problems.append(f"node {node.info.short()}: {_reason(exc)}")
+                ray.kill(node.actor, no_restart=True)
+                continue
+            ready.append(node)
+        return ready, problems
+
+    def _refresh_soon(self, delay: float = 0.0) -> None:
+        """In the background: a worker for each node that declares `orchestrator_sandboxes`
+        and has none (a node that joined, or one whose worker died while the node lives on:
+        Ray's restarts are off, this is ours). The new worker first removes what the dead
+        one left there."""
+        with self._cond:
+            if self._refreshing or not self._started:
+                return
+            self._refreshing = True
+            self._refreshed = time.monotonic()
+
+        def refresh() -> None:
+            try:
+                time.sleep(delay)  # a node just killed is still listed alive for a moment
+                ray = import_ray()
+                with self._cond:
+                    have = {n.info.node_id for n in self._live()}
+                    template = self._template
+                missing = [i for i in sandbox_nodes(ray) if i.node_id not in have]
+                if not missing or template is None:
+                    return
+                ready, _ = self._start_workers(ray, missing, template)
+                for node in ready:
+                    ray.get(node.actor.reap_orphans.remote(), timeout=READY_TIMEOUT)
+                with self._cond:
+                    if not self._started:  # closed meanwhile
+                        for node in ready:
+                            ray.kill(node.actor, no_restart=True)
+                        return
+                    self._nodes.extend(ready)
+                    self._cond.notify_all()
+                for node in ready:
+                    self.message(f"node {node.info.short()}: a new worker takes attempts")
+            except Exception as exc:  # noqa: BLE001 - the batch goes on with the nodes it has
+                self.message(f"warning: looking for more nodes failed: {_reason(exc)}")
+            finally:
+                with self._cond:
+                    self._refreshing = False
+
+        threading.Thread(target=refresh, name="ray-refresh", daemon=True).start()
 
     def _live(self) -> list[_Node]:
         return [n for n in self._nodes if n.alive]
@@ -149,10 +208,13 @@ class RayExecutor(AttemptExecutor):
             import_ray().kill(node.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - gone already
             pass
+        self._refresh_soon(delay=REVIVE_DELAY)  # its node may live on: a new worker there
 
     def _take_slot(self, cancel: threading.Event | None) -> _Node | None:
         """A node with room for one more attempt (waiting for one); None when no node is
         left, or `cancel` is set while waiting."""
+        if time.monotonic() - self._refreshed > REFRESH:
+            self._refresh_soon()  # nodes that joined since
         with self._cond:
             while True:
                 live = self._live()
