@@ -64,6 +64,18 @@ class RayNode:
             time.sleep(0.2)
         raise AssertionError(f"no raylet found for the node in {self.temp_dir}")
 
+    def processes(self, title: str) -> list[int]:
+        """The node's processes whose command line starts with `title` (Ray names an
+        actor's worker process `ray::ClassName...`)."""
+        found = []
+        for pid in session_pids(self.proc.pid):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
     def kill(self) -> None:
         """SIGKILL every process of the node (raylet, workers, the `ray start`), not politely;
         until none is left."""

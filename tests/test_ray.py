@@ -192,6 +192,38 @@ def test_without_ray_the_option_exits_2_saying_how_to_install(tmp_path: Path) ->
 
 
 @pytest.mark.docker
+def test_a_killed_worker_is_replaced_on_its_node(
+    cluster: dict, tmp_path: Path, agent_image: str, docker_client, nothing_left
+) -> None:
+    """A node's worker dies while the node lives on (Ray's restarts are off): its attempts
+    are `infra_error` and retried, a new worker of ours takes over there and removes what
+    the dead one left, and the batch ends complete."""
+    head = cluster["head"]
+    tasks = write_tasks(tmp_path / "tasks.jsonl", sleepers(6, "w"))
+    out = tmp_path / "out"
+    command = [a for a in batch_command(tasks, out, cluster["address"]) if a != "-q"]
+    driver = start_cli(*command)  # not quiet: its messages say what happened
+    try:
+        wait_for(lambda: node_containers(docker_client, head.home, running=True)
+                 and lines_of(out / "results.jsonl"), 180)  # fmt: skip
+        (worker,) = wait_for(lambda: head.processes("ray::NodeWorker"), 30)
+        os.kill(worker, signal.SIGKILL)
+        _, stderr = driver.communicate(timeout=240)
+    finally:
+        driver.kill()
+    assert driver.returncode == 0, stderr
+    assert "lost (" in stderr and "a new worker takes attempts" in stderr, stderr
+    results = lines_of(out / "results.jsonl")
+    assert sorted(r["id"] for r in results) == [f"w{i:02d}" for i in range(6)]
+    assert all(r["status"] == "succeeded" for r in results), results
+    ends = [a for a in lines_of(out / "attempts.jsonl") if a["event"] == "end"]
+    assert [a["error"]["type"] for a in ends if a["status"] == "infra_error"] in (
+        ["node_lost"], ["node_lost"] * 2, ["node_lost"] * 3
+    )  # fmt: skip
+    assert not node_containers(docker_client, head.home)  # the new worker removed them
+
+
+@pytest.mark.docker
 def test_schedule_serve_fires_on_the_cluster(
     cluster: dict, tmp_path: Path, agent_image: str, nothing_left
 ) -> None:

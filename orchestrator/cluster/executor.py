@@ -188,6 +188,7 @@ class RayExecutor(AttemptExecutor):
             finally:
                 with self._cond:
                     self._refreshing = False
+                    self._cond.notify_all()
 
         threading.Thread(target=refresh, name="ray-refresh", daemon=True).start()
 
@@ -211,21 +212,22 @@ class RayExecutor(AttemptExecutor):
         self._refresh_soon(delay=REVIVE_DELAY)  # its node may live on: a new worker there
 
     def _take_slot(self, cancel: threading.Event | None) -> _Node | None:
-        """A node with room for one more attempt (waiting for one); None when no node is
-        left, or `cancel` is set while waiting."""
+        """A node with room for one more attempt (waiting for one, and for a lost worker's
+        replacement when no node is left); None when no node is left and none is coming, or
+        `cancel` is set while waiting."""
         if time.monotonic() - self._refreshed > REFRESH:
             self._refresh_soon()  # nodes that joined since
         with self._cond:
             while True:
                 live = self._live()
-                if not live:
-                    return None
                 free = [n for n in live if n.busy < n.capacity]
                 if free:
                     node = max(free, key=lambda n: n.capacity - n.busy)
                     node.busy += 1
                     return node
                 if cancel is not None and cancel.is_set():
+                    return None
+                if not live and not self._refreshing:  # none left, and none coming
                     return None
                 self._cond.wait(POLL)
 
