@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,6 +222,28 @@ def test_a_killed_worker_is_replaced_on_its_node(
         ["node_lost"], ["node_lost"] * 2, ["node_lost"] * 3
     )  # fmt: skip
     assert not node_containers(docker_client, head.home)  # the new worker removed them
+
+
+@pytest.mark.docker
+def test_a_secret_reaches_its_node_only_inside_the_call(
+    cluster: dict, tmp_path: Path, agent_image: str, orchestrator_home: Path, nothing_left
+) -> None:
+    """Issue 23 item 4: the run's secret is used on its node (the leaky payload proves it
+    saw it) and masked in the record, and no file the nodes, Ray or the driver wrote (Ray's
+    session logs and spill folders, the nodes' state directories, the batch) holds it."""
+    secret = f"Ray-Secret-{uuid.uuid4().hex}"
+    tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "s", "task": "leak it"}])
+    out = tmp_path / "out"
+    done = cli("batch", str(TEST_PAYLOADS / "leaky"), str(tasks), "-o", str(out), "--ray",
+               cluster["address"], "-q", env={"LEAKY_SECRET": secret})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (row,) = lines_of(out / "results.jsonl")
+    assert row["status"] == "succeeded" and f"secret-length={len(secret)}" in row["answer"]
+    assert Store.read_result(row["record_dir"])["node"]["node_id"]
+    for root in (cluster["tmp"], out, orchestrator_home):
+        for path in root.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                assert secret.encode() not in path.read_bytes(), f"the secret is in {path}"
 
 
 @pytest.mark.docker
