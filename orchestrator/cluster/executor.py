@@ -257,7 +257,7 @@ class RayExecutor(AttemptExecutor):
         self._ensure(template)
         ray = import_ray()
         live = self._live()
-        total = sum(n.capacity for n in live)
+        total = sum(n.capacity for n in live) or 1  # none left: `run` says so per attempt
         calls = {}
         for node in live:
             share = min(attempts, math.ceil(attempts * node.capacity / total))
