@@ -141,7 +141,10 @@ class RayExecutor(AttemptExecutor):
         for ref, node in hellos.items():
             try:
                 if ref not in done:
-                    raise TimeoutError(f"its worker did not start within {READY_TIMEOUT:g}s")
+                    raise TimeoutError(
+                        f"its worker did not start within {READY_TIMEOUT:g}s (does another "
+                        f"batch hold its {RESOURCE}? each batch's worker holds them all)"
+                    )
                 ray.get(ref)
             except Exception as exc:  # no engine there, say: the node is left out
                 problems.append(f"node {node.info.short()}: {_reason(exc)}")
