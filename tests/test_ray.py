@@ -63,6 +63,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     finally:
         for node in nodes:
             node.kill()
+        for node in nodes:  # a test that failed halfway leaves nothing either
+            cli("cleanup", env={"ORCHESTRATOR_HOME": str(node.home)})
 
 
 def batch_command(tasks: Path, out: Path, address: str) -> list[str]:
