@@ -20,7 +20,7 @@ RunStatus = Literal["succeeded", "failed", "timed_out", "oom_killed", "infra_err
 HostErrorType = Literal[
     "timed_out", "cancelled", "oom_killed", "budget_exceeded", "network_lost",
     "record_unwritable", "protocol_violation", "sandbox_lost", "no_result", "orphaned",
-    "payload_error",
+    "payload_error", "node_lost",
 ]  # fmt: skip
 
 #: The error type of a run whose payload could not be loaded (bad input: exit 2).
@@ -139,6 +139,9 @@ class RunResult:
     limits: dict[str, Any] = field(default_factory=dict)
     #: What isolated the sandbox (`Sandbox.isolation`): runtime and seccomp profile.
     sandbox: dict[str, str] = field(default_factory=dict)
+    #: The cluster node the run ran on (a Ray node: node_id, address, hostname); empty on
+    #: this host.
+    node: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cli_exit_code(self) -> int:

@@ -13,7 +13,8 @@ fi
 # it (it does not here: the folder *is* the package); a wall of text that says nothing to do.
 quiet_build="ignore::UserWarning:setuptools.command.editable_wheel"
 .venv/bin/python -m pip install --quiet --upgrade pip
-PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev]'
+# `ray`: the optional extra behind `batch --ray` (orchestrator/cluster/), for tests/test_ray.py.
+PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev,ray]'
 # Backends defined outside the project, registered through the entry point as a third party's
 # would be (tests/plugins/README.md); the tests use them.
 PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet --no-deps \

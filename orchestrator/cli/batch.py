@@ -19,6 +19,7 @@ from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
 from ..defaults import fill
 from . import signals
+from .cluster import add_ray_option, ray_batch
 from .common import add_run_options, spec_from_args, tidy_store
 from .output import PREFIX, is_terminal, say
 from .parser import HELP
@@ -133,6 +134,7 @@ def add_batch_parser(sub: Any) -> None:
         "--on-bad-line", choices=["fail", "skip"], default="fail",
         help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
     )  # fmt: skip
+    add_ray_option(p, "the attempts")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
     p.set_defaults(handler=cmd_batch, watches_stop=True)
@@ -165,9 +167,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
     signals.on_stop(display.message)
     command = shlex.join(["orchestrator", *sys.argv[1:]])
     try:
+        executor, spec = ray_batch(args, spec, display.message)
         summary = run_batch(
-            spec, cancel=signals.STOP, monitor=display.update, on_message=display.message
-        )
+            spec, cancel=signals.STOP, monitor=display.update, on_message=display.message,
+            executor=executor,
+        )  # fmt: skip
     except OutputWriteError as exc:  # before any task started (batch.json, the lock)
         say(f"{exc.cause}. {write_advice(command)}", kind="error")
         return exc.exit_code

@@ -251,6 +251,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("backend", r.get("backend")),
         ("network", r.get("network")),
         ("sandbox runtime", describe_isolation(result.get("sandbox"))),
+        ("node", _node(result.get("node"))),
         ("allowlist", ", ".join(result.get("allowlist") or []) or None),
         ("limits", _limits(result.get("limits"))),
         ("egress blocked", result.get("egress_blocked") or None),
@@ -284,6 +285,13 @@ def _limits(limits: dict[str, Any] | None) -> str | None:
         shown = f"{value:g}" if isinstance(value, float) else value
         parts.append(f"{name} {shown}{unit}")
     return " · ".join(parts)
+
+
+def _node(node: dict[str, Any] | None) -> str | None:
+    """`Ray node 3f2a...c9 at 10.0.0.5 (gpu-box-2)`: where a run of a `--ray` batch ran."""
+    if not node:
+        return None
+    return f"Ray node {node.get('node_id')} at {node.get('address')} ({node.get('hostname')})"
 
 
 def _reported(result: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from ..schedules.file import DEFAULT_FILE
 from ..schedules.firing import EXIT_SKIPPED
 from ..spec import EXIT_CODES
 from . import signals
+from .cluster import add_ray_option, ray_executor
 from .output import print_table, say
 from .parser import HELP
 
@@ -93,6 +94,8 @@ def add_schedule_parser(sub: Any) -> None:
         action="store_true",
         help="start each firing's sandbox at its time (default: a warm one shortly before)",
     )
+    add_ray_option(se, "each firing (cold, on the node with the most room; the lock and the "
+                   "overlap rules stay here)")  # fmt: skip
     se.set_defaults(handler=cmd_serve, watches_stop=True)
 
     ins = ssub.add_parser(
@@ -249,6 +252,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..schedules.store import ScheduleStore
 
     sf = load_schedules(args.file)
+    ray = ray_executor(args, say)
+    if ray is not None:  # its nodes keep no sandbox warm between firings
+        say(f"firing on the Ray cluster: {ray.capacity()} sandbox(es) at once")
+        with ray:
+            Scheduler(sf.schedules, store=ScheduleStore(), executor=ray).serve(
+                signals.STOP, grace=args.grace
+            )
+        return 0
     if args.no_warm:
         Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
         return 0

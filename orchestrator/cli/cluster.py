@@ -1,0 +1,49 @@
+"""`--ray [ADDRESS]`: the option of `batch` and `schedule serve` that sends their attempts to
+a Ray cluster's nodes (`orchestrator.cluster.RayExecutor`)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..batch.plan import BatchSpec
+from ..executor import AttemptExecutor
+
+if TYPE_CHECKING:
+    from ..cluster import RayExecutor
+
+
+def add_ray_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        help=f"run {what} on the nodes of the Ray cluster at ADDRESS (default: $RAY_ADDRESS, "
+        "else the cluster started on this machine); nodes that run sandboxes declare `ray "
+        "start ... --resources '{\"orchestrator_sandboxes\": N}'` (N at once there), need "
+        "Docker and orchestrator; results and records stay on this machine. Needs pip install "
+        "'orchestrator[ray]'",
+    )  # fmt: skip
+
+
+def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) -> RayExecutor | None:
+    """The executor `--ray` asks for (None without it: this host). Raises ConfigError (exit
+    2) when Ray is not installed."""
+    address: Any = getattr(args, "ray", None)
+    if address is None:
+        return None
+    from ..cluster import RayExecutor
+
+    return RayExecutor(address or None, warm=getattr(args, "warm", None), on_message=on_message)
+
+
+def ray_batch(
+    args: argparse.Namespace, spec: BatchSpec, on_message: Callable[[str], None]
+) -> tuple[AttemptExecutor | None, BatchSpec]:
+    """A batch's executor and spec under `--ray`: without --concurrency (or its setting), as
+    many at once as the cluster's nodes declare, not this machine's default."""
+    executor = ray_executor(args, on_message)
+    if executor is not None and spec.concurrency is None:
+        from dataclasses import replace
+
+        spec = replace(spec, concurrency=executor.capacity())
+    return executor, spec

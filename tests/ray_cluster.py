@@ -1,0 +1,137 @@
+"""A real Ray cluster on this machine for tests: a head and more nodes, each a `ray start
+--block` in a session of its own (its raylet and worker processes stay in that session even
+when Ray gives workers process groups of their own), each with its own Ray temp dir and
+orchestrator state directory, so that a test can kill exactly one node (SIGKILL to every
+process of its session) and stop exactly its cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def session_pids(sid: int) -> list[int]:
+    """Every live process of the session `sid` (zombies, dead already, left out)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != sid:
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, PermissionError, OSError, IndexError):
+            continue
+        if state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+@dataclass
+class RayNode:
+    proc: subprocess.Popen[bytes]
+    temp_dir: Path
+    home: Path
+    log: Path
+
+    def node_id(self, timeout: float = 60) -> str:
+        """This node's Ray node id, from its raylet's command line."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for pid in session_pids(self.proc.pid):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                for arg in argv:
+                    if arg.startswith(b"--node_id="):
+                        return arg.split(b"=", 1)[1].decode()
+            time.sleep(0.2)
+        raise AssertionError(f"no raylet found for the node in {self.temp_dir}")
+
+    def processes(self, title: str) -> list[int]:
+        """The node's processes whose command line starts with `title` (Ray names an
+        actor's worker process `ray::ClassName...`)."""
+        found = []
+        for pid in session_pids(self.proc.pid):
+            try:
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(title.encode()):
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL every process of the node (raylet, workers, the `ray start`), not politely;
+        until none is left."""
+        for _ in range(50):
+            pids = session_pids(self.proc.pid)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def start_node(
+    tmp: Path,
+    name: str,
+    *,
+    sandboxes: int,
+    head_address: str | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[RayNode, str]:
+    """Start a node (the head when `head_address` is None) with `sandboxes` units of
+    `orchestrator_sandboxes`; waits until Ray says it started. Returns the node and the
+    cluster's address."""
+    temp_dir = tmp / f"ray-{name}"
+    home = tmp / f"home-{name}"
+    home.mkdir(parents=True, exist_ok=True)
+    log = tmp / f"ray-{name}.log"
+    resources = json.dumps({"orchestrator_sandboxes": sandboxes}) if sandboxes else "{}"
+    command = [RAY, "start", "--block", "--num-cpus", "1", "--temp-dir", str(temp_dir),
+               "--resources", resources, "--object-store-memory", str(100 * 1024 * 1024),
+               "--dashboard-agent-listen-port", str(free_port()),
+               "--disable-usage-stats"]  # fmt: skip
+    if head_address is None:
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        command += ["--head", "--port", str(port), "--include-dashboard=false"]
+    else:
+        address = head_address
+        command += ["--address", address]
+    environment = {**os.environ, "ORCHESTRATOR_HOME": str(home), **(env or {})}
+    environment.pop("RAY_ADDRESS", None)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment,
+                                start_new_session=True)  # fmt: skip
+    node = RayNode(proc, temp_dir, home, log)
+    deadline = time.monotonic() + 120
+    while b"Ray runtime started" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            node.kill()
+            raise AssertionError(f"ray start failed:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
+    return node, address
