@@ -136,7 +136,7 @@ def gateway_spans(
     for number, call in enumerate(c for c in calls if c.get("type") in GATEWAY_CALLS):
         start = float(call["ts"])
         end = start + float(call.get("latency_ms") or 0) / 1000
-        made_by = _holding(llm, start, end)
+        made_by = _holding(llm, start, end, measured)
         tokens = {
             "prompt": int(call.get("input_tokens") or 0),
             "completion": int(call.get("output_tokens") or 0),
@@ -187,13 +187,26 @@ def gateway_spans(
 GATEWAY_CALLS = ("model_call", "model_call_refused")
 
 
-def _holding(llm: list[dict[str, Any]], start: float, end: float) -> dict[str, Any] | None:
-    """The innermost LLM span whose time holds [start, end] (within MATCH_SLACK_SECONDS)."""
+def _holding(
+    llm: list[dict[str, Any]], start: float, end: float, matched: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The LLM span that made the call [start, end]: the innermost one whose time holds it
+    (within a few milliseconds), else, within MATCH_SLACK_SECONDS, the nearest one not yet
+    matched (clocks of sandbox and gateway may differ a little)."""
+    first, last = ns(start), ns(end)
+    exact = [s for s in llm if s["start_time"] - ns(0.005) <= first and last <= s["end_time"]]
+    if exact:
+        return min(exact, key=lambda s: s["end_time"] - s["start_time"])
     slack = ns(MATCH_SLACK_SECONDS)
-    holding = [
-        s for s in llm if s["start_time"] - slack <= ns(start) and ns(end) <= s["end_time"] + slack
+    near = [
+        s
+        for s in llm
+        if s["span_id"] not in matched
+        and s["start_time"] - slack <= first
+        and last <= s["end_time"] + slack
     ]
-    return min(holding, key=lambda s: s["end_time"] - s["start_time"], default=None)
+    middle = first + last
+    return min(near, key=lambda s: abs(s["start_time"] + s["end_time"] - middle), default=None)
 
 
 def assemble(

@@ -206,6 +206,8 @@ def screenshot(url: str, trace_id: str) -> None:
             project = json.loads(response.read())["data"][0]["id"]
         driver.get(f"{url}/projects/{project}/traces/{trace_id}")
         wait_for(lambda: "librarian.run" in driver.page_source, timeout=60)
+        # the root span's details: its input (the task) and output (the answer)
+        wait_for(lambda: "Golden Gate Bridge" in driver.page_source, timeout=60)
         SHOTS.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(SHOTS / "phoenix-trace.png"))
         page = driver.page_source
