@@ -231,3 +231,28 @@ def test_with_the_collector_down_runs_succeed_and_export_traces_sends_them_later
     assert untraced.traces == {}
     refused = cli("runs", "export-traces", untraced.run_id, "--to", "http://127.0.0.1:9")
     assert refused.returncode == 2 and "has no trace" in refused.stderr
+
+
+@pytest.mark.docker
+def test_a_batch_gives_one_trace_per_task_tagged_with_the_batch_and_the_task(
+    agent_image: str, nothing_left: None, tmp_path: Path
+) -> None:
+    from .test_batch import MATH, math_rows, write_jsonl
+
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3))
+    with OtlpReceiver() as receiver:
+        done = cli("batch", str(MATH), str(tasks), "-o", str(tmp_path / "out"), "--json",
+                   "--traces-to", receiver.url)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        received = list(receiver.spans)
+    batch_id = json.loads(done.stdout)["batch_id"]
+    roots = [s for s in received if s["parent_span_id"] is None]
+    assert sorted(r["attributes"]["orchestrator.task_id"] for r in roots) == [
+        "q000", "q001", "q002"
+    ]  # fmt: skip
+    assert {r["attributes"]["orchestrator.batch_id"] for r in roots} == {batch_id}
+    assert {r["attributes"]["session.id"] for r in roots} == {batch_id}  # Phoenix's sessions
+    assert len({r["trace_id"] for r in roots}) == 3  # one trace per task
+    by_trace = {r["trace_id"]: r for r in roots}
+    assert all(s["trace_id"] in by_trace for s in received)
+    assert {r["attributes"]["orchestrator.status"] for r in roots} == {"succeeded"}
