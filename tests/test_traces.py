@@ -157,7 +157,7 @@ def test_a_bad_collector_url_is_refused_before_anything_starts() -> None:
 
 @pytest.mark.docker
 def test_a_sandbox_that_forges_spans_cannot_change_its_run_or_pass_the_bounds(
-    agent_image: str, nothing_left: None, monkeypatch: pytest.MonkeyPatch
+    agent_image: str, nothing_left: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Acceptance 2: a wrong parent, a fake root (its own trace; the host's root id), huge
     attributes, the secret, malformed fields, a parent loop and ten thousand spans."""
@@ -196,6 +196,14 @@ def test_a_sandbox_that_forges_spans_cannot_change_its_run_or_pass_the_bounds(
     assert longest <= MAX_ATTRIBUTE_CHARS
     saved = Path(result.record_dir) / "trace.json"
     assert saved.stat().st_size < 32 * 1024 * 1024
+
+    # `view` shows the trace and what was flagged (its static export: the same pages).
+    exported = cli("view", "--export", str(tmp_path / "pages"), result.run_id)
+    assert exported.returncode == 0, exported.stderr
+    page = (tmp_path / "pages" / f"run-{result.run_id}.html").read_text()
+    assert "5001 spans" in page and "fake_root" in page and "wrong_parent" in page
+    assert "run span_forger" in page and "the first 500 of 5001 spans" in page
+    assert all(line not in page for line in SECRET.splitlines())
 
 
 @pytest.mark.docker
