@@ -14,7 +14,6 @@ imports it (`orchestrator run`'s cold start).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -160,7 +159,7 @@ def export(
     if down is not None and down[0] > time.monotonic() and not retry:
         return {"exported": False, "endpoint": shown, "error": f"not tried: {down[1]}"}
     try:
-        exporter = _exporter(target)
+        exporter = _exporter_of(target)
         readable = to_readable(spans)
     except Exception as exc:
         return {"exported": False, "endpoint": shown, "error": f"{type(exc).__name__}: {exc}"}
@@ -172,8 +171,6 @@ def export(
         _ERRORS.local.lines.append(f"{type(exc).__name__}: {exc}")
     finally:
         lines: list[str] = _ERRORS.local.__dict__.pop("lines", [])
-        with contextlib.suppress(Exception):
-            exporter.shutdown()
     if ok:
         with _lock:
             _unreachable.pop(target.endpoint, None)
@@ -183,6 +180,18 @@ def export(
     with _lock:
         _unreachable[target.endpoint] = (time.monotonic() + BACKOFF_SECONDS, reason)
     return {"exported": False, "endpoint": shown, "error": reason}
+
+
+#: Each thread's exporters by target (their HTTP sessions keep the collector's connection open
+#: from one run to the next; a requests session is not shared between threads).
+_exporters = threading.local()
+
+
+def _exporter_of(target: TraceTarget) -> Any:
+    made: dict[TraceTarget, Any] = _exporters.__dict__.setdefault("by_target", {})
+    if target not in made:
+        made[target] = _exporter(target)
+    return made[target]
 
 
 def _exporter(target: TraceTarget) -> Any:
