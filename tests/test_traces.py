@@ -152,6 +152,41 @@ def test_a_bad_collector_url_is_refused_before_anything_starts() -> None:
     assert "not an OTLP/HTTP collector URL" in out.stderr
 
 
+# ---- the runtime's spans, on this host ---------------------------------------------------------
+
+
+def test_the_runtime_writes_the_agents_spans_under_the_hosts_root_with_secrets_masked() -> None:
+    from .test_runtime_local import build_request, run_runtime
+
+    trace = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "parent_span_id": "00f067aa0ba902b7"}
+    team = run_runtime(build_request(RESEARCH, trace=trace), args=("--preload", "traces"))
+    assert team.end["state"] == "success"
+    spans = team.of_type("span")
+    by_id = {s["span_id"]: s for s in spans}
+    assert {s["trace_id"] for s in spans} == {trace["trace_id"]}
+    tops = [s for s in spans if s["parent_span_id"] not in by_id]
+    assert [(s["name"], s["parent_span_id"]) for s in tops] == [
+        ("CodeAgent.run", trace["parent_span_id"])
+    ]
+    librarian = next(s for s in spans if s["name"] == "librarian.run")
+    chain, parent = [], librarian["parent_span_id"]
+    while parent in by_id:
+        chain.append(by_id[parent]["name"])
+        parent = by_id[parent]["parent_span_id"]
+    assert chain[-1] == "CodeAgent.run"  # the librarian runs inside the manager's step
+    llm = [s for s in spans if s["attributes"].get("openinference.span.kind") == "LLM"]
+    assert len(llm) == 4 and all(s["attributes"]["llm.token_count.total"] > 0 for s in llm)
+    assert team.end is team.events[-1] and spans  # every span came before the run's end
+
+    leaky = build_request(TEST_PAYLOADS / "leaky", trace=trace, secrets={"LEAKY_SECRET": SECRET})
+    told = run_runtime(leaky)
+    assert told.end["state"] == "success" and told.of_type("span")
+    assert all(line not in told.stdout for line in SECRET.splitlines())
+
+    untraced = run_runtime(build_request(RESEARCH))
+    assert untraced.end["state"] == "success" and not untraced.of_type("span")
+
+
 # ---- end to end on the real engine ---------------------------------------------------------------
 
 
