@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator_runtime.protocol import MAX_ATTRIBUTE_CHARS
+
 from .errors import ConfigError
 from .gateway import measured_usage
 from .otlp import TraceTarget, export
@@ -71,7 +73,7 @@ def root_span(result: RunResult, context: RunContext, tokens: dict[str, Any]) ->
     ended = float(timings.get("ended") or started)
     attributes: dict[str, Any] = {
         "openinference.span.kind": "CHAIN",
-        "input.value": context.task,
+        "input.value": context.task[:MAX_ATTRIBUTE_CHARS],
         "orchestrator.run_id": result.run_id,
         "orchestrator.payload": result.payload,
         "orchestrator.model": result.model,
@@ -87,7 +89,8 @@ def root_span(result: RunResult, context: RunContext, tokens: dict[str, Any]) ->
     }
     if result.answer is not None:
         answer = result.answer
-        attributes["output.value"] = answer if isinstance(answer, str) else json.dumps(answer)
+        text = answer if isinstance(answer, str) else json.dumps(answer, default=str)
+        attributes["output.value"] = text[:MAX_ATTRIBUTE_CHARS]
     if result.error:
         attributes["orchestrator.error.type"] = str(result.error.get("type"))
         attributes["orchestrator.error.message"] = str(result.error.get("message"))[:4096]
