@@ -299,3 +299,19 @@ def test_a_batch_gives_one_trace_per_task_tagged_with_the_batch_and_the_task(
     by_trace = {r["trace_id"]: r for r in roots}
     assert all(s["trace_id"] in by_trace for s in received)
     assert {r["attributes"]["orchestrator.status"] for r in roots} == {"succeeded"}
+
+
+def test_a_run_without_tracing_never_imports_opentelemetry() -> None:
+    """Cold start: the host imports OpenTelemetry only to export (otlp.py)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, orchestrator.runner, orchestrator.cli, orchestrator.batch, "
+        "orchestrator.view.runs\n"
+        "print([m for m in sys.modules if m.startswith(('opentelemetry', 'openinference', "
+        "'google.protobuf'))])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
