@@ -15,6 +15,7 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
 
 from .gateway import measured_usage, usage_mismatch
+from .spans import SpanCollector
 from .spec import RunResult, host_error
 from .store import Store
 
@@ -93,6 +94,9 @@ class RunRecorder:
         #: How many of the egress proxy's failed attempts are recorded already.
         self.egress_seen = 0
         self._frames = FrameCheck()
+        #: The sandbox's `span` events: checked, masked and bounded apart from the others
+        #: (orchestrator/spans.py); they never reach `events` or the run's status.
+        self.spans = SpanCollector(masker)
 
     def stop_requested(self) -> bool:
         """`orchestrator runs stop` asked for this run to stop (see STOP_REQUEST)."""
@@ -143,6 +147,9 @@ class RunRecorder:
     def _line(self, stream: str, line: str) -> None:
         if stream == "stdout" and line.strip():
             event, problem = self._frames.check(line)
+            if problem is None and event["type"] == "span":
+                self.spans.add(event)
+                return
             if problem is None:
                 self.observed(event)
                 return

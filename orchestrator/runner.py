@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 
 from orchestrator_runtime.masking import Masker
-from orchestrator_runtime.protocol import RESULT_PATH, model_client_module
+from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
 from orchestrator_runtime.request import Request
 
 from .backends import backend_capabilities, backend_name, get_backend
@@ -38,25 +38,16 @@ from .imagecache import ImageCache
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
+from .otlp import TraceTarget, trace_target
 from .outcome import cancelled_error, decide_status, explain_network
 from .payload import ShippedFile, check_task
-from .policy import (
-    describe_allowlist,
-    resolve_policy,
-    sandbox_api_base,
-)
+from .policy import describe_allowlist, resolve_policy, sandbox_api_base
 from .record import EventHandler, RunRecorder, finish
 from .secrets import needed_secrets, resolve_secrets
-from .spec import (
-    PAYLOAD_ERROR,
-    SETTABLE_LIMITS,
-    Limits,
-    NetworkPolicy,
-    RunResult,
-    RunSpec,
-)
+from .spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
 from .store import Store, new_run_id
 from .supervise import record_egress_blocked, record_gateway, supervise
+from .traces import RunContext, record_trace, trace_request
 
 RUNTIME_COMMAND = ("python", "-m", "orchestrator_runtime")
 
@@ -116,6 +107,7 @@ class PreparedRun:
     gateway_off: str | None = None
     #: The sandbox runtime asked for: the run's, else the payload's, else auto.
     sandbox_runtime: str = "auto"
+    trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -197,6 +189,8 @@ def prepare(
         )
     with _field("sandbox_runtime"):
         sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
+    with _field("traces_to"):
+        trace = None if spec.check_only else trace_target(spec.traces_to)
     needed = needed_secrets(manifest, model)
     with _field("secrets"):
         if spec.check_only:  # the tree is built, no step runs: no real secret goes in,
@@ -221,6 +215,7 @@ def prepare(
         gateway=gateway,
         gateway_off=gateway_off,
         sandbox_runtime=sandbox_runtime,
+        trace=trace,
     )
 
 
@@ -440,6 +435,9 @@ def execute(
         result.timings = timings
         if result.status == "infra_error":
             result.error = explain_network(prepared.network, prepared.model, result.error)
+        if prepared.trace is not None:  # never fails: what was not exported is recorded
+            context = RunContext.of(prepared.spec, prepared.task)
+            result.traces = record_trace(result, record, context, prepared.trace)
         finish(result, record, store)
     if interrupted is not None:
         raise interrupted
@@ -464,7 +462,9 @@ def runtime_command(prepared: PreparedRun) -> tuple[str, ...]:
     is one (a pooled sandbox does so while it idles; pools are keyed by command)."""
     has_api_base = prepared.model.api_base is not None or prepared.gateway is not None
     client = model_client_module(prepared.model.provider, has_api_base=has_api_base)
-    return (*RUNTIME_COMMAND, "--preload", client) if client else RUNTIME_COMMAND
+    preloads = [client] if client else []
+    preloads += [PRELOAD_TRACES] if prepared.trace is not None else []
+    return (*RUNTIME_COMMAND, *(arg for name in preloads for arg in ("--preload", name)))
 
 
 def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Request:
@@ -496,4 +496,5 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
         result_path=RESULT_PATH,
         check_only=prepared.spec.check_only,
+        trace=trace_request(prepared.run_id, prepared.trace),
     )

@@ -96,7 +96,12 @@ class RunSpec:
     allow_dangerous_imports: bool = False
     schedule: str | None = None
     batch: str | None = None
+    #: The batch task this run is an attempt of (its trace is tagged with it).
+    task_id: str | None = None
     run_id: str | None = None
+    #: Where the run's OpenTelemetry trace is exported (an OTLP/HTTP URL); None: as
+    #: OpenTelemetry's environment variables say (off when they name no endpoint); "off".
+    traces_to: str | None = None
     #: Load the payload's agent tree in the sandbox and check it, but run no step
     #: (`orchestrator validate`, and batch before its first task). Secrets get placeholders.
     check_only: bool = False
@@ -142,6 +147,9 @@ class RunResult:
     #: The cluster node the run ran on (a Ray node: node_id, address, hostname); empty on
     #: this host.
     node: dict[str, Any] = field(default_factory=dict)
+    #: The run's trace when tracing was on (orchestrator/traces.py): `trace_id`, `spans`,
+    #: `sandbox_spans`, `flags`, and `exported`, `endpoint`, `error` of its export.
+    traces: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cli_exit_code(self) -> int:

@@ -30,11 +30,13 @@ from typing import Any
 from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
 from .masking import Masker
-from .protocol import PRELOADABLE, READY_LINE
+from .protocol import PRELOAD_TRACES, PRELOADABLE, READY_LINE
 from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
 EXIT_SUCCESS, EXIT_AGENT_FAILED, EXIT_BAD_REQUEST, EXIT_INTERNAL = 0, 1, 2, 3
+#: What `--preload traces` imports: the runtime's tracing (OpenTelemetry, the instrumentation).
+TRACING_MODULE = "orchestrator_runtime.tracing"
 
 
 class PayloadError(Exception):
@@ -139,6 +141,7 @@ class Run:
         self.audit: Any = None
         self.result_path: str | None = None
         self.write_result_file = write_result_file
+        self.tracing: Any = None  # tracing.Tracing when the request asks for spans
 
     def fail(self, stage: str, exc: BaseException, kind: str, exit_code: int) -> int:
         """Emit `error` then `run_end` (state error); return the exit code."""
@@ -184,6 +187,8 @@ class Run:
             return self.fail("request", exc, "payload", EXIT_BAD_REQUEST)
         os.environ.update(request.secrets)
         apply_rlimits(request.rlimits)
+        if request.trace:
+            self.tracing = start_tracing(self.events, request.trace)
         from .egress_audit import install as audit_egress
 
         # Reports attempts the network refuses in the sandbox (`allowlist`: direct ones;
@@ -287,13 +292,15 @@ class Run:
 
         from .models import is_model_unavailable
 
+        traced = self.tracing.under_host_root() if self.tracing else contextlib.nullcontext()
         try:
-            result = manager.run(
-                request.task,
-                additional_args=request.additional_args,
-                max_steps=manager.max_steps,  # take_control's: the program's or the cap
-                return_full_result=True,
-            )
+            with traced:
+                result = manager.run(
+                    request.task,
+                    additional_args=request.additional_args,
+                    max_steps=manager.max_steps,  # take_control's: the program's or the cap
+                    return_full_result=True,
+                )
         except (Exception, SystemExit) as exc:
             kind = "model_unavailable" if is_model_unavailable(exc) else "agent"
             stage = "model" if isinstance(exc, AgentGenerationError) or kind != "agent" else "run"
@@ -309,6 +316,18 @@ class Run:
         error = {"type": type(failure).__name__, "message": str(failure), "kind": "agent"}
         self.end("max_steps_error", result.output, error)
         return EXIT_AGENT_FAILED
+
+
+def start_tracing(events: EventStream, trace: dict[str, str]) -> Any:
+    """The run's spans on the event channel (tracing.py); None, said on stderr, when this
+    image cannot trace (the run goes on: its spans are an extra, never its outcome)."""
+    try:
+        from .tracing import Tracing
+
+        return Tracing(events, trace["trace_id"], trace["parent_span_id"])
+    except Exception as exc:
+        print(f"orchestrator_runtime: no traces for this run: {exc!r}", file=sys.stderr)
+        return None
 
 
 def read_request(argv: list[str]) -> bytes:
@@ -328,18 +347,21 @@ def read_request(argv: list[str]) -> bytes:
     return sys.stdin.buffer.read()
 
 
-def split_preload(argv: list[str]) -> tuple[str | None, list[str]]:
-    """`--preload MODULE` (one of PRELOADABLE, first on the command line) and the rest."""
-    if len(argv) >= 2 and argv[0] == "--preload" and argv[1] in PRELOADABLE:
-        return argv[1], argv[2:]
-    return None, argv
+def split_preload(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The `--preload NAME` options (each one of PRELOADABLE, first on the command line) and
+    the rest."""
+    names = []
+    while len(argv) >= 2 and argv[0] == "--preload" and argv[1] in PRELOADABLE:
+        names.append(argv[1])
+        argv = argv[2:]
+    return names, argv
 
 
-def preload(client: str | None = None) -> None:
-    """Import what every run needs before the request comes, and the model's `client`
-    library when the host named it: a pooled sandbox has paid for it while it idled, and a
-    cold one overlaps it with the host's shipping of the request. Nothing here reads the
-    request, the environment's secrets (there are none yet) or writes to stdout."""
+def preload(names: list[str] | None = None) -> None:
+    """Import what every run needs before the request comes, and what the host named (the
+    model's client library; `traces`: tracing.py): a pooled sandbox has paid for it while it
+    idled, and a cold one overlaps it with the host's shipping of the request. Nothing here
+    reads the request, the environment's secrets (there are none yet) or writes to stdout."""
     # The garbage collector is off while they load: thousands of objects that live as long
     # as the process, whose collections cost about 5% of the import. gc.freeze keeps them
     # out of every later collection (and leaves their pages shared with the forked child).
@@ -349,9 +371,9 @@ def preload(client: str | None = None) -> None:
 
         from . import agents, egress_audit, models  # noqa: F401
 
-        if client is not None:
-            with contextlib.suppress(ImportError):  # not in this image: the model says so
-                importlib.import_module(client)
+        for name in names or ():
+            with contextlib.suppress(ImportError):  # not in this image: the run says so
+                importlib.import_module(TRACING_MODULE if name == PRELOAD_TRACES else name)
     finally:
         gc.freeze()
         gc.enable()
@@ -380,9 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     """Read the request, then run it in a child process whose events this one relays
     (relay.py): the payload never holds the host's event channel."""
     events_fd = isolate_stdout()
-    client, argv = split_preload(sys.argv[1:] if argv is None else argv)
+    names, argv = split_preload(sys.argv[1:] if argv is None else argv)
     try:
-        preload(client)
+        preload(names)
     except Exception:  # the child reports it properly when it imports them again
         traceback.print_exc()
     if KEEPER_FD_ENV in os.environ:  # a pooled sandbox: tell the pool it is ready

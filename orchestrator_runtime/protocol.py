@@ -38,7 +38,10 @@ PROVIDERS = ("mock", "openai", "hf", "litellm")
 
 #: The client libraries a model may import when the runtime builds it, which the runtime can
 #: import ahead (`--preload MODULE`): about 0.6 s for openai, paid while a pooled sandbox idles.
-PRELOADABLE = ("openai", "litellm")
+#: `--preload traces` imports the runtime's tracing (OpenTelemetry and the smolagents
+#: instrumentation, about 0.1 s), for runs whose request will carry a `trace`.
+PRELOAD_TRACES = "traces"
+PRELOADABLE = ("openai", "litellm", PRELOAD_TRACES)
 
 
 def model_client_module(provider: str, *, has_api_base: bool) -> str | None:
@@ -108,6 +111,16 @@ class FrameCheck:
         self.expected += 1
         self.ended = event["type"] == "run_end"
         return event, None
+
+
+#: Bounds on one span of the sandbox (`span` events): its attributes, its events, and its JSON.
+#: The runtime keeps its spans within them; the host checks them again (and its own bounds
+#: on the count and the total, orchestrator/spans.py), flagging what was cut.
+MAX_SPAN_ATTRIBUTES = 128
+MAX_SPAN_EVENTS = 32
+MAX_SPAN_BYTES = 256 * 1024
+#: The longest attribute value of a span (characters; a model's message history is long).
+MAX_ATTRIBUTE_CHARS = 32 * 1024
 
 
 #: What a pooled sandbox's runtime writes on stderr once it has imported everything and waits

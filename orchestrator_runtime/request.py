@@ -91,6 +91,9 @@ class Request:
     #: Process limits the runtime sets on itself (E2B, where the sandbox has no per-run
     #: limits of its own): `nproc`, `nofile`, `core` -> value.
     rlimits: dict[str, int] = _field("rlimits", dict, default_factory=dict, omit_empty=True)
+    #: The host's trace of the run (`trace_id`, `parent_span_id`: its root span): the runtime
+    #: then writes the run's OpenTelemetry spans as `span` events. Empty: no spans.
+    trace: dict[str, str] = _field("trace", dict, default_factory=dict, omit_empty=True)
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON object of docs/PROTOCOL.md (with `protocol`), fields in their sections."""
@@ -219,6 +222,12 @@ def _check(request: Request) -> None:
             raise RequestError(f"rlimit {name!r} must be one of {RLIMITS} with a whole number")
         if value < 0:
             raise RequestError(f"rlimit {name!r} must not be negative")
+    if request.trace and (
+        sorted(request.trace) != ["parent_span_id", "trace_id"]
+        or not _is_hex(request.trace["trace_id"], 32)
+        or not _is_hex(request.trace["parent_span_id"], 16)
+    ):
+        raise RequestError("trace must be {trace_id: 32 hex digits, parent_span_id: 16 hex digits}")
     if not request.task.strip():
         raise RequestError("the task is empty")
     if not ENTRYPOINT_RE.match(request.entrypoint):
@@ -248,3 +257,13 @@ def _check(request: Request) -> None:
     secret_names = {*request.secrets, *request.secret_env}
     if request.credential_env and request.credential_env not in secret_names:
         raise RequestError(f"credential_env {request.credential_env!r} is not among the secrets")
+
+
+def _is_hex(value: Any, length: int) -> bool:
+    """A lower-case hex id of `length` digits that is not all zeros (OpenTelemetry's ids)."""
+    return (
+        isinstance(value, str)
+        and len(value) == length
+        and all(c in "0123456789abcdef" for c in value)
+        and value.strip("0") != ""
+    )

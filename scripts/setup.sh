@@ -20,6 +20,17 @@ PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev,ra
 PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet --no-deps \
     -e tests/plugins/orchestrator_mirror
 
+# Arize Phoenix, the tracing UI smolagents' docs point to, for tests/test_traces_phoenix.py: in
+# a virtualenv of its own (.venv-phoenix), since its ~150 dependencies (pandas, grpcio,
+# SQLAlchemy, ...) would clash with ours. uv (a dev dependency) installs it in well under a
+# minute where pip takes three; byte-compiled, or its first start compiles it (a minute more).
+# --native-tls: the system's certificates (a proxy's CA among them). A no-op when it is there.
+if [ ! -x .venv-phoenix/bin/python ]; then
+    "$python" -m venv --without-pip .venv-phoenix
+fi
+.venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python .venv-phoenix/bin/python \
+    'arize-phoenix==20.26.1'
+
 if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing debootstrap (to build a base image without a registry)" >&2
     apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null

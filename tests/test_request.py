@@ -60,6 +60,8 @@ def request_with_every_field(monkeypatch: pytest.MonkeyPatch) -> Request:
         secrets={"WEATHER_API_KEY": "w-secret\nwith a newline"},  # the Docker backend's part
         secret_env=["OPENAI_API_KEY"],  # the E2B backend's part
         rlimits={"nproc": 256, "nofile": 1024, "core": 0},
+        # the host's part when tracing is on (traces.trace_request)
+        trace={"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "parent_span_id": "00f067aa0ba902b7"},  # noqa: E501
     )
 
 

@@ -360,7 +360,7 @@ class _BatchRun:
         with self.lock:
             self.attempt_counts[task.id] += 1
             number = self.attempt_counts[task.id]
-        this = replace(prepared, spec=replace(prepared.spec, batch=self.batch_id))
+        this = replace(prepared, spec=replace(prepared.spec, batch=self.batch_id, task_id=task.id))
         try:
             attempt = self.executor.reserve(this, number=number, cancel=self.stop)
         except BaseException:

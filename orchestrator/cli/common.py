@@ -96,6 +96,13 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "run's gateway (default: a gateway for openai, hf and litellm models on Docker; no "
         "host-measured tokens or budgets without it)",
     )  # fmt: skip
+    p.add_argument(
+        "--traces-to", metavar="URL",
+        help="export each run's OpenTelemetry trace (the run, its agents' spans, its model "
+        "calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:6006 (Phoenix); `off` for "
+        "none. Default: OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT (and _HEADERS, "
+        "_PROTOCOL) when set, else no traces",
+    )  # fmt: skip
     p.add_argument("--env-file", help="dotenv file to read secrets from (default: ./.env)")
     p.add_argument(
         "--i-understand-dangerous-imports", action="store_true", dest="allow_dangerous_imports",
@@ -123,6 +130,7 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         max_model_calls=args.max_model_calls,
         max_tokens=args.max_tokens,
         gateway=args.gateway,
+        traces_to=args.traces_to,
         env_file=args.env_file,
         allow_dangerous_imports=args.allow_dangerous_imports,
         additional_args=parse_kv_args(getattr(args, "arg", [])),

@@ -22,6 +22,7 @@ from .output import (
     say,
 )
 from .parser import HELP
+from .traces import add_export_traces_parser
 
 #: Seconds between looks at a followed run's files (`runs logs -f`).
 FOLLOW_INTERVAL = 0.2
@@ -127,6 +128,7 @@ def add_runs_parser(sub: Any) -> None:
     ex.add_argument("--force", action="store_true", help="replace an archive that exists")
     ex.add_argument("--json", action="store_true", help="print {run_id, path} as JSON")
     ex.set_defaults(handler=cmd_runs_export)
+    add_export_traces_parser(rsub, run_argument, RUN_HELP)
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
 
@@ -259,6 +261,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("tokens", tokens),
         ("tokens reported", _reported(result) if result.get("token_usage_mismatch") else None),
         ("model calls", (result.get("gateway") or {}).get("calls")),
+        ("trace", describe_trace(result.get("traces"))),
         ("created", f"{local_time(row['created_at'])} ({age(row['created_at'])})"),
         ("ended", local_time(ended) if ended else None),
         ("duration", human_duration(duration) if duration is not None else None),
@@ -272,6 +275,21 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
 CHECK_KIND = (
     "check (the payload's agent tree loaded by `validate` or a batch's preflight; no step ran)"
 )
+
+
+def describe_trace(traces: dict[str, Any] | None) -> str | None:
+    """`12 spans, exported to URL` / `not exported (why)` / `... flagged: 2 wrong_parent`."""
+    if not traces:
+        return None
+    text = f"{traces.get('spans', 0)} spans ({traces.get('trace_id')})"
+    if traces.get("exported"):
+        text += f", exported to {traces.get('endpoint')}"
+    elif traces.get("endpoint"):
+        text += f", NOT exported to {traces.get('endpoint')}: {traces.get('error')}"
+    flags = traces.get("flags") or {}
+    if flags:
+        text += "; flagged: " + ", ".join(f"{n} {k}" for k, n in flags.items())
+    return text
 
 
 def _limits(limits: dict[str, Any] | None) -> str | None:

@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from ..store import Store
+from ..traces import read_trace
 from .tree import AgentNode, build_tree, count_steps
 
 #: The most of stderr a page shows (its end: where tracebacks are).
 STDERR_TAIL = 256 * 1024
 #: Events read from one record (a runaway stream stays bounded on the page too).
 MAX_EVENTS = 20000
+#: Spans of a run's trace the page lists (the rest are counted).
+MAX_SPAN_ROWS = 500
 
 
 @dataclass
@@ -31,6 +34,9 @@ class RunView:
     stderr: str = ""
     stderr_cut: int = 0
     violations: list[dict[str, Any]] = field(default_factory=list)
+    #: The run's trace as indented rows (`span_rows`), when it was traced.
+    spans: list[dict[str, Any]] = field(default_factory=list)
+    spans_total: int = 0
 
     @property
     def ended(self) -> bool:
@@ -104,6 +110,40 @@ def reported_token_usage(result: dict[str, Any] | None) -> dict[str, Any]:
     return dict(result.get("token_usage") or {})
 
 
+def span_rows(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A trace as rows, each span after its parent, children by start time: `depth`,
+    `name`, `kind` (OpenInference's, else the source), `ms`, `tokens`, `status`, `flagged`."""
+    children: dict[Any, list[dict[str, Any]]] = {}
+    ids = {span.get("span_id") for span in spans}
+    for span in spans:
+        parent = span.get("parent_span_id")
+        children.setdefault(parent if parent in ids else None, []).append(span)
+    rows: list[dict[str, Any]] = []
+    pending = [(span, 0) for span in reversed(sorted_spans(children.get(None, [])))]
+    while pending and len(rows) < MAX_SPAN_ROWS:
+        span, depth = pending.pop()
+        attributes = span.get("attributes") or {}
+        rows.append(
+            {
+                "depth": depth,
+                "indent": "\u00a0\u00a0" * min(depth, 30),
+                "name": span.get("name"),
+                "kind": attributes.get("openinference.span.kind") or span.get("source") or "",
+                "ms": round((span.get("end_time", 0) - span.get("start_time", 0)) / 1e6, 1),
+                "tokens": attributes.get("llm.token_count.total"),
+                "status": (span.get("status") or {}).get("code"),
+                "flagged": attributes.get("orchestrator.flagged"),
+            }
+        )
+        below = sorted_spans(children.get(span.get("span_id"), []))
+        pending += [(child, depth + 1) for child in reversed(below)]
+    return rows
+
+
+def sorted_spans(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(spans, key=lambda s: s.get("start_time") or 0)
+
+
 def load_run(store: Store, run_id: str) -> RunView | None:
     row = store.get_run(run_id)
     if row is None:
@@ -116,6 +156,7 @@ def load_run(store: Store, run_id: str) -> RunView | None:
     events = read_events(directory)
     tree = build_tree(events)
     stderr, cut = read_tail(directory / "stderr.log")
+    spans = read_trace(directory)
     return RunView(
         row=row,
         result=result,
@@ -130,4 +171,6 @@ def load_run(store: Store, run_id: str) -> RunView | None:
         stderr=stderr,
         stderr_cut=cut,
         violations=[e for e in events if e.get("type") == "protocol_violation"][:50],
+        spans=span_rows(spans or []),
+        spans_total=len(spans or []),
     )
