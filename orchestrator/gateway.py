@@ -24,9 +24,11 @@ from .spec import Limits, NetworkPolicy
 #: when no --api-base is given).
 HF_ROUTER = "https://router.huggingface.co/v1"
 
-#: How a backend provides a run's gateway (its `Capabilities.model_gateway`): "none", or
-#: "sidecar", a container of its own on the run's private network that the sandbox reaches.
-GatewayProvision = Literal["none", "sidecar"]
+#: How a backend provides a run's gateway (its `Capabilities.model_gateway`): "none";
+#: "sidecar", a container of its own on the run's private network that the sandbox reaches;
+#: "sandbox", a sandbox of its own that the run's sandbox reaches through the backend's
+#: per-port host name (E2B).
+GatewayProvision = Literal["none", "sidecar", "sandbox"]
 
 
 @dataclass(frozen=True)
@@ -61,21 +63,24 @@ def plan_gateway(
     """The run's gateway, or None and why not (for the record). `provision`: how the run's
     backend (named `backend`, for the record) provides one.
 
-    Raises ConfigError when the gateway should serve the model but cannot (a LiteLLM model
-    with no --api-base has no single endpoint to forward to): fail closed, `--no-gateway`
-    opts out by name.
+    Raises ConfigError when the gateway should serve the model but cannot (a backend without
+    one, or a LiteLLM model with no --api-base, which has no single endpoint to forward to):
+    fail closed, `--no-gateway` opts out by name.
     """
     if not model.needs_network:
         return None, "the mock model makes no network calls"
     if not enabled:
         return None, "turned off with --no-gateway: the model key is in the sandbox"
-    if provision == "none":
-        return None, (
-            f"the {backend} backend's sandboxes cannot reach a gateway on this host: the model "
-            "key goes into the sandbox (as the command's environment), masked in the record"
-        )
     if network.mode == "none":
         return None, "the run has no network (--network none)"
+    if provision == "none":
+        raise ConfigError(
+            f"The {backend} backend cannot give the run a model gateway, so the key of the "
+            f"{model.provider} model would go into the sandbox, where any code the agents run "
+            "can read it. Nothing was started.",
+            "Run on a backend with a gateway (--backend docker), or put the key into the "
+            "sandbox knowingly with --no-gateway (no host-measured tokens, no budget).",
+        )
     upstream = model.api_base or (HF_ROUTER if model.provider == "hf" else None)
     if upstream is None:
         raise ConfigError(
@@ -85,7 +90,7 @@ def plan_gateway(
             "run with --no-gateway to put the key into the sandbox as before.",
         )
     parts = urlsplit(upstream)
-    on_host = is_docker_host(parts.hostname or "")
+    on_host = bool(network.host_endpoints) and is_docker_host(parts.hostname or "")
     if on_host:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         upstream = urlunsplit(parts._replace(netloc=f"{HOST_ALIAS}:{port}"))

@@ -25,7 +25,7 @@ from ..base import (
     SandboxSpec,
     StreamName,
 )
-from .settings import E2BSettings, T, sdk, with_retries
+from .settings import ALLOW_LOCAL_ENDPOINTS_ENV, E2BSettings, T, sdk, with_retries
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER, ensure_template
 
 if TYPE_CHECKING:
@@ -148,10 +148,15 @@ class E2BBackend(Backend):
 
     name = "e2b"
     #: No gateway (E2B's cloud cannot reach one on this host), no pools, sizes per template
-    #: (not per run); its sandboxes end with their E2B lifetime, and removing them early
-    #: takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent sandboxes
-    #: is the plan's, from the settings.
-    capabilities = Capabilities(orphans_end="its E2B sandbox ends with its E2B lifetime")
+    #: (not per run); its sandboxes run elsewhere (an endpoint on this host is refused unless
+    #: ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS=1), end with their E2B lifetime, and removing
+    #: them early takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent
+    #: sandboxes is the plan's, from the settings.
+    capabilities = Capabilities(
+        orphans_end="its E2B sandbox ends with its E2B lifetime",
+        sandboxes_run="elsewhere",
+        local_endpoints_env=ALLOW_LOCAL_ENDPOINTS_ENV,
+    )
 
     def __init__(self, settings: E2BSettings | None = None) -> None:
         sdk()
