@@ -10,23 +10,32 @@ E2B-compatible server needs).
 
 from __future__ import annotations
 
+import json
+import secrets
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from orchestrator import ConfigError, RunSpec, run
 from orchestrator.backends import backend_class
+from orchestrator.backends.e2b.gateway import GATEWAY_PORT, KIND_GATEWAY
+from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.policy import unreachable_from_elsewhere
 from orchestrator.runner import prepare
 
 from . import test_e2b_backend as e2b_tests
-from .conftest import TEST_PAYLOADS, cli
+from .conftest import PAYLOADS, TEST_PAYLOADS, cli
 from .e2b_server import E2BTestServer
+from .model_server import ScriptedModelServer, docker_bridge_address
+from .test_gateway import code
 
 e2b_test_server = e2b_tests.e2b_test_server
 e2b_env = e2b_tests.e2b_env
 
 PROBE = TEST_PAYLOADS / "gateway_probe"
+LIAR = TEST_PAYLOADS / "gateway_liar"
+RESEARCH = PAYLOADS / "research_team"
 ALLOW_LOCAL = "ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS"
 
 
@@ -88,9 +97,82 @@ def test_an_endpoint_e2b_cannot_reach_is_exit_2_before_any_template(
         assert refused.value.exit_code == 2 and ALLOW_LOCAL in refused.value.fix, api_base
     assert e2b_env.requests == []  # no template looked up, no sandbox made
     # A public endpoint passes; on this host, only when the user says E2B reaches it.
-    prepare(RunSpec(payload=PROBE, model="openai:m", api_base="https://llm.example.com/v1",
-                    backend="e2b", gateway=False))  # fmt: skip
+    public = prepare(RunSpec(payload=PROBE, model="openai:m", backend="e2b",
+                             api_base="https://llm.example.com/v1"))  # fmt: skip
+    assert public.gateway is not None and public.gateway.upstream == "https://llm.example.com/v1"
     monkeypatch.setenv(ALLOW_LOCAL, "1")
     local = prepare(RunSpec(payload=PROBE, model="openai:m", api_base=bridge, backend="e2b",
                             gateway=False))  # fmt: skip
     assert local.network.host_endpoints == () and "172.17.0.1" in local.network.hosts
+
+
+# ---- the gateway in an E2B sandbox of its own --------------------------------------------------
+
+
+@pytest.fixture
+def e2b_model(e2b_env: E2BTestServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The E2B test server with the scripted model server on this host allowed (its sandboxes
+    reach it on the Docker bridge), and the model's key; yields the key."""
+    monkeypatch.setenv(ALLOW_LOCAL, "1")
+    key = f"sk-gwtest-{secrets.token_hex(16)}"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    yield key
+
+
+def api_base(server: ScriptedModelServer) -> str:
+    """The model server as the test server's sandboxes reach it."""
+    return server.api_base(docker_bridge_address())
+
+
+def gateway_sandboxes(server: E2BTestServer, run_id: str) -> list[str]:
+    return [
+        body["metadata"][LABEL_RUN_ID]
+        for body in server.create_requests
+        if body["metadata"].get(LABEL_KIND) == KIND_GATEWAY
+        and body["metadata"].get(LABEL_RUN_ID) == run_id
+    ]
+
+
+def test_the_model_key_is_nowhere_in_the_e2b_sandbox(
+    e2b_model: str, e2b_env: E2BTestServer
+) -> None:
+    """Acceptance 1: the probe reads every process's environment and command line, /tmp (the
+    run's working directory), /work and its own memory; with the gateway it finds no key, with
+    --no-gateway (the control) it does. The model server got the real key."""
+    key = e2b_model
+    look = code("result = look_for_key()\nfinal_answer(result)")
+    with ScriptedModelServer([look, look]) as server:
+        result = run(RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
+                             backend="e2b"))  # fmt: skip
+        creates = list(e2b_env.create_requests)
+        commands = list(e2b_env.commands)
+        control = run(RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
+                              backend="e2b", gateway=False))  # fmt: skip
+        headers = [r["headers"] for r in server.requests]
+    assert result.status == "succeeded", result.error
+    tail = key[len("sk-gwtest-") :][:32][::-1]  # as the probe reports what it saw
+    report = json.loads(result.answer)
+    assert report["read"]["proc"] >= 2 and report["read"]["files"] >= 1, report
+    assert "memory" in report["found"], report  # it did look (its own marker is there)
+    assert not [place for place, tails in report["found"].items() if tail in tails], report
+    assert headers[0]["Authorization"] == f"Bearer {key}"  # the real key, from the gateway
+    assert result.gateway["enabled"] is True and result.gateway["calls"] == 1
+    assert result.token_usage_source == "gateway"
+    # Two sandboxes: the gateway's first, then the run's, which may reach the gateway only.
+    gateway_body, sandbox_body = creates
+    assert gateway_body["metadata"][LABEL_KIND] == KIND_GATEWAY
+    assert gateway_body["metadata"][LABEL_RUN_ID] == result.run_id
+    assert gateway_body["network"]["allowOut"] == [docker_bridge_address()]
+    gateway_id = next(c.sandbox_id for c in commands if "orchestrator_runtime.gateway" in c.cmd
+                      + " ".join(c.args))  # fmt: skip
+    gateway_host = f"{GATEWAY_PORT}-{gateway_id}.{e2b_env.domain}"
+    assert sandbox_body["network"] == {"denyOut": ["0.0.0.0/0"], "allowOut": [gateway_host]}
+    assert not gateway_body.get("envVars") and not sandbox_body.get("envVars")
+    assert key not in json.dumps(creates) and key not in json.dumps([c.envs for c in commands])
+    # The control: the same probe finds the key when it is put into the sandbox.
+    assert control.status == "succeeded", control.error
+    found = json.loads(control.answer)["found"]
+    leaks = {place for place, tails in found.items() if tail in tails}
+    assert {"memory", "os.environ"} <= leaks, found
+    assert "--no-gateway" in control.gateway["reason"]
+    assert e2b_env.alive_count() == 0
