@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from orchestrator import ConfigError, RunSpec, run
@@ -25,10 +28,10 @@ from orchestrator.policy import unreachable_from_elsewhere
 from orchestrator.runner import prepare
 
 from . import test_e2b_backend as e2b_tests
-from .conftest import PAYLOADS, TEST_PAYLOADS, cli
+from .conftest import PAYLOADS, TEST_PAYLOADS, cli, events_of, wait_for
 from .e2b_server import E2BTestServer
 from .model_server import ScriptedModelServer, docker_bridge_address
-from .test_gateway import code
+from .test_gateway import code, gateway_events
 
 e2b_test_server = e2b_tests.e2b_test_server
 e2b_env = e2b_tests.e2b_env
@@ -124,15 +127,6 @@ def api_base(server: ScriptedModelServer) -> str:
     return server.api_base(docker_bridge_address())
 
 
-def gateway_sandboxes(server: E2BTestServer, run_id: str) -> list[str]:
-    return [
-        body["metadata"][LABEL_RUN_ID]
-        for body in server.create_requests
-        if body["metadata"].get(LABEL_KIND) == KIND_GATEWAY
-        and body["metadata"].get(LABEL_RUN_ID) == run_id
-    ]
-
-
 def test_the_model_key_is_nowhere_in_the_e2b_sandbox(
     e2b_model: str, e2b_env: E2BTestServer
 ) -> None:
@@ -175,4 +169,128 @@ def test_the_model_key_is_nowhere_in_the_e2b_sandbox(
     leaks = {place for place, tails in found.items() if tail in tails}
     assert {"memory", "os.environ"} <= leaks, found
     assert "--no-gateway" in control.gateway["reason"]
+    assert e2b_env.alive_count() == 0
+
+
+def test_e2b_tokens_are_measured_by_the_gateway_and_a_budget_stops_the_run(
+    e2b_model: str, e2b_env: E2BTestServer
+) -> None:
+    """Acceptance 2: measured tokens equal the server's own counts (and a sandbox that lies
+    is flagged); `--max-model-calls 2` ends the run `budget_exceeded`, the server having seen
+    exactly 2 calls."""
+    from .test_egress import research_outputs
+
+    with ScriptedModelServer(research_outputs()) as server:
+        plain = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=api_base(server),
+                            backend="e2b"))  # fmt: skip
+        served = dict(server.usage)
+    assert plain.status == "succeeded", plain.error
+    assert plain.token_usage_source == "gateway"
+    assert plain.token_usage == {**served, "total_tokens": sum(served.values())}
+    assert plain.token_usage_reported == served and plain.token_usage_mismatch is False
+    calls = gateway_events(plain, "model_call")
+    assert len(calls) == 4 and all(c["status"] == 200 and c["latency_ms"] > 0 for c in calls)
+
+    with ScriptedModelServer([code("final_answer('done')")]) as server:
+        lied = run(RunSpec(payload=LIAR, model="openai:scripted", api_base=api_base(server),
+                           backend="e2b"))  # fmt: skip
+        served = dict(server.usage)
+    assert lied.status == "succeeded", lied.error
+    assert lied.token_usage == {**served, "total_tokens": sum(served.values())}
+    assert lied.token_usage_reported == {"input_tokens": 1, "output_tokens": 1}
+    assert lied.token_usage_mismatch is True
+
+    steps = [code(f"print('step {i}')") for i in range(4)] + [code("final_answer('done')")]
+    with ScriptedModelServer(steps) as server:
+        done = cli("run", str(PROBE), "--backend", "e2b", "--model", "openai:scripted",
+                   "--api-base", api_base(server), "--max-model-calls", "2", "--json")  # fmt: skip
+        seen = len(server.requests)
+    assert done.returncode == 1, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "failed" and result["error"]["type"] == "budget_exceeded"
+    assert "max_model_calls = 2" in result["error"]["message"]
+    assert seen == 2 and result["gateway"]["calls"] == 2
+    assert e2b_env.alive_count() == 0
+
+
+def test_two_concurrent_e2b_runs_cannot_use_each_others_tokens(
+    e2b_model: str, e2b_env: E2BTestServer
+) -> None:
+    """Acceptance 2: each run's token is refused (401) by the other run's gateway, reached
+    as the sandboxes reach it (the edge, by the gateway's host name); its own is forwarded."""
+    script = [code("print(show_gateway())"), code("hold(seconds=20)\nfinal_answer('done')")]
+    seen: dict[str, str] = {}
+    results: dict[str, Any] = {}
+
+    def one(name: str, server: ScriptedModelServer) -> None:
+        def on_event(event: dict[str, Any]) -> None:
+            text = json.dumps(event)
+            if "GATEWAY http" in text and name not in seen:
+                seen[name] = text[text.index("GATEWAY http") :].split("\\n")[0]
+
+        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
+                       backend="e2b")  # fmt: skip
+        results[name] = run(spec, on_event=on_event)
+
+    def status(url: str, token: str) -> int:
+        parts = httpx.URL(url)
+        edge = f"http://127.0.0.1:{e2b_env.port}{parts.path}/models"
+        answer = httpx.get(edge, headers={"Host": parts.host, "Authorization": f"Bearer {token}"},
+                           timeout=30)  # fmt: skip
+        return answer.status_code
+
+    with ScriptedModelServer(script) as server_a, ScriptedModelServer(script) as server_b:
+        threads = [threading.Thread(target=one, args=("a", server_a)),
+                   threading.Thread(target=one, args=("b", server_b))]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(lambda: len(seen) == 2, timeout=300)
+            runs = {}
+            for name, line in seen.items():
+                _, url, reversed_token = line.split()[:3]
+                runs[name] = (url, reversed_token.strip('"\\')[::-1])
+            (url_a, token_a), (url_b, token_b) = runs["a"], runs["b"]
+            assert token_a != token_b and url_a != url_b
+            assert url_a.startswith(f"http://{GATEWAY_PORT}-") and e2b_env.domain in url_a
+            assert status(url_a, token_b) == 401 and status(url_b, token_a) == 401
+            assert status(url_a, token_a) == 404  # forwarded: the scripted server has no /models
+        finally:
+            for thread in threads:
+                thread.join(timeout=300)
+    for name in ("a", "b"):
+        assert results[name].status == "succeeded", results[name].error
+        refused = gateway_events(results[name], "model_call_refused")
+        assert [e["reason"] for e in refused] == ["bad_token"]
+    assert status(url_a, token_a) == 502  # the run has ended: its gateway's sandbox is gone
+    assert e2b_env.alive_count() == 0
+
+
+def test_killing_the_gateway_sandbox_ends_the_run_infra_error_within_5_s(
+    e2b_model: str, e2b_env: E2BTestServer
+) -> None:
+    hold = code("hold(seconds=60)\nfinal_answer('done')")
+    box: dict[str, Any] = {}
+    with ScriptedModelServer([hold]) as server:
+        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
+                       backend="e2b")  # fmt: skip
+        worker = threading.Thread(target=lambda: box.setdefault("result", run(spec)))
+        worker.start()
+        try:
+            wait_for(lambda: len(server.requests) == 1, timeout=300)
+            (gateway_id,) = [
+                i for i in e2b_env.alive_ids()
+                if e2b_env.sandbox(i).metadata.get(LABEL_KIND) == KIND_GATEWAY
+            ]  # fmt: skip
+            killed = time.monotonic()
+            e2b_env.kill_sandbox(gateway_id)
+            worker.join(timeout=30)
+            ended = time.monotonic() - killed
+        finally:
+            worker.join(timeout=120)
+    result = box["result"]
+    assert result.status == "infra_error", result.error
+    assert result.error["type"] == "network_lost" and "gateway" in result.error["message"]
+    assert ended < 5, ended
+    assert [e for e in events_of(result) if e["type"] == "network_lost"]
     assert e2b_env.alive_count() == 0
