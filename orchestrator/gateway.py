@@ -1,11 +1,12 @@
 """The model gateway, backend-neutral: when a run gets one, what the sandbox then holds, and
 what the host makes of the gateway's account.
 
-A run whose model talks HTTP gets a per-run gateway by default, on a backend that provides one
-(Docker: a sidecar container): the sandbox holds a random run token in place of the key and
-reaches the model only through the gateway, which swaps the token for the key, forwards,
-measures every call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend
-starts it (`backends/docker/gateway.py`); this module holds the rules.
+A run whose model talks HTTP gets a per-run gateway by default (Docker: a sidecar container;
+E2B: a sandbox of its own), and a backend that provides none refuses such a run unless it
+says --no-gateway: the sandbox holds a random run token in place of the key and reaches the
+model only through the gateway, which swaps the token for the key, forwards, measures every
+call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend starts it
+(`backends/docker/gateway.py`, `backends/e2b/gateway.py`); this module holds the rules.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from orchestrator.policy import unreachable_from_elsewhere
 from orchestrator.runner import prepare
 
 from . import test_e2b_backend as e2b_tests
-from .conftest import PAYLOADS, TEST_PAYLOADS, cli, events_of, wait_for
+from .conftest import PAYLOADS, TEST_PAYLOADS, cli, events_of, start_cli, wait_for
 from .e2b_server import E2BTestServer
 from .model_server import ScriptedModelServer, docker_bridge_address
 from .test_gateway import code, gateway_events
@@ -294,3 +295,26 @@ def test_killing_the_gateway_sandbox_ends_the_run_infra_error_within_5_s(
     assert ended < 5, ended
     assert [e for e in events_of(result) if e["type"] == "network_lost"]
     assert e2b_env.alive_count() == 0
+
+
+def test_cleanup_removes_the_gateway_sandbox_a_killed_orchestrator_left(
+    e2b_model: str, e2b_env: E2BTestServer
+) -> None:
+    """Both sandboxes of a run carry its labels: after a SIGKILLed orchestrator, `cleanup
+    --backend e2b` removes the gateway's sandbox with the run's (E2B's lifetime would too)."""
+    with ScriptedModelServer([code("hold(seconds=60)\nfinal_answer('done')")]) as server:
+        process = start_cli("run", str(PROBE), "--backend", "e2b", "--model", "openai:scripted",
+                            "--api-base", api_base(server), "--quiet")  # fmt: skip
+        try:
+            wait_for(lambda: len(server.requests) == 1, timeout=300)
+            alive = e2b_env.alive_ids()
+            kinds = sorted(e2b_env.sandbox(i).metadata.get(LABEL_KIND) for i in alive)
+            assert kinds == [KIND_GATEWAY, "sandbox"], kinds
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=30)
+    assert sorted(e2b_env.alive_ids()) == sorted(alive)  # nobody left to kill them
+    out = cli("cleanup", "--backend", "e2b")
+    assert out.returncode == 0, out.stderr
+    assert e2b_env.alive_count() == 0
+    assert {e2b_env.sandbox(i).killed_reason for i in alive} == {"api"}
