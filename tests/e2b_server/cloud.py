@@ -440,7 +440,12 @@ class FakeE2BCloud:
         timeout = int(body.get("timeout", DEFAULT_TIMEOUT))
         network = body.get("network")
         allow_internet = body.get("allow_internet_access")
-        now = time.time()
+        network_mode = self._network_mode(
+            allow_internet, dict(network) if isinstance(network, Mapping) else None
+        )
+        if network_mode != "none":  # it resolves other sandboxes' port names, as on E2B
+            options.setdefault("dns", [self.resolver_address()])  # (started once, before
+        now = time.time()  # the sandbox's clock starts)
         sandbox = Sandbox(
             sandbox_id=new_sandbox_id(),
             template_id=template_id,
@@ -456,9 +461,6 @@ class FakeE2BCloud:
         )
         if isinstance(network, Mapping) and network.get("allowPublicTraffic") is False:
             sandbox.traffic_access_token = secrets.token_urlsafe(24)
-        network_mode = self._network_mode(allow_internet, sandbox.network)
-        if network_mode != "none":  # it resolves other sandboxes' port names, as on E2B
-            options.setdefault("dns", [self.resolver_address()])
         if runtime is not None:
             sandbox.cpu_count = runtime.cpu_count or sandbox.cpu_count
             sandbox.memory_mb = runtime.memory_mb or sandbox.memory_mb

@@ -93,13 +93,15 @@ class E2BTestServer(FakeE2BCloud):
         sandboxes' network: the edge (edge.py), which sandboxes reach by name."""
         edge = self.edge_address()
         for _ in range(50):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and
+            # without it each response's second write waits for a delayed ACK (~40 ms).
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self._requested_port))
             sock.listen(128)
             if edge == self.host:
                 return [sock]
-            second = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            second = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
             second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 second.bind((edge, int(sock.getsockname()[1])))
