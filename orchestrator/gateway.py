@@ -1,11 +1,12 @@
 """The model gateway, backend-neutral: when a run gets one, what the sandbox then holds, and
 what the host makes of the gateway's account.
 
-A run whose model talks HTTP gets a per-run gateway by default, on a backend that provides one
-(Docker: a sidecar container): the sandbox holds a random run token in place of the key and
-reaches the model only through the gateway, which swaps the token for the key, forwards,
-measures every call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend
-starts it (`backends/docker/gateway.py`); this module holds the rules.
+A run whose model talks HTTP gets a per-run gateway by default (Docker: a sidecar container;
+E2B: a sandbox of its own), and a backend that provides none refuses such a run unless it
+says --no-gateway: the sandbox holds a random run token in place of the key and reaches the
+model only through the gateway, which swaps the token for the key, forwards, measures every
+call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend starts it
+(`backends/docker/gateway.py`, `backends/e2b/gateway.py`); this module holds the rules.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from .spec import Limits, NetworkPolicy
 #: when no --api-base is given).
 HF_ROUTER = "https://router.huggingface.co/v1"
 
-#: How a backend provides a run's gateway (its `Capabilities.model_gateway`): "none", or
-#: "sidecar", a container of its own on the run's private network that the sandbox reaches.
-GatewayProvision = Literal["none", "sidecar"]
+#: How a backend provides a run's gateway (its `Capabilities.model_gateway`): "none";
+#: "sidecar", a container of its own on the run's private network that the sandbox reaches;
+#: "sandbox", a sandbox of its own that the run's sandbox reaches through the backend's
+#: per-port host name (E2B).
+GatewayProvision = Literal["none", "sidecar", "sandbox"]
 
 
 @dataclass(frozen=True)
@@ -61,21 +64,24 @@ def plan_gateway(
     """The run's gateway, or None and why not (for the record). `provision`: how the run's
     backend (named `backend`, for the record) provides one.
 
-    Raises ConfigError when the gateway should serve the model but cannot (a LiteLLM model
-    with no --api-base has no single endpoint to forward to): fail closed, `--no-gateway`
-    opts out by name.
+    Raises ConfigError when the gateway should serve the model but cannot (a backend without
+    one, or a LiteLLM model with no --api-base, which has no single endpoint to forward to):
+    fail closed, `--no-gateway` opts out by name.
     """
     if not model.needs_network:
         return None, "the mock model makes no network calls"
     if not enabled:
         return None, "turned off with --no-gateway: the model key is in the sandbox"
-    if provision == "none":
-        return None, (
-            f"the {backend} backend's sandboxes cannot reach a gateway on this host: the model "
-            "key goes into the sandbox (as the command's environment), masked in the record"
-        )
     if network.mode == "none":
         return None, "the run has no network (--network none)"
+    if provision == "none":
+        raise ConfigError(
+            f"The {backend} backend cannot give the run a model gateway, so the key of the "
+            f"{model.provider} model would go into the sandbox, where any code the agents run "
+            "can read it. Nothing was started.",
+            "Run on a backend with a gateway (--backend docker), or put the key into the "
+            "sandbox knowingly with --no-gateway (no host-measured tokens, no budget).",
+        )
     upstream = model.api_base or (HF_ROUTER if model.provider == "hf" else None)
     if upstream is None:
         raise ConfigError(
@@ -85,7 +91,7 @@ def plan_gateway(
             "run with --no-gateway to put the key into the sandbox as before.",
         )
     parts = urlsplit(upstream)
-    on_host = is_docker_host(parts.hostname or "")
+    on_host = bool(network.host_endpoints) and is_docker_host(parts.hostname or "")
     if on_host:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         upstream = urlunsplit(parts._replace(netloc=f"{HOST_ALIAS}:{port}"))

@@ -138,13 +138,16 @@ def resolve_policy(
     model: ModelSpec,
     hosts: tuple[str, ...],
     allow_hosts: tuple[str, ...] = (),
+    host_alias: bool = True,
 ) -> NetworkPolicy:
     """The network policy of a run: `none` unless it needs network, else `allowlist`;
     `open` only when asked for by name.
 
     The allowlist is the model provider's host, the payload's `hosts` and `allow_hosts`
     (`--allow-host`, checked here). A model endpoint on the Docker host becomes
-    `HOST_ALIAS:port`, the only way to it. Raises ConfigError for a bad `--allow-host`, an
+    `HOST_ALIAS:port`, the only way to it (with `host_alias`: sandboxes on this host; a
+    backend whose sandboxes run elsewhere takes the endpoint as given, see
+    `check_remote_endpoint`). Raises ConfigError for a bad `--allow-host`, an
     unknown mode, and for `none` with a model that needs the network (it could only fail,
     after a sandbox was made: refused before anything starts).
     """
@@ -176,7 +179,7 @@ def resolve_policy(
     endpoint = model.endpoint if model.needs_network else None
     if endpoint is not None:
         name, port = endpoint
-        if is_docker_host(name):
+        if host_alias and is_docker_host(name):
             host_endpoints = ((HOST_ALIAS, port),)
         else:
             hosts = tuple(dict.fromkeys([name.lower(), *hosts]))
@@ -226,6 +229,53 @@ def is_docker_host(name: str) -> bool:
     if address.is_loopback or address.is_unspecified:
         return True
     return any(address in network for network in host_networks(prefix_length=32))
+
+
+#: Name endings that resolve on a local network only (RFC 6761, RFC 6762, RFC 8375, and what
+#: Docker and cloud providers use), never for a sandbox that runs elsewhere.
+LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".localdomain")
+
+
+def unreachable_from_elsewhere(name: str) -> str | None:
+    """Why a sandbox running elsewhere (E2B's cloud) cannot reach the host `name`, or None.
+
+    This host (its names, loopback, its own addresses, its Docker bridge), private, link-local
+    and reserved addresses, and local-only names are refused. Names are not resolved: a public
+    name that resolves to a private address is found out by the run.
+    """
+    name = name.lower().strip("[]").rstrip(".")
+    if is_docker_host(name):
+        return "is this host (a loopback address, one of its own, or its Docker bridge)"
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        local = name in LOCAL_NAMES or f".{name}".endswith(LOCAL_SUFFIXES)
+        return "is a name of a local network only" if local else None
+    if address.is_private or address.is_link_local or address.is_reserved:
+        return "is a private address"
+    return None
+
+
+def check_remote_endpoint(model: ModelSpec, *, backend: str, opt_in_env: str | None) -> None:
+    """Raise ConfigError when the model's endpoint cannot be reached from the sandboxes of
+    `backend`, which run elsewhere (`unreachable_from_elsewhere`); `opt_in_env`: the
+    environment variable that says they can reach this host after all (named in the fix)."""
+    endpoint = model.endpoint if model.needs_network else None
+    problem = unreachable_from_elsewhere(endpoint[0]) if endpoint else None
+    if problem is None:
+        return
+    opt_in = (
+        f"; or, for a local {backend}-compatible server whose sandboxes do reach it (tests, "
+        f"a self-hosted deployment), set {opt_in_env}=1"
+        if opt_in_env
+        else ""
+    )
+    raise ConfigError(
+        f"The model endpoint {model.api_base} {problem}, which the {backend} backend's "
+        "sandboxes cannot reach: they run elsewhere. Nothing was built or started.",
+        f"Use an endpoint reachable from the internet with --api-base, or run on this host "
+        f"with --backend docker{opt_in}.",
+    )
 
 
 def host_networks(

@@ -24,7 +24,7 @@ from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_cli
 from orchestrator_runtime.request import Request
 
 from .backends import backend_capabilities, backend_name, get_backend
-from .backends.base import Backend, Progress, Sandbox, SandboxSpec
+from .backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
 from .defaults import choose_sandbox_runtime
 from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
 from .gateway import (
@@ -171,22 +171,19 @@ def prepare(
         overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
         limits = replace(manifest.limits, **overrides)
         limits.validate(limits_from)
-    with _field("network"):
-        network = resolve_policy(
-            spec.network, model=model, hosts=manifest.hosts, allow_hosts=spec.allow_hosts
-        )
     with _field("backend"):
         backend = backend_name(spec.backend, manifest)
-        provision = backend_capabilities(backend).model_gateway
+        capabilities = backend_capabilities(backend)
+    with _field("model"):  # an endpoint the backend's sandboxes cannot reach: refused here
+        host_alias = endpoint_on_host(capabilities, model, backend)
+    with _field("network"):
+        network = resolve_policy(spec.network, model=model, hosts=manifest.hosts,
+                                 allow_hosts=spec.allow_hosts, host_alias=host_alias)  # fmt: skip
     with _field("model"):
         gateway, gateway_off = plan_gateway(
-            enabled=spec.gateway,
-            model=model,
-            network=network,
-            backend=backend,
-            provision=provision,
-            limits=limits,
-        )
+            enabled=spec.gateway, model=model, network=network, backend=backend,
+            provision=capabilities.model_gateway, limits=limits,
+        )  # fmt: skip
     with _field("sandbox_runtime"):
         sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
     with _field("traces_to"):

@@ -471,3 +471,53 @@ def test_stopping_the_server_removes_the_images_it_built(
     assert images_of(server) == []
     assert server.container_ids() == []
     docker.from_env().images.get(base_image())  # the base image stays
+
+
+# ---- the edge: a sandbox's port by name, as E2B routes `<port>-<id>.<domain>` ------------------
+
+
+def _port_url(server: E2BTestServer, sandbox: e2b.Sandbox, port: int) -> str:
+    """As a client reaches a sandbox port through the test server: its host name
+    (`get_host`), with the scheme and port of the server (E2B: https on 443)."""
+    return f"http://{sandbox.get_host(port)}:{server.port}/"
+
+
+def test_a_sandbox_port_is_reached_by_its_host_name_from_here_and_from_a_sandbox(
+    fake_e2b: E2BTestServer,
+) -> None:
+    served = e2b.Sandbox.create(TEST_TEMPLATE, timeout=120)
+    client = e2b.Sandbox.create(TEST_TEMPLATE, timeout=120)
+    locked = e2b.Sandbox.create(TEST_TEMPLATE, timeout=120, network={"allow_public_traffic": False})
+    try:
+        assert served.get_host(8080) == f"8080-{served.sandbox_id}.{fake_e2b.domain}"
+        for sandbox in (served, locked):
+            sandbox.files.write("/tmp/www/hello.txt", "hello from " + sandbox.sandbox_id)
+            sandbox.commands.run("cd /tmp/www && exec python3 -m http.server 8080",
+                                 background=True)  # fmt: skip
+        # From this host: the Host header routes, the server's own address carries it.
+        here = f"http://127.0.0.1:{fake_e2b.port}/hello.txt"
+        host = {"Host": served.get_host(8080)}
+        assert wait_until(lambda: httpx.get(here, headers=host).status_code == 200, 30)
+        assert httpx.get(here, headers=host).text == f"hello from {served.sandbox_id}"
+        closed = httpx.get(here, headers={"Host": served.get_host(9)})
+        assert closed.status_code == 502 and "port is not open" in closed.text
+        # From another sandbox, by name only: its resolver answers the domain, as E2B's DNS.
+        fetch = (
+            "python3 -c \"import urllib.request, sys; "
+            "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\" "
+        )
+        seen = client.commands.run(fetch + _port_url(fake_e2b, served, 8080) + "hello.txt")
+        assert seen.stdout.strip() == f"hello from {served.sandbox_id}"
+        # allow_public_traffic=False: the traffic access token is required, as on E2B.
+        assert locked.traffic_access_token
+        lhost = {"Host": locked.get_host(8080)}
+        assert wait_until(lambda: httpx.get(here, headers=lhost).status_code == 403, 30)
+        assert "e2b-traffic-access-token" in httpx.get(here, headers=lhost).text
+        token = {**lhost, "e2b-traffic-access-token": locked.traffic_access_token}
+        assert wait_until(lambda: httpx.get(here, headers=token).status_code == 200, 30)
+        assert [r.plane for r in fake_e2b.requests if r.plane == "edge"]
+    finally:
+        for sandbox in (served, client, locked):
+            sandbox.kill()
+    gone = httpx.get(here, headers=host)
+    assert gone.status_code == 502 and "not found" in gone.text

@@ -607,10 +607,18 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
     for model, kwargs, reason in (
         ("mock", {}, "mock model"),
         ("openai", {"enabled": False}, "--no-gateway"),
-        ("openai", {"backend": "e2b"}, "e2b backend"),
     ):
         none, why, _ = plan(model, **kwargs)
         assert none is None and reason in str(why), (model, kwargs, why)
+    # Fail closed (issue 22): a backend that declares no gateway refuses a hosted model,
+    # whatever its name; --no-gateway is the way out, by name.
+    with pytest.raises(ConfigError) as closed:
+        plan_gateway(
+            enabled=True, model=parse_model("openai"), network=resolve_policy(None,
+            model=parse_model("openai"), hosts=()), backend="somewhere", provision="none",
+            limits=Limits(),
+        )  # fmt: skip
+    assert "--no-gateway" in closed.value.fix and "somewhere" in closed.value.cause
     # A model that needs the network under `none` is refused up front (resolve_policy, issue
     # 27); plan_gateway still says why such a policy would get no gateway.
     with pytest.raises(ConfigError):

@@ -10,6 +10,7 @@ has by name.
 from __future__ import annotations
 
 import contextlib
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..errors import ConfigError
 from ..gateway import GatewayProvision, GatewaySpec
 from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_WARM
+from ..models import ModelSpec
+from ..policy import check_remote_endpoint
 from ..spec import Limits, NetworkPolicy
 
 if TYPE_CHECKING:
@@ -37,10 +40,19 @@ class Capabilities:
     #: `Backend.create_idle` makes pooled sandboxes: `pool.Pool` keeps them warm for batch,
     #: schedules and the Python API (without: every run is cold).
     warm_sandboxes: bool = False
-    #: How a run's model gateway is provided: "none" (the model's key goes into the sandbox,
-    #: masked in the record) or "sidecar" (a container of its own on the run's private
-    #: network; the sandbox holds a run token: `gateway.plan_gateway`, `Sandbox.gateway`).
+    #: How a run's model gateway is provided: "none" (a hosted-model run is refused unless
+    #: it opts out with --no-gateway, which puts the key into the sandbox, masked in the
+    #: record), "sidecar" (a container of its own on the run's private network) or "sandbox"
+    #: (a sandbox of its own, reached through the backend's per-port host name); with one,
+    #: the sandbox holds a run token (`gateway.plan_gateway`, `Sandbox.gateway`).
     model_gateway: GatewayProvision = "none"
+    #: Where its sandboxes run: "this_host" (a model endpoint on this host is reached as
+    #: `policy.HOST_ALIAS`) or "elsewhere" (E2B's cloud: an endpoint on this host, a loopback
+    #: or private address is refused before anything starts, `endpoint_on_host`).
+    sandboxes_run: Literal["this_host", "elsewhere"] = "this_host"
+    #: For "elsewhere": the environment variable that, set to 1, says its sandboxes reach
+    #: this host after all (a local or self-hosted deployment); endpoints are used as given.
+    local_endpoints_env: str | None = None
     #: A run's `memory_mb` and `cpus` limits are enforced on its sandbox (without: the
     #: sandbox has what the backend gives every sandbox).
     resource_limits: bool = False
@@ -60,6 +72,18 @@ class Capabilities:
     #: The most sandboxes this backend may have alive at once (None: no cap of its own);
     #: batch lowers its concurrency to it.
     max_concurrency: int | None = None
+
+
+def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str) -> bool:
+    """True when a model endpoint on this host is reached as `policy.HOST_ALIAS` (sandboxes
+    on this host), False when it is used as given. Raises ConfigError (before anything
+    starts) for an endpoint that sandboxes running elsewhere cannot reach."""
+    if capabilities.sandboxes_run == "this_host":
+        return True
+    env = capabilities.local_endpoints_env
+    if not (env and os.environ.get(env) == "1"):
+        check_remote_endpoint(model, backend=backend, opt_in_env=env)
+    return False
 
 
 class GatewayHandle(ABC):

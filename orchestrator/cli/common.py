@@ -93,8 +93,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-gateway", action="store_false", dest="gateway",
         help="put the model key into the sandbox instead of serving the model through the "
-        "run's gateway (default: a gateway for openai, hf and litellm models on Docker; no "
-        "host-measured tokens or budgets without it)",
+        "run's gateway (default: a gateway for openai, hf and litellm models; a backend "
+        "without one refuses them unless this is given; no host-measured tokens or budgets "
+        "without it)",
     )  # fmt: skip
     p.add_argument(
         "--traces-to", metavar="URL",

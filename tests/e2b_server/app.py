@@ -16,6 +16,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from .cloud import FakeE2BCloud, RecordedRequest
 from .control import api_app
+from .edge import Edge
 from .envd import SANDBOX_HEADER, EnvdApp
 from .templates import UPLOAD_PREFIX
 
@@ -29,6 +30,7 @@ class E2BApp:
         self.cloud = cloud
         self.api = api_app(cloud)
         self.envd = EnvdApp(cloud)
+        self.edge = Edge(cloud)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -37,6 +39,13 @@ class E2BApp:
         if scope["type"] != "http":
             return
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        port_of = self.edge.route(headers.get("host", ""))
+        if port_of is not None:  # a sandbox's port, by name: the edge (edge.py)
+            self.cloud.requests.append(RecordedRequest(
+                "edge", scope["method"], scope["path"], {}, headers, sandbox_id=port_of[1]
+            ))  # fmt: skip
+            await self.edge(scope, receive, send, *port_of)
+            return
         sandbox_id = headers.get(SANDBOX_HEADER)
         plane = "envd" if sandbox_id is not None else "api"
         query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode()))

@@ -33,6 +33,7 @@ from .docker_sandbox import (
     reap_orphan_images,
     reap_orphans,
 )
+from .edge import Resolver, network_gateway
 from .errors import ApiError
 from .processes import ManagedProcess
 from .templates import TemplateBuild, TemplateBuilds, run_start_command
@@ -69,7 +70,7 @@ class Fault:
 class RecordedRequest:
     """One HTTP request the server received (control plane or envd)."""
 
-    plane: str  # "api" or "envd"
+    plane: str  # "api", "envd" or "edge" (a sandbox port, by name)
     method: str
     path: str
     query: dict[str, str]
@@ -112,6 +113,11 @@ class Sandbox:
     killed_reason: str | None = None
     container: SandboxContainer | None = None
     processes: dict[int, ManagedProcess] = field(default_factory=dict)
+    #: Set when created with `network.allowPublicTraffic = false`: the edge then asks for it.
+    traffic_access_token: str | None = None
+    domain: str | None = None
+    #: The container's address on its network (the edge's target), once looked up.
+    address: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -126,8 +132,8 @@ class Sandbox:
             "clientID": CLIENT_ID,
             "envdVersion": envd_version,
             "envdAccessToken": self.access_token,
-            "trafficAccessToken": None,
-            "domain": None,
+            "trafficAccessToken": self.traffic_access_token,
+            "domain": self.domain,
         }
 
     def listed_json(self, envd_version: str) -> dict[str, Any]:
@@ -149,7 +155,7 @@ class Sandbox:
     def detail_json(self, envd_version: str) -> dict[str, Any]:
         """The `SandboxDetail` model."""
         detail = self.listed_json(envd_version)
-        detail.update(envdAccessToken=self.access_token, domain=None)
+        detail.update(envdAccessToken=self.access_token, domain=self.domain)
         if self.allow_internet_access is not None:
             detail["allowInternetAccess"] = self.allow_internet_access
         if self.network is not None:
@@ -208,6 +214,10 @@ class FakeE2BCloud:
         """Extra seconds each create takes (to widen races in concurrency tests)."""
 
         self.instance_id = uuid.uuid4().hex[:12]
+        #: Sandbox ports are reached as `<port>-<sandbox id>.<domain>` (edge.py); `.test` is
+        #: reserved for testing (RFC 2606), so no real name is shadowed.
+        self.domain = f"e2b-{self.instance_id}.test"
+        self.resolver = Resolver()
         self.requests: list[RecordedRequest] = []
         self.commands: list[StartedCommand] = []
         self.max_alive = 0
@@ -246,6 +256,7 @@ class FakeE2BCloud:
             self._reaper.join(timeout=5)
             self._reaper = None
         self._kill_all(self.alive_ids(), reason="shutdown", wait=True)
+        self.resolver.stop()
         if self._docker is not None:
             for container in list_containers(self.docker, **{LABEL_INSTANCE: self.instance_id}):
                 container.remove(force=True)
@@ -429,7 +440,12 @@ class FakeE2BCloud:
         timeout = int(body.get("timeout", DEFAULT_TIMEOUT))
         network = body.get("network")
         allow_internet = body.get("allow_internet_access")
-        now = time.time()
+        network_mode = self._network_mode(
+            allow_internet, dict(network) if isinstance(network, Mapping) else None
+        )
+        if network_mode != "none":  # it resolves other sandboxes' port names, as on E2B
+            options.setdefault("dns", [self.resolver_address()])  # (started once, before
+        now = time.time()  # the sandbox's clock starts)
         sandbox = Sandbox(
             sandbox_id=new_sandbox_id(),
             template_id=template_id,
@@ -441,7 +457,10 @@ class FakeE2BCloud:
             network=dict(network) if isinstance(network, Mapping) else None,
             started_at=now,
             end_at=now + timeout,
+            domain=self.domain,
         )
+        if isinstance(network, Mapping) and network.get("allowPublicTraffic") is False:
+            sandbox.traffic_access_token = secrets.token_urlsafe(24)
         if runtime is not None:
             sandbox.cpu_count = runtime.cpu_count or sandbox.cpu_count
             sandbox.memory_mb = runtime.memory_mb or sandbox.memory_mb
@@ -468,7 +487,7 @@ class FakeE2BCloud:
                     LABEL_INSTANCE: self.instance_id,
                     LABEL_OWNER_PID: str(os.getpid()),
                 },
-                network_mode=self._network_mode(allow_internet, sandbox.network),
+                network_mode=network_mode,
                 options=options,
             )
             if runtime is not None and (runtime.start_cmd or runtime.ready_cmd):
@@ -501,6 +520,35 @@ class FakeE2BCloud:
             and not network.get("allowOut")
         )
         return "none" if deny_all else self.container_network
+
+    def edge_address(self) -> str:
+        """This host's address on the sandboxes' network, where the edge listens for them."""
+        return network_gateway(self.docker, self.container_network)
+
+    def resolver_address(self) -> str:
+        """The DNS resolver's address (started at the first sandbox that needs it)."""
+        with self._lock:
+            return self.resolver.start(
+                self.docker,
+                image=self.templates.get("base", DEFAULT_IMAGE),
+                network=self.container_network,
+                domain=self.domain,
+                edge=self.edge_address(),
+                labels={LABEL: "1", LABEL_INSTANCE: self.instance_id,
+                        LABEL_OWNER_PID: str(os.getpid())},
+            )  # fmt: skip
+
+    def container_address(self, sandbox: Sandbox) -> str | None:
+        """The sandbox container's address on its network (None without one)."""
+        if sandbox.address is None and sandbox.container is not None:
+            try:
+                info = self.docker.api.inspect_container(sandbox.container.id)
+            except docker.errors.APIError:
+                return None
+            networks = info["NetworkSettings"]["Networks"] or {}
+            found = [n["IPAddress"] for n in networks.values() if n.get("IPAddress")]
+            sandbox.address = found[0] if found else None
+        return sandbox.address
 
     def running(self, sandbox_id: str) -> Sandbox | None:
         """The sandbox if it is running, else None."""

@@ -28,6 +28,7 @@ class E2BTestServer(FakeE2BCloud):
         self.host = host
         self._requested_port = port
         self._socket: socket.socket | None = None
+        self._edge_socket: socket.socket | None = None
         self._port: int | None = None
         self._uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -51,6 +52,7 @@ class E2BTestServer(FakeE2BCloud):
             "E2B_API_KEY": self.api_key,
             "E2B_API_URL": self.url,
             "E2B_SANDBOX_URL": self.url,
+            "E2B_DOMAIN": self.domain,
             "E2B_DEBUG": "false",
         }
 
@@ -63,12 +65,9 @@ class E2BTestServer(FakeE2BCloud):
         if self._thread is not None:
             return self
         self.start_reaper()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self._requested_port))
-        sock.listen(128)
-        self._socket = sock
-        self._port = int(sock.getsockname()[1])
+        sockets = self._bind()
+        self._socket = sockets[0]
+        self._port = int(sockets[0].getsockname()[1])
         config = uvicorn.Config(
             E2BApp(self),
             log_level="warning",
@@ -78,7 +77,7 @@ class E2BTestServer(FakeE2BCloud):
         )
         self._uvicorn = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=self._uvicorn.run, kwargs={"sockets": [sock]}, name="e2b-server", daemon=True
+            target=self._uvicorn.run, kwargs={"sockets": sockets}, name="e2b-server", daemon=True
         )
         self._thread.start()
         deadline = time.monotonic() + 10
@@ -88,6 +87,34 @@ class E2BTestServer(FakeE2BCloud):
                 raise RuntimeError("E2B test server failed to start")
             time.sleep(0.01)
         return self
+
+    def _bind(self) -> list[socket.socket]:
+        """The server's socket, and one on the same port at this host's address on the
+        sandboxes' network: the edge (edge.py), which sandboxes reach by name."""
+        edge = self.edge_address()
+        for _ in range(50):
+            # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and
+            # without it each response's second write waits for a delayed ACK (~40 ms).
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self._requested_port))
+            sock.listen(128)
+            if edge == self.host:
+                return [sock]
+            second = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            second.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                second.bind((edge, int(sock.getsockname()[1])))
+            except OSError:  # that port is taken there: try another
+                second.close()
+                sock.close()
+                if self._requested_port:
+                    raise
+                continue
+            second.listen(128)
+            self._edge_socket = second
+            return [sock, second]
+        raise RuntimeError(f"no port free on both {self.host} and {edge}")
 
     def stop(self) -> None:
         """Kill every sandbox, then stop serving."""
@@ -100,6 +127,9 @@ class E2BTestServer(FakeE2BCloud):
                 self._thread.join(timeout=10)
             if self._socket is not None:
                 self._socket.close()
+            if self._edge_socket is not None:
+                self._edge_socket.close()
+                self._edge_socket = None
             self._thread = None
             self._uvicorn = None
 

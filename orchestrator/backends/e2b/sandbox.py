@@ -25,7 +25,8 @@ from ..base import (
     SandboxSpec,
     StreamName,
 )
-from .settings import E2BSettings, T, sdk, with_retries
+from .gateway import E2BGateway
+from .settings import ALLOW_LOCAL_ENDPOINTS_ENV, E2BSettings, T, sdk, with_retries
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER, ensure_template
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ if TYPE_CHECKING:
 LIFETIME_MARGIN_SECONDS = 60
 
 
-def network_options(policy: NetworkPolicy) -> dict[str, Any]:
-    """The run's network policy as `Sandbox.create` options."""
+def network_options(policy: NetworkPolicy, gateway_host: str | None = None) -> dict[str, Any]:
+    """The run's network policy as `Sandbox.create` options; `gateway_host`: the run's model
+    gateway, which an allowlist lets through too."""
     if policy.host_endpoints:
         endpoints = ", ".join(f"{host}:{port}" for host, port in policy.host_endpoints)
         raise ConfigError(
@@ -49,14 +51,22 @@ def network_options(policy: NetworkPolicy) -> dict[str, Any]:
     if policy.mode == "open":
         return {"allow_internet_access": True}
     allowed = sorted({*policy.hosts, *(host for host, _port in policy.endpoints)})
+    allowed += [gateway_host] if gateway_host else []
     return {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": allowed}}
 
 
 class E2BSandbox(Sandbox):
     """One run's E2B sandbox; the stream is the runtime command's stdout and stderr."""
 
-    def __init__(self, backend: E2BBackend, sandbox: e2b.Sandbox, spec: SandboxSpec) -> None:
+    def __init__(
+        self,
+        backend: E2BBackend,
+        sandbox: e2b.Sandbox,
+        spec: SandboxSpec,
+        gateway: E2BGateway | None = None,
+    ) -> None:
         self.backend = backend
+        self.gateway: E2BGateway | None = gateway
         self.sandbox = sandbox
         self.spec = spec
         self.id: str = sandbox.sandbox_id
@@ -119,6 +129,10 @@ class E2BSandbox(Sandbox):
         except Exception:
             return b""
 
+    def health(self) -> str | None:
+        """Why the sandbox can no longer work: its model gateway's sandbox is gone."""
+        return self.gateway.alive() if self.gateway is not None else None
+
     def kill(self) -> None:
         self._killed = True
         self._kill_sandbox()
@@ -132,6 +146,9 @@ class E2BSandbox(Sandbox):
                 self._killed = True
                 self._kill_sandbox()
         finally:
+            if self.gateway is not None:
+                self.gateway.remove()
+                self.backend.release()
             self.backend.release()
 
     def _kill_sandbox(self) -> None:
@@ -147,11 +164,17 @@ class E2BBackend(Backend):
     """Runs sandboxes on E2B; the `e2b` SDK reads E2B_API_URL/E2B_DOMAIN as usual."""
 
     name = "e2b"
-    #: No gateway (E2B's cloud cannot reach one on this host), no pools, sizes per template
-    #: (not per run); its sandboxes end with their E2B lifetime, and removing them early
-    #: takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent sandboxes
-    #: is the plan's, from the settings.
-    capabilities = Capabilities(orphans_end="its E2B sandbox ends with its E2B lifetime")
+    #: A model gateway in a sandbox of its own (`gateway.py`), no pools, sizes per template
+    #: (not per run); its sandboxes run elsewhere (an endpoint on this host is refused unless
+    #: ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS=1), end with their E2B lifetime, and removing
+    #: them early takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent
+    #: sandboxes is the plan's, from the settings.
+    capabilities = Capabilities(
+        model_gateway="sandbox",
+        orphans_end="its E2B sandbox ends with its E2B lifetime",
+        sandboxes_run="elsewhere",
+        local_endpoints_env=ALLOW_LOCAL_ENDPOINTS_ENV,
+    )
 
     def __init__(self, settings: E2BSettings | None = None) -> None:
         sdk()
@@ -159,6 +182,7 @@ class E2BBackend(Backend):
         #: The cap a batch respects (E2B plans cap concurrent sandboxes).
         self.capabilities = replace(self.capabilities, max_concurrency=self.settings.max_sandboxes)
         self._slots = threading.BoundedSemaphore(self.settings.max_sandboxes)
+        self._taking = threading.Lock()
 
     @classmethod
     def create_backend(cls, env_file: str | Path | None = None) -> E2BBackend:
@@ -177,32 +201,54 @@ class E2BBackend(Backend):
         with contextlib.suppress(ValueError):
             self._slots.release()
 
+    def _take_slots(self, count: int) -> None:
+        """`count` of the sandbox cap's slots at once (a run with a gateway takes two): one
+        taker at a time, so that two such runs never hold one each and wait on each other."""
+        with self._taking:
+            for _ in range(count):
+                self._slots.acquire()
+
+    def _create_sandbox(self, progress: Progress, **options: Any) -> e2b.Sandbox:
+        e2b = sdk()
+        return with_retries(
+            self.settings.attempts,
+            lambda: e2b.Sandbox.create(api_key=self.settings.api_key, **options),
+            what="sandbox create",
+            progress=progress,
+        )
+
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
         return ensure_template(self.settings, tuple(extra_requirements), progress)
 
     def create(self, spec: SandboxSpec, progress: Progress) -> E2BSandbox:
-        e2b = sdk()
-        options = network_options(spec.network)
+        """The run's sandbox; with a gateway (`spec.gateway`), the gateway's sandbox first
+        (`gateway.E2BGateway`), whose host the run's sandbox may then reach."""
         lifetime = int(math.ceil(spec.limits.timeout_seconds)) + LIFETIME_MARGIN_SECONDS
         metadata = {**spec.labels, LABEL_KIND: "sandbox"}
-        self._slots.acquire()
+        slots = 2 if spec.gateway is not None else 1
+        self._take_slots(slots)
+        gateway = None
         try:
-            sandbox = with_retries(
-                self.settings.attempts,
-                lambda: e2b.Sandbox.create(
-                    template=spec.image,
-                    timeout=lifetime,
-                    metadata=metadata,
-                    api_key=self.settings.api_key,
-                    **options,
-                ),
-                what="sandbox create",
-                progress=progress,
+            if spec.gateway is not None:
+                gateway = E2BGateway.start(
+                    lambda **o: self._create_sandbox(progress, **o),
+                    lambda call, what: with_retries(
+                        self.settings.attempts, call, what=what, progress=progress
+                    ),
+                    template=spec.image, spec=spec.gateway, labels=spec.labels,
+                    lifetime=lifetime, progress=progress,
+                )  # fmt: skip
+            options = network_options(spec.network, gateway.host if gateway else None)
+            sandbox = self._create_sandbox(
+                progress, template=spec.image, timeout=lifetime, metadata=metadata, **options
             )
         except BaseException:
-            self.release()
+            if gateway is not None:
+                gateway.remove()
+            for _ in range(slots):
+                self.release()
             raise
-        return E2BSandbox(self, sandbox, spec)
+        return E2BSandbox(self, sandbox, spec, gateway)
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Running sandboxes whose metadata has all of `labels` (all of ours without)."""

@@ -39,6 +39,12 @@ MEMORY_ENV = "ORCHESTRATOR_E2B_MEMORY_MB"
 ATTEMPTS_ENV = "ORCHESTRATOR_E2B_ATTEMPTS"
 
 
+#: Set to 1: this E2B's sandboxes reach this host (a local E2B-compatible server, as the tests
+#: run, or a self-hosted one), so a model endpoint on this host or a private address is used
+#: as given instead of refused.
+ALLOW_LOCAL_ENDPOINTS_ENV = "ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS"
+
+
 #: E2B's Hobby plan allows 20 concurrent sandboxes (Pro: 100 and more).
 DEFAULT_MAX_SANDBOXES = 20
 
