@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator_runtime.request import Request
 
 from ...errors import ConfigError
-from ...labels import LABEL_KIND, LABEL_RUN_ID
+from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...spec import NetworkPolicy
 from ..base import (
     Backend,
@@ -25,7 +24,9 @@ from ..base import (
     SandboxSpec,
     StreamName,
 )
+from .idle import IdleRuntime
 from .settings import E2BSettings, T, sdk, with_retries
+from .slots import sandbox_slots
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER, ensure_template
 
 if TYPE_CHECKING:
@@ -52,6 +53,11 @@ def network_options(policy: NetworkPolicy) -> dict[str, Any]:
     return {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": allowed}}
 
 
+def lifetime(spec: SandboxSpec) -> int:
+    """A run's sandbox's E2B timeout: its time limit and a margin, in whole seconds."""
+    return int(math.ceil(spec.limits.timeout_seconds)) + LIFETIME_MARGIN_SECONDS
+
+
 class E2BSandbox(Sandbox):
     """One run's E2B sandbox; the stream is the runtime command's stdout and stderr."""
 
@@ -64,12 +70,19 @@ class E2BSandbox(Sandbox):
         self._killed = False
         self._removed = False
         self._lost: str | None = None
+        #: A pooled sandbox's runtime, started idle (`E2BBackend.create_idle`); else None.
+        self.idle: IdleRuntime | None = None
 
     def start(self, request: Request, secrets: dict[str, str]) -> None:
         """Upload the request (one request, no secrets in it), then start the runtime with the
-        secrets in its own environment only."""
+        secrets in its own environment only; a pooled sandbox's waiting runtime gets both on
+        its stdin instead (`IdleRuntime.send`)."""
         path = f"/tmp/orchestrator-request-{self.spec.run_id}.json"
         limits = {"nproc": self.spec.limits.pids, "nofile": 1024, "core": 0}
+        if self.idle is not None:
+            pooled = replace(request, secrets=secrets, rlimits=limits)
+            self._handle = self.idle.send(pooled.to_json())
+            return
         body = replace(request, secrets={}, secret_env=sorted(secrets), rlimits=limits).to_json()
         self._call(lambda: self.sandbox.files.write(path, body, user=SANDBOX_USER), "upload")
         command = f"exec {PYTHON} -m orchestrator_runtime --request {path}"
@@ -85,7 +98,17 @@ class E2BSandbox(Sandbox):
             "start",
         )
 
+    def take(self, spec: SandboxSpec) -> None:
+        """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
+        start): its E2B lifetime becomes the run's, from now."""
+        if self.idle is None or self.idle.sent or spec.run_id != self.spec.run_id:
+            raise ValueError(f"pooled sandbox {self.id} is not for run {spec.run_id}")
+        self._call(lambda: self.sandbox.set_timeout(lifetime(spec)), "set timeout")
+        self.spec = spec
+
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        if self.idle is not None:
+            yield from self.idle.output()
         try:
             for stdout, stderr, _pty in self._handle:
                 if stdout:
@@ -147,18 +170,20 @@ class E2BBackend(Backend):
     """Runs sandboxes on E2B; the `e2b` SDK reads E2B_API_URL/E2B_DOMAIN as usual."""
 
     name = "e2b"
-    #: No gateway (E2B's cloud cannot reach one on this host), no pools, sizes per template
-    #: (not per run); its sandboxes end with their E2B lifetime, and removing them early
-    #: takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent sandboxes
-    #: is the plan's, from the settings.
-    capabilities = Capabilities(orphans_end="its E2B sandbox ends with its E2B lifetime")
+    #: No gateway (E2B's cloud cannot reach one on this host), sizes per template (not per
+    #: run); pooled sandboxes (`create_idle`); its sandboxes end with their E2B lifetime, and
+    #: removing them early takes the API (`orchestrator cleanup --backend e2b`). The cap on
+    #: concurrent sandboxes is the plan's, from the settings.
+    capabilities = Capabilities(
+        warm_sandboxes=True, orphans_end="its E2B sandbox ends with its E2B lifetime"
+    )
 
     def __init__(self, settings: E2BSettings | None = None) -> None:
         sdk()
         self.settings = settings or E2BSettings.from_env()
         #: The cap a batch respects (E2B plans cap concurrent sandboxes).
         self.capabilities = replace(self.capabilities, max_concurrency=self.settings.max_sandboxes)
-        self._slots = threading.BoundedSemaphore(self.settings.max_sandboxes)
+        self._slots = sandbox_slots(self.settings.api_key, self.settings.max_sandboxes)
 
     @classmethod
     def create_backend(cls, env_file: str | Path | None = None) -> E2BBackend:
@@ -183,7 +208,6 @@ class E2BBackend(Backend):
     def create(self, spec: SandboxSpec, progress: Progress) -> E2BSandbox:
         e2b = sdk()
         options = network_options(spec.network)
-        lifetime = int(math.ceil(spec.limits.timeout_seconds)) + LIFETIME_MARGIN_SECONDS
         metadata = {**spec.labels, LABEL_KIND: "sandbox"}
         self._slots.acquire()
         try:
@@ -191,7 +215,7 @@ class E2BBackend(Backend):
                 self.settings.attempts,
                 lambda: e2b.Sandbox.create(
                     template=spec.image,
-                    timeout=lifetime,
+                    timeout=lifetime(spec),
                     metadata=metadata,
                     api_key=self.settings.api_key,
                     **options,
@@ -203,6 +227,22 @@ class E2BBackend(Backend):
             self.release()
             raise
         return E2BSandbox(self, sandbox, spec)
+
+    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> E2BSandbox:
+        """A pooled sandbox: created as `create` does (a slot under the cap included), with
+        `LABEL_WARM`; it lives `ttl` seconds by E2B's own timeout unless a run takes it
+        (`E2BSandbox.take`), and its runtime waits on stdin with nothing of any run in it
+        (`idle.py`). Raises the SDK's errors, RuntimeError when the runtime is not ready."""
+        sandbox = self.create(replace(spec, labels={**spec.labels, LABEL_WARM: "true"}), progress)
+        try:
+            sandbox.idle = IdleRuntime.start(
+                sandbox.sandbox, spec.command, ttl, self.settings.attempts
+            )
+            sandbox.idle.wait_ready()
+        except BaseException:
+            sandbox.remove()
+            raise
+        return sandbox
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Running sandboxes whose metadata has all of `labels` (all of ours without)."""
