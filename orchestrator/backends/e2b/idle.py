@@ -92,8 +92,10 @@ class IdleRuntime:
 
     def wait_ready(self, timeout: float = IDLE_READY_TIMEOUT) -> None:
         """Until the runtime has written READY_LINE on stderr; what it wrote before is kept
-        in `early`. Raises RuntimeError when its output ends first, or when it is not ready
-        within `timeout` (the sandbox is killed then; the caller removes it)."""
+        in `early`. Then the output stream is let go (the runtime goes on waiting): an idle
+        sandbox holds no connection of this process, however long it idles, and its run
+        connects afresh (`send`). Raises RuntimeError when its output ends first, or when it
+        is not ready within `timeout` (the sandbox is killed then; the caller removes it)."""
         seen = ""
         watchdog = threading.Timer(timeout, self._kill)
         watchdog.daemon = True
@@ -108,6 +110,8 @@ class IdleRuntime:
                         before, after = seen.split(READY_LINE, 1)
                         parts = (before, after)
                         self.early += [("stderr", part.encode()) for part in parts if part]
+                        with contextlib.suppress(Exception):
+                            self.handle.disconnect()
                         return
         except Exception:  # the stream broke (or the watchdog killed the sandbox)
             pass
@@ -124,13 +128,20 @@ class IdleRuntime:
         yield from early
 
     def send(self, body: str) -> Any:
-        """Write the request (one JSON object, its secrets in it) on the runtime's stdin and
-        close it; returns the command's handle, for the run's stream. Raises the SDK's
-        errors."""
+        """Connect to the waiting runtime's output, then write the request (one JSON object,
+        its secrets in it) on its stdin and close it; returns the command's new handle, for
+        the run's stream (the runtime writes nothing between its READY_LINE and its request,
+        so nothing is missed). Raises the SDK's errors."""
         data = body.encode()
         chunks = [data[i : i + STDIN_CHUNK] for i in range(0, len(data), STDIN_CHUNK)]
         pid = self.handle.pid
         self.sent = True
+        self.handle = with_retries(
+            self.attempts,
+            lambda: self.sandbox.commands.connect(pid, timeout=0),  # no limit: the run's is
+            what="connect",
+            progress=lambda _m: None,
+        )
         # Not retried: a stream broken halfway could leave half a request in the pipe; the
         # run ends infra_error and a batch retries it in a fresh sandbox.
         self.sandbox.commands.stream_input(pid, chunks)
