@@ -173,13 +173,13 @@ def test_taking_an_idle_sandbox_moves_its_e2b_lifetime_to_the_runs(
     idle = backend.create_idle(sandbox_spec(prepared, image), lambda _m: None, ttl=30)
     try:
         left = e2b_env.sandbox(idle.id).end_at - time.time()
-        assert 20 < left <= 30, left  # the pool's time-to-live, not the run's limit
+        assert 0 < left <= 30, left  # the pool's time-to-live, not the run's 5 s + 60 s
         other = replace(prepared, run_id=prepared.run_id + "-other")
         with pytest.raises(ValueError, match="not for run"):
             idle.take(sandbox_spec(other, image))
         idle.take(sandbox_spec(prepared, image))
         left = e2b_env.sandbox(idle.id).end_at - time.time()
-        assert 55 < left <= 65, left  # the run's 5 s and the margin, from the take
+        assert 50 < left <= 65, left  # the run's 5 s and the margin, from the take
         idle.start(build_request(prepared), {})
         stdout = b"".join(chunk for name, chunk in idle.stream() if name == "stdout")
         outcome = idle.wait(timeout=60)
@@ -227,7 +227,8 @@ def test_idle_e2b_sandboxes_end_at_their_ttl_with_the_orchestrator_killed(
     for sandbox_id in idle:
         sandbox = e2b_env.sandbox(sandbox_id)
         assert sandbox.killed_reason == "timeout", sandbox.killed_reason  # E2B's own end
-        assert ttl - 1 <= sandbox.end_at - sandbox.started_at <= ttl + 5
+        # the TTL from its creation (not the run's limit + 60 s, nor E2B's default 300 s)
+        assert ttl - 1 <= sandbox.end_at - sandbox.started_at <= ttl + 15
     out = cli("cleanup", "--backend", "e2b", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert "would remove" not in out.stdout
