@@ -283,3 +283,24 @@ def test_schedule_serve_warms_the_firings_e2b_sandbox_before_its_time(
     assert body["metadata"][LABEL_WARM] == "true"
     assert body["metadata"][LABEL_RUN_ID] == rows[0]["run_id"]
     assert e2b_env.alive_count() == 0
+
+
+def test_idle_sandboxes_count_against_the_cap_and_close_removes_every_one(
+    e2b_env: E2BTestServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool larger than ORCHESTRATOR_E2B_MAX_SANDBOXES: its third sandbox waits for a slot
+    (never a third alive on E2B); closing the pool frees the slots, and the sandbox that got
+    one then is removed too before `close` returns."""
+    monkeypatch.setenv("ORCHESTRATOR_E2B_MAX_SANDBOXES", "2")
+    prepared = prepare(RunSpec(payload=SLEEPER, backend="e2b"))
+    pool = Pool(size=3, ttl=60)
+    try:
+        pool.warm(prepared)
+        wait_for(lambda: pool.stats() == {"idle": 2, "making": 1}, timeout=180)
+        assert e2b_env.alive_count() == 2
+    finally:
+        pool.close()
+    assert e2b_env.alive_count() == 0
+    assert e2b_env.max_alive == 2
+    for body in e2b_env.create_requests:
+        assert body["metadata"][LABEL_WARM] == "true"
