@@ -123,7 +123,8 @@ class IdleRuntime:
         )
 
     def output(self) -> Iterator[tuple[StreamName, bytes]]:
-        """What the runtime wrote before it was ready, once (then the handle goes on)."""
+        """What the runtime wrote before it was ready, once (the run's stream, `send`'s
+        handle, has what it writes after)."""
         early, self.early = self.early, []
         yield from early
 
