@@ -310,13 +310,11 @@ class Pool:
 
     def close(self) -> None:
         """Stop refilling and remove every idle sandbox (the ones being made too, once made).
-        Idempotent."""
+        Idempotent. The idle ones go first: a builder may be waiting for a slot under the
+        backend's cap (E2B) that only their removal frees."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
-        for thread in self._builders:
-            thread.join(timeout=60)
-        with self._lock:
             idle = [i for slot in self._slots.values() for i in slot.ready]
             for slot in self._slots.values():
                 slot.ready.clear()
@@ -325,6 +323,8 @@ class Pool:
             worker.start()
         for worker in workers:
             worker.join(timeout=60)
+        for thread in self._builders:
+            thread.join(timeout=60)
         _wait_removals()
         if self._marker is not None:
             with contextlib.suppress(OSError):

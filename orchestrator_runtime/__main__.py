@@ -30,7 +30,7 @@ from typing import Any
 from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
 from .masking import Masker
-from .protocol import PRELOAD_TRACES, PRELOADABLE, READY_LINE
+from .protocol import POOLED_ENV, PRELOAD_TRACES, PRELOADABLE, READY_LINE
 from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
@@ -407,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         preload(names)
     except Exception:  # the child reports it properly when it imports them again
         traceback.print_exc()
-    if KEEPER_FD_ENV in os.environ:  # a pooled sandbox: tell the pool it is ready
+    pooled = os.environ.pop(POOLED_ENV, None) == "1"
+    if pooled or KEEPER_FD_ENV in os.environ:  # a pooled sandbox: tell the pool it is ready
         sys.stderr.write(READY_LINE)
         sys.stderr.flush()
     try:

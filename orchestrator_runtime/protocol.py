@@ -126,3 +126,8 @@ MAX_ATTRIBUTE_CHARS = 32 * 1024
 #: What a pooled sandbox's runtime writes on stderr once it has imported everything and waits
 #: for its request (never on stdout: that is the event channel, and its frames start at 0).
 READY_LINE = "orchestrator_runtime: ready for a request\n"
+
+#: Set to "1" in the environment of a pooled sandbox's runtime whose idle lifetime is kept
+#: from outside (E2B: the sandbox's own timeout) rather than by the deadline keeper, whose
+#: pipe otherwise says the sandbox is pooled: the runtime then writes READY_LINE too.
+POOLED_ENV = "ORCHESTRATOR_POOLED"

@@ -2,7 +2,8 @@
 definition.
 
 `settings.py` the environment, the SDK and retries, `templates.py` the template,
-`sandbox.py` one run's sandbox and the backend (`E2BBackend`, what the registry names).
+`sandbox.py` one run's sandbox and the backend (`E2BBackend`, what the registry names),
+`idle.py` a pooled (warm) sandbox's runtime, `slots.py` the process's cap on live sandboxes.
 Importing this package does not import the `e2b` SDK; making a backend does.
 """
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator_runtime.request import Request
 
 from ...errors import ConfigError
-from ...labels import LABEL_KIND, LABEL_RUN_ID
+from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...spec import NetworkPolicy
 from ..base import (
     Backend,
@@ -26,7 +25,9 @@ from ..base import (
     StreamName,
 )
 from .gateway import E2BGateway
+from .idle import IdleRuntime
 from .settings import ALLOW_LOCAL_ENDPOINTS_ENV, E2BSettings, T, sdk, with_retries
+from .slots import sandbox_slots
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER, ensure_template
 
 if TYPE_CHECKING:
@@ -55,6 +56,11 @@ def network_options(policy: NetworkPolicy, gateway_host: str | None = None) -> d
     return {"network": {"deny_out": ["0.0.0.0/0"], "allow_out": allowed}}
 
 
+def lifetime(spec: SandboxSpec) -> int:
+    """A run's sandbox's E2B timeout: its time limit and a margin, in whole seconds."""
+    return int(math.ceil(spec.limits.timeout_seconds)) + LIFETIME_MARGIN_SECONDS
+
+
 class E2BSandbox(Sandbox):
     """One run's E2B sandbox; the stream is the runtime command's stdout and stderr."""
 
@@ -74,12 +80,19 @@ class E2BSandbox(Sandbox):
         self._killed = False
         self._removed = False
         self._lost: str | None = None
+        #: A pooled sandbox's runtime, started idle (`E2BBackend.create_idle`); else None.
+        self.idle: IdleRuntime | None = None
 
     def start(self, request: Request, secrets: dict[str, str]) -> None:
         """Upload the request (one request, no secrets in it), then start the runtime with the
-        secrets in its own environment only."""
+        secrets in its own environment only; a pooled sandbox's waiting runtime gets both on
+        its stdin instead (`IdleRuntime.send`)."""
         path = f"/tmp/orchestrator-request-{self.spec.run_id}.json"
         limits = {"nproc": self.spec.limits.pids, "nofile": 1024, "core": 0}
+        if self.idle is not None:
+            pooled = replace(request, secrets=secrets, rlimits=limits)
+            self._handle = self.idle.send(pooled.to_json())
+            return
         body = replace(request, secrets={}, secret_env=sorted(secrets), rlimits=limits).to_json()
         self._call(lambda: self.sandbox.files.write(path, body, user=SANDBOX_USER), "upload")
         command = f"exec {PYTHON} -m orchestrator_runtime --request {path}"
@@ -95,7 +108,22 @@ class E2BSandbox(Sandbox):
             "start",
         )
 
+    def take(self, spec: SandboxSpec) -> None:
+        """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
+        start): its E2B lifetime becomes the run's, from now."""
+        if self.idle is None or self.idle.sent or spec.run_id != self.spec.run_id:
+            raise ValueError(f"pooled sandbox {self.id} is not for run {spec.run_id}")
+        self._call(lambda: self.sandbox.set_timeout(lifetime(spec)), "set timeout")
+        if self.gateway is not None:  # the gateway's sandbox lives the run's lifetime too
+            gateway = self.gateway
+            self._call(lambda: gateway.sandbox.set_timeout(lifetime(spec)), "set timeout")
+            if spec.gateway is not None:  # its token is the run's own
+                gateway.spec = spec.gateway
+        self.spec = spec
+
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        if self.idle is not None:
+            yield from self.idle.output()
         try:
             for stdout, stderr, _pty in self._handle:
                 if stdout:
@@ -164,13 +192,14 @@ class E2BBackend(Backend):
     """Runs sandboxes on E2B; the `e2b` SDK reads E2B_API_URL/E2B_DOMAIN as usual."""
 
     name = "e2b"
-    #: A model gateway in a sandbox of its own (`gateway.py`), no pools, sizes per template
-    #: (not per run); its sandboxes run elsewhere (an endpoint on this host is refused unless
-    #: ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS=1), end with their E2B lifetime, and removing
-    #: them early takes the API (`orchestrator cleanup --backend e2b`). The cap on concurrent
-    #: sandboxes is the plan's, from the settings.
+    #: A model gateway in a sandbox of its own (`gateway.py`), pooled sandboxes
+    #: (`create_idle`), sizes per template (not per run); its sandboxes run elsewhere (an
+    #: endpoint on this host is refused unless ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS=1), end
+    #: with their E2B lifetime, and removing them early takes the API (`orchestrator cleanup
+    #: --backend e2b`). The cap on concurrent sandboxes is the plan's, from the settings.
     capabilities = Capabilities(
         model_gateway="sandbox",
+        warm_sandboxes=True,
         orphans_end="its E2B sandbox ends with its E2B lifetime",
         sandboxes_run="elsewhere",
         local_endpoints_env=ALLOW_LOCAL_ENDPOINTS_ENV,
@@ -181,8 +210,7 @@ class E2BBackend(Backend):
         self.settings = settings or E2BSettings.from_env()
         #: The cap a batch respects (E2B plans cap concurrent sandboxes).
         self.capabilities = replace(self.capabilities, max_concurrency=self.settings.max_sandboxes)
-        self._slots = threading.BoundedSemaphore(self.settings.max_sandboxes)
-        self._taking = threading.Lock()
+        self._slots = sandbox_slots(self.settings.api_key, self.settings.max_sandboxes)
 
     @classmethod
     def create_backend(cls, env_file: str | Path | None = None) -> E2BBackend:
@@ -198,15 +226,7 @@ class E2BBackend(Backend):
         return ensure_template(settings, tuple(extra_requirements), progress)
 
     def release(self) -> None:
-        with contextlib.suppress(ValueError):
-            self._slots.release()
-
-    def _take_slots(self, count: int) -> None:
-        """`count` of the sandbox cap's slots at once (a run with a gateway takes two): one
-        taker at a time, so that two such runs never hold one each and wait on each other."""
-        with self._taking:
-            for _ in range(count):
-                self._slots.acquire()
+        self._slots.release()
 
     def _create_sandbox(self, progress: Progress, **options: Any) -> e2b.Sandbox:
         e2b = sdk()
@@ -223,10 +243,9 @@ class E2BBackend(Backend):
     def create(self, spec: SandboxSpec, progress: Progress) -> E2BSandbox:
         """The run's sandbox; with a gateway (`spec.gateway`), the gateway's sandbox first
         (`gateway.E2BGateway`), whose host the run's sandbox may then reach."""
-        lifetime = int(math.ceil(spec.limits.timeout_seconds)) + LIFETIME_MARGIN_SECONDS
         metadata = {**spec.labels, LABEL_KIND: "sandbox"}
         slots = 2 if spec.gateway is not None else 1
-        self._take_slots(slots)
+        self._slots.take(slots)
         gateway = None
         try:
             if spec.gateway is not None:
@@ -236,11 +255,11 @@ class E2BBackend(Backend):
                         self.settings.attempts, call, what=what, progress=progress
                     ),
                     template=spec.image, spec=spec.gateway, labels=spec.labels,
-                    lifetime=lifetime, progress=progress,
+                    lifetime=lifetime(spec), progress=progress,
                 )  # fmt: skip
             options = network_options(spec.network, gateway.host if gateway else None)
             sandbox = self._create_sandbox(
-                progress, template=spec.image, timeout=lifetime, metadata=metadata, **options
+                progress, template=spec.image, timeout=lifetime(spec), metadata=metadata, **options
             )
         except BaseException:
             if gateway is not None:
@@ -249,6 +268,27 @@ class E2BBackend(Backend):
                 self.release()
             raise
         return E2BSandbox(self, sandbox, spec, gateway)
+
+    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> E2BSandbox:
+        """A pooled sandbox: created as `create` does (a slot under the cap included), with
+        `LABEL_WARM`; it lives `ttl` seconds by E2B's own timeout unless a run takes it
+        (`E2BSandbox.take`), and its runtime waits on stdin with nothing of any run in it
+        (`idle.py`). Raises the SDK's errors, RuntimeError when the runtime is not ready."""
+        sandbox = self.create(replace(spec, labels={**spec.labels, LABEL_WARM: "true"}), progress)
+        try:
+            if sandbox.gateway is not None:  # its gateway idles as long, by E2B's timeout too
+                gateway = sandbox.gateway
+                sandbox._call(
+                    lambda: gateway.sandbox.set_timeout(max(1, math.ceil(ttl))), "set timeout"
+                )
+            sandbox.idle = IdleRuntime.start(
+                sandbox.sandbox, spec.command, ttl, self.settings.attempts
+            )
+            sandbox.idle.wait_ready()
+        except BaseException:
+            sandbox.remove()
+            raise
+        return sandbox
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Running sandboxes whose metadata has all of `labels` (all of ours without)."""
