@@ -3,9 +3,16 @@ measurements: minutes of a batch simulated in milliseconds, no sleeping, no real
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 
+import pytest
+
+from orchestrator.batch import BatchProgress, BatchSpec, run_batch
+from orchestrator.cli.batch import progress_line
 from orchestrator.concurrency import (
     HOLD,
     MAX_WINDOW,
@@ -13,7 +20,17 @@ from orchestrator.concurrency import (
     AdaptiveLimit,
     Slots,
 )
+from orchestrator.errors import ConfigError
+from orchestrator.executor import Attempt, AttemptExecutor
 from orchestrator.hostload import HostSample, cpu_times, memory_mb, procs_running
+from orchestrator.runner import PreparedRun, RunObservers
+from orchestrator.schedules import Scheduler, ScheduleStore, load_schedules
+from orchestrator.spec import RunResult, RunSpec
+
+from .conftest import wait_for
+from .test_batch import MATH, StandInExecutor, math_rows, write_jsonl
+from .test_schedules import FakeClock as WallClock
+from .test_schedules import at, unique, write_schedules
 
 
 class FakeClock:
@@ -208,3 +225,111 @@ def test_proc_text_parsing() -> None:
     assert procs_running(stat) == 3
     meminfo = "MemTotal:       24683656 kB\nMemFree: 1 kB\nMemAvailable:   23552408 kB\n"
     assert memory_mb(meminfo) == (23000, 24105)
+
+
+class Gated(AttemptExecutor):
+    """Runs that end when `gate` opens; counts how many ran at once."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.lock = threading.Lock()
+        self.running = self.most = self.ran = 0
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        self.gate.wait(60)
+        with self.lock:
+            self.running -= 1
+            self.ran += 1
+        return RunResult(run_id=attempt.run_id, status="succeeded")
+
+
+def test_overlapping_firings_of_serve_wait_for_a_slot(tmp_path: Path) -> None:
+    """Two schedules due at the same minute, a limit of one: the second run waits for the
+    first to end (said in the log), then runs; both are recorded."""
+    names = [unique("a"), unique("b")]
+    sf = load_schedules(
+        write_schedules(tmp_path, *({"name": n, "cron": "* * * * *"} for n in names))
+    )
+    t0 = at("2026-01-05T10:00:30+00:00")
+    clock, runs, log = WallClock(t0), Gated(), list[str]()
+    store = ScheduleStore()
+    scheduler = Scheduler(sf.schedules, store=store, clock=clock, executor=runs,
+                          log=log.append, pace=AdaptiveLimit(1, adapt=False))  # fmt: skip
+    scheduler.start()
+    clock.t = t0 + timedelta(seconds=31)  # 10:01:01: both are due
+    scheduler.tick()
+    wait_for(lambda: any("waiting for a slot (1 running)" in line for line in log))
+    assert runs.running == 1
+    runs.gate.set()
+    scheduler.shutdown(grace=60)
+    assert runs.ran == 2 and runs.most == 1
+    assert [r["outcome"] for n in names for r in store.history(n)] == ["succeeded"] * 2
+
+
+class Counting(StandInExecutor):
+    """The batch tests' stand-in executor (no sandbox), counting runs at once; with `meet`,
+    each run waits (up to a minute) until that many run together."""
+
+    def __init__(self, meet: int = 0) -> None:
+        super().__init__(set())
+        self.meet = meet
+        self.now = self.most = 0
+        self.together = threading.Condition()
+        self.warm: list[int] = []
+
+    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+        self.warm.append(count)
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        if attempt.prepared.spec.check_only:
+            return super().run(attempt, observers)
+        with self.together:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.together.notify_all()
+            self.together.wait_for(lambda: self.most >= self.meet, timeout=60)
+        try:
+            return super().run(attempt, observers)
+        finally:
+            with self.together:
+                self.now -= 1
+
+
+def test_a_fixed_concurrency_runs_exactly_that_many_at_once(tmp_path: Path) -> None:
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(9))
+    runs = Counting(meet=3)
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
+                     concurrency=3, adapt=False)  # fmt: skip
+    progress: list[BatchProgress] = []
+    summary = run_batch(spec, executor=runs, monitor=progress.append)
+    assert summary.counts["succeeded"] == 9 and runs.most == 3
+    assert summary.concurrency["mode"] == "fixed" and summary.concurrency["limit"] == 3
+    assert summary.session["concurrency"] == 3 and runs.warm == [3]
+    assert progress[-1].concurrency == 3 and "concurrency 3 (fixed)" in progress_line(progress[-1])
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert written["concurrency"]["changes"] == [{"at": 0.0, "limit": 3, "reason": "fixed"}]
+
+
+def test_auto_runs_no_more_than_its_limit_and_says_how_it_moved(tmp_path: Path) -> None:
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(12))
+    runs = Counting()
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
+                     concurrency=8)  # fmt: skip
+    summary = run_batch(spec, executor=runs)
+    pace = summary.concurrency
+    assert summary.counts["succeeded"] == 12
+    assert pace["mode"] == "auto" and pace["requested"] == 8 and pace["ceiling"] == 8
+    assert runs.opened == [(12, 8)]  # the executor is opened for the ceiling...
+    assert runs.warm[0] == pace["changes"][0]["limit"] <= 8  # ...and warms for the limit
+    assert 1 <= runs.most <= pace["highest"] <= 8
+    assert [c["limit"] for c in pace["changes"]][-1] == pace["limit"]
+
+
+def test_fixed_concurrency_needs_a_number(tmp_path: Path) -> None:
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(2))
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), adapt=False)
+    with pytest.raises(ConfigError, match="--fixed-concurrency needs"):
+        run_batch(spec, executor=Counting())
