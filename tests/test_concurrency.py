@@ -74,8 +74,8 @@ def window(
 
 def test_it_starts_from_the_cores_the_memory_and_the_ceiling() -> None:
     clock = FakeClock()
-    assert AdaptiveLimit(probe=FakeHost(cores=2), clock=clock).limit == 2
-    assert AdaptiveLimit(32, probe=FakeHost(cores=8), clock=clock).limit == 8
+    assert AdaptiveLimit(probe=FakeHost(cores=2), clock=clock).limit == 4  # two per core
+    assert AdaptiveLimit(32, probe=FakeHost(cores=8), clock=clock).limit == 16
     assert AdaptiveLimit(3, probe=FakeHost(cores=8), clock=clock).limit == 3
     # 75 % of 4000 MB available, 1000 MB a run: 3, though there are 8 cores
     small = AdaptiveLimit(memory_mb=1000, probe=FakeHost(8, available_mb=4000), clock=clock)
@@ -99,26 +99,26 @@ def test_an_idle_cpu_with_every_slot_busy_doubles_then_adds_one() -> None:
     host.cpu, host.queue = 0.3, 1.0
     limit = AdaptiveLimit(32, probe=host, clock=clock)
     # Throughput grows with the limit (each slot turns over once a window).
-    assert [window(limit, clock) for _ in range(4)] == [4, 8, 16, 32]
+    assert [window(limit, clock) for _ in range(3)] == [8, 16, 32]
     assert window(limit, clock) == 32  # the ceiling holds
     reasons = [c.reason for c in limit.changes]
-    assert reasons == ["cores", "cpu idle", "cpu idle", "cpu idle", "cpu idle"]
+    assert reasons == ["cores", "cpu idle", "cpu idle", "cpu idle"]
 
 
 def test_no_increase_while_slots_stand_empty_or_the_cpu_is_busy() -> None:
     clock, host = FakeClock(), FakeHost(cores=2)
     limit = AdaptiveLimit(32, probe=host, clock=clock)
     host.cpu = 0.3
-    assert window(limit, clock, running=1) == 2  # the work, not the limit, holds it back
+    assert window(limit, clock, running=1) == 4  # the work, not the limit, holds it back
     host.cpu = 0.9
-    assert window(limit, clock) == 2  # between the marks: hold still
+    assert window(limit, clock) == 4  # between the marks: hold still
 
 
 def test_an_oversubscribed_cpu_takes_a_quarter_off_down_to_the_cores() -> None:
     clock, host = FakeClock(), FakeHost(cores=4)
     host.cpu = 0.3
     limit = AdaptiveLimit(32, probe=host, clock=clock)
-    assert [window(limit, clock) for _ in range(3)] == [8, 16, 32]
+    assert [window(limit, clock) for _ in range(2)] == [16, 32]
     host.cpu, host.queue = 1.0, 40.0
     # 32 -> 24 -> 18 -> 13 -> 9 -> 6 -> 4 (the cores) and there it stays
     seen = [window(limit, clock) for _ in range(8)]
@@ -129,43 +129,40 @@ def test_an_oversubscribed_cpu_takes_a_quarter_off_down_to_the_cores() -> None:
     assert window(limit, clock) == 5
 
 
-def test_a_full_cpu_at_one_run_per_core_is_the_goal() -> None:
+def test_a_host_full_of_other_work_gets_one_run_per_core_and_no_fewer() -> None:
     clock, host = FakeClock(), FakeHost(cores=2)
     host.cpu, host.queue = 1.0, 10.0
     limit = AdaptiveLimit(32, probe=host, clock=clock)
-    assert [window(limit, clock) for _ in range(5)] == [2] * 5
+    assert [window(limit, clock) for _ in range(5)] == [3, 2, 2, 2, 2]
 
 
 def test_throughput_that_falls_after_an_increase_goes_back() -> None:
     clock, host = FakeClock(), FakeHost(cores=2)
     host.cpu = 0.3
     limit = AdaptiveLimit(32, probe=host, clock=clock)
-    assert window(limit, clock, done=4) == 4  # trial: 2 -> 4 at 2/s
-    # At 4 the window took MAX_WINDOW for 4 runs: far slower. Back to 2, held.
+    assert window(limit, clock, done=4) == 8  # trial: 4 -> 8 at 2/s
+    # At 8 the window took MAX_WINDOW and no run ended: far slower. Back to 4, held.
     for _ in range(int(MAX_WINDOW / 0.5)):
         clock.t += 0.5
-        limit.tick(4)
-    limit.completed(4)
-    clock.t += 0.5
-    limit.tick(4)
-    assert limit.limit == 2 and limit.changes[-1].reason == "throughput fell at 4"
+        limit.tick(8)
+    assert limit.limit == 4 and limit.changes[-1].reason == "throughput fell at 8"
     held = clock.t + HOLD
     while clock.t < held - MIN_WINDOW:
-        assert window(limit, clock, done=4) == 2
-    while limit.limit == 2:
+        assert window(limit, clock, done=4) == 4
+    while limit.limit == 4:
         window(limit, clock, done=4)
-    assert clock.t >= held and limit.limit == 3  # additive after the fall
+    assert clock.t >= held and limit.limit == 5  # additive after the fall
 
 
 def test_low_memory_halves_at_once_and_blocks_increases() -> None:
     clock, host = FakeClock(), FakeHost(cores=8, available_mb=20_000, total_mb=24_000)
     host.cpu = 0.3
     limit = AdaptiveLimit(32, memory_mb=1000, probe=host, clock=clock)
-    assert limit.limit == 8
+    assert limit.limit == 15  # 75 % of 20000 MB / 1000 MB, under 2 x 8 cores
     host.available_mb = 1500  # under the reserve (max(2 x 1000, 24000 / 20))
     clock.t += 0.5
-    assert limit.tick(8) == 4
-    assert limit.tick(4) == 2 and limit.tick(2) == 1 and limit.tick(1) == 1
+    assert limit.tick(15) == 7
+    assert limit.tick(7) == 3 and limit.tick(3) == 1 and limit.tick(1) == 1
     assert limit.changes[-1].reason == "memory low"
     host.available_mb = 2500  # above the reserve, no room for one more run
     assert window(limit, clock) == 1
@@ -180,9 +177,9 @@ def test_describe_says_mode_ceiling_and_each_change() -> None:
     window(limit, clock)
     described = limit.describe()
     assert described["mode"] == "auto" and described["requested"] is None
-    assert described["ceiling"] == 32 and described["limit"] == 4
-    assert described["lowest"] == 2 and described["highest"] == 4
-    assert described["changes"][-1] == {"at": 2.0, "limit": 4, "reason": "cpu idle"}
+    assert described["ceiling"] == 32 and described["limit"] == 8
+    assert described["lowest"] == 4 and described["highest"] == 8
+    assert described["changes"][-1] == {"at": 2.0, "limit": 8, "reason": "cpu idle"}
 
 
 def run_threads(count: int, target: Callable[[], None]) -> list[threading.Thread]:
@@ -193,7 +190,7 @@ def run_threads(count: int, target: Callable[[], None]) -> list[threading.Thread
 
 
 def test_slots_hold_holders_to_the_limit_and_follow_it() -> None:
-    clock, host = FakeClock(), FakeHost(cores=2)
+    clock, host = FakeClock(), FakeHost(cores=1)
     host.cpu = 0.3
     changes: list[int] = []
     slots = Slots(AdaptiveLimit(32, probe=host, clock=clock), on_change=changes.append)
