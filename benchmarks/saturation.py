@@ -38,9 +38,11 @@ from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
 from orchestrator.hostload import PROC_MEMINFO, memory_mb  # noqa: E402
+from orchestrator.labels import LABEL_OWNER, owner_label  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+OWNER = owner_label()
 
 
 def used_mb() -> int:
@@ -48,29 +50,50 @@ def used_mb() -> int:
     return (total or 0) - (available or 0)
 
 
-class MemoryWatch:
-    """The host's used memory (total - available), sampled every 0.25 s: peak and mean over
-    the batch, above what was used before it."""
+def containers_rss_mb(client) -> int:  # noqa: ANN001 - a docker client
+    """The resident memory of this process's containers (sandboxes idle or running): the sum
+    of their cgroups' total_rss (cgroup v1, as on these machines; 0 where unreadable)."""
+    total = 0
+    owned = client.api.containers(quiet=True, filters={"label": f"{LABEL_OWNER}={OWNER}"})
+    for container in owned:
+        stat = Path(f"/sys/fs/cgroup/memory/docker/{container['Id']}/memory.stat")
+        try:
+            for line in stat.read_text().splitlines():
+                if line.startswith("total_rss "):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total // 2**20
 
-    def __init__(self) -> None:
+
+class MemoryWatch:
+    """Memory during a batch, sampled every 0.5 s: the resident memory of its containers
+    (what the sandboxes hold; other work on the host does not count) and the host's used
+    memory (total - available) above what it was before (other work counts)."""
+
+    def __init__(self, client) -> None:  # noqa: ANN001 - a docker client
+        self.client = client
         self.base = used_mb()
-        self.samples: list[int] = []
+        self.host: list[int] = []
+        self.ours: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stop.wait(0.25):
-            self.samples.append(used_mb())
+        while not self._stop.wait(0.5):
+            self.host.append(used_mb())
+            self.ours.append(containers_rss_mb(self.client))
 
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
-        samples = self.samples or [self.base]
+        host, ours = self.host or [self.base], self.ours or [0]
         return {
-            "before_mb": self.base,
-            "peak_above_mb": max(samples) - self.base,
-            "mean_above_mb": round(sum(samples) / len(samples) - self.base),
+            "containers_peak_mb": max(ours),
+            "containers_mean_mb": round(sum(ours) / len(ours)),
+            "host_before_mb": self.base,
+            "host_peak_above_mb": max(host) - self.base,
         }
 
 
@@ -103,7 +126,7 @@ def one_batch(n: int, config: str, warm: bool, workdir: Path, backend: SameImage
         tasks=path, output=workdir / "out", run=RunSpec(payload=PAYLOAD),
         concurrency=concurrency, adapt=adapt, warm=None if warm else 0,
     )  # fmt: skip
-    memory = MemoryWatch()
+    memory = MemoryWatch(backend.client)
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     wall = time.monotonic() - started
@@ -130,11 +153,12 @@ def write(report: dict) -> None:
         f"{report['commit']}; started {report['date']}. Warm = the default pool; cold = "
         "`--no-warm`. Each configuration ran warm and cold back to back (the first side "
         "alternating), with a pause between; `load` is the 1-minute load average before each "
-        "(warm/cold); memory is the host's used memory above what it was before the batch "
-        "(peak). Other work shared this machine: compare sides of one row only.",
+        "(warm/cold); memory is the resident memory of the batch's containers, peak and mean "
+        "(idle sandboxes included). Other work shared this machine: compare sides of one row "
+        "only.",
         "",
         "| tasks | concurrency | warm tasks/min | cold tasks/min | warm / cold | at once "
-        "(warm; cold) | memory peak MB (warm / cold) | load before |",
+        "(warm; cold) | containers' memory MB, peak (mean): warm / cold | load before |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in report["results"]:
@@ -149,7 +173,7 @@ def write(report: dict) -> None:
         lines.append(
             f"| {row['tasks']} | {label(row['config'])} | {w['tasks_per_minute']:.1f} "
             f"| {c['tasks_per_minute']:.1f} | {w['tasks_per_minute'] / c['tasks_per_minute']:.2f} "
-            f"| {at_once} | {w['memory']['peak_above_mb']} / {c['memory']['peak_above_mb']} "
+            f"| {at_once} | {mem(w)} / {mem(c)} "
             f"| {w['before']['load_1m']} / {c['before']['load_1m']} |"
         )
     best: dict[int, float] = {}
@@ -172,6 +196,10 @@ def write(report: dict) -> None:
     lines += ["", f"Uptime before and after: {report.get('uptime_before')} / "
               f"{report.get('uptime_after', 'not finished')}"]  # fmt: skip
     (RESULTS / "saturation.md").write_text("\n".join(lines) + "\n")
+
+
+def mem(side: dict) -> str:
+    return f"{side['memory']['containers_peak_mb']} ({side['memory']['containers_mean_mb']})"
 
 
 def uptime() -> str:
@@ -236,9 +264,9 @@ def main() -> None:
                 print(
                     f"{n} tasks, {label(config)}: warm {w['tasks_per_minute']}/min "
                     f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
-                    f"mem {w['memory']['peak_above_mb']} MB), cold {c['tasks_per_minute']}/min "
+                    f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
                     f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
-                    f"mem {c['memory']['peak_above_mb']} MB); load "
+                    f"mem {mem(c)} MB); load "
                     f"{w['before']['load_1m']}/{c['before']['load_1m']}",
                     flush=True,
                 )

@@ -14,29 +14,31 @@ at about 123 tasks/min at concurrency 4 and 100 at 32). A run against a hosted m
 waits on the network, and the same host then carries many more. No fixed number suits both,
 nor a host that other work shares, so the number is measured, not guessed.
 
-The rule (AIMD, steered by the CPU and checked against throughput):
+The rule (a hill climb on throughput, the CPU as its fast path; AIMD-like):
 
 - **Start** from what the host has: min(ceiling, 2 x cores, 75 % of available memory / each
   run's memory limit). Two per core, not one: a run is not all CPU (the engine's calls, the
   container's start and end), and two per core overlap those waits (on 2 cores, 64 mock
   tasks ran at about 123 tasks/min at 4 at once, 110 at 8, 100 at 32).
-- **Windows.** The controller decides once per window: at least MIN_WINDOW seconds and as
-  many completions as the limit (each slot turned over once; throughput cannot be measured
-  faster than a run lasts), or MAX_WINDOW seconds. Over a window it averages the CPU's busy
-  share and the run queue (`hostload.py`: /proc/stat, read at each tick) and the demand
-  (runs going or waiting for a slot).
-- **Increase** (additive; doubling until the first sign of a limit, as TCP's slow start)
-  when every slot was in use and the CPU stayed below CPU_LOW: the runs wait on something
-  other than this host (a model's API, the network), and more of them at once finish more.
-- **Check** each increase on the next window: if throughput (completions per second) fell by
-  more than TOLERANCE, go back and hold that limit for HOLD seconds. A model API's rate limit
-  or a slow engine then stops the climb, though the CPU is idle.
-- **Decrease** (multiplicative, by a quarter) when the CPU was full (>= CPU_HIGH) and the run
-  queue over QUEUE_HIGH per core: runs only queue for the CPU. Never below one run per core
-  on this rule: at that point a full CPU is the goal, not a fault (and when other work fills
-  the host, the batch gives way to it down to there, not further).
+- **Windows.** The controller decides once per window: at least MIN_WINDOW seconds and
+  MIN_DONE completions, and as many as the limit (each slot turned over once: throughput
+  cannot be measured faster than a run lasts), or MAX_WINDOW seconds. Over a window it
+  averages the CPU's busy share (`hostload.py`: /proc/stat, read at each tick) and the demand
+  (runs going or waiting for a slot). The window after a change is not judged (runs started
+  under the old limit are still ending); the one after it is.
+- **CPU idle** (under CPU_LOW) with every slot in use: the runs wait on something other than
+  this host (a model's API, the network), so more at once (doubling until the first sign of
+  a limit, as TCP's slow start; then one at a time). Undone, and held for HOLD seconds, if
+  throughput then fell by more than TOLERANCE (a rate-limited API stops the climb).
+- **CPU busy**: more runs help only if the CPU goes to them rather than to other work on
+  the host, and only the throughput says which. So probe, alternating: a quarter more (kept
+  only if throughput rose by TOLERANCE), then a quarter fewer (kept unless it fell by
+  TOLERANCE: fewer runs for the same throughput is less memory and a kinder neighbour).
+  A probe that failed is not tried again for HOLD seconds. On a host to itself this settles
+  near where the CPU is just full; on one shared with other work, as high as still pays.
+  Never below one run per core on a probe.
 - **Memory**: when available memory falls under the reserve (two runs' limits, at least 5 %
-  of the host), halve at once (down to 1); an increase needs room for its runs.
+  of the host), halve at once (down to 1); no increase without room for its runs.
 - An explicit number is the **ceiling**, never a reason to slow down: the limit moves under
   it (`adapt=False`: exactly that many, for benchmarks and for those who know better).
 
@@ -57,15 +59,14 @@ from .hostload import HostLoad, HostSample
 #: The most runs at once when none was asked for (each is a sandbox with smolagents loaded).
 AUTO_CEILING = 32
 MIN_WINDOW = 2.0
+MIN_DONE = 4
 MAX_WINDOW = 30.0
 #: Below this busy share, with every slot in use, the runs wait on something else: add one.
 CPU_LOW = 0.8
-#: At or above this busy share, with a run queue over QUEUE_HIGH per core: take a quarter off.
-CPU_HIGH = 0.95
-QUEUE_HIGH = 3.0
 #: Runs at once to start with, per core (then at most the ceiling and what memory allows).
 START_PER_CORE = 2
-#: An increase whose window's throughput is this much lower than before is undone...
+#: A change whose window's throughput is this much worse (a probe up: not this much better)
+#: than before is undone...
 TOLERANCE = 0.1
 #: ...and the limit held where it was for this long before trying again.
 HOLD = 60.0
@@ -121,8 +122,11 @@ class AdaptiveLimit:
         self.changes: list[Change] = [Change(0.0, self.limit, self._start_reason(first))]
         self._completed = 0
         self._slow_start = True
-        self._trial: tuple[int, float] | None = None  # (limit before, its throughput)
-        self._hold_until = 0.0
+        #: The change being judged: (limit before, its throughput, "idle" | "up" | "down").
+        self._trial: tuple[int, float, str] | None = None
+        self._settling = False  # the window after a change: not judged
+        self._probe = "up"  # the next probe's direction
+        self._hold = {"up": 0.0, "down": 0.0}  # no probe that way before then
         self._reset(self._began)
 
     # -- what the caller tells it -------------------------------------------------------------
@@ -141,15 +145,15 @@ class AdaptiveLimit:
             now = self.clock()
             sample = self.probe.sample()
             self._cpu.append(sample.cpu_busy)
-            self._queue.append(sample.runnable)
             self._demand.append(min(demand, self.limit))
             if self._memory_short(sample) and self.limit > 1:
                 self._set(now, max(1, self.limit // 2), "memory low")
-                self._slow_start = False
+                self._slow_start, self._trial = False, None
                 return self.limit
             elapsed = now - self._window_start
             done = self._completed - self._window_done
-            if elapsed >= MIN_WINDOW and (done >= self.limit or elapsed >= MAX_WINDOW):
+            enough = done >= max(MIN_DONE, self.limit)
+            if elapsed >= MIN_WINDOW and (enough or elapsed >= MAX_WINDOW):
                 self._decide(now, sample, done / elapsed)
             return self.limit
 
@@ -205,40 +209,65 @@ class AdaptiveLimit:
 
     def _decide(self, now: float, sample: HostSample, rate: float) -> None:
         cpu = sum(self._cpu) / len(self._cpu)
-        queue = sum(self._queue) / len(self._queue)
-        in_use = sum(self._demand) / len(self._demand)
-        trial, self._trial = self._trial, None
-        if trial is not None and rate < trial[1] * (1 - TOLERANCE):
-            self._slow_start = False
-            self._hold_until = now + HOLD
-            self._set(now, trial[0], f"throughput fell at {self.limit}")
-        elif cpu >= CPU_HIGH and queue > QUEUE_HIGH * self.cores and self.limit > self.cores:
-            self._slow_start = False
-            self._set(now, max(self.cores, min(self.limit - 1, self.limit * 3 // 4)), "cpu full")
-        elif (
-            cpu < CPU_LOW
-            and in_use >= self.limit - 0.5
-            and self.limit < self.ceiling
-            and now >= self._hold_until
-        ):
+        full = sum(self._demand) / len(self._demand) >= self.limit - 0.5
+        if self._settling:  # runs of the old limit are still ending: judge the next window
+            self._settling = False
+        elif self._trial is not None:
+            self._judge(now, rate)
+        elif cpu < CPU_LOW:  # with slots standing empty, the work holds it back: nothing
             step = self.limit if self._slow_start else 1
-            target = min(self.ceiling, self.limit + step)
-            if not self._memory_short(sample, more=target - self.limit):
-                self._trial = (self.limit, rate)
-                self._set(now, target, "cpu idle")
+            if full and now >= self._hold["up"]:
+                self._try(now, sample, rate, self.limit + step, "idle", "cpu idle")
+        elif self._probe == "up":
+            self._probe = "down"
+            if full and now >= self._hold["up"]:
+                more = max(self.limit + 1, self.limit * 5 // 4)
+                self._try(now, sample, rate, more, "up", "probe: more")
+        else:
+            self._probe = "up"
+            fewer = max(self.cores, min(self.limit - 1, self.limit * 3 // 4))
+            if now >= self._hold["down"] and fewer < self.limit:
+                self._try(now, sample, rate, fewer, "down", "probe: fewer")
         self._reset(now)
+
+    def _try(
+        self, now: float, sample: HostSample, rate: float, target: int, kind: str, why: str
+    ) -> None:
+        """Change to `target` (within the ceiling and memory), to be judged on `rate`."""
+        target = min(self.ceiling, target)
+        if target == self.limit or (
+            target > self.limit and self._memory_short(sample, more=target - self.limit)
+        ):
+            return
+        self._trial = (self.limit, rate, kind)
+        self._set(now, target, why)
+
+    def _judge(self, now: float, rate: float) -> None:
+        """Keep the change under trial, or undo it and hold that direction for HOLD."""
+        assert self._trial is not None
+        before, before_rate, kind = self._trial
+        self._trial = None
+        if kind == "up":
+            failed, why = rate < before_rate * (1 + TOLERANCE), "no gain"
+        else:
+            failed, why = rate < before_rate * (1 - TOLERANCE), "throughput fell"
+        if not failed:
+            return
+        self._slow_start = False
+        self._hold["down" if kind == "down" else "up"] = now + HOLD
+        self._set(now, before, f"{why} at {self.limit}")
 
     def _set(self, now: float, limit: int, reason: str) -> None:
         if limit != self.limit:
             self.limit = limit
             self.changes.append(Change(now - self._began, limit, reason))
+            self._settling = True
         self._reset(now)
 
     def _reset(self, now: float) -> None:
         self._window_start = now
         self._window_done = self._completed
         self._cpu: list[float] = []
-        self._queue: list[float] = []
         self._demand: list[int] = []
 
 

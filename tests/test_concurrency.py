@@ -4,6 +4,7 @@ measurements: minutes of a batch simulated in milliseconds, no sleeping, no real
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -16,6 +17,7 @@ from orchestrator.cli.batch import progress_line
 from orchestrator.concurrency import (
     HOLD,
     MAX_WINDOW,
+    MIN_DONE,
     MIN_WINDOW,
     AdaptiveLimit,
     Slots,
@@ -58,18 +60,31 @@ class FakeHost:
 
 
 def window(
-    limit: AdaptiveLimit, clock: FakeClock, *, running: int | None = None, done: int | None = None
+    limit: AdaptiveLimit,
+    clock: FakeClock,
+    *,
+    rate: float | None = None,
+    running: int | None = None,
 ) -> int:
-    """One control window: every slot busy (unless `running`), as many runs ended as the
-    limit (unless `done`), MIN_WINDOW seconds in ticks of half a second; the limit after."""
-    done = limit.limit if done is None else done
-    ticks = int(MIN_WINDOW / 0.5)
+    """One control window: every slot busy (unless `running`), max(MIN_DONE, limit) runs
+    ending at `rate` a second (default: in MIN_WINDOW seconds), in ticks of half a second;
+    the limit after it."""
+    done = max(MIN_DONE, limit.limit)
+    seconds = max(MIN_WINDOW, done / rate) if rate else MIN_WINDOW
+    ticks = math.ceil(seconds / 0.5)
     for i in range(ticks):
         clock.t += 0.5
         if i == ticks - 1:
             limit.completed(done)
         limit.tick(limit.limit if running is None else running)
     return limit.limit
+
+
+def climb(
+    limit: AdaptiveLimit, clock: FakeClock, windows: int, rate: Callable[[int], float]
+) -> list[int]:
+    """`windows` windows, throughput a function of the limit; the limit after each."""
+    return [window(limit, clock, rate=rate(limit.limit)) for _ in range(windows)]
 
 
 def test_it_starts_from_the_cores_the_memory_and_the_ceiling() -> None:
@@ -93,65 +108,66 @@ def test_a_fixed_limit_never_moves() -> None:
     assert limit.describe()["mode"] == "fixed" and len(limit.changes) == 1
 
 
-def test_an_idle_cpu_with_every_slot_busy_doubles_then_adds_one() -> None:
-    """Runs that wait on a model API: slow start up to the first sign of a limit, then +1."""
+def test_an_idle_cpu_with_every_slot_busy_doubles() -> None:
+    """Runs that wait on a model API: slow start, each step judged a window later."""
     clock, host = FakeClock(), FakeHost(cores=2)
-    host.cpu, host.queue = 0.3, 1.0
+    host.cpu = 0.3
     limit = AdaptiveLimit(32, probe=host, clock=clock)
-    # Throughput grows with the limit (each slot turns over once a window).
-    assert [window(limit, clock) for _ in range(3)] == [8, 16, 32]
-    assert window(limit, clock) == 32  # the ceiling holds
+    # change, a window to settle, a window judged (kept: throughput grew), change...
+    assert climb(limit, clock, 8, rate=float) == [8, 8, 8, 16, 16, 16, 32, 32]
     reasons = [c.reason for c in limit.changes]
     assert reasons == ["cores", "cpu idle", "cpu idle", "cpu idle"]
 
 
-def test_no_increase_while_slots_stand_empty_or_the_cpu_is_busy() -> None:
+def test_no_increase_while_slots_stand_empty() -> None:
     clock, host = FakeClock(), FakeHost(cores=2)
     limit = AdaptiveLimit(32, probe=host, clock=clock)
     host.cpu = 0.3
-    assert window(limit, clock, running=1) == 4  # the work, not the limit, holds it back
-    host.cpu = 0.9
-    assert window(limit, clock) == 4  # between the marks: hold still
+    for _ in range(5):
+        assert window(limit, clock, running=1) == 4  # the work, not the limit, holds it back
 
 
-def test_an_oversubscribed_cpu_takes_a_quarter_off_down_to_the_cores() -> None:
-    clock, host = FakeClock(), FakeHost(cores=4)
-    host.cpu = 0.3
-    limit = AdaptiveLimit(32, probe=host, clock=clock)
-    assert [window(limit, clock) for _ in range(2)] == [16, 32]
-    host.cpu, host.queue = 1.0, 40.0
-    # 32 -> 24 -> 18 -> 13 -> 9 -> 6 -> 4 (the cores) and there it stays
-    seen = [window(limit, clock) for _ in range(8)]
-    assert seen == [24, 18, 13, 9, 6, 4, 4, 4]
-    assert limit.changes[-1].reason == "cpu full"
-    # Back to idle: additive now (the slow start ended at the first decrease).
-    host.cpu, host.queue = 0.3, 2.0
-    assert window(limit, clock) == 5
-
-
-def test_a_host_full_of_other_work_gets_one_run_per_core_and_no_fewer() -> None:
+def test_a_host_shared_with_other_work_climbs_while_more_runs_pay() -> None:
+    """The CPU is full of other work: each run more takes a bigger share of it, throughput
+    grows with the limit. Probes up are kept, probes down undone and held off."""
     clock, host = FakeClock(), FakeHost(cores=2)
-    host.cpu, host.queue = 1.0, 10.0
+    host.cpu = 1.0
     limit = AdaptiveLimit(32, probe=host, clock=clock)
-    assert [window(limit, clock) for _ in range(5)] == [3, 2, 2, 2, 2]
+    seen = climb(limit, clock, 40, rate=lambda n: n / 2)
+    assert seen[:6] == [5, 5, 5, 3, 3, 5], seen  # more: kept; fewer: fell, back
+    assert limit.changes[3].reason == "throughput fell at 3"
+    assert min(seen[6:]) >= 5 and seen[-1] >= 12, seen
+
+
+def test_a_host_saturated_by_the_runs_themselves_settles_at_one_run_per_core() -> None:
+    """Throughput the same at any limit (the CPU is the bottleneck): more does not pay and
+    is undone; fewer costs nothing and is kept, down to one run per core."""
+    clock, host = FakeClock(), FakeHost(cores=2)
+    host.cpu = 1.0
+    limit = AdaptiveLimit(32, probe=host, clock=clock)
+    seen = climb(limit, clock, 30, rate=lambda n: 2.0)
+    assert max(seen) == 5 and seen[-1] == 2, seen
+    assert [c.reason for c in limit.changes[:3]] == ["cores", "probe: more", "no gain at 5"]
+    assert limit.changes[-1].reason == "probe: fewer"
 
 
 def test_throughput_that_falls_after_an_increase_goes_back() -> None:
     clock, host = FakeClock(), FakeHost(cores=2)
     host.cpu = 0.3
     limit = AdaptiveLimit(32, probe=host, clock=clock)
-    assert window(limit, clock, done=4) == 8  # trial: 4 -> 8 at 2/s
-    # At 8 the window took MAX_WINDOW and no run ended: far slower. Back to 4, held.
+    assert window(limit, clock) == 8  # idle CPU, every slot busy: 4 -> 8, at 2 a second
+    assert window(limit, clock) == 8  # settling
+    # At 8 the next window took MAX_WINDOW and no run ended: far slower. Back to 4, held.
     for _ in range(int(MAX_WINDOW / 0.5)):
         clock.t += 0.5
         limit.tick(8)
     assert limit.limit == 4 and limit.changes[-1].reason == "throughput fell at 8"
     held = clock.t + HOLD
     while clock.t < held - MIN_WINDOW:
-        assert window(limit, clock, done=4) == 4
+        assert window(limit, clock) == 4
     while limit.limit == 4:
-        window(limit, clock, done=4)
-    assert clock.t >= held and limit.limit == 5  # additive after the fall
+        window(limit, clock)
+    assert clock.t >= held and limit.limit == 5  # one at a time after the fall
 
 
 def test_low_memory_halves_at_once_and_blocks_increases() -> None:
@@ -165,6 +181,7 @@ def test_low_memory_halves_at_once_and_blocks_increases() -> None:
     assert limit.tick(7) == 3 and limit.tick(3) == 1 and limit.tick(1) == 1
     assert limit.changes[-1].reason == "memory low"
     host.available_mb = 2500  # above the reserve, no room for one more run
+    assert window(limit, clock) == 1  # (settling after the change)
     assert window(limit, clock) == 1
     host.available_mb = None  # unknown: the memory rule holds still
     assert window(limit, clock) == 2
@@ -204,7 +221,7 @@ def test_slots_hold_holders_to_the_limit_and_follow_it() -> None:
     threads = run_threads(1, third)
     assert not entered.wait(0.3)  # the limit is 2 (no time passed: no window ended)
     clock.t += MIN_WINDOW  # idle CPU, every slot busy and one waiting: the limit goes up
-    slots.control.completed(2)
+    slots.control.completed(MIN_DONE)
     assert entered.wait(10), "the raised limit did not let the waiting caller in"
     assert slots.in_use == 3 and changes == [4]
     threads[0].join(5)

@@ -68,8 +68,8 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument(
         "--concurrency", "-j", type=concurrency_arg, metavar="auto|N",
         help="the most sandboxes at once: how many run adapts under it to what the host "
-        "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit); more while the CPU "
-        "idles and throughput grows, fewer when the CPU or memory is full). Default: "
+        "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit), then more "
+        "while throughput grows, fewer when it does not fall or memory runs short). Default: "
         "$ORCHESTRATOR_CONCURRENCY, the config file's concurrency, else auto (up to 32)",
     )  # fmt: skip
     p.add_argument(
