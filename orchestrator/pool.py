@@ -115,8 +115,8 @@ class Pool:
     `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
     waits for a run; `builders`: sandboxes made at once in the background; `images`: the
     image cache to share (a batch's; else the pool's own); `defer`: while it returns True
-    (the host's CPU is full, say), a key gets a sandbox only when it has none idle or being
-    made: the CPU goes to running work, and runs that find none ready start cold. Raises
+    (the host's CPU is full, say), a key gets a sandbox only while it has none idle: no stock
+    is built ahead on a CPU that running work needs now. Raises
     ConfigError for a size outside 1..MAX_SIZE or a time-to-live outside
     EXPIRY_MARGIN + 5 s..MAX_TTL.
     """
@@ -361,8 +361,8 @@ class Pool:
             while slot.ready and slot.ready[0].idle_until - now <= EXPIRY_MARGIN:
                 _remove_later(slot.ready.popleft().sandbox)
         candidates = [s for s in self._slots.values() if self._can_make(s)]
-        if candidates and self.defer is not None and self.defer():  # one at a time, then
-            candidates = [s for s in candidates if not s.ready and not s.making]
+        if candidates and self.defer is not None and self.defer():  # no stock, then
+            candidates = [s for s in candidates if not s.ready]
         if not candidates:
             return None
         slot = max(candidates, key=lambda s: s.wanted - len(s.ready) - s.making)
