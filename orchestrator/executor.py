@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .backends import get_backend
 from .backends.base import Backend
+from .hostload import HostLoad
 from .imagecache import ImageCache
 from .pool import MAX_SIZE, Claim, Pool
 from .runner import PreparedRun, RunObservers, execute
@@ -111,9 +112,9 @@ class LocalExecutor(AttemptExecutor):
     has one for it, else cold.
 
     `pool`: warm sandboxes to take (its owner closes it). `warm`: the size of the pool that
-    `open` makes for a batch (None: the concurrency when there are more attempts than
-    that; 0: none). Images are prepared once from `open` on (one cache, shared with the
-    pool).
+    `open` makes for a batch (None: the concurrency, or the attempts when fewer, for more
+    than one attempt; 0: none; `keep_warm` then moves how many are kept, up to it).
+    Images are prepared once from `open` on (one cache, shared with the pool).
     """
 
     def __init__(
@@ -159,13 +160,13 @@ class LocalExecutor(AttemptExecutor):
         self.images = self.images or ImageCache()
         self.images.prepare(backend, template.image_requirements, self.message)
         size = self.pool_size
-        if size is None:
-            size = concurrency if attempts > concurrency else 0
+        if size is None:  # one per slot, while some attempts wait for one (fewer may run)
+            size = min(concurrency, attempts) if attempts > 1 else 0
         if self.pool is None and size > 0 and attempts > 0:
             size = max(min(size, attempts, MAX_SIZE), 2)  # no more than attempts to take them
-            self.pool = Pool(
-                size=size, backend=backend, on_message=self.message, images=self.images
-            )
+            # A batch's refills wait while the host's CPU is full: its runs come first.
+            self.pool = Pool(size=size, backend=backend, on_message=self.message,
+                             images=self.images, defer=HostLoad().saturated)  # fmt: skip
             self._own_pool = True
         if self.pool is not None:  # its own pool makes no sandbox past the last attempt
             self.pool.warm(template, runs=attempts if self._own_pool else None)

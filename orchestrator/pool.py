@@ -114,7 +114,9 @@ class Pool:
 
     `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
     waits for a run; `builders`: sandboxes made at once in the background; `images`: the
-    image cache to share (a batch's; else the pool's own). Raises
+    image cache to share (a batch's; else the pool's own); `defer`: while it returns True
+    (the host's CPU is full, say), a key gets a sandbox only while it has none idle: no stock
+    is built ahead on a CPU that running work needs now. Raises
     ConfigError for a size outside 1..MAX_SIZE or a time-to-live outside
     EXPIRY_MARGIN + 5 s..MAX_TTL.
     """
@@ -129,6 +131,7 @@ class Pool:
         builders: int = DEFAULT_BUILDERS,
         on_message: Callable[[str], None] | None = None,
         images: ImageCache | None = None,
+        defer: Callable[[], bool] | None = None,
     ) -> None:
         if not 1 <= size <= MAX_SIZE:
             raise ConfigError(
@@ -145,6 +148,7 @@ class Pool:
         self.backend = backend
         self.store = store
         self.message = on_message or (lambda _text: None)
+        self.defer = defer
         self._slots: dict[Key, _Slot] = {}
         self.images = images or ImageCache()
         self._lock = threading.Condition()
@@ -357,6 +361,8 @@ class Pool:
             while slot.ready and slot.ready[0].idle_until - now <= EXPIRY_MARGIN:
                 _remove_later(slot.ready.popleft().sandbox)
         candidates = [s for s in self._slots.values() if self._can_make(s)]
+        if candidates and self.defer is not None and self.defer():  # no stock, then
+            candidates = [s for s in candidates if not s.ready]
         if not candidates:
             return None
         slot = max(candidates, key=lambda s: s.wanted - len(s.ready) - s.making)

@@ -611,7 +611,7 @@ def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) 
     rows = math_rows(5)
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
-                     concurrency=4)  # fmt: skip
+                     concurrency=4, adapt=False)  # fmt: skip
     cut = CancellingExecutor({r["task"] for r in rows[:3]})
     first = run_batch(spec, executor=cut)
     assert first.state == "interrupted" and first.pending == 3
@@ -619,7 +619,7 @@ def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) 
     second = run_batch(spec, executor=cut, on_message=messages.append)
     assert second.state == "complete" and second.counts["succeeded"] == 5
     assert second.attempts == 8 and second.cancelled == 3 and second.retries == 0
-    assert any("3 to run at concurrency 3" in m for m in messages), messages
+    assert any("3 to run at concurrency 3 (fixed)" in m for m in messages), messages
     assert second.session["concurrency"] == 3
     with pytest.raises(ConfigError, match="started with other options") as info:
         run_batch(replace(spec, scorer="contains"), executor=cut)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -103,6 +104,17 @@ def score_of(scorer: Scorer, task: Task, result: RunResult) -> float | None:
     return scorer(result.answer, task.expected, task.row())
 
 
+def scored(
+    scorer: Scorer, task: Task, result: RunResult, message: Callable[[str], None]
+) -> tuple[float | None, str | None]:
+    """The task's score (`score_of`), and what went wrong if the scorer failed (said too)."""
+    try:
+        return score_of(scorer, task, result), None
+    except Exception as exc:
+        message(f"task {task.id}: the scorer failed: {type(exc).__name__}: {exc}")
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def summarize(
     plan: BatchPlan,
     spec: BatchSpec,
@@ -115,7 +127,7 @@ def summarize(
     session: int,
     started: float,
     ran: int,
-    concurrency: int,
+    concurrency: dict[str, Any],
 ) -> BatchSummary:
     """The summary of a batch whose recorded task lines are `rows` (in the tasks file's
     order), after its session number `session`, started at `started`, which ran `ran`
@@ -187,8 +199,9 @@ def summarize(
             "wall_seconds": round(elapsed, 3),
             "tasks_run": ran,
             "tasks_per_minute": round(ran / elapsed * 60, 2) if elapsed > 0 else None,
-            "concurrency": concurrency,
+            "concurrency": concurrency.get("limit"),
         },
+        concurrency=concurrency,
     )
 
 

@@ -39,7 +39,10 @@ class BatchSpec:
     #: file, so running the same command again resumes).
     output: str | Path | None
     run: RunSpec
+    #: The most attempts at once; None: auto (`batch/pace.py`). The number run at once adapts
+    #: under it to what the host carries, unless `adapt` is False (then exactly this many).
     concurrency: int | None = None
+    adapt: bool = True
     scorer: str = "exact"
     tolerance: float = 1e-6
     #: Attempts per task for infrastructure faults (1 = no retry).
@@ -87,6 +90,9 @@ class BatchProgress:
     #: Its cost so far in US dollars, and its cost cap (None: no --max-cost).
     spent_cost: float | None = None
     max_cost: float | None = None
+    #: Attempts allowed at once now (`concurrency.AdaptiveLimit`) and how: `2 (auto, up to 32)`.
+    concurrency: int = 0
+    concurrency_text: str = ""
 
     @property
     def rate_per_minute(self) -> float:
@@ -135,6 +141,8 @@ class BatchSummary:
     #: source, their cost and price, whether a cap was reached, which stopped the batch,
     #: attempts it stopped.
     spend: dict[str, Any] = field(default_factory=dict)
+    #: How many ran at once (`AdaptiveLimit.describe`): mode, ceiling, the limit's changes.
+    concurrency: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -183,6 +191,11 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         raise ConfigError("--max-attempts must be at least 1.", "Use 1 for no retries.")
     if spec.concurrency is not None and spec.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1.", "Use 1 to run tasks one by one.")
+    if not spec.adapt and spec.concurrency is None:
+        raise ConfigError(
+            "--fixed-concurrency needs a number of sandboxes.",
+            "Give --concurrency N with it, or leave it out to let the batch adapt.",
+        )
     if spec.warm is not None and not 0 <= spec.warm <= MAX_SIZE:
         raise ConfigError(
             f"--warm must be from 0 (--no-warm) to {MAX_SIZE}, not {spec.warm}.",

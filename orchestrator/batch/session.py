@@ -40,20 +40,21 @@ from typing import Any
 import tenacity
 
 from ..backends.base import Backend
+from ..concurrency import Slots
 from ..executor import Attempt, AttemptExecutor, LocalExecutor
 from ..runner import PreparedRun, RunObservers
 from ..spec import RunResult, StopRequest
 from ..store import Store
 from .budget import Spend, cap_reached_before
-from .ledger import open_meta, result_row, score_of, summarize
+from .ledger import open_meta, result_row, scored, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
+from .pace import batch_limit, describe
 from .plan import (
     BatchPlan,
     BatchProgress,
     BatchSpec,
     BatchSummary,
     check_payload_loads,
-    default_concurrency,
     default_output,
     plan_batch,
 )
@@ -151,7 +152,7 @@ class _BatchRun:
         self.retries = 0
         self.infra_failed = 0
         self.session = 1
-        self.limit = 1
+        self.slots: Slots  # how many attempts at once (`pace.py`), from the session's start
         self.started = time.time()
         self.spend = Spend(spec, plan, out.load_attempts(), stop=self.stop,
                            on_reached=self.halt, message=self.message)  # fmt: skip
@@ -164,19 +165,21 @@ class _BatchRun:
         self.reap_orphans()
         todo = self.resume()
         todo = [] if self.spend.check() else todo  # earlier sessions spent the cap already
-        limit = self.concurrency()
-        self.limit = min(limit, max(1, len(todo)))  # as many at once as there are tasks
+        self.first = self.plan.prepared[todo[0].id] if todo else self.template
+        control = batch_limit(self.spec, list(self.plan.prepared.values()), self.executor,
+                              todo=len(todo), message=self.message)  # fmt: skip
+        self.slots = Slots(control, on_change=self.pace)
         interrupted: BaseException | None = None
         try:
             if todo:
-                first = self.plan.prepared[todo[0].id]
-                self.message(f"preparing the image for {first.manifest.name}")
-                self.executor.open(first, attempts=len(todo), concurrency=limit)
+                self.message(f"preparing the image for {self.first.manifest.name}")
+                self.executor.open(self.first, attempts=len(todo), concurrency=control.ceiling)
+                self.pace(control.limit)
             self.message(
                 f"batch {self.batch_id}: {len(self.tasks)} tasks, {len(self.results)} already "
-                f"done, {len(todo)} to run at concurrency {self.limit}"
+                f"done, {len(todo)} to run at concurrency {describe(control)}"
             )
-            self.run_all(todo, limit)
+            self.run_all(todo, control.ceiling)
         except KeyboardInterrupt as exc:
             interrupted = exc
         finally:
@@ -230,16 +233,10 @@ class _BatchRun:
         self.results = {k: v for k, v in keep.items() if k in self.tasks}
         return [t for t in self.plan.file.tasks if t.id not in self.results]
 
-    def concurrency(self) -> int:
-        requested = self.spec.concurrency
-        if requested is None:
-            memory = max((p.limits.memory_mb for p in self.plan.prepared.values()), default=None)
-            requested = default_concurrency(memory)
-        cap = self.executor.max_concurrency(self.template)
-        if cap is not None and cap < requested:
-            self.message(f"concurrency {requested} lowered to {cap}, the backend's limit")
-            requested = cap
-        return requested
+    def pace(self, limit: int) -> None:
+        """The limit moved: the warm pool follows it, one sandbox per slot (unless --warm)."""
+        if self.spec.warm is None:
+            self.executor.keep_warm(self.first, limit)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -257,6 +254,7 @@ class _BatchRun:
             while any(w.is_alive() for w in workers):
                 if self.cancel.is_set() and not self.stop.is_set():
                     self.halt("interrupted")
+                self.slots.tick()  # the limit adapts between attempts' ends too
                 if self.monitor:
                     self.monitor(self.progress())
                 for worker in workers:
@@ -318,9 +316,12 @@ class _BatchRun:
         history = list(self.history.get(task.id, []))
 
         def attempt() -> RunResult:
-            if self.stop.is_set():
+            if self.stop.is_set() or not self.slots.acquire(self.stop):
                 raise _Stopped
-            return self.attempt(task, prepared, history)
+            try:
+                return self.attempt(task, prepared, history)
+            finally:
+                self.slots.release()
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             result = state.outcome.result() if state.outcome else None
@@ -419,7 +420,7 @@ class _BatchRun:
     def record(
         self, task: Task, result: RunResult, history: list[dict[str, Any]], first_start: float
     ) -> None:
-        score, score_error = self.score(task, result)
+        score, score_error = scored(self.scorer, task, result, self.message)
         row = result_row(
             task, result, score=score, attempts=self.attempt_counts[task.id], history=history,
             first_start=first_start, session=self.session,
@@ -447,14 +448,6 @@ class _BatchRun:
             self.on_result(row)
         if result.status == "infra_error":
             self.check_fail_on_error()
-
-    def score(self, task: Task, result: RunResult) -> tuple[float | None, str | None]:
-        """The task's score (`summary.score_of`), and what went wrong if the scorer failed."""
-        try:
-            return score_of(self.scorer, task, result), None
-        except Exception as exc:
-            self.message(f"task {task.id}: the scorer failed: {type(exc).__name__}: {exc}")
-            return None, f"{type(exc).__name__}: {exc}"
 
     def check_fail_on_error(self) -> None:
         limit = self.spec.fail_on_error
@@ -484,6 +477,8 @@ class _BatchRun:
                 elapsed=time.time() - self.started,
                 stopping=self.stop_reason,
                 **self.spend.progress(),
+                concurrency=self.slots.limit,
+                concurrency_text=describe(self.slots.control),
             )
 
     def summarize(self) -> BatchSummary:
@@ -493,5 +488,6 @@ class _BatchRun:
             self.plan, self.spec, self.out, rows, batch_id=self.batch_id,
             stop_reason=self.stop_reason,
             write_error=self.write_error.cause if self.write_error is not None else None,
-            session=self.session, started=self.started, ran=self.ran, concurrency=self.limit,
+            session=self.session, started=self.started, ran=self.ran,
+            concurrency=self.slots.control.describe(),
         )  # fmt: skip

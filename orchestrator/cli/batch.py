@@ -69,9 +69,15 @@ def add_batch_parser(sub: Any) -> None:
     )  # fmt: skip
     add_run_options(p)
     p.add_argument(
-        "--concurrency", "-j", type=int,
-        help="sandboxes at once (default: $ORCHESTRATOR_CONCURRENCY, the config file's "
-        "concurrency, else min(4, CPUs, 75%% of memory / memory limit))",
+        "--concurrency", "-j", type=concurrency_arg, metavar="auto|N",
+        help="the most sandboxes at once: how many run adapts under it to what the host "
+        "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit), then more "
+        "while throughput grows, fewer when it does not fall or memory runs short). Default: "
+        "$ORCHESTRATOR_CONCURRENCY, the config file's concurrency, else auto (up to 32)",
+    )  # fmt: skip
+    p.add_argument(
+        "--fixed-concurrency", action="store_true",
+        help="run exactly --concurrency N at once, never adapting (for measurements)",
     )  # fmt: skip
     warm = p.add_mutually_exclusive_group()
     warm.add_argument(
@@ -145,7 +151,10 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         tasks=args.tasks,
         output=args.output,
         run=spec_from_args(args, task=None, additional_args=None),
-        concurrency=fill({"concurrency": args.concurrency})["concurrency"],
+        concurrency=None
+        if args.concurrency == "auto"
+        else fill({"concurrency": args.concurrency})["concurrency"],
+        adapt=not args.fixed_concurrency,
         scorer=args.scorer,
         tolerance=args.tolerance,
         max_attempts=args.max_attempts,
@@ -158,6 +167,18 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         max_cost=args.max_cost,
         prices=dict(parse_price(text) for text in args.price),
     )
+
+
+def concurrency_arg(value: str) -> int | str:
+    """`auto` or a whole number of sandboxes (checked by the batch: at least 1)."""
+    if value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither auto nor a whole number of sandboxes"
+        ) from None
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -228,6 +249,18 @@ def write_advice(command: str) -> str:
     )
 
 
+def pace_text(pace: dict[str, Any]) -> str:
+    """How the concurrency moved, after its last value: ` (auto, up to 32; 2 to 4 at once,
+    3 changes)`; nothing for an older summary."""
+    if pace.get("mode") == "fixed":
+        return " (fixed)"
+    if pace.get("mode") != "auto":
+        return ""
+    changes = len(pace["changes"]) - 1
+    moved = f"; {pace['lowest']} to {pace['highest']} at once, {changes} change(s)"
+    return f" (auto, up to {pace['ceiling']}{moved if changes else ''})"
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "?"
@@ -254,6 +287,8 @@ def progress_line(p: BatchProgress) -> str:
     if p.retries:
         parts.append(f"{p.retries} retries")
     parts.append(f"{p.rate_per_minute:.1f} tasks/min")
+    if p.concurrency_text:
+        parts.append(f"concurrency {p.concurrency_text}")
     parts.append(f"ETA {_duration(p.eta_seconds)}")
     if p.max_total_tokens is not None:
         parts.append(f"{p.spent_tokens}/{p.max_total_tokens} tokens")
@@ -408,7 +443,7 @@ class BatchDisplay:
             "this session",
             f"{session['tasks_run']} tasks in {session['wall_seconds']:.1f}s"
             + (f" · {rate:.1f} tasks/min" if rate else "")
-            + f" · concurrency {session['concurrency']}",
+            + f" · concurrency {session['concurrency']}{pace_text(s.concurrency)}",
         )
         if s.skipped_lines:
             table.add_row("skipped lines", ", ".join(str(b["line"]) for b in s.skipped_lines))

@@ -40,10 +40,12 @@ def ray_batch(
     args: argparse.Namespace, spec: BatchSpec, on_message: Callable[[str], None]
 ) -> tuple[AttemptExecutor | None, BatchSpec]:
     """A batch's executor and spec under `--ray`: without --concurrency (or its setting), as
-    many at once as the cluster's nodes declare, not this machine's default."""
+    many at once as the cluster's nodes declare, not this machine's default. The limit does
+    not adapt: this machine's CPU, which the adaptive limit reads, is not where the runs are
+    (the nodes' slots are their declared `orchestrator_sandboxes`)."""
     executor = ray_executor(args, on_message)
-    if executor is not None and spec.concurrency is None:
+    if executor is not None:
         from dataclasses import replace
 
-        spec = replace(spec, concurrency=executor.capacity())
+        spec = replace(spec, concurrency=spec.concurrency or executor.capacity(), adapt=False)
     return executor, spec

@@ -1,6 +1,8 @@
 """The foreground scheduler (`schedule serve`): fires due schedules until stopped, each
 through its executor; with one that keeps sandboxes warm, each firing's sandbox is started
-shortly before its time."""
+shortly before its time. Firings that overlap run as many at once as the host carries
+(`concurrency.AdaptiveLimit`, as a batch's tasks): a run past the limit waits for a slot
+(its firing has its schedule's lock already, so `forbid` and `replace` hold as before)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from datetime import datetime
 
 from ..cleanup import closed_line
 from ..cleanup import tidy as tidy_store
+from ..concurrency import AdaptiveLimit, Slots
 from ..executor import Attempt, AttemptExecutor, LocalExecutor
 from ..runner import PreparedRun, RunObservers, prepare
+from ..spec import RunResult
 from .clock import Clock, SystemClock
 from .cron import utc_iso
 from .due import LATE_TOLERANCE, plan, record_missed
@@ -27,11 +31,46 @@ TIDY_INTERVAL = 60.0
 WARM_AHEAD = 20.0
 
 
+class Paced(AttemptExecutor):
+    """`executor`, with at most `slots.limit` runs at once (the others wait for a slot; one
+    whose cancel is set meanwhile goes on at once, to be recorded cancelled)."""
+
+    def __init__(self, executor: AttemptExecutor, slots: Slots, log: Log) -> None:
+        self.executor, self.slots, self.log = executor, slots, log
+
+    @property
+    def warms(self) -> bool:
+        return self.executor.warms
+
+    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+        self.executor.keep_warm(prepared, count)
+
+    def reserve(
+        self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
+    ) -> Attempt:
+        return self.executor.reserve(prepared, number=number, cancel=cancel)
+
+    def release(self, attempt: Attempt) -> None:
+        self.executor.release(attempt)
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        if self.slots.in_use >= self.slots.limit:
+            self.log(f"run={attempt.run_id} waiting for a slot ({self.slots.limit} running)")
+        held = self.slots.acquire(observers.cancel)
+        try:
+            return self.executor.run(attempt, observers)
+        finally:
+            if held:
+                self.slots.release()
+
+
 class Scheduler:
     """A foreground scheduler: fires due schedules, each firing in its own thread (so a
     long run never delays another schedule), survives any job's failure, and on start
     applies the missed-run rule from the last recorded firing. `executor`: where firings
-    run (default: cold sandboxes on this host); its owner closes it."""
+    run (default: cold sandboxes on this host); its owner closes it. `concurrency`: the
+    most runs at once (None: auto), adapting under it to the host; `pace`: the limit itself
+    (tests inject one)."""
 
     def __init__(
         self,
@@ -45,12 +84,15 @@ class Scheduler:
         late_tolerance: float = LATE_TOLERANCE,
         max_sleep: float = 60.0,
         tidy: Callable[[], object] | None = None,
+        concurrency: int | None = None,
+        pace: AdaptiveLimit | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
         self.store = store or ScheduleStore()
         self.clock = clock or SystemClock()
-        self.executor = executor or LocalExecutor()
         self.log = log
+        self.slots = Slots(pace or AdaptiveLimit(concurrency))
+        self.executor = Paced(executor or LocalExecutor(), self.slots, log)
         self.late_tolerance = late_tolerance
         self.max_sleep = max_sleep
         #: Closes runs whose orchestrator died (another process's, or ours before a restart).

@@ -1,0 +1,279 @@
+"""Throughput at saturation (issue 28): warm against cold (`--no-warm`) at fixed concurrency 1,
+4, 8 and 32 (`--fixed-concurrency`), at `auto` (the default: adapts to the host) and at a
+requested 32 (a ceiling: it adapts under it), for 64 and 300 mock tasks, side by side in one
+run; plus the host's memory during each batch.
+
+Each configuration runs warm and cold back to back, the side that goes first alternating,
+with a pause between measurements; the load average and the running containers are
+recorded before each one, and for adaptive runs the limit's range and changes. Results are
+written after every measurement (a run cut short keeps what it measured).
+
+    python benchmarks/saturation.py [--tasks 64 300] [--configs auto 32 4 8 1 fixed32]
+                                    [--rounds 1] [--pause 5]
+
+`fixed32` is exactly 32 at once (`--fixed-concurrency`), `32` is a requested 32 (a
+ceiling), `auto` is the default. Writes benchmarks/results/saturation.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from batch_throughput import PAYLOAD, SameImageBackend, running, tasks  # noqa: E402
+
+from orchestrator.backends.docker import connect  # noqa: E402
+from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
+from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
+from orchestrator.hostload import PROC_MEMINFO, memory_mb  # noqa: E402
+from orchestrator.labels import LABEL_OWNER, owner_label  # noqa: E402
+from orchestrator.spec import RunSpec  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+OWNER = owner_label()
+
+
+def used_mb() -> int:
+    available, total = memory_mb(PROC_MEMINFO.read_text())
+    return (total or 0) - (available or 0)
+
+
+def containers_rss_mb(client) -> int:  # noqa: ANN001 - a docker client
+    """The resident memory of this process's containers (sandboxes idle or running): the sum
+    of their cgroups' total_rss (cgroup v1, as on these machines; 0 where unreadable)."""
+    total = 0
+    owned = client.api.containers(quiet=True, filters={"label": f"{LABEL_OWNER}={OWNER}"})
+    for container in owned:
+        stat = Path(f"/sys/fs/cgroup/memory/docker/{container['Id']}/memory.stat")
+        try:
+            for line in stat.read_text().splitlines():
+                if line.startswith("total_rss "):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total // 2**20
+
+
+class MemoryWatch:
+    """Memory during a batch, sampled every 0.5 s: the resident memory of its containers
+    (what the sandboxes hold; other work on the host does not count) and the host's used
+    memory (total - available) above what it was before (other work counts)."""
+
+    def __init__(self, client) -> None:  # noqa: ANN001 - a docker client
+        self.client = client
+        self.base = used_mb()
+        self.host: list[int] = []
+        self.ours: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            self.host.append(used_mb())
+            self.ours.append(containers_rss_mb(self.client))
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        host, ours = self.host or [self.base], self.ours or [0]
+        return {
+            "containers_peak_mb": max(ours),
+            "containers_mean_mb": round(sum(ours) / len(ours)),
+            "host_before_mb": self.base,
+            "host_peak_above_mb": max(host) - self.base,
+        }
+
+
+def config_spec(config: str) -> tuple[int | None, bool]:
+    """(concurrency, adapt) for a configuration's name."""
+    if config == "auto":
+        return None, True
+    if config.startswith("fixed"):
+        return int(config[5:]), False
+    return int(config), True
+
+
+def label(config: str) -> str:
+    if config == "auto":
+        return "auto"
+    if config.startswith("fixed"):
+        return f"{config[5:]} (fixed)"
+    return f"{config} (requested: a ceiling)"
+
+
+def one_batch(n: int, config: str, warm: bool, workdir: Path, backend: SameImageBackend) -> dict:
+    path = workdir / "tasks.jsonl"
+    with open(path, "w") as file:
+        for i, (a, b) in enumerate(tasks(n)):
+            row = {"id": f"t{i}", "task": "What is a * b?", "expected": a * b,
+                   "additional_args": {"op": "mul", "a": a, "b": b}}  # fmt: skip
+            file.write(json.dumps(row) + "\n")
+    concurrency, adapt = config_spec(config)
+    spec = BatchSpec(
+        tasks=path, output=workdir / "out", run=RunSpec(payload=PAYLOAD),
+        concurrency=concurrency, adapt=adapt, warm=None if warm else 0,
+    )  # fmt: skip
+    memory = MemoryWatch(backend.client)
+    started = time.monotonic()
+    summary = run_batch(spec, backend=backend)
+    wall = time.monotonic() - started
+    pace = summary.concurrency
+    return {
+        "wall_seconds": round(wall, 2),
+        "tasks_per_minute": round(n / wall * 60, 1),
+        "correct": int(summary.correct),
+        "counts": {k: v for k, v in summary.counts.items() if v},
+        "duration_p50": summary.duration_p50,
+        "memory": memory.stop(),
+        "concurrency": {k: pace[k] for k in ("mode", "ceiling", "limit", "lowest", "highest")},
+        "changes": pace["changes"],
+    }
+
+
+def write(report: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "saturation.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        "# Throughput at saturation: warm against cold, fixed against adaptive concurrency",
+        "",
+        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
+        f"{report['commit']}; started {report['date']}. Warm = the default pool; cold = "
+        "`--no-warm`. Each configuration ran warm and cold back to back (the first side "
+        "alternating), with a pause between; `load` is the 1-minute load average before each "
+        "(warm/cold); memory is the resident memory of the batch's containers, peak and mean "
+        "(idle sandboxes included). Other work shared this machine: compare sides of one row "
+        "only.",
+        "",
+        "| tasks | concurrency | warm tasks/min | cold tasks/min | warm / cold | at once "
+        "(warm; cold) | containers' memory MB, peak (mean): warm / cold | load before |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["results"]:
+        w, c = row.get("warm"), row.get("cold")
+        if not (w and c):
+            continue
+        at_once = "; ".join(
+            f"{s['concurrency']['lowest']}-{s['concurrency']['highest']}"
+            if s["concurrency"]["mode"] == "auto" else str(s["concurrency"]["limit"])
+            for s in (w, c)
+        )  # fmt: skip
+        lines.append(
+            f"| {row['tasks']} | {label(row['config'])} | {w['tasks_per_minute']:.1f} "
+            f"| {c['tasks_per_minute']:.1f} | {w['tasks_per_minute'] / c['tasks_per_minute']:.2f} "
+            f"| {at_once} | {mem(w)} / {mem(c)} "
+            f"| {w['before']['load_1m']} / {c['before']['load_1m']} |"
+        )
+    best: dict[int, float] = {}
+    for row in report["results"]:
+        if row["config"].startswith("fixed") and row.get("warm") and row.get("cold"):
+            rate = max(row["warm"]["tasks_per_minute"], row["cold"]["tasks_per_minute"])
+            best[row["tasks"]] = max(best.get(row["tasks"], 0.0), rate)
+    if best:
+        lines += ["", "Against the best fixed concurrency (its better side) of the same size:", ""]
+        for row in report["results"]:
+            if row["config"].startswith("fixed") or not (row.get("warm") and row.get("cold")):
+                continue
+            if row["tasks"] in best:
+                lines.append(
+                    f"- {row['tasks']} tasks, {label(row['config'])}: warm "
+                    f"{row['warm']['tasks_per_minute'] / best[row['tasks']]:.2f}, cold "
+                    f"{row['cold']['tasks_per_minute'] / best[row['tasks']]:.2f} of "
+                    f"{best[row['tasks']]:.1f} tasks/min"
+                )
+    lines += ["", f"Uptime before and after: {report.get('uptime_before')} / "
+              f"{report.get('uptime_after', 'not finished')}"]  # fmt: skip
+    (RESULTS / "saturation.md").write_text("\n".join(lines) + "\n")
+
+
+def mem(side: dict) -> str:
+    return f"{side['memory']['containers_peak_mb']} ({side['memory']['containers_mean_mb']})"
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, nargs="+", default=[64, 300])
+    parser.add_argument(
+        "--configs", nargs="+", default=["auto", "32", "fixed4", "fixed8", "fixed32", "fixed1"]
+    )
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pause", type=float, default=5.0, help="seconds between batches")
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="saturation-bench-"))
+    os.environ["ORCHESTRATOR_HOME"] = str(workdir / "home")  # a private store
+    os.environ.setdefault(
+        "ORCHESTRATOR_WHEELHOUSE", str(Path.home() / ".orchestrator" / "wheelhouse")
+    )
+    client = connect()
+    image = ensure_agent_image(client, progress=lambda m: print(m, file=sys.stderr))
+    backend = SameImageBackend(client, image)
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    report: dict = {
+        "what": "mock tasks (batch_math, one CodeAgent step each)",
+        "image": image,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "docker": client.version().get("Version"),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "uptime_before": uptime(),
+        "results": [],
+    }
+    (workdir / "warmup").mkdir()
+    one_batch(4, "fixed2", True, workdir / "warmup", backend)  # page cache, image layers
+    count = 0
+    for n in args.tasks:
+        for config in args.configs:
+            for r in range(args.rounds):
+                row: dict = {"tasks": n, "config": config, "round": r + 1}
+                report["results"].append(row)
+                order = ("warm", "cold") if count % 2 == 0 else ("cold", "warm")
+                count += 1
+                for side in order:
+                    time.sleep(args.pause)
+                    out = workdir / f"{n}-{config}-{r}-{side}"
+                    out.mkdir()
+                    before = {
+                        "load_1m": round(os.getloadavg()[0], 2),
+                        "containers": running(client),
+                        "uptime": uptime(),
+                    }
+                    row[side] = one_batch(n, config, side == "warm", out, backend)
+                    row[side]["before"] = before
+                    write(report)
+                w, c = row["warm"], row["cold"]
+                print(
+                    f"{n} tasks, {label(config)}: warm {w['tasks_per_minute']}/min "
+                    f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
+                    f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
+                    f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
+                    f"mem {mem(c)} MB); load "
+                    f"{w['before']['load_1m']}/{c['before']['load_1m']}",
+                    flush=True,
+                )
+    report["uptime_after"] = uptime()
+    write(report)
+    print((RESULTS / "saturation.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

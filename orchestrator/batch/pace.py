@@ -1,0 +1,47 @@
+"""A batch's pace: how many of its attempts run at once, and how that is said.
+
+The number is `concurrency.AdaptiveLimit`'s (the rule is in that module's docstring): it
+starts from the host (cores, memory against the runs' memory limit) and adapts while the
+batch runs. `--concurrency N` is its ceiling (the backend's cap lowers it, and so does the
+number of tasks to run); `--fixed-concurrency` holds it at exactly that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..concurrency import AUTO_CEILING, AdaptiveLimit
+from ..executor import AttemptExecutor
+from ..runner import PreparedRun
+from .plan import BatchSpec
+
+
+def batch_limit(
+    spec: BatchSpec,
+    prepared: list[PreparedRun],
+    executor: AttemptExecutor,
+    *,
+    todo: int,
+    message: Callable[[str], None],
+) -> AdaptiveLimit:
+    """The limit of a session with `todo` tasks to run: the spec's ceiling (None: auto),
+    lowered to the executor's cap and to `todo`; each run's memory limit is the largest of
+    `prepared`'s."""
+    requested = spec.concurrency
+    cap = executor.max_concurrency(prepared[0]) if prepared else None
+    if cap is not None and cap < (requested or AUTO_CEILING):
+        if requested is not None:
+            message(f"concurrency {requested} lowered to {cap}, the backend's limit")
+        requested = cap
+    memory = max((p.limits.memory_mb for p in prepared), default=None)
+    ceiling = min(requested or AUTO_CEILING, max(1, todo))
+    limit = AdaptiveLimit(ceiling, memory_mb=memory, adapt=spec.adapt)
+    limit.requested = spec.concurrency  # what the user asked for (None: auto), for the summary
+    return limit
+
+
+def describe(limit: AdaptiveLimit) -> str:
+    """`2 (auto, up to 32)` or `8 (fixed)`: for the batch's messages and summary."""
+    if not limit.adapt:
+        return f"{limit.limit} (fixed)"
+    return f"{limit.limit} (auto, up to {limit.ceiling})"
