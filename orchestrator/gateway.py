@@ -11,6 +11,7 @@ call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend s
 
 from __future__ import annotations
 
+import json
 import secrets as random_tokens
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -157,3 +158,15 @@ def usage_mismatch(measured: dict[str, int], reported: dict[str, Any]) -> bool:
         if claimed is not None and claimed != measured.get(name):
             return True
     return False
+
+
+def read_report(line: str) -> dict[str, Any] | None:
+    """One line of the gateway's stdout as its report (a JSON object with a string `type`),
+    or None for anything else: the gateway's output is read, never trusted to be well formed."""
+    try:
+        report = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(report, dict) or not isinstance(report.get("type"), str):
+        return None
+    return report

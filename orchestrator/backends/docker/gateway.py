@@ -25,7 +25,7 @@ from docker.types import LogConfig
 from docker.utils.socket import frames_iter
 
 from ...errors import OrchestratorError
-from ...gateway import GatewaySpec
+from ...gateway import GatewaySpec, read_report
 from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS
 from ..base import GatewayHandle
@@ -203,11 +203,8 @@ class Gateway(GatewayHandle):
             if text:
                 self._stderr.append(text)
             return
-        try:
-            event = json.loads(text)
-        except ValueError:
-            return
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        event = read_report(text)
+        if event is None:
             return
         if event["type"] == "gateway_ready":
             self._ready.set()

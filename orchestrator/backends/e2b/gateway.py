@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ...errors import OrchestratorError
-from ...gateway import GatewaySpec
+from ...gateway import GatewaySpec, read_report
 from ...labels import LABEL_KIND
 from ..base import GatewayHandle, Progress
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER
@@ -186,11 +186,8 @@ class E2BGateway(GatewayHandle):
             if text:
                 self._stderr.append(text)
             return
-        try:
-            event = json.loads(text)
-        except ValueError:
-            return
-        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        event = read_report(text)
+        if event is None:
             return
         if event["type"] == "gateway_ready":
             self._ready.set()
