@@ -156,7 +156,7 @@ class Store:
                 return
             except sqlite3.OperationalError as exc:
                 if _is_unwritable(exc):
-                    raise _unavailable(self.db_path, str(exc)) from exc
+                    raise _unavailable(self.db_path, _sqlite_detail(exc)) from exc
                 if not _is_busy(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(delay * (0.5 + random.random()))
@@ -417,6 +417,13 @@ def _is_unwritable(exc: sqlite3.OperationalError) -> bool:
     if code is not None:
         return code & 0xFF in _UNWRITABLE
     return any(text in str(exc) for text in _UNWRITABLE_TEXT)
+
+
+def _sqlite_detail(exc: sqlite3.Error) -> str:
+    """SQLite's message with its extended code (SQLITE_IOERR_SHORT_READ says more than
+    "disk I/O error")."""
+    name = getattr(exc, "sqlite_errorname", None)
+    return f"{exc} ({name})" if name else str(exc)
 
 
 def _unavailable(path: Path, detail: str) -> StoreError:

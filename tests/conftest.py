@@ -188,3 +188,18 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, **k
         timeout=timeout,
         **kw,
     )
+
+
+def files_holding(needle: str, *roots: Path) -> list[str]:
+    """The files under `roots` (symbolic links not followed) whose bytes contain `needle`,
+    read by `grep` in a process of its own. A test must not open the run store's files in
+    its own process: closing them drops the POSIX locks that this process's open SQLite
+    connections hold (SQLite's documented hazard); another process then takes itself for the
+    last reader and deletes the write-ahead log under them (lost writes, "disk I/O error")."""
+    found = subprocess.run(
+        ["grep", "-rlF", "--binary-files=text", "-D", "skip", "--", needle, *map(str, roots)],
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode in (0, 1), f"grep could not read everything: {found.stderr}"
+    return found.stdout.splitlines()

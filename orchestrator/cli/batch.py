@@ -19,7 +19,7 @@ from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import run_batch
 from ..defaults import fill
 from . import signals
-from .cluster import add_ray_option, ray_batch
+from .cluster import add_ray_option, leave_cluster, ray_batch
 from .common import add_run_options, spec_from_args, tidy_store
 from .output import PREFIX, is_terminal, say
 from .parser import HELP
@@ -187,6 +187,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     display = BatchDisplay(quiet=args.quiet)
     signals.on_stop(display.message)
     command = shlex.join(["orchestrator", *sys.argv[1:]])
+    executor = None
     try:
         executor, spec = ray_batch(args, spec, display.message)
         summary = run_batch(
@@ -198,6 +199,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         return exc.exit_code
     finally:
         display.stop()
+        leave_cluster(executor)
     display.final(summary)
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, default=str))

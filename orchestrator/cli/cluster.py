@@ -49,3 +49,15 @@ def ray_batch(
 
         spec = replace(spec, concurrency=spec.concurrency or executor.capacity(), adapt=False)
     return executor, spec
+
+
+def leave_cluster(executor: AttemptExecutor | None) -> None:
+    """After a command's work on the cluster: close its executor and leave the cluster while
+    this process is whole (see `cluster.disconnect`). Nothing without --ray."""
+    from ..cluster import RayExecutor
+
+    if isinstance(executor, RayExecutor):
+        from ..cluster import disconnect
+
+        executor.close()
+        disconnect()

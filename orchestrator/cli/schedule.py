@@ -16,7 +16,7 @@ from ..schedules.file import DEFAULT_FILE
 from ..schedules.firing import EXIT_SKIPPED
 from ..spec import EXIT_CODES
 from . import signals
-from .cluster import add_ray_option, ray_executor
+from .cluster import add_ray_option, leave_cluster, ray_executor
 from .output import print_table, say
 from .parser import HELP
 
@@ -255,10 +255,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ray = ray_executor(args, say)
     if ray is not None:  # its nodes keep no sandbox warm between firings
         say(f"firing on the Ray cluster: {ray.capacity()} sandbox(es) at once")
-        with ray:
+        try:
             Scheduler(sf.schedules, store=ScheduleStore(), executor=ray).serve(
                 signals.STOP, grace=args.grace
             )
+        finally:
+            leave_cluster(ray)
         return 0
     if args.no_warm:
         Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)

@@ -2,7 +2,7 @@
 (`--ray`), with one worker per node that declares `orchestrator_sandboxes`. Ray is an
 optional extra (`pip install 'orchestrator[ray]'`), imported only when used."""
 
-from .connect import RESOURCE, import_ray
+from .connect import RESOURCE, disconnect, import_ray
 from .executor import RayExecutor
 
-__all__ = ["RESOURCE", "RayExecutor", "import_ray"]
+__all__ = ["RESOURCE", "RayExecutor", "disconnect", "import_ray"]

@@ -8,6 +8,7 @@ custom resources, nothing else, so the batch keeps every rule of its own.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
@@ -85,6 +86,20 @@ def connect(address: str | None) -> ModuleType:
                     signal.signal(sig, handler)
         _connected = where
     return ray
+
+
+def disconnect() -> None:
+    """Leave the cluster `connect` joined, once this process's executors are closed (no-op
+    otherwise). Ray's own exit hook would do it later, while finalizers may still release
+    objects, and Ray ends a process that touches it after that with exit status 1."""
+    global _connected
+    with _lock:
+        if _connected is None:
+            return
+        ray = import_ray()
+        gc.collect()  # references and actor handles go now, while Ray can still take them
+        ray.shutdown()
+        _connected = None
 
 
 def _probe(where: str) -> None:

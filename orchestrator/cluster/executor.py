@@ -88,6 +88,10 @@ class RayExecutor(AttemptExecutor):
         self._template: PreparedRun | None = None
         self._refreshing = False
         self._refreshed = 0.0
+        #: Set by `close`: a refresh still waiting gives up rather than call Ray after the
+        #: process has let go of it (Ray ends a process that does so with exit status 1).
+        self._closing = threading.Event()
+        self._refresher: threading.Thread | None = None
 
     # -- the cluster ------------------------------------------------------------------------
 
@@ -96,6 +100,7 @@ class RayExecutor(AttemptExecutor):
         with self._cond:
             if self._started:
                 return
+            self._closing.clear()
             ray = connect(self.address)
             self._template = template
             ready, problems = self._start_workers(ray, _declaring(ray), template)
@@ -166,7 +171,8 @@ class RayExecutor(AttemptExecutor):
 
         def refresh() -> None:
             try:
-                time.sleep(delay)  # a node just killed is still listed alive for a moment
+                if self._closing.wait(delay):  # a node just killed is listed alive a moment
+                    return
                 ray = import_ray()
                 with self._cond:
                     have = {n.info.node_id for n in self._live()}
@@ -193,7 +199,8 @@ class RayExecutor(AttemptExecutor):
                     self._refreshing = False
                     self._cond.notify_all()
 
-        threading.Thread(target=refresh, name="ray-refresh", daemon=True).start()
+        self._refresher = threading.Thread(target=refresh, name="ray-refresh", daemon=True)
+        self._refresher.start()
 
     def _live(self) -> list[_Node]:
         return [n for n in self._nodes if n.alive]
@@ -378,10 +385,16 @@ class RayExecutor(AttemptExecutor):
         return result
 
     def close(self) -> None:
+        """End the nodes' workers; no thread of this executor calls Ray after it returns
+        (a refresh under way is waited for, bounded)."""
         ray = import_ray()
+        self._closing.set()
         with self._cond:
             nodes, self._nodes, self._started = self._nodes, [], False
             self._bound.clear()
+            refresher = self._refresher
+        if refresher is not None and refresher is not threading.current_thread():
+            refresher.join(timeout=READY_TIMEOUT)
         live = [n for n in nodes if n.alive]
         _get_all(ray, [n.actor.close.remote() for n in live], default=None)
         for node in live:
