@@ -54,10 +54,10 @@ def ray_batch(
 def leave_cluster(executor: AttemptExecutor | None) -> None:
     """After a command's work on the cluster: close its executor and leave the cluster while
     this process is whole (see `cluster.disconnect`). Nothing without --ray."""
-    from ..cluster import RayExecutor
+    if executor is None:
+        return
+    from ..cluster import RayExecutor, disconnect
 
     if isinstance(executor, RayExecutor):
-        from ..cluster import disconnect
-
         executor.close()
         disconnect()

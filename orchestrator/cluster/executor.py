@@ -393,7 +393,7 @@ class RayExecutor(AttemptExecutor):
             nodes, self._nodes, self._started = self._nodes, [], False
             self._bound.clear()
             refresher = self._refresher
-        if refresher is not None and refresher is not threading.current_thread():
+        if refresher is not None:
             refresher.join(timeout=READY_TIMEOUT)
         live = [n for n in nodes if n.alive]
         _get_all(ray, [n.actor.close.remote() for n in live], default=None)
