@@ -92,10 +92,11 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
         wait_for(lambda: len(lines_of(out / "results.jsonl")) >= 2, 180)
         wait_for(lambda: extra_store.unfinished_runs()
                  and node_containers(docker_client, extra.home, running=True), 60)  # fmt: skip
-        cut = {r["run_id"] for r in extra_store.unfinished_runs()}
         mark("killing the extra node")
         killed_at = time.time()
         extra.kill()
+        # read after the kill: a run that ended just before it was not cut
+        cut = {r["run_id"] for r in extra_store.unfinished_runs()}
         stdout, stderr = driver.communicate(timeout=240)
         mark("first batch ended")
     finally:
