@@ -71,3 +71,37 @@ def test_a_batch_pool_makes_one_sandbox_per_attempt_and_none_past_the_last(
     late = [c for c in created if c["warm"] and c["at"] > last_handed_out]
     assert late == [], f"warm sandboxes made after the last attempt was handed out: {late}"
     assert no_leftovers() == [], "a sandbox was left when the batch ended"
+
+
+
+def test_at_concurrency_one_the_pool_keeps_two_sandboxes_coming(
+    tmp_path: Path, agent_image: str, docker_client, store_label: str, no_leftovers
+) -> None:
+    """A warm run is shorter than a sandbox's making: with one sandbox per slot, a batch at
+    concurrency 1 waited for each one in turn and ran slower than cold. While attempts are
+    handed out, the pool has two sandboxes made and not yet taken (its builders' worth)."""
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(6))
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
+                     concurrency=1, adapt=False)  # fmt: skip
+    since = time.time()
+    summary = run_batch(spec)
+    created = sandbox_creations(docker_client, store_label, since)
+
+    assert summary.counts["succeeded"] == 6, summary.counts
+    lines = (tmp_path / "out" / "attempts.jsonl").read_text().splitlines()
+    starts = [row for row in map(json.loads, lines) if row["event"] == "start"]
+    warm = [c for c in created if c["warm"]]
+    taken = {row["run_id"] for row in starts}
+    assert len(starts) == 6 and all(c["run_id"] in taken for c in warm), (
+        "a warm sandbox was made for no attempt"
+    )
+    # Made and not yet handed out, after the first hand-out (the start fills both builders).
+    first = min(row["ts"] for row in starts)
+    moments = sorted([(c["at"], 1) for c in warm] + [(row["ts"], -1) for row in starts])
+    pending, most = 0, 0
+    for at, step in moments:
+        pending += step
+        if at > first:
+            most = max(most, pending)
+    assert most >= 2, f"at most {most} sandbox(es) on their way after the first attempt"
+    assert no_leftovers() == [], "a sandbox was left when the batch ended"
