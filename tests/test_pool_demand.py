@@ -73,7 +73,6 @@ def test_a_batch_pool_makes_one_sandbox_per_attempt_and_none_past_the_last(
     assert no_leftovers() == [], "a sandbox was left when the batch ended"
 
 
-
 def test_at_concurrency_one_the_pool_keeps_two_sandboxes_coming(
     tmp_path: Path, agent_image: str, docker_client, store_label: str, no_leftovers
 ) -> None:
