@@ -4,15 +4,18 @@ from the creations the Docker engine saw, not from what the pool says of itself.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator import Pool
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
-from orchestrator.spec import RunSpec
+from orchestrator.runner import prepare
+from orchestrator.spec import RunResult, RunSpec
 
 from .test_batch import MATH, math_rows, write_jsonl
 
@@ -104,3 +107,39 @@ def test_at_concurrency_one_the_pool_keeps_two_sandboxes_coming(
             most = max(most, pending)
     assert most >= 2, f"at most {most} sandbox(es) on their way after the first attempt"
     assert no_leftovers() == [], "a sandbox was left when the batch ended"
+
+
+def test_on_a_saturated_host_runs_wait_for_the_builders_instead_of_starting_cold(
+    agent_image: str, no_leftovers
+) -> None:
+    """On a full CPU a cold start only competes with the pool's builders for it: a run with
+    no sandbox ready waits for the next one made (one builder here, one sandbox at a time),
+    and starts cold again once the host has room."""
+    spec = RunSpec(payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7})
+    saturated = threading.Event()
+    saturated.set()
+
+    def three_at_once(pool: Pool) -> list[RunResult]:
+        results: list[RunResult] = []
+        start = threading.Barrier(3)
+
+        def one() -> None:
+            start.wait()
+            results.append(pool.run(spec))
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [r.status for r in results] == ["succeeded"] * 3, [r.error for r in results]
+        return results
+
+    with Pool(size=1, ttl=60, builders=1, defer=saturated.is_set) as pool:
+        pool.warm(prepare(spec))
+        busy = three_at_once(pool)
+        saturated.clear()
+        room = three_at_once(pool)
+    assert all(r.warm for r in busy), [r.warm for r in busy]
+    assert not all(r.warm for r in room), "with room on the host, no run started cold"
+    assert no_leftovers() == [], "a sandbox was left when the pool closed"

@@ -42,7 +42,7 @@ import tenacity
 from ..backends.base import Backend
 from ..concurrency import Slots
 from ..executor import Attempt, AttemptExecutor, LocalExecutor
-from ..pool import DEFAULT_BUILDERS
+from ..pool import MIN_BUILDERS
 from ..runner import PreparedRun, RunObservers
 from ..spec import RunResult, StopRequest
 from ..store import Store
@@ -236,12 +236,11 @@ class _BatchRun:
 
     def pace(self, limit: int) -> None:
         """The limit moved: the warm pool follows it (unless --warm): a sandbox per slot, and
-        at least as many as its builders make at once. A warm run is shorter than a sandbox's
-        making (0.15 s against 0.6 s on 2 cores), so one per slot left a batch at concurrency
-        1 waiting on each sandbox in turn: slower than cold (56 against 68 tasks/min; 148
-        with two)."""
+        at least two coming. A warm run is shorter than a sandbox's making (0.15 s against
+        0.6 s on 2 cores), so one per slot left a batch at concurrency 1 waiting on each
+        sandbox in turn: slower than cold (56 against 68 tasks/min; 148 with two)."""
         if self.spec.warm is None:
-            self.executor.keep_warm(self.first, max(limit, DEFAULT_BUILDERS))
+            self.executor.keep_warm(self.first, max(limit, MIN_BUILDERS))
 
     # -- running ----------------------------------------------------------------------------
 
