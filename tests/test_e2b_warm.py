@@ -27,18 +27,24 @@ from orchestrator.runner import build_request, prepare, sandbox_spec
 from orchestrator.spec import RunSpec
 
 from . import test_e2b_backend as e2b_tests
+from . import test_e2b_gateway as gateway_tests
 from .conftest import REPO, TEST_PAYLOADS, cli, events_of, wait_for
 from .e2b_server import E2BTestServer
+from .model_server import ScriptedModelServer
 from .test_batch import math_rows, write_jsonl
+from .test_gateway import code
 
 pytestmark = pytest.mark.docker
 
 e2b_test_server = e2b_tests.e2b_test_server
 e2b_env = e2b_tests.e2b_env
+e2b_model = gateway_tests.e2b_model
+api_base = gateway_tests.api_base
 
 LEAKY = TEST_PAYLOADS / "leaky"
 SLEEPER = TEST_PAYLOADS / "sleeper"
 MATH = TEST_PAYLOADS / "batch_math"
+PROBE = TEST_PAYLOADS / "gateway_probe"
 SECRET = "e2b-warm-s3cr3t-Never-Before-The-Run-5521"
 
 #: Run as root in an idle sandbox's container: every process's environment and command line,
@@ -304,3 +310,37 @@ def test_idle_sandboxes_count_against_the_cap_and_close_removes_every_one(
     assert e2b_env.max_alive == 2
     for body in e2b_env.create_requests:
         assert body["metadata"][LABEL_WARM] == "true"
+
+
+def test_a_warm_e2b_sandbox_of_a_hosted_model_reaches_it_only_through_its_gateway(
+    e2b_model: str, e2b_env: E2BTestServer
+) -> None:
+    """A pooled sandbox of a hosted model is made with its gateway sandbox, as a cold one is:
+    the run that takes it calls the model through the gateway (the real key from there, the
+    tokens measured there), the key is nowhere in the run's sandbox (the probe reads every
+    process's environment, /tmp, /work and its own memory), and both sandboxes are gone
+    after."""
+    key = e2b_model
+    look = code("result = look_for_key()\nfinal_answer(result)")
+    with ScriptedModelServer([look]) as server:
+        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
+                       backend="e2b")  # fmt: skip
+        with Pool(size=1, ttl=60) as pool:
+            pool.warm(prepare(spec))
+            wait_for(lambda: pool.stats()["idle"] == 1, timeout=120)
+            result = pool.run(spec)
+        headers = [r["headers"] for r in server.requests]
+    assert result.status == "succeeded", result.error
+    assert result.warm is True
+    report = json.loads(result.answer)
+    assert "memory" in report["found"], report  # it did look (its own marker is there)
+    tail = key[len("sk-gwtest-") :][:32][::-1]  # as the probe reports what it saw
+    assert not [place for place, tails in report["found"].items() if tail in tails], report
+    assert headers == [headers[0]] and headers[0]["Authorization"] == f"Bearer {key}"
+    assert result.gateway["enabled"] is True and result.gateway["calls"] == 1
+    assert result.token_usage_source == "gateway"
+    sent = json.dumps(list(e2b_env.create_requests)) + json.dumps(
+        [c.envs for c in e2b_env.commands]
+    )
+    assert key not in sent
+    assert e2b_env.alive_count() == 0
