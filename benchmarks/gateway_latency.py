@@ -40,7 +40,7 @@ from orchestrator.backends.docker.gateway import Gateway  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.gateway import GatewaySpec  # noqa: E402
 from orchestrator.policy import HOST_ALIAS  # noqa: E402
-from orchestrator.spec import Limits, NetworkPolicy  # noqa: E402
+from orchestrator.spec import Limits  # noqa: E402
 from tests.model_server import ScriptedModelServer  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
@@ -107,20 +107,19 @@ def main() -> int:
                            max_calls=100_000, max_tokens=10**9, credential_env="OPENAI_API_KEY",
                            on_docker_host=True)  # fmt: skip
         stop_at = deadline_at(Limits(timeout_seconds=600))
-        network = Egress.start(docker, run_id=run_id, policy=NetworkPolicy("allowlist"),
-                               labels=labels, image=None, stop_at=stop_at)  # fmt: skip
+        network = Egress.start(docker, run_id=run_id, labels=labels)
         gateway = None
         try:
             gateway = Gateway.start(docker, run_id=run_id, spec=spec,
                                     network_id=network.network_id,
                                     network_name=network.network_name, labels=labels,
                                     image=image, stop_at=stop_at)  # fmt: skip
-            gateway.configure(spec, key, network.subnets())
+            gateway.open(key)
             gateway.wait_ready()
             for _ in range(args.rounds):
                 direct += client(image, "bridge", upstream, key, args.calls,
                                  ["--add-host", f"{HOST_ALIAS}:host-gateway"])  # fmt: skip
-                through += client(image, network.network_name, gateway.api_base(upstream),
+                through += client(image, network.network_name, gateway.api_base,
                                   spec.token, args.calls, [])  # fmt: skip
         finally:
             if gateway is not None:
