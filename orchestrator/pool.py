@@ -160,9 +160,11 @@ class Pool:
         self._lock = threading.Condition()
         self._closed = False
         self._marker: Path | None = None
+        if builders is None:
+            builders = max(MIN_BUILDERS, os.cpu_count() or 1)
         self._builders = [
             threading.Thread(target=self._build_loop, name=f"pool-builder-{n}", daemon=True)
-            for n in range(max(1, builders or max(MIN_BUILDERS, os.cpu_count() or 1)))
+            for n in range(max(1, builders))
         ]
         for thread in self._builders:
             thread.start()
@@ -313,11 +315,11 @@ class Pool:
 
     def _queue(self, slot: _Slot) -> bool:
         """Whether a run with no sandbox ready or coming for it waits for the builders' next
-        one rather than start cold (lock held): while the host is saturated (`defer`) and the
-        builders can make one. A cold start then only adds one more sandbox's making to a
-        full CPU, beside the builders' (which make them at the rate the CPU allows): on 2
-        cores, 64 mock tasks at a fixed 8 or 32 ran a few per cent slower warm than cold
-        while runs went cold beside the builders."""
+        one rather than start cold (lock held): while the host is saturated (`defer`), the
+        pool is open and the key's builds are not backing off after a failure. A cold start
+        then only adds one more sandbox's making to a full CPU, beside the builders' (which
+        make them at the rate the CPU allows): on 2 cores, 64 mock tasks at a fixed 8 or 32
+        ran a few per cent slower warm than cold while runs went cold beside the builders."""
         return (
             self.defer is not None
             and not self._closed
