@@ -8,11 +8,16 @@ with a pause between measurements; the load average and the running containers a
 recorded before each one, and for adaptive runs the limit's range and changes. Results are
 written after every measurement (a run cut short keeps what it measured).
 
-    python benchmarks/saturation.py [--tasks 64 300] [--configs auto 32 4 8 1 fixed32]
-                                    [--rounds 1] [--pause 5]
+    python benchmarks/saturation.py [--tasks 64 300] [--configs auto 32 fixed4 fixed8 ...]
+                                    [--rounds 3] [--runtime auto|runc|runsc] [--name saturation]
 
 `fixed32` is exactly 32 at once (`--fixed-concurrency`), `32` is a requested 32 (a
-ceiling), `auto` is the default. Writes benchmarks/results/saturation.json and .md.
+ceiling), `auto` is the default. Rounds go round-major (every configuration once, then
+again), so that a machine whose speed drifts over the run touches every configuration
+alike; the verdicts compare medians over the rounds (one 64-task batch varies by 4-7 %
+between repeats on a 2-core machine). Besides throughput, each batch records the host's
+CPU seconds per task (busy jiffies of /proc/stat over the batch): what a warm or a cold
+run costs, whatever the concurrency. Writes benchmarks/results/<name>.json and .md.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +43,7 @@ from batch_throughput import PAYLOAD, SameImageBackend, running, tasks  # noqa: 
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
-from orchestrator.hostload import PROC_MEMINFO, memory_mb  # noqa: E402
+from orchestrator.hostload import PROC_MEMINFO, PROC_STAT, cpu_times, memory_mb  # noqa: E402
 from orchestrator.labels import LABEL_OWNER, owner_label  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 
@@ -97,6 +103,26 @@ class MemoryWatch:
         }
 
 
+class CountingBackend(SameImageBackend):
+    """Counts the sandboxes made cold (`create`, in a run's slot) and warm (`create_idle`, by
+    the pool's builders): a warm batch whose runs go cold beside the builders shows here."""
+
+    def __init__(self, client, image: str) -> None:  # noqa: ANN001 - a docker client
+        super().__init__(client, image)
+        self.made = {"cold": 0, "warm": 0}
+        self._lock = threading.Lock()
+
+    def create(self, spec, progress):  # noqa: ANN001, ANN201
+        with self._lock:
+            self.made["cold"] += 1
+        return super().create(spec, progress)
+
+    def create_idle(self, spec, progress, ttl):  # noqa: ANN001, ANN201
+        with self._lock:
+            self.made["warm"] += 1
+        return super().create_idle(spec, progress, ttl)
+
+
 def config_spec(config: str) -> tuple[int | None, bool]:
     """(concurrency, adapt) for a configuration's name."""
     if config == "auto":
@@ -114,7 +140,11 @@ def label(config: str) -> str:
     return f"{config} (requested: a ceiling)"
 
 
-def one_batch(n: int, config: str, warm: bool, workdir: Path, backend: SameImageBackend) -> dict:
+def one_batch(
+    n: int, config: str, warm: bool, workdir: Path, backend: SameImageBackend,
+    runtime: str | None = None,
+) -> dict:  # fmt: skip
+    backend = CountingBackend(backend.client, backend.image)
     path = workdir / "tasks.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
@@ -123,43 +153,115 @@ def one_batch(n: int, config: str, warm: bool, workdir: Path, backend: SameImage
             file.write(json.dumps(row) + "\n")
     concurrency, adapt = config_spec(config)
     spec = BatchSpec(
-        tasks=path, output=workdir / "out", run=RunSpec(payload=PAYLOAD),
+        tasks=path, output=workdir / "out", run=RunSpec(payload=PAYLOAD, sandbox_runtime=runtime),
         concurrency=concurrency, adapt=adapt, warm=None if warm else 0,
     )  # fmt: skip
     memory = MemoryWatch(backend.client)
+    busy_before, total_before = cpu_times(PROC_STAT.read_text())
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     wall = time.monotonic() - started
+    busy, total = cpu_times(PROC_STAT.read_text())
+    jiffies = os.sysconf("SC_CLK_TCK")
     pace = summary.concurrency
     return {
         "wall_seconds": round(wall, 2),
         "tasks_per_minute": round(n / wall * 60, 1),
+        "cpu_seconds_per_task": round((busy - busy_before) / jiffies / n, 3),
+        "cpu_busy_share": round((busy - busy_before) / max(1, total - total_before), 3),
         "correct": int(summary.correct),
         "counts": {k: v for k, v in summary.counts.items() if v},
         "duration_p50": summary.duration_p50,
+        "sandboxes_made": backend.made,
         "memory": memory.stop(),
         "concurrency": {k: pace[k] for k in ("mode", "ceiling", "limit", "lowest", "highest")},
         "changes": pace["changes"],
     }
 
 
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def medians(report: dict) -> dict[tuple[int, str], dict[str, float]]:
+    """Per (tasks, config): the medians over the rounds of each side's tasks/min and CPU
+    seconds per task, and how many rounds had both sides."""
+    found: dict[tuple[int, str], dict[str, list[float]]] = {}
+    for row in report["results"]:
+        w, c = row.get("warm"), row.get("cold")
+        if not (w and c):
+            continue
+        seen = found.setdefault((row["tasks"], row["config"]), {})
+        for name, side in (("warm", w), ("cold", c)):
+            seen.setdefault(name, []).append(side["tasks_per_minute"])
+            seen.setdefault(f"{name}_cpu", []).append(side.get("cpu_seconds_per_task", 0.0))
+    return {
+        key: {**{k: median(v) for k, v in seen.items()}, "rounds": len(seen["warm"])}
+        for key, seen in found.items()
+    }
+
+
+def verdicts(report: dict) -> list[str]:
+    """The issue's three comparisons, on medians: warm against cold in each row; auto and a
+    requested 32 against the best fixed concurrency (the better side of its best row)."""
+    table = medians(report)
+    lines = [
+        "| tasks | concurrency | rounds | warm tasks/min | cold tasks/min | warm / cold "
+        "| CPU s per task, warm / cold |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (n, config), m in table.items():
+        lines.append(
+            f"| {n} | {label(config)} | {m['rounds']} | {m['warm']:.1f} | {m['cold']:.1f} "
+            f"| {m['warm'] / m['cold']:.2f} | {m['warm_cpu']:.3f} / {m['cold_cpu']:.3f} |"
+        )
+    best: dict[int, tuple[float, str]] = {}
+    for (n, config), m in table.items():
+        if config.startswith("fixed"):
+            rate, side = max((m["warm"], "warm"), (m["cold"], "cold"))
+            if rate > best.get(n, (0.0, ""))[0]:
+                best[n] = (rate, f"{label(config)}, {side}")
+    if best:
+        lines += ["", "Adaptive against the best fixed concurrency of the same size (medians):", ""]
+        for (n, config), m in table.items():
+            if config.startswith("fixed") or n not in best:
+                continue
+            rate, which = best[n]
+            lines.append(
+                f"- {n} tasks, {label(config)}: warm {m['warm'] / rate:.2f}, cold "
+                f"{m['cold'] / rate:.2f} of {rate:.1f} tasks/min ({which})"
+            )
+    return lines
+
+
 def write(report: dict) -> None:
+    name = report.get("name", "saturation")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "saturation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "# Throughput at saturation: warm against cold, fixed against adaptive concurrency",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
-        f"{report['commit']}; started {report['date']}. Warm = the default pool; cold = "
-        "`--no-warm`. Each configuration ran warm and cold back to back (the first side "
-        "alternating), with a pause between; `load` is the 1-minute load average before each "
-        "(warm/cold); memory is the resident memory of the batch's containers, peak and mean "
-        "(idle sandboxes included). Other work shared this machine: compare sides of one row "
-        "only.",
+        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; sandbox runtime "
+        f"{report.get('runtime', 'auto')}; commit {report['commit']}; started {report['date']}. "
+        "Warm = the default pool; cold = `--no-warm`. Each configuration ran warm and cold "
+        "back to back (the first side alternating), with a pause between; rounds went "
+        "round-major. CPU s per task: the host's busy CPU seconds over the batch per task.",
         "",
-        "| tasks | concurrency | warm tasks/min | cold tasks/min | warm / cold | at once "
-        "(warm; cold) | containers' memory MB, peak (mean): warm / cold | load before |",
-        "|---|---|---|---|---|---|---|---|",
+        "## Medians over the rounds",
+        "",
+        *verdicts(report),
+        "",
+        "## Every batch",
+        "",
+        "`load` is the 1-minute load average before each (warm/cold); memory is the resident "
+        "memory of the batch's containers, peak and mean (idle sandboxes included).",
+        "",
+        "| tasks | concurrency | round | warm tasks/min | cold tasks/min | warm / cold "
+        "| at once (warm; cold) | containers' memory MB, peak (mean): warm / cold "
+        "| load before |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["results"]:
         w, c = row.get("warm"), row.get("cold")
@@ -171,31 +273,15 @@ def write(report: dict) -> None:
             for s in (w, c)
         )  # fmt: skip
         lines.append(
-            f"| {row['tasks']} | {label(row['config'])} | {w['tasks_per_minute']:.1f} "
-            f"| {c['tasks_per_minute']:.1f} | {w['tasks_per_minute'] / c['tasks_per_minute']:.2f} "
+            f"| {row['tasks']} | {label(row['config'])} | {row['round']} "
+            f"| {w['tasks_per_minute']:.1f} | {c['tasks_per_minute']:.1f} "
+            f"| {w['tasks_per_minute'] / c['tasks_per_minute']:.2f} "
             f"| {at_once} | {mem(w)} / {mem(c)} "
             f"| {w['before']['load_1m']} / {c['before']['load_1m']} |"
         )
-    best: dict[int, float] = {}
-    for row in report["results"]:
-        if row["config"].startswith("fixed") and row.get("warm") and row.get("cold"):
-            rate = max(row["warm"]["tasks_per_minute"], row["cold"]["tasks_per_minute"])
-            best[row["tasks"]] = max(best.get(row["tasks"], 0.0), rate)
-    if best:
-        lines += ["", "Against the best fixed concurrency (its better side) of the same size:", ""]
-        for row in report["results"]:
-            if row["config"].startswith("fixed") or not (row.get("warm") and row.get("cold")):
-                continue
-            if row["tasks"] in best:
-                lines.append(
-                    f"- {row['tasks']} tasks, {label(row['config'])}: warm "
-                    f"{row['warm']['tasks_per_minute'] / best[row['tasks']]:.2f}, cold "
-                    f"{row['cold']['tasks_per_minute'] / best[row['tasks']]:.2f} of "
-                    f"{best[row['tasks']]:.1f} tasks/min"
-                )
     lines += ["", f"Uptime before and after: {report.get('uptime_before')} / "
               f"{report.get('uptime_after', 'not finished')}"]  # fmt: skip
-    (RESULTS / "saturation.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 def mem(side: dict) -> str:
@@ -212,8 +298,13 @@ def main() -> None:
     parser.add_argument(
         "--configs", nargs="+", default=["auto", "32", "fixed4", "fixed8", "fixed32", "fixed1"]
     )
-    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pause", type=float, default=5.0, help="seconds between batches")
+    parser.add_argument(
+        "--runtime", choices=["auto", "runc", "runsc"], default="auto",
+        help="the sandboxes' runtime (auto: gVisor where the engine has it, as a user gets)",
+    )  # fmt: skip
+    parser.add_argument("--name", default="saturation", help="results file name")
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="saturation-bench-"))
@@ -235,19 +326,21 @@ def main() -> None:
         "docker": client.version().get("Version"),
         "commit": commit,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "name": args.name,
+        "runtime": args.runtime,
         "uptime_before": uptime(),
         "results": [],
     }
     (workdir / "warmup").mkdir()
-    one_batch(4, "fixed2", True, workdir / "warmup", backend)  # page cache, image layers
-    count = 0
+    runtime = None if args.runtime == "auto" else args.runtime
+    one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)  # caches, image layers
     for n in args.tasks:
-        for config in args.configs:
-            for r in range(args.rounds):
+        for r in range(args.rounds):
+            for index, config in enumerate(args.configs):
                 row: dict = {"tasks": n, "config": config, "round": r + 1}
                 report["results"].append(row)
-                order = ("warm", "cold") if count % 2 == 0 else ("cold", "warm")
-                count += 1
+                # Each configuration's first side alternates from round to round.
+                order = ("warm", "cold") if (index + r) % 2 == 0 else ("cold", "warm")
                 for side in order:
                     time.sleep(args.pause)
                     out = workdir / f"{n}-{config}-{r}-{side}"
@@ -257,12 +350,13 @@ def main() -> None:
                         "containers": running(client),
                         "uptime": uptime(),
                     }
-                    row[side] = one_batch(n, config, side == "warm", out, backend)
+                    row[side] = one_batch(n, config, side == "warm", out, backend, runtime)
                     row[side]["before"] = before
                     write(report)
                 w, c = row["warm"], row["cold"]
                 print(
-                    f"{n} tasks, {label(config)}: warm {w['tasks_per_minute']}/min "
+                    f"{n} tasks, {label(config)}, round {r + 1}: warm "
+                    f"{w['tasks_per_minute']}/min "
                     f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
                     f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
                     f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
@@ -272,7 +366,8 @@ def main() -> None:
                 )
     report["uptime_after"] = uptime()
     write(report)
-    print((RESULTS / "saturation.md").read_text())
+    shutil.rmtree(workdir, ignore_errors=True)
+    print((RESULTS / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":
