@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,7 +145,7 @@ def one_batch(
     n: int, config: str, warm: bool, workdir: Path, backend: SameImageBackend,
     runtime: str | None = None,
 ) -> dict:  # fmt: skip
-    backend = CountingBackend(backend.client, backend.image)
+    backend = CountingBackend(backend.client, backend.image)  # this batch's counts only
     path = workdir / "tasks.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
@@ -162,12 +163,12 @@ def one_batch(
     summary = run_batch(spec, backend=backend)
     wall = time.monotonic() - started
     busy, total = cpu_times(PROC_STAT.read_text())
-    jiffies = os.sysconf("SC_CLK_TCK")
+    ticks_per_second = os.sysconf("SC_CLK_TCK")
     pace = summary.concurrency
     return {
         "wall_seconds": round(wall, 2),
         "tasks_per_minute": round(n / wall * 60, 1),
-        "cpu_seconds_per_task": round((busy - busy_before) / jiffies / n, 3),
+        "cpu_seconds_per_task": round((busy - busy_before) / ticks_per_second / n, 3),
         "cpu_busy_share": round((busy - busy_before) / max(1, total - total_before), 3),
         "correct": int(summary.correct),
         "counts": {k: v for k, v in summary.counts.items() if v},
@@ -177,12 +178,6 @@ def one_batch(
         "concurrency": {k: pace[k] for k in ("mode", "ceiling", "limit", "lowest", "highest")},
         "changes": pace["changes"],
     }
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def medians(report: dict) -> dict[tuple[int, str], dict[str, float]]:
@@ -198,7 +193,7 @@ def medians(report: dict) -> dict[tuple[int, str], dict[str, float]]:
             seen.setdefault(name, []).append(side["tasks_per_minute"])
             seen.setdefault(f"{name}_cpu", []).append(side.get("cpu_seconds_per_task", 0.0))
     return {
-        key: {**{k: median(v) for k, v in seen.items()}, "rounds": len(seen["warm"])}
+        key: {**{k: statistics.median(v) for k, v in seen.items()}, "rounds": len(seen["warm"])}
         for key, seen in found.items()
     }
 
