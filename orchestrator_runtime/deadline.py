@@ -16,6 +16,8 @@ container at EPOCH (the pool's time-to-live) unless a message comes first. The f
 (the only one read) turns the deadline into now + S, once; the runtime sends it when it has
 read its whole request and closes the pipe before any payload code exists, so payload code
 can never extend anything. The pipe closed without a message leaves the idle deadline.
+A thread blocks on the pipe while the main thread waits for signals until the deadline, so an
+idle sandbox wakes for nothing (under gVisor every wake-up costs CPU the running tasks need).
 
 Why code in the sandbox (same user) cannot remove or extend the deadline:
 
@@ -35,9 +37,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-import select
 import signal
 import sys
+import threading
 import time
 
 #: Exit status when the deadline ended the container (as coreutils' `timeout`).
@@ -49,8 +51,6 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 WATCHED = {signal.SIGCHLD, *FORWARDED}
 #: The environment variable naming the write end of the keeper's pipe (idle mode only).
 KEEPER_FD_ENV = "ORCHESTRATOR_KEEPER_FD"
-#: How often an idle keeper looks at its signals while it waits on its pipe.
-IDLE_POLL_SECONDS = 0.05
 
 
 def fail(message: str) -> None:
@@ -113,12 +113,35 @@ def exit_status(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+class Deadline:
+    """The monotonic deadline, moved at most once by the first byte on the idle pipe."""
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def watch(self, wake: int, run_seconds: float) -> None:
+        """Wait on `wake` in a thread of its own: its first byte sets the deadline to now +
+        `run_seconds`, then the main thread is woken (a SIGCHLD it finds nothing to reap for)
+        to wait for the new deadline. EOF leaves the deadline as it is."""
+        main_thread = threading.get_ident()
+
+        def wait() -> None:
+            try:
+                if os.read(wake, 1):
+                    self.at = time.monotonic() + run_seconds
+                    signal.pthread_kill(main_thread, signal.SIGCHLD)
+            finally:
+                os.close(wake)
+
+        threading.Thread(target=wait, name="idle-pipe", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
     deadline_at, run_seconds, command = parse(argv)
     if os.getpid() != 1:
         fail("must run as PID 1 of the container (without --init), or the deadline is not safe")
     make_undumpable()
-    deadline = time.monotonic() + (deadline_at - time.time())
+    deadline = Deadline(time.monotonic() + (deadline_at - time.time()))
     wake = -1  # idle mode: the read end of the pipe whose first byte starts the run
     if run_seconds is not None:
         wake, handed = os.pipe()
@@ -134,24 +157,16 @@ def main(argv: list[str]) -> None:
             os.execvp(command[0], command)
         finally:
             os._exit(127)
-    if wake >= 0:
+    if wake >= 0 and run_seconds is not None:
         os.close(handed)
         os.environ.pop(KEEPER_FD_ENV, None)
+        deadline.watch(wake, run_seconds)  # the thread starts with WATCHED blocked, as here
     while True:
-        remaining = deadline - time.monotonic()
+        remaining = deadline.at - time.monotonic()
         if remaining <= 0:
             say_without_blocking("the sandbox's deadline passed; stopping it")
             os._exit(DEADLINE_EXIT_CODE)
-        if wake >= 0:  # idle: wait on the pipe, looking at signals now and then
-            ready, _, _ = select.select([wake], [], [], min(remaining, IDLE_POLL_SECONDS))
-            if ready:
-                if os.read(wake, 1) and run_seconds is not None:
-                    deadline = time.monotonic() + run_seconds  # once: the pipe is closed now
-                os.close(wake)
-                wake = -1
-            info = signal.sigtimedwait(WATCHED, 0)
-        else:
-            info = signal.sigtimedwait(WATCHED, remaining)
+        info = signal.sigtimedwait(WATCHED, remaining)
         if info is None:
             continue
         if info.si_signo != signal.SIGCHLD:
