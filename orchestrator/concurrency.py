@@ -36,7 +36,12 @@ The rule (a hill climb on throughput, the CPU as its fast path; AIMD-like):
   TOLERANCE: fewer runs for the same throughput is less memory and a kinder neighbour).
   A probe that failed is not tried again for HOLD seconds. On a host to itself this settles
   near where the CPU is just full; on one shared with other work, as high as still pays.
-  Never below one run per core on a probe.
+  Steps down are judged against the throughput before the first of them since a step up was
+  last kept, so that losses each within TOLERANCE cannot add up (nor come back after HOLD).
+  Never below the start's two runs per core on a probe (memory alone takes it lower): a
+  window of a few runs cannot see what the overlap is worth, yet it is worth more than the
+  noise (under gVisor, where a run's start also waits on gVisor's gofer and the engine, auto
+  stepping down to one run per core ran 64 mock tasks 3-7 % slower than a fixed 4 did).
 - **Memory**: when available memory falls under the reserve (two runs' limits, at least 5 %
   of the host), halve at once (down to 1); no increase without room for its runs.
 - An explicit number is the **ceiling**, never a reason to slow down: the limit moves under
@@ -127,6 +132,8 @@ class AdaptiveLimit:
         self._settling = False  # the window after a change: not judged
         self._probe = "up"  # the next probe's direction
         self._hold = {"up": 0.0, "down": 0.0}  # no probe that way before then
+        #: The throughput before the first step down since a step up was last kept.
+        self._down_from: float | None = None
         self._reset(self._began)
 
     # -- what the caller tells it -------------------------------------------------------------
@@ -148,7 +155,7 @@ class AdaptiveLimit:
             self._demand.append(min(demand, self.limit))
             if self._memory_short(sample) and self.limit > 1:
                 self._set(now, max(1, self.limit // 2), "memory low")
-                self._slow_start, self._trial = False, None
+                self._slow_start, self._trial, self._down_from = False, None, None
                 return self.limit
             elapsed = now - self._window_start
             done = self._completed - self._window_done
@@ -225,7 +232,7 @@ class AdaptiveLimit:
                 self._try(now, sample, rate, more, "up", "probe: more")
         else:
             self._probe = "up"
-            fewer = max(self.cores, min(self.limit - 1, self.limit * 3 // 4))
+            fewer = max(START_PER_CORE * self.cores, min(self.limit - 1, self.limit * 3 // 4))
             if now >= self._hold["down"] and fewer < self.limit:
                 self._try(now, sample, rate, fewer, "down", "probe: fewer")
         self._reset(now)
@@ -247,10 +254,17 @@ class AdaptiveLimit:
         assert self._trial is not None
         before, before_rate, kind = self._trial
         self._trial = None
-        if kind == "up":
-            failed, why = rate < before_rate * (1 + TOLERANCE), "no gain"
+        if kind == "down":
+            reference = max(before_rate, self._down_from or 0.0)
+            failed, why = rate < reference * (1 - TOLERANCE), "throughput fell"
+            self._down_from = reference  # until a step up is kept: a level above it
         else:
-            failed, why = rate < before_rate * (1 - TOLERANCE), "throughput fell"
+            if kind == "up":
+                failed, why = rate < before_rate * (1 + TOLERANCE), "no gain"
+            else:  # "idle": more runs for an idle CPU, kept unless they cost throughput
+                failed, why = rate < before_rate * (1 - TOLERANCE), "throughput fell"
+            if not failed:
+                self._down_from = None  # a new level: steps down start from it
         if not failed:
             return
         self._slow_start = False

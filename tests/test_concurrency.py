@@ -65,15 +65,16 @@ def window(
     *,
     rate: float | None = None,
     running: int | None = None,
+    tick: float = 0.5,
 ) -> int:
     """One control window: every slot busy (unless `running`), max(MIN_DONE, limit) runs
-    ending at `rate` a second (default: in MIN_WINDOW seconds), in ticks of half a second;
-    the limit after it."""
+    ending at `rate` a second (default: in MIN_WINDOW seconds), in ticks of `tick` seconds
+    (a waiting run's); the limit after it."""
     done = max(MIN_DONE, limit.limit)
     seconds = max(MIN_WINDOW, done / rate) if rate else MIN_WINDOW
-    ticks = math.ceil(seconds / 0.5)
+    ticks = math.ceil(seconds / tick - 1e-9)
     for i in range(ticks):
-        clock.t += 0.5
+        clock.t += tick
         if i == ticks - 1:
             limit.completed(done)
         limit.tick(limit.limit if running is None else running)
@@ -81,10 +82,14 @@ def window(
 
 
 def climb(
-    limit: AdaptiveLimit, clock: FakeClock, windows: int, rate: Callable[[int], float]
+    limit: AdaptiveLimit,
+    clock: FakeClock,
+    windows: int,
+    rate: Callable[[int], float],
+    tick: float = 0.5,
 ) -> list[int]:
     """`windows` windows, throughput a function of the limit; the limit after each."""
-    return [window(limit, clock, rate=rate(limit.limit)) for _ in range(windows)]
+    return [window(limit, clock, rate=rate(limit.limit), tick=tick) for _ in range(windows)]
 
 
 def test_it_starts_from_the_cores_the_memory_and_the_ceiling() -> None:
@@ -134,21 +139,49 @@ def test_a_host_shared_with_other_work_climbs_while_more_runs_pay() -> None:
     host.cpu = 1.0
     limit = AdaptiveLimit(32, probe=host, clock=clock)
     seen = climb(limit, clock, 40, rate=lambda n: n / 2)
-    assert seen[:6] == [5, 5, 5, 3, 3, 5], seen  # more: kept; fewer: fell, back
-    assert limit.changes[3].reason == "throughput fell at 3"
+    assert seen[:6] == [5, 5, 5, 4, 4, 5], seen  # more: kept; fewer: fell, back
+    assert limit.changes[3].reason == "throughput fell at 4"
     assert min(seen[6:]) >= 5 and seen[-1] >= 12, seen
 
 
-def test_a_host_saturated_by_the_runs_themselves_settles_at_one_run_per_core() -> None:
+def test_a_host_saturated_by_the_runs_themselves_settles_at_two_runs_per_core() -> None:
     """Throughput the same at any limit (the CPU is the bottleneck): more does not pay and
-    is undone; fewer costs nothing and is kept, down to one run per core."""
+    is undone; fewer costs nothing and is kept, down to the start's two runs per core."""
     clock, host = FakeClock(), FakeHost(cores=2)
     host.cpu = 1.0
     limit = AdaptiveLimit(32, probe=host, clock=clock)
     seen = climb(limit, clock, 30, rate=lambda n: 2.0)
-    assert max(seen) == 5 and seen[-1] == 2, seen
+    assert max(seen) == 5 and min(seen) == 4 and seen[-1] == 4, seen
     assert [c.reason for c in limit.changes[:3]] == ["cores", "probe: more", "no gain at 5"]
-    assert limit.changes[-1].reason == "probe: fewer"
+    # from 8 (a climb that paid, then stopped paying) down in quarters to 4, no lower
+    clock, host = FakeClock(), FakeHost(cores=2)
+    host.cpu = 1.0
+    limit = AdaptiveLimit(32, probe=host, clock=clock)
+    seen = climb(limit, clock, 60, rate=lambda n: min(n, 8) / 4)
+    assert max(seen) >= 8 and seen[-1] >= 4 and min(seen) >= 4, seen
+
+
+def test_small_losses_in_a_row_cannot_add_up() -> None:
+    """Below 16, each quarter fewer costs 6 % (within TOLERANCE): the first step down is
+    kept, the next is judged against the throughput before the first (12 % lost) and
+    undone, each time it is tried again."""
+    clock, host = FakeClock(), FakeHost(cores=2)
+    host.cpu = 0.3
+    limit = AdaptiveLimit(16, probe=host, clock=clock)
+    while limit.limit < 16:  # runs waiting on a model's API: up to the ceiling
+        window(limit, clock, rate=float(limit.limit))
+    assert climb(limit, clock, 2, rate=float) == [16, 16]  # settled, then judged: kept
+    host.cpu = 1.0  # now the CPU is full, and fewer runs cost a little each step
+
+    def losing(n: int) -> float:
+        return 4.0 if n >= 16 else 4.0 * 0.94 if n >= 12 else 4.0 * 0.94**2
+
+    seen = climb(limit, clock, 60, rate=losing, tick=0.01)  # a few HOLDs: probes again
+    assert min(seen) == 9 and seen[-1] >= 12, seen
+    changes = [c for c in limit.changes if c.at > 10]
+    to_nine = [i for i, c in enumerate(changes) if c.limit == 9]
+    assert len(to_nine) >= 2, changes
+    assert all(changes[i + 1].reason == "throughput fell at 9" for i in to_nine), changes
 
 
 def test_throughput_that_falls_after_an_increase_goes_back() -> None:
