@@ -65,11 +65,10 @@ MAX_TTL = 3600.0
 #: An idle sandbox this close to its time-to-live is replaced, not handed out: the run
 #: must have read its request (which moves the keeper's deadline) before the keeper stops it.
 EXPIRY_MARGIN = 10.0
-#: Sandboxes made at once in the background: one per core, and at least this many (two
-#: overlap one sandbox's engine calls with another's imports). On a saturated host runs
-#: wait for them (`Pool._queue`), so they must make sandboxes as fast as the CPU allows;
-#: three at once on 2 cores made them no faster than two.
-MIN_BUILDERS = 2
+#: Sandboxes made at once: as many per core as the backend says (`starts_per_core`, at most
+#: the second), at least the first (two overlap one's engine calls with another's imports).
+#: On a full CPU runs wait for them (`Pool._queue`): they must keep the CPU full themselves.
+MIN_BUILDERS, MAX_STARTS_PER_CORE = 2, 2
 #: A refill starts this long after a run took its sandbox, so that the run's own start (the
 #: latency that matters) does not share the CPU with the next sandbox's start; only while
 #: the key has another sandbox ready (else the next run would wait for this one: at
@@ -101,6 +100,7 @@ class _Slot:
 
     spec: SandboxSpec  # the key's sandbox spec (its run id and labels are replaced per sandbox)
     wanted: int
+    starts: int  # the most being made at once (of every key) to make one of this key
     #: Runs still to be handed out (claimed) for this key; None: unknown (no end in sight).
     remaining: int | None = None
     ready: deque[_Idle] = field(default_factory=deque)
@@ -118,7 +118,8 @@ class Pool:
     """Pre-started sandboxes for runs (see the module docstring). Thread-safe.
 
     `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
-    waits for a run; `builders`: sandboxes made at once in the background; `images`: the
+    waits for a run; `builders`: sandboxes made at once in the background (None: as many
+    per core as the backend asks for, at least MIN_BUILDERS); `images`: the
     image cache to share (a batch's; else the pool's own); `defer`: while it returns True
     (the host's CPU is full, say), a key gets a sandbox only while it has none idle: no stock
     is built ahead on a CPU that running work needs now; and a run with no sandbox ready
@@ -160,11 +161,12 @@ class Pool:
         self._lock = threading.Condition()
         self._closed = False
         self._marker: Path | None = None
-        if builders is None:
-            builders = max(MIN_BUILDERS, os.cpu_count() or 1)
+        self._cores = os.cpu_count() or 1
+        self._fixed_builders = builders
+        threads = builders or max(MIN_BUILDERS, MAX_STARTS_PER_CORE * self._cores)
         self._builders = [
             threading.Thread(target=self._build_loop, name=f"pool-builder-{n}", daemon=True)
-            for n in range(max(1, builders))
+            for n in range(max(1, threads))
         ]
         for thread in self._builders:
             thread.start()
@@ -259,12 +261,8 @@ class Pool:
         backend = self._backend_for(prepared)
         if prepared.backend != backend.name or not _supports_pool(backend):
             return
-        spec = self._key_spec(prepared, backend)
-        key = pool_key(spec)
         with self._lock:
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slots[key] = _Slot(spec=spec, wanted=self.size)
+            slot = self._slot(self._key_spec(prepared, backend), backend)
             if wanted is not None:
                 slot.wanted = wanted
             if runs is not None:
@@ -283,13 +281,9 @@ class Pool:
         if self._closed or prepared.backend != backend.name or not _supports_pool(backend):
             return None
         started = time.monotonic()
-        spec = self._key_spec(prepared, self._backend_for(prepared))
-        key = pool_key(spec)
+        spec = self._key_spec(prepared, backend)
         with self._lock:
-            slot = self._slots.get(key)
-            if slot is None:
-                slot = self._slots[key] = _Slot(spec=spec, wanted=self.size)
-                self._lock.notify_all()
+            slot = self._slot(spec, backend)
             if not slot.ready and slot.waiting >= slot.making and not self._queue(slot):
                 self._handed_out(slot)  # none coming for this run: cold, and refill
                 return None
@@ -313,13 +307,22 @@ class Pool:
             self._handed_out(slot)
         return None
 
+    def _slot(self, spec: SandboxSpec, backend: Backend) -> _Slot:
+        """The slot of `spec`'s key, new if need be (lock held)."""
+        slot = self._slots.get(key := pool_key(spec))
+        if slot is None:
+            per_core = min(MAX_STARTS_PER_CORE, backend.starts_per_core(spec))
+            starts = self._fixed_builders or max(MIN_BUILDERS, per_core * self._cores)
+            slot = self._slots[key] = _Slot(spec=spec, wanted=self.size, starts=starts)
+            self._lock.notify_all()
+        return slot
+
     def _queue(self, slot: _Slot) -> bool:
         """Whether a run with no sandbox ready or coming for it waits for the builders' next
         one rather than start cold (lock held): while the host is saturated (`defer`), the
         pool is open and the key's builds are not backing off after a failure. A cold start
-        then only adds one more sandbox's making to a full CPU, beside the builders' (which
-        make them at the rate the CPU allows): on 2 cores, 64 mock tasks at a fixed 8 or 32
-        ran a few per cent slower warm than cold while runs went cold beside the builders."""
+        would only add a making to a full CPU, beside the builders' (on 2 cores, 64 mock tasks
+        at a fixed 8 or 32 ran a few per cent slower warm than cold while runs did)."""
         return (
             self.defer is not None
             and not self._closed
@@ -369,9 +372,11 @@ class Pool:
     def _can_make(self, slot: _Slot) -> bool:
         """Whether the builder would make a sandbox of `slot` now (lock held)."""
         total = sum(len(s.ready) + s.making for s in self._slots.values())
+        making = sum(s.making for s in self._slots.values())
         wanted = slot.wanted if slot.remaining is None else min(slot.wanted, slot.remaining)
         return (
             total < self.size
+            and making < slot.starts
             and len(slot.ready) + slot.making < wanted
             and time.monotonic() >= slot.failed_until
         )

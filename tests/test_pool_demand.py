@@ -4,6 +4,7 @@ from the creations the Docker engine saw, not from what the pool says of itself.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -12,11 +13,15 @@ from typing import Any
 import pytest
 
 from orchestrator import Pool
+from orchestrator.backends.base import Sandbox, SandboxSpec
+from orchestrator.backends.docker import DockerBackend
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
-from orchestrator.runner import prepare
+from orchestrator.pool import MAX_SIZE, MIN_BUILDERS
+from orchestrator.runner import prepare, sandbox_spec
 from orchestrator.spec import RunResult, RunSpec
 
+from .conftest import wait_for
 from .test_batch import MATH, math_rows, write_jsonl
 
 pytestmark = pytest.mark.docker
@@ -143,3 +148,60 @@ def test_on_a_saturated_host_runs_wait_for_the_builders_instead_of_starting_cold
     assert all(r.warm for r in busy), [r.warm for r in busy]
     assert not all(r.warm for r in room), "with room on the host, no run started cold"
     assert no_leftovers() == [], "a sandbox was left when the pool closed"
+
+
+class GatedBackend(DockerBackend):
+    """Holds each pooled sandbox's making at its start until the test lets them all go, and
+    counts how many were being made at once."""
+
+    def __init__(self, client, per_core: int) -> None:  # noqa: ANN001 - a docker client
+        super().__init__(client)
+        self.per_core = per_core
+        self.in_flight = self.most = 0
+        self.go = threading.Event()
+        self._lock = threading.Lock()
+
+    def starts_per_core(self, spec: SandboxSpec) -> int:
+        return self.per_core
+
+    def create_idle(self, spec: SandboxSpec, progress: Any, ttl: float) -> Sandbox:
+        with self._lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            self.go.wait(timeout=120)
+            return super().create_idle(spec, progress, ttl)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+
+@pytest.mark.parametrize("per_core", [1, 2])
+def test_the_pool_makes_as_many_at_once_as_the_backend_asks_per_core(
+    per_core: int, agent_image: str, docker_client, no_leftovers
+) -> None:
+    """Under gVisor a start waits as well as computes: one making per core left the CPU idle
+    while runs waited for them. The pool makes `starts_per_core` x cores at once (at least
+    MIN_BUILDERS), never more."""
+    expected = max(MIN_BUILDERS, per_core * (os.cpu_count() or 1))
+    backend = GatedBackend(docker_client, per_core)
+    spec = RunSpec(payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7})
+    with Pool(size=min(MAX_SIZE, expected + 2), ttl=60, backend=backend) as pool:
+        pool.warm(prepare(spec))
+        try:
+            wait_for(lambda: backend.in_flight >= expected, timeout=60)
+        finally:
+            backend.go.set()
+        wait_for(lambda: pool.stats()["idle"] == pool.size, timeout=120)
+    assert backend.most == expected, (backend.most, expected)
+    assert no_leftovers() == []
+
+
+@pytest.mark.gvisor
+def test_docker_asks_for_two_starts_per_core_under_gvisor_only(
+    docker_client, sandbox_runtime: str
+) -> None:
+    backend = DockerBackend(docker_client)
+    prepared = prepare(RunSpec(payload=MATH))
+    spec = sandbox_spec(prepared, "any-image")
+    assert backend.starts_per_core(spec) == (2 if sandbox_runtime == "runsc" else 1)

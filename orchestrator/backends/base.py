@@ -263,6 +263,12 @@ class Backend(ABC):
                 "Leave the sandbox runtime at auto for this backend (--sandbox-runtime auto).",
             )
 
+    def starts_per_core(self, spec: SandboxSpec) -> int:
+        """How many of `spec`'s sandboxes a pool makes at once per core, so that its makings
+        alone keep the CPU full (runs wait for them on a full CPU): one where a start is
+        mostly CPU (more at once only contend for it), more where a start also waits."""
+        return 1
+
     @abstractmethod
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
         """Build or reuse the image (template) for a run; returns its reference.
