@@ -118,15 +118,13 @@ class Pool:
     """Pre-started sandboxes for runs (see the module docstring). Thread-safe.
 
     `size`: the most sandboxes idle or being made at once; `ttl`: seconds an idle sandbox
-    waits for a run; `builders`: sandboxes made at once in the background (None: as many
-    per core as the backend asks for, at least MIN_BUILDERS); `images`: the
-    image cache to share (a batch's; else the pool's own); `defer`: while it returns True
-    (the host's CPU is full, say), a key gets a sandbox only while it has none idle: no stock
-    is built ahead on a CPU that running work needs now; and a run with no sandbox ready
-    waits for the builders rather than start cold beside them. Raises
-    ConfigError for a size outside 1..MAX_SIZE or a time-to-live outside
-    EXPIRY_MARGIN + 5 s..MAX_TTL.
-    """
+    waits for a run; `builders`: sandboxes made at once (None: as the backend asks per
+    core); `images`: the image cache to share (a batch's; else the pool's own); `defer`:
+    while it returns True (the host's CPU is full, say), a key gets a sandbox only while it
+    has none idle (no stock built ahead on a CPU that running work needs now), and a run
+    with no sandbox ready waits for the builders rather than start cold beside them.
+    Raises ConfigError for a size outside 1..MAX_SIZE or a time-to-live outside
+    EXPIRY_MARGIN + 5 s..MAX_TTL."""
 
     def __init__(
         self,
@@ -261,8 +259,10 @@ class Pool:
         backend = self._backend_for(prepared)
         if prepared.backend != backend.name or not _supports_pool(backend):
             return
+        spec = self._key_spec(prepared, backend)
+        starts = self._starts(spec, backend)  # asked before the lock: it may ask the engine
         with self._lock:
-            slot = self._slot(self._key_spec(prepared, backend), backend)
+            slot = self._slot(spec, starts)
             if wanted is not None:
                 slot.wanted = wanted
             if runs is not None:
@@ -282,8 +282,9 @@ class Pool:
             return None
         started = time.monotonic()
         spec = self._key_spec(prepared, backend)
+        starts = self._starts(spec, backend)
         with self._lock:
-            slot = self._slot(spec, backend)
+            slot = self._slot(spec, starts)
             if not slot.ready and slot.waiting >= slot.making and not self._queue(slot):
                 self._handed_out(slot)  # none coming for this run: cold, and refill
                 return None
@@ -307,12 +308,13 @@ class Pool:
             self._handed_out(slot)
         return None
 
-    def _slot(self, spec: SandboxSpec, backend: Backend) -> _Slot:
+    def _starts(self, spec: SandboxSpec, backend: Backend) -> int:  # the slot's `starts`
+        per_core = min(MAX_STARTS_PER_CORE, backend.starts_per_core(spec))
+        return self._fixed_builders or max(MIN_BUILDERS, per_core * self._cores)
+
+    def _slot(self, spec: SandboxSpec, starts: int) -> _Slot:
         """The slot of `spec`'s key, new if need be (lock held)."""
-        slot = self._slots.get(key := pool_key(spec))
-        if slot is None:
-            per_core = min(MAX_STARTS_PER_CORE, backend.starts_per_core(spec))
-            starts = self._fixed_builders or max(MIN_BUILDERS, per_core * self._cores)
+        if (slot := self._slots.get(key := pool_key(spec))) is None:
             slot = self._slots[key] = _Slot(spec=spec, wanted=self.size, starts=starts)
             self._lock.notify_all()
         return slot
@@ -350,9 +352,7 @@ class Pool:
         workers = [threading.Thread(target=i.sandbox.remove) for i in idle]
         for worker in workers:
             worker.start()
-        for worker in workers:
-            worker.join(timeout=60)
-        for thread in self._builders:
+        for thread in workers + self._builders:
             thread.join(timeout=60)
         _wait_removals()
         if self._marker is not None:
