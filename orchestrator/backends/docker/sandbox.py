@@ -289,9 +289,10 @@ class DockerBackend(Backend):
         check_requested(runtime, self.runtimes)
 
     def starts_per_core(self, spec: SandboxSpec) -> int:
-        """Two under gVisor, whose start waits as well as computes (its boot, its gofer): 64
-        mock tasks at a fixed 4 on 2 cores left 6 % of the CPU idle warm with one per core
-        (0.96x of cold) and 3 % with two (1.03x). One under runc, where two made warm 0.95x."""
+        """Two under gVisor, whose start waits as well as computes (its boot, its gofer): with
+        one per core a warm batch of 64 mock tasks on 2 cores left 6 % of the CPU idle and
+        sent 15-25 runs cold; with two, 4 %, as cold does, and one. One under runc, where two
+        made warm 0.95x of cold at a fixed 4 (one: 1.05x)."""
         try:
             gvisor = place(spec.runtime, self.runtimes, networked=False).runtime == "runsc"
         except ConfigError:  # no gVisor for a run that asks for it: the run says so
