@@ -23,9 +23,11 @@ run costs, whatever the concurrency. Writes benchmarks/results/<name>.json and .
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -124,6 +126,32 @@ class CountingBackend(SameImageBackend):
         return super().create_idle(spec, progress, ttl)
 
 
+#: The engine's long-lived daemons: their CPU over a batch is measured apart from the
+#: sandboxes' (each container's shim and runtime live only as long as it does).
+ENGINE_DAEMONS = ("dockerd", "containerd")
+
+
+def engine_cpu_seconds() -> float:
+    """The CPU seconds the engine's daemons have used so far (user + system, /proc)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :]
+        if name in ENGINE_DAEMONS:
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """The CPU seconds of this process (the batch runs in it: scheduler, pool, builders)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def config_spec(config: str) -> tuple[int | None, bool]:
     """(concurrency, adapt) for a configuration's name."""
     if config == "auto":
@@ -159,10 +187,12 @@ def one_batch(
     )  # fmt: skip
     memory = MemoryWatch(backend.client)
     busy_before, total_before = cpu_times(PROC_STAT.read_text())
+    own_before, engine_before = own_cpu_seconds(), engine_cpu_seconds()
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     wall = time.monotonic() - started
     busy, total = cpu_times(PROC_STAT.read_text())
+    own, engine = own_cpu_seconds() - own_before, engine_cpu_seconds() - engine_before
     ticks_per_second = os.sysconf("SC_CLK_TCK")
     pace = summary.concurrency
     return {
@@ -170,6 +200,10 @@ def one_batch(
         "tasks_per_minute": round(n / wall * 60, 1),
         "cpu_seconds_per_task": round((busy - busy_before) / ticks_per_second / n, 3),
         "cpu_busy_share": round((busy - busy_before) / max(1, total - total_before), 3),
+        # Of that: this process's (the orchestrator) and the engine's daemons'; the rest is
+        # the sandboxes' (with their shims and runtimes) and whatever else the host ran.
+        "orchestrator_cpu_per_task": round(own / n, 3),
+        "engine_cpu_per_task": round(engine / n, 3),
         "correct": int(summary.correct),
         "counts": {k: v for k, v in summary.counts.items() if v},
         "duration_p50": summary.duration_p50,
@@ -192,6 +226,10 @@ def medians(report: dict) -> dict[tuple[int, str], dict[str, float]]:
         for name, side in (("warm", w), ("cold", c)):
             seen.setdefault(name, []).append(side["tasks_per_minute"])
             seen.setdefault(f"{name}_cpu", []).append(side.get("cpu_seconds_per_task", 0.0))
+            for part in ("orchestrator", "engine"):
+                got = side.get(f"{part}_cpu_per_task")
+                if got is not None:  # results from before the split have none
+                    seen.setdefault(f"{name}_{part}", []).append(got)
     return {
         key: {**{k: statistics.median(v) for k, v in seen.items()}, "rounds": len(seen["warm"])}
         for key, seen in found.items()
@@ -204,13 +242,18 @@ def verdicts(report: dict) -> list[str]:
     table = medians(report)
     lines = [
         "| tasks | concurrency | rounds | warm tasks/min | cold tasks/min | warm / cold "
-        "| CPU s per task, warm / cold |",
-        "|---|---|---|---|---|---|---|",
+        "| CPU s per task, warm / cold | of which orchestrator; engine daemons |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for (n, config), m in table.items():
+        split = "; ".join(
+            f"{m[f'warm_{part}']:.3f} / {m[f'cold_{part}']:.3f}"
+            for part in ("orchestrator", "engine") if f"warm_{part}" in m and f"cold_{part}" in m
+        ) or "-"  # fmt: skip
         lines.append(
             f"| {n} | {label(config)} | {m['rounds']} | {m['warm']:.1f} | {m['cold']:.1f} "
-            f"| {m['warm'] / m['cold']:.2f} | {m['warm_cpu']:.3f} / {m['cold_cpu']:.3f} |"
+            f"| {m['warm'] / m['cold']:.2f} | {m['warm_cpu']:.3f} / {m['cold_cpu']:.3f} "
+            f"| {split} |"
         )
     best: dict[int, tuple[float, str]] = {}
     for (n, config), m in table.items():
@@ -242,7 +285,9 @@ def write(report: dict) -> None:
         f"{report.get('runtime', 'auto')}; commit {report['commit']}; started {report['date']}. "
         "Warm = the default pool; cold = `--no-warm`. Each configuration ran warm and cold "
         "back to back (the first side alternating), with a pause between; rounds went "
-        "round-major. CPU s per task: the host's busy CPU seconds over the batch per task.",
+        "round-major. CPU s per task: the host's busy CPU seconds over the batch per task; "
+        "of which the orchestrator's own process and the engine's daemons (dockerd, "
+        "containerd); the rest is the sandboxes' (shims and runtimes included).",
         "",
         "## Medians over the rounds",
         "",
@@ -287,6 +332,45 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:  # noqa: ANN001
+    """Every configuration's batches, warm and cold, round-major; the report written after
+    each."""
+    client = backend.client
+    (workdir / "warmup").mkdir()
+    runtime = None if args.runtime == "auto" else args.runtime
+    one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)  # caches, image layers
+    for n in args.tasks:
+        for r in range(args.rounds):
+            for index, config in enumerate(args.configs):
+                row: dict = {"tasks": n, "config": config, "round": r + 1}
+                report["results"].append(row)
+                # Each configuration's first side alternates from round to round.
+                order = ("warm", "cold") if (index + r) % 2 == 0 else ("cold", "warm")
+                for side in order:
+                    time.sleep(args.pause)
+                    out = workdir / f"{n}-{config}-{r}-{side}"
+                    out.mkdir()
+                    before = {
+                        "load_1m": round(os.getloadavg()[0], 2),
+                        "containers": running(client),
+                        "uptime": uptime(),
+                    }
+                    row[side] = one_batch(n, config, side == "warm", out, backend, runtime)
+                    row[side]["before"] = before
+                    write(report)
+                w, c = row["warm"], row["cold"]
+                print(
+                    f"{n} tasks, {label(config)}, round {r + 1}: warm "
+                    f"{w['tasks_per_minute']}/min "
+                    f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
+                    f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
+                    f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
+                    f"mem {mem(c)} MB); load "
+                    f"{w['before']['load_1m']}/{c['before']['load_1m']}",
+                    flush=True,
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, nargs="+", default=[64, 300])
@@ -326,42 +410,17 @@ def main() -> None:
         "uptime_before": uptime(),
         "results": [],
     }
-    (workdir / "warmup").mkdir()
-    runtime = None if args.runtime == "auto" else args.runtime
-    one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)  # caches, image layers
-    for n in args.tasks:
-        for r in range(args.rounds):
-            for index, config in enumerate(args.configs):
-                row: dict = {"tasks": n, "config": config, "round": r + 1}
-                report["results"].append(row)
-                # Each configuration's first side alternates from round to round.
-                order = ("warm", "cold") if (index + r) % 2 == 0 else ("cold", "warm")
-                for side in order:
-                    time.sleep(args.pause)
-                    out = workdir / f"{n}-{config}-{r}-{side}"
-                    out.mkdir()
-                    before = {
-                        "load_1m": round(os.getloadavg()[0], 2),
-                        "containers": running(client),
-                        "uptime": uptime(),
-                    }
-                    row[side] = one_batch(n, config, side == "warm", out, backend, runtime)
-                    row[side]["before"] = before
-                    write(report)
-                w, c = row["warm"], row["cold"]
-                print(
-                    f"{n} tasks, {label(config)}, round {r + 1}: warm "
-                    f"{w['tasks_per_minute']}/min "
-                    f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
-                    f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
-                    f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
-                    f"mem {mem(c)} MB); load "
-                    f"{w['before']['load_1m']}/{c['before']['load_1m']}",
-                    flush=True,
-                )
+    try:
+        measure(args, report, workdir, backend)
+    finally:  # also when interrupted: nothing of the benchmark's is left behind
+        shutil.rmtree(workdir, ignore_errors=True)
+        for container in client.api.containers(
+            all=True, quiet=True, filters={"label": f"{LABEL_OWNER}={OWNER}"}
+        ):
+            with contextlib.suppress(Exception):
+                client.api.remove_container(container["Id"], force=True)
     report["uptime_after"] = uptime()
     write(report)
-    shutil.rmtree(workdir, ignore_errors=True)
     print((RESULTS / f"{args.name}.md").read_text())
 
 
