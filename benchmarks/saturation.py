@@ -332,6 +332,32 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def setup() -> tuple[Path, SameImageBackend, str]:
+    """A private store in a temporary directory, the agent image, and the commit measured."""
+    workdir = Path(tempfile.mkdtemp(prefix="saturation-bench-"))
+    os.environ["ORCHESTRATOR_HOME"] = str(workdir / "home")  # a private store
+    os.environ.setdefault(
+        "ORCHESTRATOR_WHEELHOUSE", str(Path.home() / ".orchestrator" / "wheelhouse")
+    )
+    client = connect()
+    image = ensure_agent_image(client, progress=lambda m: print(m, file=sys.stderr))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    return workdir, SameImageBackend(client, image), commit
+
+
+def teardown(workdir: Path, client) -> None:  # noqa: ANN001 - a docker client
+    """Nothing of the benchmark's left behind, also when it was interrupted: its directory
+    and any container of this process's."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    for container in client.api.containers(
+        all=True, quiet=True, filters={"label": f"{LABEL_OWNER}={OWNER}"}
+    ):
+        with contextlib.suppress(Exception):
+            client.api.remove_container(container["Id"], force=True)
+
+
 def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:  # noqa: ANN001
     """Every configuration's batches, warm and cold, round-major; the report written after
     each."""
@@ -386,20 +412,11 @@ def main() -> None:
     parser.add_argument("--name", default="saturation", help="results file name")
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="saturation-bench-"))
-    os.environ["ORCHESTRATOR_HOME"] = str(workdir / "home")  # a private store
-    os.environ.setdefault(
-        "ORCHESTRATOR_WHEELHOUSE", str(Path.home() / ".orchestrator" / "wheelhouse")
-    )
-    client = connect()
-    image = ensure_agent_image(client, progress=lambda m: print(m, file=sys.stderr))
-    backend = SameImageBackend(client, image)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
+    workdir, backend, commit = setup()
+    client = backend.client
     report: dict = {
         "what": "mock tasks (batch_math, one CodeAgent step each)",
-        "image": image,
+        "image": backend.image,
         "cpus": os.cpu_count(),
         "machine": platform.platform(),
         "docker": client.version().get("Version"),
@@ -412,13 +429,8 @@ def main() -> None:
     }
     try:
         measure(args, report, workdir, backend)
-    finally:  # also when interrupted: nothing of the benchmark's is left behind
-        shutil.rmtree(workdir, ignore_errors=True)
-        for container in client.api.containers(
-            all=True, quiet=True, filters={"label": f"{LABEL_OWNER}={OWNER}"}
-        ):
-            with contextlib.suppress(Exception):
-                client.api.remove_container(container["Id"], force=True)
+    finally:
+        teardown(workdir, client)
     report["uptime_after"] = uptime()
     write(report)
     print((RESULTS / f"{args.name}.md").read_text())
