@@ -33,16 +33,22 @@ def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) ->
         return None
     from ..cluster import RayExecutor
 
-    return RayExecutor(address or None, warm=getattr(args, "warm", None), on_message=on_message)
+    return RayExecutor(
+        address or None,
+        warm=getattr(args, "warm", None),
+        adapt=not getattr(args, "fixed_concurrency", False),
+        on_message=on_message,
+    )
 
 
 def ray_batch(
     args: argparse.Namespace, spec: BatchSpec, on_message: Callable[[str], None]
 ) -> tuple[AttemptExecutor | None, BatchSpec]:
     """A batch's executor and spec under `--ray`: without --concurrency (or its setting), as
-    many at once as the cluster's nodes declare, not this machine's default. The limit does
-    not adapt: this machine's CPU, which the adaptive limit reads, is not where the runs are
-    (the nodes' slots are their declared `orchestrator_sandboxes`)."""
+    many at once as the cluster's nodes declare, not this machine's default. This limit does
+    not adapt: this machine's CPU, which the adaptive limit reads, is not where the runs are.
+    Each node adapts its own instead, under what it declares (`--fixed-concurrency`: each
+    runs what it declares)."""
     executor = ray_executor(args, on_message)
     if executor is not None:
         from dataclasses import replace

@@ -4,11 +4,13 @@ The driver (the machine that started the batch) keeps the batch: tasks, results,
 scoring, the run index and every record. Each node that declares the custom resource
 `orchestrator_sandboxes` gets one long-lived worker (`node.NodeWorker`, a Ray actor pinned
 to it, holding that many units of the resource) that runs attempts with the node's own
-engine, image and warm pool. An attempt is one Ray call with Ray's retries and restarts off:
-a node, worker or result object that is lost ends the attempt `infra_error` (type
-`node_lost`, naming the node) in the driver's store, and the batch's rules decide whether it
-runs again, on whichever node has room. An attempt is finished only once the node's record
-of it is in the driver's store (`transfer.import_record`).
+engine, image and warm pool, as many at once as the node says it carries now (its own
+adaptive limit under what it declares: `node.NodeWorker`). An attempt is one Ray call with
+Ray's retries and restarts off: a node, worker or result object that is lost ends the
+attempt `infra_error` (type `node_lost`, naming the node) in the driver's store, and the
+batch's rules decide whether it runs again, on whichever node has room. An attempt is
+finished only once the node's record of it is in the driver's store
+(`transfer.import_record`).
 
 Secrets: a run's secret values travel to its node as an argument of the call that runs it
 (small arguments are inlined in Ray's call, not put in its object store), live in the
@@ -57,29 +59,40 @@ class _Node:
     alive: bool = True
     #: Attempts its pool was told to expect and that have not been reserved there yet.
     promised: int = 0
+    #: How many the node says it runs at once now (None: as many as it declares).
+    limit: int | None = None
 
     @property
     def capacity(self) -> int:
         return self.info.capacity
+
+    @property
+    def slots(self) -> int:
+        """How many attempts the driver sends it at once: its own limit, under what it
+        declares."""
+        return self.capacity if self.limit is None else min(self.capacity, self.limit)
 
 
 class RayExecutor(AttemptExecutor):
     """Attempts on the nodes of the Ray cluster at `address` (None: $RAY_ADDRESS, else a
     cluster started on this machine). `warm`: each node's pool size for a batch (as
     `LocalExecutor`'s: None = that node's share of the concurrency when there are more
-    attempts than that; 0: none). Raises ConfigError (exit 2) at once when Ray is not
-    installed; joins the cluster on first use."""
+    attempts than that; 0: none); `adapt`: each node runs as many at once as its host
+    carries, under what it declares (False: what it declares). Raises ConfigError (exit 2)
+    at once when Ray is not installed; joins the cluster on first use."""
 
     def __init__(
         self,
         address: str | None = None,
         *,
         warm: int | None = None,
+        adapt: bool = True,
         on_message: Callable[[str], None] | None = None,
     ) -> None:
         import_ray()  # refused before anything starts when the extra is missing
         self.address = address
         self.warm = warm
+        self.adapt = adapt
         self.message = on_message or (lambda _text: None)
         self._nodes: list[_Node] = []
         self._bound: dict[str, _Node] = {}
@@ -230,9 +243,9 @@ class RayExecutor(AttemptExecutor):
         with self._cond:
             while True:
                 live = self._live()
-                free = [n for n in live if n.busy < n.capacity]
+                free = [n for n in live if n.busy < n.slots]
                 if free:
-                    node = max(free, key=lambda n: n.capacity - n.busy)
+                    node = max(free, key=lambda n: n.slots - n.busy)
                     node.busy += 1
                     return node
                 if cancel is not None and cancel.is_set():
@@ -245,6 +258,14 @@ class RayExecutor(AttemptExecutor):
         with self._cond:
             node.busy -= 1
             self._cond.notify_all()
+
+    def _limit(self, node: _Node, said: Any) -> None:
+        """What the node says it runs at once now (`NodeWorker.open` and `run`); anything
+        but a number from 1 to what it declares is ignored (the node's, not ours to trust)."""
+        if isinstance(said, int) and not isinstance(said, bool) and 1 <= said <= node.capacity:
+            with self._cond:
+                node.limit = said
+                self._cond.notify_all()
 
     def capacity(self) -> int:
         """How many sandboxes the cluster's nodes declare they run at once (joins it).
@@ -272,15 +293,21 @@ class RayExecutor(AttemptExecutor):
         for node in live:
             share = min(attempts, math.ceil(attempts * node.capacity / total))
             node.promised = share
-            calls[node.actor.open.remote(_without_secrets(template), share,
-                                         min(node.capacity, concurrency))] = node  # fmt: skip
+            most, bare = min(node.capacity, concurrency), _without_secrets(template)
+            calls[node.actor.open.remote(bare, share, most, self.adapt)] = node
         problems = []
         for ref, node in calls.items():
             try:
-                ray.get(ref)
+                self._limit(node, ray.get(ref))
             except Exception as exc:  # an image that cannot be had there, a dead node
                 problems.append(f"node {node.info.short()}: {_reason(exc)}")
                 self._lose(node, _reason(exc))
+        for node in self._live():
+            if node.slots < min(node.capacity, concurrency):  # its host's doing, not the cap's
+                self.message(
+                    f"node {node.info.short()}: {node.slots} at once to start with, of the "
+                    f"{node.capacity} it declares (it adapts to its host as the batch runs)"
+                )
         if not self._live():
             raise EngineUnavailable(
                 "No node of the Ray cluster could get ready: " + "; ".join(problems),
@@ -380,6 +407,7 @@ class RayExecutor(AttemptExecutor):
             return lost_record(store, prepared, where, f"node {node.info.short()}: {reason}",
                                started)  # fmt: skip
         result = import_record(store, packed, where)
+        self._limit(node, packed.get("node_limit"))
         node.actor.forget.remote(prepared.run_id)
         _replay(packed, observers)
         return result

@@ -1,6 +1,12 @@
 """The worker on one node of a Ray cluster: a long-lived actor that runs attempts through the
 single-run API with this node's own Docker engine, image and warm pool (`LocalExecutor`).
 
+How many attempts it runs at once is the node's own (`concurrency.AdaptiveLimit` on this
+host, under the `orchestrator_sandboxes` it declares): a batch's `open` starts the measure,
+and every finished attempt tells the driver the node's limit now, which the driver holds to
+(a node declaring 8 on a 2-core machine runs about 4; one whose runs wait on a hosted model
+climbs to its 8). Without a batch (a schedule's firings) the node runs as many as it declares.
+
 It records each run in the node's own state directory (`$ORCHESTRATOR_HOME/ray-node`, a
 store apart from any driver's on the same machine) and hands the record back packed; the
 driver writes it into its store and then asks the node to `forget` its copy. A run's secret
@@ -23,6 +29,7 @@ from typing import Any
 from ..backends import get_backend
 from ..backends.base import Backend
 from ..cleanup import cleanup
+from ..concurrency import AdaptiveLimit
 from ..config import home_dir
 from ..executor import Attempt, LocalExecutor
 from ..runner import PreparedRun, RunObservers
@@ -31,6 +38,9 @@ from .transfer import pack_record
 
 #: The node's own record store, under its state directory.
 NODE_STORE = "ray-node"
+#: Seconds between the node's measures of its host while it has a batch (the limit's
+#: windows are seconds long: a run lasts one or more).
+PACE_TICK = 0.5
 
 
 class NodeWorker:
@@ -47,6 +57,10 @@ class NodeWorker:
         self._cancels: dict[str, threading.Event] = {}
         self._attempts: dict[str, Attempt] = {}
         self._lock = threading.Lock()
+        #: This node's limit, from a batch's `open` on (None: as many as it declares).
+        self._pace: AdaptiveLimit | None = None
+        self._running = 0
+        self._closed = threading.Event()
 
     # -- life of the worker ----------------------------------------------------------------
 
@@ -71,9 +85,30 @@ class NodeWorker:
         assert self._backend is not None
         return len(cleanup(self._backend, store=self.store).removed)
 
-    def open(self, template: PreparedRun, attempts: int, concurrency: int) -> None:
-        """The image checked or built here once, and warm sandboxes for `attempts`."""
-        self._local().open(template, attempts=attempts, concurrency=concurrency)
+    def open(
+        self, template: PreparedRun, attempts: int, concurrency: int, adapt: bool = True
+    ) -> int:
+        """The image checked or built here once, this node's limit measured from now on (at
+        most `concurrency`, what it declares; `adapt` False: exactly that) and warm
+        sandboxes for `attempts` (at most that many at once). Returns the limit: how many
+        attempts the driver may send at once."""
+        with self._lock:
+            if self._pace is None:
+                memory = template.limits.memory_mb
+                self._pace = AdaptiveLimit(concurrency, memory_mb=memory, adapt=adapt)
+                threading.Thread(target=self._measure, name="node-pace", daemon=True).start()
+            pace = self._pace
+        self._local().open(template, attempts=attempts, concurrency=min(concurrency, pace.limit))
+        return pace.limit
+
+    def _measure(self) -> None:
+        """The limit's measures (the host's CPU and memory, the attempts going), until
+        `close`."""
+        while not self._closed.wait(PACE_TICK):
+            with self._lock:
+                pace, running = self._pace, self._running
+            if pace is not None:
+                pace.tick(running)
 
     def expect(self, prepared: PreparedRun, attempts: int) -> None:
         self._local().expect(prepared, attempts)
@@ -81,6 +116,7 @@ class NodeWorker:
     def close(self) -> None:
         """Warm sandboxes removed; and what dead workers left since `reap_orphans` (a
         driver killed meanwhile: its worker here died with it)."""
+        self._closed.set()
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
@@ -108,19 +144,26 @@ class NodeWorker:
         self, prepared: PreparedRun, secrets: dict[str, str], number: int
     ) -> dict[str, Any]:
         """Run one attempt (its secrets given apart, never stored) to its end; its packed
-        record (`transfer.pack_record`)."""
+        record (`transfer.pack_record`), with the node's limit now (`node_limit`; None
+        without a batch's `open`)."""
         run_id = prepared.run_id
         cancel = threading.Event()
         with self._lock:
             self._cancels[run_id] = cancel
             self._attempts.pop(run_id, None)  # its warm sandbox's claim goes with the run id
+            self._running += 1
         attempt = Attempt(replace(prepared, secrets=dict(secrets)), number)
         try:
             self._local().run(attempt, RunObservers(store=self.store, cancel=cancel))
         finally:
             with self._lock:
                 self._cancels.pop(run_id, None)
-        return pack_record(self.store, run_id)
+                self._running -= 1
+                pace, running = self._pace, self._running
+            if pace is not None:
+                pace.completed()
+        limit = pace.tick(running) if pace is not None else None
+        return {**pack_record(self.store, run_id), "node_limit": limit}
 
     def cancel(self, run_id: str) -> None:
         """Stop a running attempt (recorded `cancelled`, its sandbox removed)."""
