@@ -7,15 +7,23 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
 import urllib.parse
 from pathlib import Path
 
 import docker.errors
 import pytest
 
-from ..conftest import cli, our_containers, running_sandboxes, start_cli, wait_for, write_payload
+from orchestrator.labels import LABEL_RUN_ID
+
+from ..conftest import (
+    cli,
+    files_holding,
+    our_containers,
+    running_sandboxes,
+    start_cli,
+    wait_for,
+    write_payload,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -61,17 +69,14 @@ def build(model):
 '''
 
 
-def engine_files_holding(needle: str) -> list[str]:
-    """Files under the engine's container directory that contain `needle`."""
-    out = subprocess.run(
-        ["grep", "-rlF", needle, str(ENGINE_CONTAINERS)], capture_output=True, text=True
-    )
-    return out.stdout.split()
-
-
 @pytest.mark.parametrize("ending", ["normal", "orchestrator_killed"])
 def test_a_printed_secret_reaches_no_engine_log(
-    ending: str, tmp_path: Path, agent_image: str, docker_client, store_label: str
+    ending: str,
+    tmp_path: Path,
+    agent_image: str,
+    docker_client,
+    store_label: str,
+    orchestrator_home: Path,
 ) -> None:
     assert ENGINE_CONTAINERS.is_dir(), "this test reads the engine's data directory (root)"
     folder = tmp_path / "printer"
@@ -81,20 +86,26 @@ def test_a_printed_secret_reaches_no_engine_log(
         "run", str(folder), "--json", "--quiet", env={**os.environ, "PRINTED_SECRET": SECRET}
     )
     sandbox = wait_for(lambda: running_sandboxes(docker_client, store_label), timeout=180)[0]
-    time.sleep(3)  # the tool has printed
-    assert not engine_files_holding(SECRET)
+    stderr = orchestrator_home / "runs" / sandbox["Labels"][LABEL_RUN_ID] / "stderr.log"
+
+    def printed() -> bool:  # all four forms, the last on stderr (the record has them masked)
+        text = stderr.read_text() if stderr.is_file() else ""  # not the store's database
+        return text.count("stderr: ") >= 4
+
+    wait_for(printed, timeout=120)
+    assert not files_holding(SECRET, ENGINE_CONTAINERS)
     with pytest.raises(docker.errors.APIError, match="logging driver"):  # no log at all
         docker_client.api.logs(sandbox["Id"])
     if ending == "orchestrator_killed":
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=30)
-        assert not engine_files_holding(SECRET)
+        assert not files_holding(SECRET, ENGINE_CONTAINERS)
         cli("runs", "list")  # closes the orphaned run, removes the container
         assert not our_containers(docker_client, store_label)
         return
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert not engine_files_holding(SECRET)
+    assert not files_holding(SECRET, ENGINE_CONTAINERS)
     record = Path(json.loads(out)["record_dir"])
     forms = {
         "plain": SECRET,
