@@ -6,7 +6,7 @@ folder, `plan.py` the batch as data and its up-front checks, `session.py` the wo
 """
 
 from .output import BatchDir, BatchLocked
-from .plan import BatchProgress, BatchSpec, BatchSummary, default_concurrency, plan_batch
+from .plan import BatchProgress, BatchSpec, BatchSummary, plan_batch
 from .scoring import BUILTIN_SCORERS, make_scorer, percentile, wilson_interval
 from .session import run_batch
 from .tasks import Task, TaskFile, TaskFileError, derive_id, read_tasks
@@ -21,7 +21,6 @@ __all__ = [
     "Task",
     "TaskFile",
     "TaskFileError",
-    "default_concurrency",
     "derive_id",
     "make_scorer",
     "percentile",

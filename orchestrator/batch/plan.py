@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
@@ -157,22 +156,6 @@ class BatchSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def default_concurrency(memory_mb: int | None = None) -> int:
-    """min(4, CPUs, memory/limit): a mock or local-model run is CPU-bound (`import
-    smolagents` alone is ~1 s of CPU), so more sandboxes than cores only queue on the CPU;
-    4 caps a laptop's default. Runs against hosted models mostly wait on the network, so raise
-    --concurrency for those (and mind the provider's rate limits)."""
-    cpus = os.cpu_count() or 1
-    limit = min(4, cpus)
-    if memory_mb:
-        try:
-            total_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
-            limit = min(limit, max(1, int(total_mb * 0.75) // memory_mb))
-        except (ValueError, OSError, AttributeError):
-            pass
-    return max(1, limit)
 
 
 @dataclass
