@@ -18,7 +18,6 @@ benchmarks/results/<name>.json and .md.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import threading
@@ -29,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from saturation import RESULTS, label, one_batch, setup, teardown  # noqa: E402
+from saturation import RESULTS, label, one_batch, save, setup, teardown  # noqa: E402
 
 from orchestrator.backends.docker.sandbox import DockerSandbox  # noqa: E402
 
@@ -101,9 +100,6 @@ class SandboxClock:
 
 
 def write(report: dict) -> None:
-    name = report["name"]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "# What one sandbox costs, warm against cold",
         "",
@@ -125,7 +121,7 @@ def write(report: dict) -> None:
             f"| {b['engine_cpu_per_task']} | {s.get('cpu_seconds', '-')} "
             f"| {s.get('cpu_seconds_before_request', '-')} | {s.get('idle_seconds', '-')} |"
         )
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    save(report["name"], report, lines)
 
 
 def main() -> None:

@@ -274,10 +274,14 @@ def verdicts(report: dict) -> list[str]:
     return lines
 
 
-def write(report: dict) -> None:
-    name = report.get("name", "saturation")
+def save(name: str, report: dict, lines: list[str]) -> None:
+    """The report as benchmarks/results/<name>.json, and its Markdown `lines` as .md."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def write(report: dict) -> None:
     lines = [
         "# Throughput at saturation: warm against cold, fixed against adaptive concurrency",
         "",
@@ -321,7 +325,7 @@ def write(report: dict) -> None:
         )
     lines += ["", f"Uptime before and after: {report.get('uptime_before')} / "
               f"{report.get('uptime_after', 'not finished')}"]  # fmt: skip
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    save(report.get("name", "saturation"), report, lines)
 
 
 def mem(side: dict) -> str:
