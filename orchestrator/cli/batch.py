@@ -77,7 +77,8 @@ def add_batch_parser(sub: Any) -> None:
     )  # fmt: skip
     p.add_argument(
         "--fixed-concurrency", action="store_true",
-        help="run exactly --concurrency N at once, never adapting (for measurements)",
+        help="run exactly --concurrency N at once, never adapting (for measurements; with "
+        "--ray, each node runs all it declares)",
     )  # fmt: skip
     warm = p.add_mutually_exclusive_group()
     warm.add_argument(
