@@ -9,7 +9,7 @@ recorded before each one, and for adaptive runs the limit's range and changes. R
 written after every measurement (a run cut short keeps what it measured).
 
     python benchmarks/saturation.py [--tasks 64 300] [--configs auto 32 fixed4 fixed8 ...]
-                                    [--rounds 3] [--runtime auto|runc|runsc] [--name saturation]
+                                    [--rounds 3 2] [--runtime auto|runc|runsc] [--name saturation]
 
 `fixed32` is exactly 32 at once (`--fixed-concurrency`), `32` is a requested 32 (a
 ceiling), `auto` is the default. Rounds go round-major (every configuration once, then
@@ -236,6 +236,22 @@ def medians(report: dict) -> dict[tuple[int, str], dict[str, float]]:
     }
 
 
+def spread(report: dict) -> dict[int, list[float]]:
+    """Per task count: for each configuration and side measured in two rounds or more, how
+    far its rounds lie apart ((max - min) / median of tasks/min)."""
+    rates: dict[tuple[int, str, str], list[float]] = {}
+    for row in report["results"]:
+        for side in ("warm", "cold"):
+            if row.get(side):
+                key = (row["tasks"], row["config"], side)
+                rates.setdefault(key, []).append(row[side]["tasks_per_minute"])
+    found: dict[int, list[float]] = {}
+    for (n, _config, _side), seen in rates.items():
+        if len(seen) >= 2:
+            found.setdefault(n, []).append((max(seen) - min(seen)) / statistics.median(seen))
+    return found
+
+
 def verdicts(report: dict) -> list[str]:
     """The issue's three comparisons, on medians: warm against cold in each row; auto and a
     requested 32 against the best fixed concurrency (the better side of its best row)."""
@@ -255,6 +271,17 @@ def verdicts(report: dict) -> list[str]:
             f"| {m['warm'] / m['cold']:.2f} | {m['warm_cpu']:.3f} / {m['cold_cpu']:.3f} "
             f"| {split} |"
         )
+    spreads = spread(report)
+    if spreads:
+        lines += [
+            "",
+            "Run-to-run spread (a configuration's rounds, one side: (max - min) / median), "
+            "what a difference must exceed to be more than noise: "
+            + "; ".join(
+                f"{n} tasks median {statistics.median(s):.1%}, at most {max(s):.1%}"
+                for n, s in sorted(spreads.items())
+            ),
+        ]
     best: dict[int, tuple[float, str]] = {}
     for (n, config), m in table.items():
         if config.startswith("fixed"):
@@ -369,8 +396,8 @@ def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> N
     (workdir / "warmup").mkdir()
     runtime = None if args.runtime == "auto" else args.runtime
     one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)  # caches, image layers
-    for n in args.tasks:
-        for r in range(args.rounds):
+    for i, n in enumerate(args.tasks):
+        for r in range(args.rounds[min(i, len(args.rounds) - 1)]):
             for index, config in enumerate(args.configs):
                 row: dict = {"tasks": n, "config": config, "round": r + 1}
                 report["results"].append(row)
@@ -407,7 +434,10 @@ def main() -> None:
     parser.add_argument(
         "--configs", nargs="+", default=["auto", "32", "fixed4", "fixed8", "fixed32", "fixed1"]
     )
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rounds", type=int, nargs="+", default=[3],
+        help="rounds for each --tasks size, in order (the last one for the rest)",
+    )  # fmt: skip
     parser.add_argument("--pause", type=float, default=5.0, help="seconds between batches")
     parser.add_argument(
         "--runtime", choices=["auto", "runc", "runsc"], default="auto",
