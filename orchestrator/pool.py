@@ -76,6 +76,16 @@ MIN_BUILDERS, MAX_STARTS_PER_CORE = 2, 2
 REFILL_DELAY = 0.3
 #: After a failed creation, how long the builder leaves that key alone (runs go cold).
 FAILURE_BACKOFF = 30.0
+#: Sandboxes being made at once, the builders' and runs' gone cold together, per core (at
+#: least the builders'): a batch's run with none ready for it starts cold only below this
+#: (where the backend's sandboxes run on this host: `Capabilities.sandboxes_run`).
+#: The CPU's busy share shows a burst of starts only once they are under way: at a batch's
+#: start at a fixed 32 on 2 cores, 30 runs went cold at once beside the two builders (half
+#: the batch cold, 1.2 GB of sandboxes at once, a fifth slower than the other rounds).
+MAKINGS_PER_CORE = 2
+#: How long a run gone cold counts as a making, until the pool has timed its own makings
+#: (it does not see a cold start end; its own, the same work, stand in).
+MAKING_GUESS = 2.0
 
 Key = tuple[Any, ...]
 
@@ -105,8 +115,8 @@ class _Slot:
     remaining: int | None = None
     ready: deque[_Idle] = field(default_factory=deque)
     making: int = 0
-    #: Runs waiting for a sandbox being made (never more than are being made: the others
-    #: start cold rather than queue behind the builders).
+    #: Runs waiting for a sandbox being made (no more than are being made, unless the host
+    #: has no room for another start: `Pool._queue`; the others start cold).
     waiting: int = 0
     failed_until: float = 0.0
     error: str | None = None
@@ -161,6 +171,8 @@ class Pool:
         self._marker: Path | None = None
         self._cores = os.cpu_count() or 1
         self._fixed_builders = builders
+        self._colds: deque[float] = deque()  # when runs went cold (monotonic), for a while
+        self._making_seconds = MAKING_GUESS  # how long a making takes, smoothed
         threads = builders or max(MIN_BUILDERS, MAX_STARTS_PER_CORE * self._cores)
         self._builders = [
             threading.Thread(target=self._build_loop, name=f"pool-builder-{n}", daemon=True)
@@ -286,7 +298,7 @@ class Pool:
         with self._lock:
             slot = self._slot(spec, starts)
             if not slot.ready and slot.waiting >= slot.making and not self._queue(slot):
-                self._handed_out(slot)  # none coming for this run: cold, and refill
+                self._cold(slot)  # none coming for this run, and room for its start
                 return None
             slot.waiting += 1
             try:
@@ -305,7 +317,7 @@ class Pool:
                     self._lock.wait(timeout=0.5)
             finally:
                 slot.waiting -= 1
-            self._handed_out(slot)
+            self._cold(slot)
         return None
 
     def _starts(self, spec: SandboxSpec, backend: Backend) -> int:  # the slot's `starts`
@@ -321,16 +333,30 @@ class Pool:
 
     def _queue(self, slot: _Slot) -> bool:
         """Whether a run with no sandbox ready or coming for it waits for the builders' next
-        one rather than start cold (lock held): while the host is saturated (`defer`), the
-        pool is open and the key's builds are not backing off after a failure. A cold start
-        would only add a making to a full CPU, beside the builders' (on 2 cores, 64 mock tasks
-        at a fixed 8 or 32 ran a few per cent slower warm than cold while runs did)."""
-        return (
-            self.defer is not None
-            and not self._closed
-            and time.monotonic() >= slot.failed_until
-            and self.defer()
-        )
+        one rather than start cold (lock held): for a pool that defers to the host (`defer`:
+        a batch's), open, whose builds of the key are not backing off after a failure, while
+        the host is saturated or (for sandboxes made on this host) MAKINGS_PER_CORE
+        sandboxes are being made already. A cold start would only add a making to a full CPU,
+        beside the builders' (on 2 cores, 64 mock tasks at a fixed 8 or 32 ran a few per cent
+        slower warm than cold while runs did)."""
+        if self.defer is None or self._closed or time.monotonic() < slot.failed_until:
+            return False
+        here = self.backend is not None and self.backend.capabilities.sandboxes_run == "this_host"
+        most = max(MAKINGS_PER_CORE * self._cores, slot.starts)
+        return (here and self._makings() >= most) or self.defer()
+
+    def _makings(self) -> int:
+        """Sandboxes being made now (lock held): the builders', and the runs gone cold no
+        longer ago than a making of the pool's takes."""
+        now = time.monotonic()
+        while self._colds and now - self._colds[0] > self._making_seconds:
+            self._colds.popleft()
+        return sum(s.making for s in self._slots.values()) + len(self._colds)
+
+    def _cold(self, slot: _Slot) -> None:
+        """A run of `slot` goes cold (lock held): handed out, and its start under way."""
+        self._colds.append(time.monotonic())
+        self._handed_out(slot)
 
     def _handed_out(self, slot: _Slot) -> None:
         """A run of `slot` was handed out, with a sandbox or cold: one fewer to come (lock
@@ -358,6 +384,11 @@ class Pool:
         if self._marker is not None:
             with contextlib.suppress(OSError):
                 self._marker.unlink()
+
+    def runs_waiting(self) -> int:
+        """Runs waiting for a sandbox being made, over every key."""
+        with self._lock:
+            return sum(s.waiting for s in self._slots.values())
 
     def stats(self) -> dict[str, int]:
         """Idle and being-made sandboxes, over every key."""
@@ -409,9 +440,12 @@ class Pool:
                 pause = slot.claimed_at + REFILL_DELAY - time.monotonic() if slot.ready else 0
             if pause > 0:
                 time.sleep(pause)
+            started = time.monotonic()
             idle = self._make(slot, run_id)
             with self._lock:
                 slot.making -= 1
+                if idle is not None:  # a moving average of the last few makings' time
+                    self._making_seconds += (time.monotonic() - started - self._making_seconds) / 4
                 if idle is not None and self._closed:
                     _remove_later(idle.sandbox)
                 elif idle is not None:

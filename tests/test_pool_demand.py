@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Pool
+from orchestrator import pool as pool_module
 from orchestrator.backends.base import Sandbox, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.batch import BatchSpec, run_batch
@@ -208,3 +209,44 @@ def test_docker_asks_for_two_starts_per_core_under_gvisor_only(
     prepared = prepare(RunSpec(payload=MATH))
     spec = sandbox_spec(prepared, "any-image")
     assert backend.starts_per_core(spec) == (2 if sandbox_runtime == "runsc" else 1)
+
+
+def test_at_a_batchs_start_runs_go_cold_only_up_to_what_fills_the_cpu(
+    agent_image: str, docker_client, no_leftovers, monkeypatch
+) -> None:
+    """The CPU's busy share shows a burst of starts only once it is under way: at a batch's
+    start (host not yet saturated) every run beyond the builders' makings went cold at once
+    (30 of 32 at a fixed 32 on 2 cores). Runs go cold only while fewer than MAKINGS_PER_CORE
+    x cores sandboxes are being made, the builders' included; the rest wait for the pool."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # four makings at once, two builders
+    # A run gone cold counts as a making for as long as the test lasts (the pool cannot see
+    # a cold start end, and guesses until it has timed its own).
+    monkeypatch.setattr(pool_module, "MAKING_GUESS", 600.0)
+    backend = GatedBackend(docker_client, per_core=1)
+    spec = RunSpec(payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7})
+    prepared = prepare(spec)
+    runs = 8
+    claims: list[Any] = []
+    with Pool(size=runs, ttl=60, backend=backend, defer=lambda: False) as pool:
+        pool.warm(prepared, runs=runs)
+        threads = [
+            threading.Thread(target=lambda: claims.append(pool.claim(prepared)))
+            for _ in range(runs)
+        ]
+        try:
+            wait_for(lambda: backend.in_flight == 2, timeout=60)  # the builders, held
+            for thread in threads:
+                thread.start()
+            wait_for(lambda: len(claims) + pool.runs_waiting() == runs, timeout=60)
+            cold, waiting = len(claims), pool.runs_waiting()
+        finally:
+            backend.go.set()
+        for thread in threads:
+            thread.join(timeout=180)
+        warm = [c for c in claims if c is not None]
+        for claim in warm:  # what a run would do with its sandbox: remove it
+            claim.release()
+    assert no_leftovers() == []
+    assert (cold, waiting) == (2, 6), f"{cold} runs went cold at once, {waiting} waited"
+    assert claims[:2] == [None, None]
+    assert len(warm) == 6, f"{len(warm)} of the 6 waiting runs got a sandbox"
