@@ -14,7 +14,8 @@ written after every measurement (a run cut short keeps what it measured).
 `fixed32` is exactly 32 at once (`--fixed-concurrency`), `32` is a requested 32 (a
 ceiling), `auto` is the default. Rounds go round-major (every configuration once, then
 again), so that a machine whose speed drifts over the run touches every configuration
-alike; the verdicts compare medians over the rounds (one 64-task batch varies by 4-7 %
+alike, and each round starts one configuration further on (none always follows the
+same one); the verdicts compare medians over the rounds (one 64-task batch varies by 4-7 %
 between repeats on a 2-core machine). Besides throughput, each batch records the host's
 CPU seconds per task (busy jiffies of /proc/stat over the batch): what a warm or a cold
 run costs, whatever the concurrency. Writes benchmarks/results/<name>.json and .md.
@@ -398,10 +399,17 @@ def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> N
     one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)  # caches, image layers
     for i, n in enumerate(args.tasks):
         for r in range(args.rounds[min(i, len(args.rounds) - 1)]):
-            for index, config in enumerate(args.configs):
+            # Each round starts one configuration further on: a configuration measured
+            # always right after the same one (the lightest, fixed 1 cold, say) would carry
+            # that place's effect in every round (a machine whose speed depends on how busy
+            # it just was: on 2026-11-26 the first of each round was 5-10 % faster warm
+            # than the same rule with another name second).
+            shift = r % len(args.configs)
+            for config in args.configs[shift:] + args.configs[:shift]:
                 row: dict = {"tasks": n, "config": config, "round": r + 1}
                 report["results"].append(row)
                 # Each configuration's first side alternates from round to round.
+                index = args.configs.index(config)
                 order = ("warm", "cold") if (index + r) % 2 == 0 else ("cold", "warm")
                 for side in order:
                     time.sleep(args.pause)
