@@ -23,9 +23,10 @@ from pathlib import Path
 
 from .backends import get_backend
 from .backends.base import Backend
+from .claim import Claim
 from .hostload import HostLoad
 from .imagecache import ImageCache
-from .pool import MAX_SIZE, Claim, Pool
+from .pool import MAX_SIZE, Pool
 from .runner import PreparedRun, RunObservers, execute
 from .spec import RunResult
 from .store import Store, new_run_id

@@ -37,6 +37,7 @@ from typing import Any
 
 from .backends import get_backend
 from .backends.base import Backend, Sandbox, SandboxSpec
+from .claim import Claim, remove_later, wait_removals
 from .errors import ConfigError
 from .imagecache import ImageCache
 from .labels import owner_label, pool_marker, run_labels
@@ -44,7 +45,6 @@ from .record import EventHandler
 from .runner import (
     PreparedRun,
     RunObservers,
-    WarmSandbox,
     execute,
     observers_of,
     prepare,
@@ -310,7 +310,7 @@ class Pool:
                             slot.claimed_at = time.monotonic()
                             waited = round(time.monotonic() - started, 3)
                             return Claim(idle.run_id, idle.sandbox, waited)
-                        _remove_later(idle.sandbox)
+                        remove_later(idle.sandbox)
                         self._lock.notify_all()  # replace it
                     if slot.making < slot.waiting and not self._queue(slot):
                         break
@@ -380,7 +380,7 @@ class Pool:
             worker.start()
         for thread in workers + self._builders:
             thread.join(timeout=60)
-        _wait_removals()
+        wait_removals()
         if self._marker is not None:
             with contextlib.suppress(OSError):
                 self._marker.unlink()
@@ -417,7 +417,7 @@ class Pool:
         now = time.time()
         for slot in self._slots.values():  # first, replace sandboxes about to expire
             while slot.ready and slot.ready[0].idle_until - now <= EXPIRY_MARGIN:
-                _remove_later(slot.ready.popleft().sandbox)
+                remove_later(slot.ready.popleft().sandbox)
         candidates = [s for s in self._slots.values() if self._can_make(s)]
         if candidates and self.defer is not None and self.defer():  # no stock, then
             candidates = [s for s in candidates if not s.ready]
@@ -447,7 +447,7 @@ class Pool:
                 if idle is not None:  # a moving average of the last few makings' time
                     self._making_seconds += (time.monotonic() - started - self._making_seconds) / 4
                 if idle is not None and self._closed:
-                    _remove_later(idle.sandbox)
+                    remove_later(idle.sandbox)
                 elif idle is not None:
                     slot.ready.append(idle)
                 self._lock.notify_all()
@@ -487,48 +487,5 @@ class Pool:
         return sandbox_spec(prepared, self.image(prepared, backend))
 
 
-@dataclass(frozen=True)
-class Claim(WarmSandbox):
-    """A warm sandbox taken from the pool, for the run `run_id` only (`execute_claimed`, or
-    `runner.execute(..., warm=claim)` then `release`)."""
-
-    _released: threading.Event = field(default_factory=threading.Event, compare=False)
-
-    def release(self) -> None:
-        """Remove the sandbox and its helpers (network, proxy, gateway) in the background,
-        once (idempotent): the run that used it has ended and removed the sandbox itself, and
-        its helpers need not hold up its result. `Pool.close` waits for the removal; if this
-        process dies first, their keepers and `cleanup` see to it."""
-        if not self._released.is_set():
-            self._released.set()
-            _remove_later(self.sandbox)
-
-
 def _supports_pool(backend: Backend) -> bool:
     return backend.capabilities.warm_sandboxes
-
-
-_removals: list[threading.Thread] = []
-_removals_lock = threading.Lock()
-
-
-def _remove_later(sandbox: Sandbox) -> None:
-    """Remove a sandbox without holding up the caller (it holds the pool's lock);
-    `_wait_removals` waits for every such removal."""
-
-    def remove() -> None:
-        with contextlib.suppress(Exception):
-            sandbox.remove()
-
-    thread = threading.Thread(target=remove, name="pool-remove", daemon=True)
-    with _removals_lock:
-        _removals[:] = [t for t in _removals if t.is_alive()]
-        _removals.append(thread)
-    thread.start()
-
-
-def _wait_removals(timeout: float = 60.0) -> None:
-    with _removals_lock:
-        pending = list(_removals)
-    for thread in pending:
-        thread.join(timeout=timeout)
