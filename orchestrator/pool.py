@@ -40,6 +40,7 @@ from .backends.base import Backend, Sandbox, SandboxSpec
 from .claim import Claim, remove_later, wait_removals
 from .errors import ConfigError
 from .imagecache import ImageCache
+from .interrupts import stop_on_interrupt
 from .labels import owner_label, pool_marker, run_labels
 from .record import EventHandler
 from .runner import (
@@ -202,9 +203,9 @@ class Pool:
         Raises OrchestratorError for bad input before anything starts, as `runner.run`."""
         prepared = prepare(spec)
         self.store = self.store or Store()
-        return self.execute(
-            prepared, observers=observers_of(on_event, on_progress, cancel, self.store)
-        )
+        observers = observers_of(on_event, on_progress, cancel, self.store)
+        with stop_on_interrupt(observers.cancel):  # Ctrl-C: as `runner.run`
+            return self.execute(prepared, observers=observers)
 
     def execute(
         self,

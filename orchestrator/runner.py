@@ -35,6 +35,7 @@ from .gateway import (
     sandbox_secrets,
 )
 from .imagecache import ImageCache
+from .interrupts import stop_on_interrupt
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
 from .models import ModelSpec, parse_model
@@ -244,15 +245,15 @@ def run(
     """Run one payload in one fresh sandbox and return its record.
 
     Raises `OrchestratorError` for bad input before anything starts. Once the run exists,
-    every outcome (including Ctrl-C, re-raised after cleanup) is recorded with a status.
+    every outcome is recorded with a status; Ctrl-C (SIGINT, in the main thread) sets
+    `cancel`, so the run stops at a safe point and is recorded `cancelled`, and then raises
+    KeyboardInterrupt (`interrupts.py`).
     """
     prepared = prepare(spec)
     backend = backend or get_backend(prepared.backend, env_file=spec.env_file)
-    return execute(
-        prepared,
-        backend=backend,
-        observers=observers_of(on_event, on_progress, cancel, store),
-    )
+    observers = observers_of(on_event, on_progress, cancel, store)
+    with stop_on_interrupt(observers.cancel):  # Ctrl-C: stops at a safe point, then raised
+        return execute(prepared, backend=backend, observers=observers)
 
 
 def observers_of(

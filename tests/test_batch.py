@@ -438,6 +438,49 @@ def test_signal_stops_cleanly_and_keeps_results(
     assert len(cancelled) == 2
 
 
+#: A program that calls the Python API in its main thread, as a script or a notebook does.
+API_CALLER = """
+import sys
+from pathlib import Path
+from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.spec import RunSpec
+tasks, out, payload = map(Path, sys.argv[1:4])
+run_batch(BatchSpec(tasks=tasks, output=out, run=RunSpec(payload=payload), concurrency=2))
+print("run_batch returned")
+"""
+
+
+@docker
+def test_ctrl_c_in_the_python_api_stops_the_batch_and_raises(
+    tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
+) -> None:
+    """run_batch's promise: Ctrl-C stops the batch, removes every sandbox it started (warm
+    ones too), writes an `interrupted` summary and raises KeyboardInterrupt to the caller: a
+    program that went on as if the batch had ended (a benchmark's next batch) would be
+    wrong. The instant a container is made: tests/test_interrupts.py."""
+    slow = [{"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
+            for i in range(4)]  # fmt: skip
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", slow)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", API_CALLER, str(tasks), str(out), str(MATH)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(task_sandboxes(docker_client, store_label)) == 2, 180)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert "run_batch returned" not in stdout
+    # Python ends a program that a KeyboardInterrupt ended by the same signal (-SIGINT).
+    assert proc.returncode == -signal.SIGINT, stderr
+    assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr
+    assert not our_containers(docker_client, store_label)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["state"] == "interrupted" and summary["pending"] == 4
+
+
 @docker
 def test_bad_input_is_named_and_starts_nothing(
     tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers

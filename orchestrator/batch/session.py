@@ -42,6 +42,7 @@ import tenacity
 from ..backends.base import Backend
 from ..concurrency import Slots
 from ..executor import Attempt, AttemptExecutor, LocalExecutor
+from ..interrupts import stop_on_interrupt
 from ..pool import MIN_BUILDERS
 from ..runner import PreparedRun, RunObservers
 from ..spec import RunResult, StopRequest
@@ -82,15 +83,14 @@ def run_batch(
 
     Bad input raises `OrchestratorError` before anything starts. Setting `cancel` (the CLI
     does on SIGINT/SIGTERM) stops launching, cancels running sandboxes and returns an
-    `interrupted` summary; so does KeyboardInterrupt, which is re-raised after cleanup.
+    `interrupted` summary; Ctrl-C sets `cancel` (`interrupts.py`), then raises
+    KeyboardInterrupt once the summary is written and every sandbox removed.
     An output file that cannot be written (disk full, read-only) stops the batch the same
-    way: a `stopped` summary whose `stop_reason` is `write_error: cannot write PATH: ERROR`
-    (exit code 5; nothing half-written is left, so the same call resumes). Such an error
-    before any task started raises `OutputWriteError` instead.
-    `monitor` is called with a progress snapshot about twice a second from the calling thread.
-    `executor`: where the attempts run (default: this host, `LocalExecutor` with `backend`
-    and `spec.warm`); the batch opens and closes it.
-    """
+    way: a `stopped` summary, `stop_reason` `write_error: cannot write PATH: ERROR` (exit
+    code 5; nothing half-written: the same call resumes); before any task, `OutputWriteError`.
+    `monitor`: called with a progress snapshot twice a second, from the calling thread.
+    `executor`: where the attempts run (default: this host, `LocalExecutor`), opened and
+    closed by the batch."""
     if spec.output is None:
         spec = replace(spec, output=default_output(spec.run.payload, spec.tasks))
     plan = plan_batch(spec)
@@ -100,14 +100,15 @@ def run_batch(
     out = BatchDir(Path(spec.output))
     done = out.done_ids(rerun_failed=spec.rerun_failed)
     ids = {task.id for task in plan.file.tasks}
-    if ids - done and not cap_reached_before(spec, plan):
-        check_payload_loads(plan, executor, store, cancel)
-    with out.locked():
-        session = _BatchRun(
-            spec, plan, out, executor=executor, store=store, cancel=cancel, monitor=monitor,
-            on_message=on_message, on_result=on_result,
-        )  # fmt: skip
-        return session()
+    cancel = cancel or threading.Event()
+    with stop_on_interrupt(cancel):
+        if ids - done and not cap_reached_before(spec, plan):
+            check_payload_loads(plan, executor, store, cancel)
+        with out.locked():
+            return _BatchRun(
+                spec, plan, out, executor=executor, store=store, cancel=cancel,
+                monitor=monitor, on_message=on_message, on_result=on_result,
+            )()  # fmt: skip
 
 
 class _BatchRun:
@@ -172,7 +173,9 @@ class _BatchRun:
         self.slots = Slots(control, on_change=self.pace)
         interrupted: BaseException | None = None
         try:
-            if todo:
+            if self.cancel.is_set():  # before the start (during the payload's check, say)
+                self.halt("interrupted")
+            if todo and not self.stop.is_set():
                 self.message(f"preparing the image for {self.first.manifest.name}")
                 self.executor.open(self.first, attempts=len(todo), concurrency=control.ceiling)
                 self.pace(control.limit)

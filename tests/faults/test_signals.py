@@ -4,6 +4,7 @@ container and no network."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -89,3 +90,68 @@ def test_a_signal_at_any_moment_cancels_cleanly(
     networks = docker_client.api.networks(filters={"label": [store_label]})
     assert not networks, [n["Name"] for n in networks]
     assert "closed run" not in cli("runs", "list").stderr  # nothing was orphaned
+
+
+#: The Python API in a program's main thread, as a script or a notebook calls it.
+API_BATCH = """
+import sys
+from pathlib import Path
+from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.spec import RunSpec
+tasks, out, payload = map(Path, sys.argv[1:4])
+run_batch(BatchSpec(tasks=tasks, output=out, run=RunSpec(payload=payload), concurrency=2))
+"""
+
+
+def interrupt_api_at(delay: float, tasks: str, out: str) -> tuple[float, int, str]:
+    """Run a batch through the Python API, send SIGINT after `delay` s: (delay, exit, stderr)."""
+    payload = str(TEST_PAYLOADS / "batch_math")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", API_BATCH, tasks, out, payload],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    return delay, proc.returncode, err
+
+
+def ended_by_ctrl_c(err: str) -> bool:
+    """Its last words are the KeyboardInterrupt, or nothing (Python was still starting)."""
+    return not err.strip() or err.rstrip().endswith("KeyboardInterrupt")
+
+
+def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
+    agent_image: str, docker_client, store_label: str, tmp_path
+) -> None:
+    """Python's own SIGINT raises KeyboardInterrupt at whatever line runs: once between the
+    engine creating the batch's payload-check container and the run holding on to it, which
+    left that container behind. `run_batch` (as `run` and `Pool.run`) takes Ctrl-C as a stop
+    request at safe points and raises KeyboardInterrupt once all is removed: at every moment
+    of a batch's first seconds (start-up, plan, payload check, pool, tasks) the program ends
+    by KeyboardInterrupt, or finished, and no container is left."""
+    rows = [{"id": f"s{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 2}}
+            for i in range(3)]  # fmt: skip
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    steps = [round(i * 0.15, 2) for i in range(24)]  # 0 to 3.45 s
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        outcomes = list(pool.map(
+            lambda i: interrupt_api_at(steps[i], str(tasks), str(tmp_path / f"out{i}")),
+            range(len(steps)),
+        ))  # fmt: skip
+    # A program that a KeyboardInterrupt ended is ended by SIGINT again (-2), as is one still
+    # starting Python (nothing made yet); 0: it finished first.
+    problems = [
+        (delay, code, err.strip().splitlines()[-3:])
+        for delay, code, err in outcomes
+        if code != 0 and not (code == -signal.SIGINT and ended_by_ctrl_c(err))
+    ]
+    assert not problems, problems
+    left = our_containers(docker_client, store_label)
+    for container in left:  # removed so that one failure does not cascade
+        docker_client.api.remove_container(container["Id"], force=True)
+    assert not left, [c["Names"] for c in left]
