@@ -4,7 +4,6 @@ container and no network."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 from orchestrator.store import Store
 
 from ..conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
+from ..test_batch import API_CALLER, MATH, write_jsonl
 
 pytestmark = pytest.mark.docker
 
@@ -92,22 +92,11 @@ def test_a_signal_at_any_moment_cancels_cleanly(
     assert "closed run" not in cli("runs", "list").stderr  # nothing was orphaned
 
 
-#: The Python API in a program's main thread, as a script or a notebook calls it.
-API_BATCH = """
-import sys
-from pathlib import Path
-from orchestrator.batch import BatchSpec, run_batch
-from orchestrator.spec import RunSpec
-tasks, out, payload = map(Path, sys.argv[1:4])
-run_batch(BatchSpec(tasks=tasks, output=out, run=RunSpec(payload=payload), concurrency=2))
-"""
-
-
 def interrupt_api_at(delay: float, tasks: str, out: str) -> tuple[float, int, str]:
     """Run a batch through the Python API, send SIGINT after `delay` s: (delay, exit, stderr)."""
-    payload = str(TEST_PAYLOADS / "batch_math")
+    payload = str(MATH)
     proc = subprocess.Popen(
-        [sys.executable, "-c", API_BATCH, tasks, out, payload],
+        [sys.executable, "-c", API_CALLER, tasks, out, payload],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     time.sleep(delay)
@@ -135,8 +124,7 @@ def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
     by KeyboardInterrupt, or finished, and no container is left."""
     rows = [{"id": f"s{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 2}}
             for i in range(3)]  # fmt: skip
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
     steps = [round(i * 0.15, 2) for i in range(24)]  # 0 to 3.45 s
     with ThreadPoolExecutor(max_workers=3) as pool:
         outcomes = list(pool.map(
