@@ -9,16 +9,20 @@ recorded before each one, and for adaptive runs the limit's range and changes. R
 written after every measurement (a run cut short keeps what it measured).
 
     python benchmarks/saturation.py [--tasks 64 300] [--configs auto 32 fixed4 fixed8 ...]
-                                    [--rounds 3 2] [--runtime auto|runc|runsc] [--name saturation]
+                                    [--rounds 4 2] [--runtime auto|runc|runsc] [--name saturation]
 
 `fixed32` is exactly 32 at once (`--fixed-concurrency`), `32` is a requested 32 (a
 ceiling), `auto` is the default. Rounds go round-major (every configuration once, then
-again), so that a machine whose speed drifts over the run touches every configuration
-alike, and each round starts one configuration further on (none always follows the
-same one); the verdicts compare medians over the rounds (one 64-task batch varies by 4-7 %
-between repeats on a 2-core machine). Besides throughput, each batch records the host's
-CPU seconds per task (busy jiffies of /proc/stat over the batch): what a warm or a cold
-run costs, whatever the concurrency. Writes benchmarks/results/<name>.json and .md.
+again) and come in mirrored pairs: the second round of a pair runs the first one's batches
+in exactly the reverse order (configurations and sides), so every configuration's two
+batches lie as far before as after the pair's middle, and a machine whose speed drifts
+steadily over the pair (on 2026-11-26 the same task cost this machine's host 0.95-1.27 s of
+CPU from batch to batch) slows or speeds every configuration alike. Each pair starts one
+configuration further on (none always follows the same one). The verdicts compare rates
+pooled over the rounds (all tasks over all wall time), and per pair, so the pairs show how
+far a comparison moves from pair to pair. Besides throughput, each batch records the host's
+CPU seconds per task (busy jiffies of /proc/stat over the batch) and the share of the CPU
+the hypervisor took (steal). Writes benchmarks/results/<name>.json and .md.
 """
 
 from __future__ import annotations
@@ -147,6 +151,16 @@ def engine_cpu_seconds() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def steal_jiffies() -> int:
+    """All cores' steal time so far (/proc/stat's 8th column): CPU the hypervisor gave to
+    other machines while this one had work."""
+    for line in PROC_STAT.read_text().splitlines():
+        if line.startswith("cpu "):
+            values = line.split()[1:]
+            return int(values[7]) if len(values) > 7 else 0
+    return 0
+
+
 def own_cpu_seconds() -> float:
     """The CPU seconds of this process (the batch runs in it: scheduler, pool, builders)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -188,11 +202,13 @@ def one_batch(
     )  # fmt: skip
     memory = MemoryWatch(backend.client)
     busy_before, total_before = cpu_times(PROC_STAT.read_text())
+    steal_before = steal_jiffies()
     own_before, engine_before = own_cpu_seconds(), engine_cpu_seconds()
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     wall = time.monotonic() - started
     busy, total = cpu_times(PROC_STAT.read_text())
+    steal = steal_jiffies() - steal_before
     own, engine = own_cpu_seconds() - own_before, engine_cpu_seconds() - engine_before
     ticks_per_second = os.sysconf("SC_CLK_TCK")
     pace = summary.concurrency
@@ -201,6 +217,8 @@ def one_batch(
         "tasks_per_minute": round(n / wall * 60, 1),
         "cpu_seconds_per_task": round((busy - busy_before) / ticks_per_second / n, 3),
         "cpu_busy_share": round((busy - busy_before) / max(1, total - total_before), 3),
+        # Of the host's time, the share the hypervisor gave to other machines (counted busy).
+        "steal_share": round(steal / max(1, total - total_before), 3),
         # Of that: this process's (the orchestrator) and the engine's daemons'; the rest is
         # the sandboxes' (with their shims and runtimes) and whatever else the host ran.
         "orchestrator_cpu_per_task": round(own / n, 3),
@@ -215,26 +233,54 @@ def one_batch(
     }
 
 
-def medians(report: dict) -> dict[tuple[int, str], dict[str, float]]:
-    """Per (tasks, config): the medians over the rounds of each side's tasks/min and CPU
-    seconds per task, and how many rounds had both sides."""
+def pooled(rows: list[dict]) -> dict[tuple[int, str], dict[str, float]]:
+    """Per (tasks, config), over `rows` with both sides: each side's rate pooled (all its tasks
+    over all its wall time), its median CPU seconds per task (and the orchestrator's and the
+    engine daemons' parts), and how many rounds."""
     found: dict[tuple[int, str], dict[str, list[float]]] = {}
-    for row in report["results"]:
+    for row in rows:
         w, c = row.get("warm"), row.get("cold")
         if not (w and c):
             continue
         seen = found.setdefault((row["tasks"], row["config"]), {})
+        seen.setdefault("tasks", []).append(row["tasks"])
         for name, side in (("warm", w), ("cold", c)):
-            seen.setdefault(name, []).append(side["tasks_per_minute"])
+            seen.setdefault(f"{name}_wall", []).append(side["wall_seconds"])
             seen.setdefault(f"{name}_cpu", []).append(side.get("cpu_seconds_per_task", 0.0))
             for part in ("orchestrator", "engine"):
                 got = side.get(f"{part}_cpu_per_task")
                 if got is not None:  # results from before the split have none
                     seen.setdefault(f"{name}_{part}", []).append(got)
-    return {
-        key: {**{k: statistics.median(v) for k, v in seen.items()}, "rounds": len(seen["warm"])}
-        for key, seen in found.items()
-    }
+    table: dict[tuple[int, str], dict[str, float]] = {}
+    for key, seen in found.items():
+        m: dict[str, float] = {"rounds": len(seen["tasks"])}
+        for name in ("warm", "cold"):
+            m[name] = 60 * sum(seen["tasks"]) / sum(seen[f"{name}_wall"])
+        for k, v in seen.items():
+            if k.endswith(("_cpu", "_orchestrator", "_engine")):
+                m[k] = statistics.median(v)
+        table[key] = m
+    return table
+
+
+def pairs(report: dict) -> dict[int, list[list[dict]]]:
+    """Per task count: its rounds' rows, grouped by mirrored pair (in order)."""
+    found: dict[int, dict[int, list[dict]]] = {}
+    for row in report["results"]:
+        pair = row.get("pair", (row["round"] + 1) // 2)
+        found.setdefault(row["tasks"], {}).setdefault(pair, []).append(row)
+    return {n: [rows for _, rows in sorted(by.items())] for n, by in found.items()}
+
+
+def best_fixed(table: dict[tuple[int, str], dict[str, float]], n: int) -> tuple[float, str]:
+    """The best fixed concurrency for `n` tasks: (tasks/min, which: its label and side)."""
+    best = (0.0, "")
+    for (size, config), m in table.items():
+        if size == n and config.startswith("fixed"):
+            for side in ("warm", "cold"):
+                if m[side] > best[0]:
+                    best = (m[side], f"{label(config)}, {side}")
+    return best
 
 
 def spread(report: dict) -> dict[int, list[float]]:
@@ -253,51 +299,72 @@ def spread(report: dict) -> dict[int, list[float]]:
     return found
 
 
+def span(values: list[float]) -> str:
+    """`0.97` for one value, `0.95-1.02` for several (lowest-highest)."""
+    if not values:
+        return "-"
+    low, high = min(values), max(values)
+    return f"{low:.2f}" if len(values) == 1 else f"{low:.2f}-{high:.2f}"
+
+
 def verdicts(report: dict) -> list[str]:
-    """The issue's three comparisons, on medians: warm against cold in each row; auto and a
-    requested 32 against the best fixed concurrency (the better side of its best row)."""
-    table = medians(report)
+    """The issue's three comparisons, pooled over every round and per mirrored pair: warm
+    against cold in each row; auto and a requested 32 against the best fixed concurrency (the
+    better side of its best row)."""
+    table = pooled(report["results"])
+    by_pair = {n: [pooled(rows) for rows in groups] for n, groups in pairs(report).items()}
     lines = [
         "| tasks | concurrency | rounds | warm tasks/min | cold tasks/min | warm / cold "
-        "| CPU s per task, warm / cold | of which orchestrator; engine daemons |",
-        "|---|---|---|---|---|---|---|---|",
+        "| warm / cold, each pair | CPU s per task, warm / cold "
+        "| of which orchestrator; engine daemons |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (n, config), m in table.items():
         split = "; ".join(
             f"{m[f'warm_{part}']:.3f} / {m[f'cold_{part}']:.3f}"
             for part in ("orchestrator", "engine") if f"warm_{part}" in m and f"cold_{part}" in m
         ) or "-"  # fmt: skip
+        each = [t[(n, config)] for t in by_pair.get(n, []) if (n, config) in t]
         lines.append(
-            f"| {n} | {label(config)} | {m['rounds']} | {m['warm']:.1f} | {m['cold']:.1f} "
-            f"| {m['warm'] / m['cold']:.2f} | {m['warm_cpu']:.3f} / {m['cold_cpu']:.3f} "
-            f"| {split} |"
+            f"| {n} | {label(config)} | {m['rounds']:.0f} | {m['warm']:.1f} | {m['cold']:.1f} "
+            f"| {m['warm'] / m['cold']:.2f} | {span([e['warm'] / e['cold'] for e in each])} "
+            f"| {m['warm_cpu']:.3f} / {m['cold_cpu']:.3f} | {split} |"
         )
     spreads = spread(report)
     if spreads:
         lines += [
             "",
-            "Run-to-run spread (a configuration's rounds, one side: (max - min) / median), "
-            "what a difference must exceed to be more than noise: "
+            "Run-to-run spread (a configuration's rounds, one side: (max - min) / median): "
             + "; ".join(
                 f"{n} tasks median {statistics.median(s):.1%}, at most {max(s):.1%}"
                 for n, s in sorted(spreads.items())
             ),
         ]
-    best: dict[int, tuple[float, str]] = {}
-    for (n, config), m in table.items():
-        if config.startswith("fixed"):
-            rate, side = max((m["warm"], "warm"), (m["cold"], "cold"))
-            if rate > best.get(n, (0.0, ""))[0]:
-                best[n] = (rate, f"{label(config)}, {side}")
-    if best:
-        lines += ["", "Adaptive against the best fixed concurrency of the same size (medians):", ""]
-        for (n, config), m in table.items():
-            if config.startswith("fixed") or n not in best:
+    sizes = sorted({n for n, _ in table})
+    if any(best_fixed(table, n)[0] for n in sizes):
+        lines += [
+            "",
+            "Adaptive against the best fixed concurrency of the same size (pooled; then the same "
+            "ratio within each mirrored pair, against that pair's best fixed):",
+            "",
+        ]
+    for n in sizes:
+        rate, which = best_fixed(table, n)
+        if not rate:
+            continue
+        for (size, config), m in table.items():
+            if size != n or config.startswith("fixed"):
                 continue
-            rate, which = best[n]
+            per_pair: dict[str, list[float]] = {"warm": [], "cold": []}
+            for t in by_pair.get(n, []):
+                pair_best = best_fixed(t, n)[0]
+                if (n, config) in t and pair_best:
+                    for side in per_pair:
+                        per_pair[side].append(t[(n, config)][side] / pair_best)
             lines.append(
-                f"- {n} tasks, {label(config)}: warm {m['warm'] / rate:.2f}, cold "
-                f"{m['cold'] / rate:.2f} of {rate:.1f} tasks/min ({which})"
+                f"- {n} tasks, {label(config)}: warm {m['warm'] / rate:.2f} "
+                f"(pairs {span(per_pair['warm'])}), cold {m['cold'] / rate:.2f} "
+                f"(pairs {span(per_pair['cold'])}) of {rate:.1f} tasks/min ({which})"
             )
     return lines
 
@@ -317,23 +384,26 @@ def write(report: dict) -> None:
         f"{report.get('runtime', 'auto')}; commit {report['commit']}; started {report['date']}. "
         "Warm = the default pool; cold = `--no-warm`. Each configuration ran warm and cold "
         "back to back (the first side alternating), with a pause between; rounds went "
-        "round-major. CPU s per task: the host's busy CPU seconds over the batch per task; "
+        "round-major in mirrored pairs (the second round of a pair ran the first's batches "
+        "backwards). Rates are pooled: all tasks over all wall time. CPU s per task: the "
+        "host's busy CPU seconds over the batch per task; "
         "of which the orchestrator's own process and the engine's daemons (dockerd, "
         "containerd); the rest is the sandboxes' (shims and runtimes included).",
         "",
-        "## Medians over the rounds",
+        "## Pooled over the rounds",
         "",
         *verdicts(report),
         "",
         "## Every batch",
         "",
         "`load` is the 1-minute load average before each (warm/cold); memory is the resident "
-        "memory of the batch's containers, peak and mean (idle sandboxes included).",
+        "memory of the batch's containers, peak and mean (idle sandboxes included); steal is "
+        "the share of the host's CPU time the hypervisor gave to other machines.",
         "",
         "| tasks | concurrency | round | warm tasks/min | cold tasks/min | warm / cold "
         "| at once (warm; cold) | containers' memory MB, peak (mean): warm / cold "
-        "| load before |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| load before | steal, warm / cold |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["results"]:
         w, c = row.get("warm"), row.get("cold")
@@ -349,7 +419,8 @@ def write(report: dict) -> None:
             f"| {w['tasks_per_minute']:.1f} | {c['tasks_per_minute']:.1f} "
             f"| {w['tasks_per_minute'] / c['tasks_per_minute']:.2f} "
             f"| {at_once} | {mem(w)} / {mem(c)} "
-            f"| {w['before']['load_1m']} / {c['before']['load_1m']} |"
+            f"| {w['before']['load_1m']} / {c['before']['load_1m']} "
+            f"| {w.get('steal_share', '-')} / {c.get('steal_share', '-')} |"
         )
     lines += ["", f"Uptime before and after: {report.get('uptime_before')} / "
               f"{report.get('uptime_after', 'not finished')}"]  # fmt: skip
@@ -391,49 +462,59 @@ def teardown(workdir: Path, client) -> None:  # noqa: ANN001 - a docker client
 
 
 def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:  # noqa: ANN001
-    """Every configuration's batches, warm and cold, round-major; the report written after
-    each."""
+    """Every configuration's batches, warm and cold, round-major in mirrored pairs
+    (`round_steps`); the report written after each batch."""
     client = backend.client
     (workdir / "warmup").mkdir()
     runtime = None if args.runtime == "auto" else args.runtime
     one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)  # caches, image layers
     for i, n in enumerate(args.tasks):
         for r in range(args.rounds[min(i, len(args.rounds) - 1)]):
-            # Each round starts one configuration further on: a configuration measured
-            # always right after the same one (the lightest, fixed 1 cold, say) would carry
-            # that place's effect in every round (a machine whose speed depends on how busy
-            # it just was: on 2026-11-26 the first of each round was 5-10 % faster warm
-            # than the same rule with another name second).
-            shift = r % len(args.configs)
-            for config in args.configs[shift:] + args.configs[:shift]:
-                row: dict = {"tasks": n, "config": config, "round": r + 1}
-                report["results"].append(row)
-                # Each configuration's first side alternates from round to round.
-                index = args.configs.index(config)
-                order = ("warm", "cold") if (index + r) % 2 == 0 else ("cold", "warm")
-                for side in order:
-                    time.sleep(args.pause)
-                    out = workdir / f"{n}-{config}-{r}-{side}"
-                    out.mkdir()
-                    before = {
-                        "load_1m": round(os.getloadavg()[0], 2),
-                        "containers": running(client),
-                        "uptime": uptime(),
-                    }
-                    row[side] = one_batch(n, config, side == "warm", out, backend, runtime)
-                    row[side]["before"] = before
-                    write(report)
-                w, c = row["warm"], row["cold"]
-                print(
-                    f"{n} tasks, {label(config)}, round {r + 1}: warm "
-                    f"{w['tasks_per_minute']}/min "
-                    f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
-                    f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
-                    f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
-                    f"mem {mem(c)} MB); load "
-                    f"{w['before']['load_1m']}/{c['before']['load_1m']}",
-                    flush=True,
-                )
+            rows: dict[str, dict] = {}
+            for config, side in round_steps(args.configs, r):
+                if config not in rows:
+                    rows[config] = {"tasks": n, "config": config, "round": r + 1,
+                                    "pair": r // 2 + 1}  # fmt: skip
+                    report["results"].append(rows[config])
+                row = rows[config]
+                time.sleep(args.pause)
+                out = workdir / f"{n}-{config}-{r}-{side}"
+                out.mkdir()
+                before = {
+                    "load_1m": round(os.getloadavg()[0], 2),
+                    "containers": running(client),
+                    "uptime": uptime(),
+                }
+                row[side] = one_batch(n, config, side == "warm", out, backend, runtime)
+                row[side]["before"] = before
+                write(report)
+                if "warm" in row and "cold" in row:
+                    w, c = row["warm"], row["cold"]
+                    print(
+                        f"{n} tasks, {label(config)}, round {r + 1}: warm "
+                        f"{w['tasks_per_minute']}/min "
+                        f"(at once {w['concurrency']['lowest']}-{w['concurrency']['highest']}, "
+                        f"mem {mem(w)} MB), cold {c['tasks_per_minute']}/min "
+                        f"(at once {c['concurrency']['lowest']}-{c['concurrency']['highest']}, "
+                        f"mem {mem(c)} MB); load "
+                        f"{w['before']['load_1m']}/{c['before']['load_1m']}",
+                        flush=True,
+                    )
+
+
+def round_steps(configs: list[str], r: int) -> list[tuple[str, str]]:
+    """Round `r`'s batches, (config, side), in order. Round 2k runs the configurations from
+    the k-th on (none always right after the same one: a machine whose speed depends on how
+    busy it just was would give that place's effect to one configuration in every round),
+    each warm and cold back to back, the first side alternating; round 2k+1 runs exactly
+    those batches backwards, so over the pair every batch's mean time is the pair's middle."""
+    shift = (r // 2) % len(configs)
+    steps: list[tuple[str, str]] = []
+    for config in configs[shift:] + configs[:shift]:
+        index = configs.index(config)
+        sides = ("warm", "cold") if (index + r // 2) % 2 == 0 else ("cold", "warm")
+        steps += [(config, side) for side in sides]
+    return steps if r % 2 == 0 else steps[::-1]
 
 
 def main() -> None:
@@ -443,8 +524,9 @@ def main() -> None:
         "--configs", nargs="+", default=["auto", "32", "fixed4", "fixed8", "fixed32", "fixed1"]
     )
     parser.add_argument(
-        "--rounds", type=int, nargs="+", default=[3],
-        help="rounds for each --tasks size, in order (the last one for the rest)",
+        "--rounds", type=int, nargs="+", default=[4, 2],
+        help="rounds for each --tasks size, in order (the last one for the rest); even "
+        "numbers, so that every round has its mirror",
     )  # fmt: skip
     parser.add_argument("--pause", type=float, default=5.0, help="seconds between batches")
     parser.add_argument(
