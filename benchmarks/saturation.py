@@ -151,10 +151,10 @@ def engine_cpu_seconds() -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def steal_jiffies() -> int:
-    """All cores' steal time so far (/proc/stat's 8th column): CPU the hypervisor gave to
-    other machines while this one had work."""
-    for line in PROC_STAT.read_text().splitlines():
+def steal_jiffies(text: str) -> int:
+    """All cores' steal time so far, from /proc/stat's `text` (its 8th column): CPU the
+    hypervisor gave to other machines while this one had work."""
+    for line in text.splitlines():
         if line.startswith("cpu "):
             values = line.split()[1:]
             return int(values[7]) if len(values) > 7 else 0
@@ -201,14 +201,14 @@ def one_batch(
         concurrency=concurrency, adapt=adapt, warm=None if warm else 0,
     )  # fmt: skip
     memory = MemoryWatch(backend.client)
-    busy_before, total_before = cpu_times(PROC_STAT.read_text())
-    steal_before = steal_jiffies()
+    stat = PROC_STAT.read_text()
+    (busy_before, total_before), steal_before = cpu_times(stat), steal_jiffies(stat)
     own_before, engine_before = own_cpu_seconds(), engine_cpu_seconds()
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     wall = time.monotonic() - started
-    busy, total = cpu_times(PROC_STAT.read_text())
-    steal = steal_jiffies() - steal_before
+    stat = PROC_STAT.read_text()
+    (busy, total), steal = cpu_times(stat), steal_jiffies(stat) - steal_before
     own, engine = own_cpu_seconds() - own_before, engine_cpu_seconds() - engine_before
     ticks_per_second = os.sysconf("SC_CLK_TCK")
     pace = summary.concurrency
