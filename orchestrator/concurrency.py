@@ -16,10 +16,16 @@ nor a host that other work shares, so the number is measured, not guessed.
 
 The rule (a hill climb on throughput, the CPU as its fast path; AIMD-like):
 
-- **Start** from what the host has: min(ceiling, 2 x cores, 75 % of available memory / each
-  run's memory limit). Two per core, not one: a run is not all CPU (the engine's calls, the
-  container's start and end), and two per core overlap those waits (on 2 cores, 64 mock
-  tasks ran at about 123 tasks/min at 4 at once, 110 at 8, 100 at 32).
+- **Start** from what the host has: min(ceiling, per_core x cores, 75 % of available memory /
+  each run's memory limit). Two per core for runs that start their own sandboxes: such a
+  run is not all CPU (the engine's calls, the container's start and end), and two per core
+  overlap those waits (on 2 cores, 64 mock tasks ran at about 123 tasks/min at 4 at once,
+  110 at 8, 100 at 32). A warm batch whose sandboxes a pool makes on this host needs fewer:
+  the pool's builders overlap the starts beside the runs, and a warm run is mostly CPU, so
+  its executor says how many per core (`AttemptExecutor.runs_per_core`: the backend's
+  `starts_per_core`, one under runc, two under gVisor, where a run also waits on its gofer).
+  On 2 cores under runc, 64 warm mock tasks (four rotated rounds) ran at 72.9 tasks/min at
+  a fixed 2, 69.6 at a fixed 4, and 66.8 at auto starting from 4 (70.0 starting from 2).
 - **Windows.** The controller decides once per window: at least MIN_WINDOW seconds and
   MIN_DONE completions, and as many as the limit (each slot turned over once: throughput
   cannot be measured faster than a run lasts), or MAX_WINDOW seconds. Over a window it
@@ -38,7 +44,7 @@ The rule (a hill climb on throughput, the CPU as its fast path; AIMD-like):
   near where the CPU is just full; on one shared with other work, as high as still pays.
   Steps down are judged against the throughput before the first of them since a step up was
   last kept, so that losses each within TOLERANCE cannot add up (nor come back after HOLD).
-  Never below the start's two runs per core on a probe (memory alone takes it lower): a
+  Never below the start's runs per core on a probe (memory alone takes it lower): a
   window of a few runs cannot see what the overlap is worth, yet it is worth more than the
   noise (under gVisor, where a run's start also waits on gVisor's gofer and the engine, auto
   stepping down to one run per core ran 64 mock tasks 3-7 % slower than a fixed 4 did).
@@ -68,7 +74,8 @@ MIN_DONE = 4
 MAX_WINDOW = 30.0
 #: Below this busy share, with every slot in use, the runs wait on something else: add one.
 CPU_LOW = 0.8
-#: Runs at once to start with, per core (then at most the ceiling and what memory allows).
+#: Runs at once to start with, per core (then at most the ceiling and what memory allows),
+#: unless the caller says otherwise (a warm batch's executor).
 START_PER_CORE = 2
 #: A change whose window's throughput is this much worse (a probe up: not this much better)
 #: than before is undone...
@@ -100,8 +107,9 @@ class AdaptiveLimit:
     """How many runs at once (`limit`), adapted by the rule of the module docstring.
 
     `ceiling`: the most ever (None: AUTO_CEILING); `memory_mb`: each run's memory limit (None:
-    unknown); `adapt`: False keeps the limit at the ceiling. `probe` and `clock` (monotonic
-    seconds) are injected in tests. Thread-safe.
+    unknown); `per_core`: runs per core to start with and the least a probe goes to (None:
+    START_PER_CORE); `adapt`: False keeps the limit at the ceiling. `probe` and `clock`
+    (monotonic seconds) are injected in tests. Thread-safe.
     """
 
     def __init__(
@@ -109,6 +117,7 @@ class AdaptiveLimit:
         ceiling: int | None = None,
         *,
         memory_mb: int | None = None,
+        per_core: int | None = None,
         adapt: bool = True,
         probe: Probe | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -117,6 +126,7 @@ class AdaptiveLimit:
         self.ceiling = max(1, ceiling if ceiling is not None else AUTO_CEILING)
         self.adapt = adapt
         self.memory_mb = memory_mb
+        self.per_core = max(1, per_core if per_core is not None else START_PER_CORE)
         self.probe: Probe = probe or HostLoad()
         self.clock = clock
         self._lock = threading.Lock()
@@ -186,7 +196,7 @@ class AdaptiveLimit:
     # -- the rule -----------------------------------------------------------------------------
 
     def _start(self, sample: HostSample) -> int:
-        start = START_PER_CORE * sample.cores
+        start = self.per_core * sample.cores
         return max(1, min(self.ceiling, start, self._memory_fit(sample)))
 
     def _start_reason(self, sample: HostSample) -> str:
@@ -194,7 +204,7 @@ class AdaptiveLimit:
             return "fixed"
         if self.limit == self.ceiling:
             return "ceiling"
-        if self.limit == self._memory_fit(sample) and self.limit < START_PER_CORE * sample.cores:
+        if self.limit == self._memory_fit(sample) and self.limit < self.per_core * sample.cores:
             return "memory"
         return "cores"
 
@@ -232,7 +242,7 @@ class AdaptiveLimit:
                 self._try(now, sample, rate, more, "up", "probe: more")
         else:
             self._probe = "up"
-            fewer = max(START_PER_CORE * self.cores, min(self.limit - 1, self.limit * 3 // 4))
+            fewer = max(self.per_core * self.cores, min(self.limit - 1, self.limit * 3 // 4))
             if now >= self._hold["down"] and fewer < self.limit:
                 self._try(now, sample, rate, fewer, "down", "probe: fewer")
         self._reset(now)

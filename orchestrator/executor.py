@@ -27,7 +27,7 @@ from .claim import Claim
 from .hostload import HostLoad
 from .imagecache import ImageCache
 from .pool import MAX_SIZE, Pool
-from .runner import PreparedRun, RunObservers, execute
+from .runner import PreparedRun, RunObservers, execute, sandbox_spec
 from .spec import RunResult
 from .store import Store, new_run_id
 
@@ -60,6 +60,12 @@ class AttemptExecutor(ABC):
 
     def max_concurrency(self, template: PreparedRun) -> int | None:
         """The most attempts like `template` it can run at once (None: no limit of its own)."""
+        return None
+
+    def runs_per_core(self, template: PreparedRun) -> int | None:
+        """Attempts like `template` at once per core that keep this host's CPU full, for an
+        adaptive limit to start from (None: the limit's own default, for runs that start
+        their sandboxes themselves)."""
         return None
 
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:  # noqa: B027
@@ -153,6 +159,17 @@ class LocalExecutor(AttemptExecutor):
     def max_concurrency(self, template: PreparedRun) -> int | None:
         cap = self.backend_for(template).max_concurrency
         return cap if isinstance(cap, int) and cap > 0 else None
+
+    def runs_per_core(self, template: PreparedRun) -> int | None:
+        """The backend's `starts_per_core` when this executor keeps sandboxes warm on this
+        host: its pool's builders then overlap the starts beside the runs, and a warm run is
+        mostly CPU (as much as the backend says its sandboxes also wait)."""
+        backend = self.backend_for(template)
+        warm = self.pool is not None or self.pool_size != 0
+        if not warm or backend.capabilities.sandboxes_run != "this_host":
+            return None
+        # The image is not chosen yet: what a start costs does not depend on it.
+        return backend.starts_per_core(sandbox_spec(template, image=""))
 
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
         backend = self.backend_for(template)

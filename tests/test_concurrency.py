@@ -24,7 +24,7 @@ from orchestrator.concurrency import (
 )
 from orchestrator.errors import ConfigError
 from orchestrator.executor import Attempt, AttemptExecutor
-from orchestrator.hostload import HostSample, cpu_times, memory_mb, procs_running
+from orchestrator.hostload import HostLoad, HostSample, cpu_times, memory_mb, procs_running
 from orchestrator.runner import PreparedRun, RunObservers
 from orchestrator.schedules import Scheduler, ScheduleStore, load_schedules
 from orchestrator.spec import RunResult, RunSpec
@@ -159,6 +159,29 @@ def test_a_host_saturated_by_the_runs_themselves_settles_at_two_runs_per_core() 
     limit = AdaptiveLimit(32, probe=host, clock=clock)
     seen = climb(limit, clock, 60, rate=lambda n: min(n, 8) / 4)
     assert max(seen) >= 8 and seen[-1] >= 4 and min(seen) >= 4, seen
+
+
+def test_a_warm_batch_starts_and_settles_at_its_executors_runs_per_core() -> None:
+    """Warm sandboxes made beside the runs (`per_core=1`, runc's): one run per core to
+    start with, and a probe down goes no lower; more is probed and undone as from two."""
+    clock, host = FakeClock(), FakeHost(cores=2)
+    host.cpu = 1.0
+    limit = AdaptiveLimit(32, per_core=1, probe=host, clock=clock)
+    assert limit.limit == 2 and limit.changes[0].reason == "cores"
+    seen = climb(limit, clock, 30, rate=lambda n: 2.0)
+    assert max(seen) == 3 and min(seen) == 2 and seen[-1] == 2, seen
+    # from 8 (a climb that paid, then stopped paying) down in quarters to 2, no lower
+    clock, host = FakeClock(), FakeHost(cores=2)
+    host.cpu = 1.0
+    limit = AdaptiveLimit(32, per_core=1, probe=host, clock=clock)
+    seen = climb(limit, clock, 40, rate=lambda n: min(n, 8) / 4)
+    assert max(seen) >= 8, seen
+    seen = climb(limit, clock, 100, rate=lambda n: 2.0)  # then more stopped paying
+    assert min(seen) == 2 and seen[-1] <= 3, seen
+    # memory still takes it lower, and the default stays two per core
+    small = AdaptiveLimit(per_core=1, memory_mb=1000, probe=FakeHost(8, available_mb=4000))
+    assert small.limit == 3 and small.changes[0].reason == "memory"
+    assert AdaptiveLimit(per_core=None, probe=FakeHost(cores=2), clock=clock).limit == 4
 
 
 def test_small_losses_in_a_row_cannot_add_up() -> None:
@@ -373,6 +396,30 @@ def test_auto_runs_no_more_than_its_limit_and_says_how_it_moved(tmp_path: Path) 
     assert runs.warm[0] == pace["changes"][0]["limit"] <= 8  # ...and warms for the limit
     assert 1 <= runs.most <= pace["highest"] <= 8
     assert [c["limit"] for c in pace["changes"]][-1] == pace["limit"]
+
+
+class WarmCounting(Counting):
+    """As `Counting`, for an executor whose warm sandboxes want `per_core` runs per core."""
+
+    def __init__(self, per_core: int) -> None:
+        super().__init__()
+        self.per_core = per_core
+
+    def runs_per_core(self, template: PreparedRun) -> int | None:
+        return self.per_core
+
+
+def test_auto_starts_from_the_executors_runs_per_core(tmp_path: Path) -> None:
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(6))
+    cores = HostLoad().sample().cores
+    for per_core in (1, 2):
+        runs = WarmCounting(per_core)
+        spec = BatchSpec(tasks=tasks, output=tmp_path / f"out{per_core}",
+                         run=RunSpec(payload=MATH))  # fmt: skip
+        summary = run_batch(spec, executor=runs)
+        first = summary.concurrency["changes"][0]
+        assert summary.counts["succeeded"] == 6
+        assert first == {"at": 0.0, "limit": min(6, per_core * cores), "reason": "cores"}, first
 
 
 def test_fixed_concurrency_needs_a_number(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from orchestrator import pool as pool_module
 from orchestrator.backends.base import Sandbox, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.executor import LocalExecutor
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from orchestrator.pool import MAX_SIZE, MIN_BUILDERS
 from orchestrator.runner import prepare, sandbox_spec
@@ -209,6 +210,21 @@ def test_docker_asks_for_two_starts_per_core_under_gvisor_only(
     prepared = prepare(RunSpec(payload=MATH))
     spec = sandbox_spec(prepared, "any-image")
     assert backend.starts_per_core(spec) == (2 if sandbox_runtime == "runsc" else 1)
+
+
+@pytest.mark.gvisor
+def test_a_warm_batch_on_docker_starts_auto_from_the_backends_starts_per_core(
+    docker_client, sandbox_runtime: str
+) -> None:
+    """`--concurrency auto`'s runs per core to start from (`AdaptiveLimit.per_core`): the
+    backend's starts per core while the batch's executor keeps sandboxes warm on this host
+    (the pool's builders overlap the starts), the controller's default (None) without."""
+    backend = DockerBackend(docker_client)
+    prepared = prepare(RunSpec(payload=MATH))
+    expected = 2 if sandbox_runtime == "runsc" else 1
+    assert LocalExecutor(backend).runs_per_core(prepared) == expected
+    assert LocalExecutor(backend, warm=3).runs_per_core(prepared) == expected
+    assert LocalExecutor(backend, warm=0).runs_per_core(prepared) is None
 
 
 def test_at_a_batchs_start_runs_go_cold_only_up_to_what_fills_the_cpu(

@@ -25,8 +25,8 @@ def batch_limit(
     message: Callable[[str], None],
 ) -> AdaptiveLimit:
     """The limit of a session with `todo` tasks to run: the spec's ceiling (None: auto),
-    lowered to the executor's cap and to `todo`; each run's memory limit is the largest of
-    `prepared`'s."""
+    lowered to the executor's cap and to `todo`, starting from the executor's runs per core
+    (fewer for warm sandboxes); each run's memory limit is the largest of `prepared`'s."""
     requested = spec.concurrency
     cap = executor.max_concurrency(prepared[0]) if prepared else None
     if cap is not None and cap < (requested or AUTO_CEILING):
@@ -34,8 +34,9 @@ def batch_limit(
             message(f"concurrency {requested} lowered to {cap}, the backend's limit")
         requested = cap
     memory = max((p.limits.memory_mb for p in prepared), default=None)
+    per_core = executor.runs_per_core(prepared[0]) if prepared else None
     ceiling = min(requested or AUTO_CEILING, max(1, todo))
-    limit = AdaptiveLimit(ceiling, memory_mb=memory, adapt=spec.adapt)
+    limit = AdaptiveLimit(ceiling, memory_mb=memory, per_core=per_core, adapt=spec.adapt)
     limit.requested = spec.concurrency  # what the user asked for (None: auto), for the summary
     return limit
 

@@ -71,7 +71,8 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument(
         "--concurrency", "-j", type=concurrency_arg, metavar="auto|N",
         help="the most sandboxes at once: how many run adapts under it to what the host "
-        "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit), then more "
+        "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit); warm on runc, "
+        "1 x CPUs: the pool starts sandboxes beside the runs; then more "
         "while throughput grows, fewer when it does not fall or memory runs short). Default: "
         "$ORCHESTRATOR_CONCURRENCY, the config file's concurrency, else auto (up to 32)",
     )  # fmt: skip

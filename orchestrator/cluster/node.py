@@ -92,13 +92,17 @@ class NodeWorker:
         most `concurrency`, what it declares; `adapt` False: exactly that) and warm
         sandboxes for `attempts` (at most that many at once). Returns the limit: how many
         attempts the driver may send at once."""
+        local = self._local()
         with self._lock:
             if self._pace is None:
                 memory = template.limits.memory_mb
-                self._pace = AdaptiveLimit(concurrency, memory_mb=memory, adapt=adapt)
+                per_core = local.runs_per_core(template)
+                self._pace = AdaptiveLimit(
+                    concurrency, memory_mb=memory, per_core=per_core, adapt=adapt
+                )
                 threading.Thread(target=self._measure, name="node-pace", daemon=True).start()
             pace = self._pace
-        self._local().open(template, attempts=attempts, concurrency=min(concurrency, pace.limit))
+        local.open(template, attempts=attempts, concurrency=min(concurrency, pace.limit))
         return pace.limit
 
     def _measure(self) -> None:
