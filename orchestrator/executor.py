@@ -26,7 +26,7 @@ from .backends.base import Backend
 from .claim import Claim
 from .hostload import HostLoad
 from .imagecache import ImageCache
-from .pool import MAX_SIZE, Pool
+from .pool import MAX_SIZE, Pool, starts_per_core
 from .runner import PreparedRun, RunObservers, execute, sandbox_spec
 from .spec import RunResult
 from .store import Store, new_run_id
@@ -169,7 +169,7 @@ class LocalExecutor(AttemptExecutor):
         if not warm or backend.capabilities.sandboxes_run != "this_host":
             return None
         # The image is not chosen yet: what a start costs does not depend on it.
-        return backend.starts_per_core(sandbox_spec(template, image=""))
+        return starts_per_core(backend, sandbox_spec(template, image=""))
 
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
         backend = self.backend_for(template)

@@ -91,6 +91,12 @@ MAKING_GUESS = 2.0
 Key = tuple[Any, ...]
 
 
+def starts_per_core(backend: Backend, spec: SandboxSpec) -> int:
+    """Sandboxes like `spec`'s made at once per core: as many as the backend asks, at most
+    MAX_STARTS_PER_CORE (also where a warm batch's adaptive limit starts: `LocalExecutor`)."""
+    return min(MAX_STARTS_PER_CORE, backend.starts_per_core(spec))
+
+
 def pool_key(spec: SandboxSpec) -> Key:
     """What makes two runs' sandboxes interchangeable before either has its request."""
     gateway = spec.gateway
@@ -322,7 +328,7 @@ class Pool:
         return None
 
     def _starts(self, spec: SandboxSpec, backend: Backend) -> int:  # the slot's `starts`
-        per_core = min(MAX_STARTS_PER_CORE, backend.starts_per_core(spec))
+        per_core = starts_per_core(backend, spec)
         return self._fixed_builders or max(MIN_BUILDERS, per_core * self._cores)
 
     def _slot(self, spec: SandboxSpec, starts: int) -> _Slot:
