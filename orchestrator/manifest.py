@@ -15,13 +15,28 @@ from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE,
 from .config import examples_dir
 from .defaults import SANDBOX_RUNTIMES
 from .errors import ManifestError, Problem
-from .payload import ShippedFile, payload_files
+from .payload import ShippedFile, payload_files, program_file
 from .policy import (
     HOST_NAME_HELP,
     REQUIREMENT_HELP,
     AllowedRequirement,
     check_host_name,
     check_requirement,
+)
+from .program import (
+    ModelUse,
+    check_requires_python,
+    check_syntax,
+    derive_name,
+    filter_smolagents,
+    find_models,
+    image_smolagents,
+    is_program,
+    main_file,
+    problems_in_block,
+    script_metadata,
+    shipped_files,
+    unknown_script_keys,
 )
 from .registry import backend_names
 from .schema import Field, Table, TomlLines, check_table, toml_named
@@ -81,6 +96,43 @@ SCHEMA = Table(
 )  # fmt: skip
 
 
+def _program_schema() -> Table:
+    """What a program's `[tool.orchestrator]` may hold: the manifest's sections, less what a
+    program says otherwise (it runs as `__main__`: no entrypoint; its requirements are PEP
+    723's `dependencies`), plus `payload.model`, the model its runs use by default."""
+    payload_fields = {
+        k: v for k, v in SCHEMA.fields["payload"].table.fields.items()  # type: ignore[union-attr]
+        if k not in ("entrypoint", "name")
+    }  # fmt: skip
+    payload_fields["name"] = Field(str, pattern=_NAME_RE,
+                                   fix="Lowercase letters, digits, _ and -.")  # fmt: skip
+    payload_fields["model"] = Field(
+        str, fix="`mock`, or `provider:model_id` as --model takes it (e.g. `openai:gpt-4o`)."
+    )
+    python_fields = {"authorized_imports": _strings(MODULE_RE, "a module name")}
+    return Table(
+        {
+            **SCHEMA.fields,
+            "payload": Field(dict, table=Table(payload_fields)),
+            "python": Field(
+                dict,
+                table=Table(
+                    python_fields,
+                    unknown_fix=(
+                        "A program's requirements are the `dependencies` of its `# /// "
+                        "script` block."
+                    ),
+                ),
+            ),  # fmt: skip
+        },
+        noun="section",
+        brackets=True,
+    )
+
+
+PROGRAM_SCHEMA = _program_schema()
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A validated payload manifest plus the folder it came from."""
@@ -104,6 +156,16 @@ class Manifest:
     backend: str | None = None
     #: The sandbox runtime runs of this payload ask for unless the run names one (None: auto).
     sandbox_runtime: str | None = None
+    #: A program (program.py): the file it runs, relative to `folder` (None: a payload with
+    #: an entrypoint); `single_file`: the program is that file alone (nothing beside it is
+    #: shipped); `requires_python`, its PEP 723 `requires-python`; `model`, its
+    #: `payload.model` (the run's model unless the run names one); `model_uses`, where it
+    #: makes smolagents models, as its source says.
+    program: str | None = None
+    single_file: bool = False
+    requires_python: str | None = None
+    model: str | None = None
+    model_uses: tuple[ModelUse, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -153,6 +215,8 @@ class Manifest:
 
     def payload_files(self) -> dict[str, ShippedFile]:
         """The payload's files, ready to ship in (see orchestrator/payload.py)."""
+        if self.single_file:
+            return program_file(self.path)
         return payload_files(self.folder)
 
 
@@ -187,6 +251,8 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
     build admits it too.
     """
     path = payload_path(payload)
+    if is_program(path):
+        return load_program(path, allowed_requirements)
     if path.is_dir():
         path = path / MANIFEST_NAME
     if not path.is_file():
@@ -204,6 +270,82 @@ def load_manifest(payload: str | Path, *, allowed_requirements: Collection[str] 
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc}).", "Fix the syntax.") from exc
     return _parse(path, text, data, allowed_requirements)
+
+
+def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Manifest:
+    """A program (program.py) as a Manifest: its PEP 723 block read and checked like a
+    manifest (every problem at once, with its line in the program file), its files parsed
+    (a syntax error names file and line), its models found. Raises ManifestError."""
+    main = main_file(path)
+    folder = main.parent
+    try:
+        text = decode_utf8(main.read_bytes())
+    except ValueError as exc:
+        raise ManifestError(f"{main}: {exc}.", "Save the file as UTF-8.") from exc
+    data, toml_text, first_line = script_metadata(text, str(main))
+    files = shipped_files(path)  # refuses links out, devices, FIFOs; limits
+    trees = check_syntax(files, folder)
+    tool = (
+        data.get("tool", {}).get("orchestrator", {}) if isinstance(data.get("tool"), dict) else {}
+    )
+    values, found = check_table(PROGRAM_SCHEMA, tool if isinstance(tool, dict) else {})
+    found = [p.replace(field=f"tool.orchestrator.{p.field}") for p in found]
+    found += unknown_script_keys(data)
+    sections: dict[str, dict[str, Any]] = {k: values.get(k, {}) for k in PROGRAM_SCHEMA.fields}
+    dependencies = data.get("dependencies", [])
+    if not isinstance(dependencies, list) or not all(isinstance(d, str) for d in dependencies):
+        found.append(Problem("dependencies", "must be a list of requirement strings",
+                             'For example dependencies = ["sqlalchemy>=2"].'))  # fmt: skip
+        dependencies = []
+    dependencies, too_new = filter_smolagents(dependencies, image_smolagents())
+    if too_new:
+        found.append(Problem("dependencies", too_new, "Accept that version of smolagents."))
+    requirements: list[str] = []
+    for item in dependencies:
+        problem = check_requirement(item, allowed_requirements)
+        if problem:
+            found.append(Problem(
+                "dependencies", f"has an entry {item!r} that {problem}", REQUIREMENT_HELP
+            ))  # fmt: skip
+        requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
+    requires_python = data.get("requires-python")
+    if requires_python is not None and (problem := check_requires_python(requires_python)):
+        found.append(Problem("requires-python", problem, "Fix the specifier."))
+    if found:
+        placed = problems_in_block(
+            [p.replace(message=f"{toml_named(p.field)} {p.message}") for p in found],
+            toml_text,
+            first_line,
+        )
+        raise ManifestError.of_problems(
+            str(main),
+            sorted(placed, key=lambda p: p.line or 0),
+            "Fix the `# /// script` block (`orchestrator validate PROGRAM` checks again).",
+        )
+    payload = sections["payload"]
+    relative = main.relative_to(folder).as_posix()
+    return Manifest(
+        path=main,
+        name=payload.get("name") or derive_name(path),
+        entrypoint="",
+        description=payload.get("description", ""),
+        example_task=payload.get("example_task"),
+        example_answer=payload.get("example_answer"),
+        requirements=tuple(requirements),
+        authorized_imports=tuple(sections["python"].get("authorized_imports", ())),
+        secrets=tuple(sections["secrets"].get("required", ())),
+        hosts=tuple(h.lower() for h in sections["network"].get("hosts", ())),
+        limits=Limits(**sections["limits"]),
+        limits_set=tuple(sections["limits"]),
+        mock_scripts=dict(sections["mock"].get("scripts", {})),
+        backend=payload.get("backend"),
+        sandbox_runtime=payload.get("sandbox_runtime"),
+        program=relative,
+        single_file=path.is_file(),
+        requires_python=requires_python,
+        model=payload.get("model"),
+        model_uses=find_models(trees),
+    )
 
 
 def _did_you_mean(payload: str) -> str:

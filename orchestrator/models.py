@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -64,6 +64,14 @@ class ModelSpec:
     api_base: str | None = None
     credential_env: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    #: The program's own model class when a program chose this model (program.py); None
+    #: when the run chose it (--model, a payload's model).
+    program_class: str | None = None
+
+    def chosen_by_program(self, cls: str) -> ModelSpec:
+        """This model as the one a program's `cls` makes (kept in the sandbox, served by
+        the run's gateway)."""
+        return replace(self, program_class=cls)
 
     @property
     def endpoint(self) -> tuple[str, int] | None:
@@ -90,7 +98,8 @@ class ModelSpec:
 
     def describe(self) -> str:
         base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""
-        return f"{self.provider}:{self.model_id}{base}"
+        chosen = f" (the program's {self.program_class})" if self.program_class else ""
+        return f"{self.provider}:{self.model_id}{base}{chosen}"
 
 
 def parse_model(

@@ -88,6 +88,19 @@ def payload_files(folder: Path) -> dict[str, ShippedFile]:
     return dict(files)
 
 
+def program_file(path: Path) -> dict[str, ShippedFile]:
+    """A single-file program as `{its name: its text}`, within the same limits (ManifestError
+    for a file that is not regular, or over the size limit)."""
+    max_bytes = limit_from_env(MAX_PAYLOAD_MB_ENV, DEFAULT_MAX_PAYLOAD_MB) * 1024 * 1024
+    data = _read_regular(path.parent.resolve(), path.parent.resolve() / path.name)
+    if len(data) > max_bytes:
+        raise ManifestError(
+            f"{path}: the program is over {max_bytes // 2**20} MiB.",
+            f"Keep large data out of the program, or raise ${MAX_PAYLOAD_MB_ENV}.",
+        )
+    return {path.name: _encoded(data)}
+
+
 def _stamp(path: Path) -> tuple[object, ...]:
     """What changes when an entry changes: itself (a link re-made is another inode) and,
     for a link, what it points to."""

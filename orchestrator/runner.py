@@ -43,6 +43,7 @@ from .otlp import TraceTarget, trace_target
 from .outcome import cancelled_error, decide_status, explain_network
 from .payload import ShippedFile, check_task
 from .policy import describe_allowlist, resolve_policy, sandbox_api_base
+from .program import ROUTABLE, program_model
 from .record import EventHandler, RunRecorder, finish
 from .secrets import needed_secrets, resolve_secrets
 from .spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
@@ -109,6 +110,9 @@ class PreparedRun:
     #: The sandbox runtime asked for: the run's, else the payload's, else auto.
     sandbox_runtime: str = "auto"
     trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
+    #: Whose models the agents use: "run" (`model` replaces them) or "program" (a
+    #: program's own, served through the run's gateway).
+    model_source: str = "run"
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -152,14 +156,11 @@ def prepare(
             )
         files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
     with _field("model"):
-        model = parse_model(
-            spec.model,
-            api_base=spec.api_base,
-            credential_env=spec.model_key_env,
-            options=spec.model_options,
-        )
+        model, own_model = run_model(spec, manifest)
     task = spec.task if spec.task is not None else manifest.example_task
-    if not task:
+    if manifest.program is not None:  # a program's own tasks stand unless the run gives one
+        task = spec.task or ""
+    elif not task:
         error = ConfigError(
             f"No task given, and {manifest.path} has no `payload.example_task`.",
             'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
@@ -189,7 +190,7 @@ def prepare(
         sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
     with _field("traces_to"):
         trace = None if spec.check_only else trace_target(spec.traces_to)
-    needed = needed_secrets(manifest, model)
+    needed = needed_secrets(manifest, own_model or model)
     with _field("secrets"):
         if spec.check_only:  # the tree is built, no step runs: no real secret goes in,
             resolve_secrets(needed, env_file=spec.env_file)  # but a run would need them set
@@ -198,6 +199,12 @@ def prepare(
             secrets = resolve_secrets(needed, env_file=spec.env_file)
         else:
             secrets = {}
+    if own_model is None or spec.check_only:
+        # The program's models are replaced (--model, mock) or not called (a check): the
+        # variables they read their keys from hold a placeholder, so that they can still be
+        # made (OpenAI's client refuses to be made without a key).
+        for name in program_key_names(manifest):
+            secrets.setdefault(name, NO_KEY)
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),
@@ -214,7 +221,45 @@ def prepare(
         gateway_off=gateway_off,
         sandbox_runtime=sandbox_runtime,
         trace=trace,
+        model_source="program" if manifest.program is not None and own_model else "run",
     )
+
+
+#: What a program's key variables hold when its own models are not used (see `prepare`).
+NO_KEY = "no-key:the-program's-models-are-not-used-in-this-run"
+
+
+def run_model(spec: RunSpec, manifest: Manifest) -> tuple[ModelSpec, ModelSpec | None]:
+    """The run's model, and the program's own model when the program's models are used (the
+    run names no model, nor the program's `payload.model`): read from its source
+    (`program.program_model`, which raises ConfigError for a model that cannot be routed).
+    A check (`validate`) checks the program's model but runs the mock in its place."""
+    chosen = spec.model or manifest.model
+    if manifest.program is None or chosen is not None:
+        model = parse_model(
+            chosen or "mock",
+            api_base=spec.api_base,
+            credential_env=spec.model_key_env,
+            options=spec.model_options,
+        )
+        return model, None
+    own = program_model(
+        manifest.model_uses,
+        str(manifest.folder),
+        api_base=spec.api_base,
+        key_env=spec.model_key_env,
+        options=spec.model_options,
+    )
+    if spec.check_only:
+        return parse_model("mock"), own
+    return own, own
+
+
+def program_key_names(manifest: Manifest) -> list[str]:
+    """The variables a program's models read their keys from, as its source says."""
+    return list(dict.fromkeys(
+        use.key_env or ROUTABLE[use.cls][1] for use in manifest.model_uses if use.cls in ROUTABLE
+    ))  # fmt: skip
 
 
 class _Stopped(Exception):
@@ -476,6 +521,9 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         additional_args=prepared.spec.additional_args,
         payload_name=manifest.name,
         entrypoint=manifest.entrypoint,
+        program=manifest.program,
+        argv=list(prepared.spec.program_args),
+        requires_python=manifest.requires_python,
         files=prepared.files,
         authorized_imports=list(manifest.authorized_imports),
         allow_dangerous_imports=prepared.spec.allow_dangerous_imports,
@@ -491,6 +539,7 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         api_base=api_base or sandbox_api_base(model.api_base, prepared.network),
         credential_env=model.credential_env,
         options=dict(model.options),
+        model_source=prepared.model_source,
         mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
         result_path=RESULT_PATH,
         check_only=prepared.spec.check_only,

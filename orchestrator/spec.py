@@ -63,12 +63,16 @@ def cancelled_error(cancel: threading.Event | None) -> dict[str, Any]:
 
 @dataclass
 class RunSpec:
-    """What to run: a payload, a task, a model and a policy. Unset limits come from the
-    payload's manifest, then from the defaults in `Limits`."""
+    """What to run: a payload (a folder with manifest.toml, or a program: a `.py` file or a
+    folder with `__main__.py`/`main.py`), a task, a model and a policy. Unset limits come
+    from the payload's manifest (a program's `[tool.orchestrator]`), then from the defaults
+    in `Limits`. A program's task, when given, replaces the task of its first agent run."""
 
     payload: str | Path
     task: str | None = None
-    model: str = "mock"
+    #: `mock` or `provider:model_id`; None: a program's own models (a program's
+    #: `payload.model` when it names one), the mock model for a payload.
+    model: str | None = None
     api_base: str | None = None
     model_key_env: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)
@@ -102,6 +106,8 @@ class RunSpec:
     #: Where the run's OpenTelemetry trace is exported (an OTLP/HTTP URL); None: as
     #: OpenTelemetry's environment variables say (off when they name no endpoint); "off".
     traces_to: str | None = None
+    #: A program's arguments (its `sys.argv[1:]`); a payload takes none.
+    program_args: tuple[str, ...] = ()
     #: Load the payload's agent tree in the sandbox and check it, but run no step
     #: (`orchestrator validate`, and batch before its first task). Secrets get placeholders.
     check_only: bool = False

@@ -203,6 +203,8 @@ class Run:
         if self.audit is not None:
             self.audit.where = self.recorder.where
         install_patches(request.authorized_imports, self.recorder)
+        if request.program is not None:
+            return self.run_program(request)
         try:
             from .models import build_model
 
@@ -216,6 +218,65 @@ class Run:
         finally:
             os.chdir("/")
             shutil.rmtree(root, ignore_errors=True)
+
+    def run_program(self, request: Request) -> int:
+        """A program run as `__main__` (program.py): its agents held whenever it makes them,
+        its end the run's end."""
+        from .models import build_model, is_model_unavailable
+        from .program import Program, ProgramError, Refused
+
+        run_model = None
+        if request.model_source == "run" and request.provider != "mock":
+            try:
+                run_model = build_model(request)
+            except Exception as exc:
+                return self.fail("model", exc, "internal", EXIT_INTERNAL)
+        program = Program(request, self.recorder, lambda agents: self.start(request, agents),
+                          run_model)  # fmt: skip
+        program.install()
+        root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
+        try:
+            write_payload(root, request.files)
+            state, error, ended_by = program.execute(root)
+        except (PayloadError, ProgramError) as refused:
+            return self.fail("payload", refused, "payload", EXIT_BAD_REQUEST)
+        finally:
+            os.chdir("/")
+            shutil.rmtree(root, ignore_errors=True)
+        if isinstance(ended_by, Refused):
+            return self.fail("payload", ended_by.cause, "payload", EXIT_BAD_REQUEST)
+        if not program.started:  # the program ran no agent
+            self.start(request, [])
+        if state == "checked" or (request.check_only and state == "success"):
+            return self.check(program.nodes, request)
+        if state == "success":
+            self.end("success", program.answer, None)
+            return EXIT_SUCCESS
+        assert error is not None
+        if ended_by is not None and is_model_unavailable(ended_by):
+            error["kind"] = "model_unavailable"
+        tb = "".join(traceback.format_exception(ended_by)) if ended_by is not None else ""
+        self.events.emit("error", stage="program", error=error, traceback=tb)
+        self.end("error", program.answer, error)
+        return EXIT_AGENT_FAILED
+
+    def start(self, request: Request, agents: list[dict[str, Any]]) -> None:
+        """`run_start`: the payload, the model, the tree of agents (a program's: at its
+        first agent run, or none at its end)."""
+        model = {"provider": request.provider, "model_id": request.model_id}
+        program = {}
+        if request.program is not None:  # whose models run: the program's own, or the run's
+            model["source"] = request.model_source
+            program = {"program": {"path": request.program, "argv": request.argv}}
+        self.events.emit(
+            "run_start",
+            payload=request.payload_name,
+            model=model,
+            agents=agents,
+            python=sys.version.split()[0],
+            smolagents=sys.modules["smolagents"].__version__,
+            **program,
+        )
 
     def load_and_run(self, request: Request, root: Path, model: Any) -> int:
         from .agents import describe, take_control, walk
@@ -238,14 +299,7 @@ class Run:
         except Exception as exc:
             return self.fail("payload", exc, "payload", EXIT_BAD_REQUEST)
 
-        self.events.emit(
-            "run_start",
-            payload=request.payload_name,
-            model={"provider": request.provider, "model_id": request.model_id},
-            agents=[describe(node) for node in nodes],
-            python=sys.version.split()[0],
-            smolagents=sys.modules["smolagents"].__version__,
-        )
+        self.start(request, [describe(node) for node in nodes])
         if request.check_only:
             return self.check(nodes, request)
         return self.run_agent(manager, nodes[0].name, request)

@@ -33,6 +33,11 @@ TOP_LEVEL_NAME = "manager"
 #: The attribute that keeps a CodeAgent's own `additional_authorized_imports` (what the
 #: program declared) once the run's list has replaced them.
 DECLARED_IMPORTS = "orchestrator_declared_imports"
+#: The attribute that keeps the executor type a CodeAgent asked for (`executor_type`) once
+#: the local executor has replaced it.
+DECLARED_EXECUTOR = "orchestrator_declared_executor"
+#: The attribute a model carries for the record (program.py: class, model id, source).
+MODEL_NOTE = "orchestrator_model"
 #: The most steps any agent may take, whoever set its `max_steps`.
 MAX_STEPS_CEILING = int(LIMIT_RANGES["max_steps"][1])
 
@@ -153,6 +158,7 @@ def install_patches(authorized_imports: list[str], recorder: Recorder) -> None:
     def create_python_executor(self: CodeAgent) -> LocalPythonExecutor:
         if not hasattr(self, DECLARED_IMPORTS):  # the first call: still the program's list
             setattr(self, DECLARED_IMPORTS, list(self.additional_authorized_imports or []))
+            setattr(self, DECLARED_EXECUTOR, self.executor_type)
         self.executor_type = "local"
         self.additional_authorized_imports = list(imports)
         self.authorized_imports = sorted(set(BASE_BUILTIN_MODULES) | set(imports))
@@ -197,15 +203,19 @@ def take_control(
     mock_scripts: dict[str, list[str]] | None,
     model_id: str,
     max_steps_from: str = "manifest",
+    *,
+    keep_running: bool = False,
 ) -> None:
     """Make every agent of the tree obey the request and report to the recorder.
 
     Imports: every CodeAgent gets the run's list (the manifest is the ceiling); what it
     declared itself is kept for the record (`describe`). Steps: with `max_steps_from`
     "program" each agent keeps its own `max_steps` (up to MAX_STEPS_CEILING); otherwise the
-    top level gets `max_steps` and the others at most that."""
+    top level gets `max_steps` and the others at most that. `keep_running`: the caller
+    says which agent runs (a program's top-level runs, program.py); else the top level."""
     interpreter_imports = sorted(set(BASE_BUILTIN_MODULES) | set(authorized_imports))
-    recorder.running = [nodes[0].agent]
+    if not keep_running:
+        recorder.running = [nodes[0].agent]
     for node in nodes:
         agent = node.agent
         recorder.names[id(agent)] = node.name
@@ -244,7 +254,7 @@ def describe(node: AgentNode) -> dict[str, Any]:
     """One agent for `run_start`: what it is, and its effective settings with their source."""
     agent = node.agent
     declared = getattr(agent, DECLARED_IMPORTS, None)
-    return {
+    described = {
         "name": node.name,
         "kind": type(agent).__name__,
         "tools": sorted(agent.tools),
@@ -255,6 +265,13 @@ def describe(node: AgentNode) -> dict[str, Any]:
         "max_steps": agent.max_steps,
         "max_steps_from": node.max_steps_from,
     }
+    model = getattr(agent.model, MODEL_NOTE, None)
+    if model is not None:  # a program's: what it chose, and what runs
+        described["model"] = dict(model)
+    asked = getattr(agent, DECLARED_EXECUTOR, None)
+    if asked not in (None, "local"):  # asked for a remote executor: the local one runs
+        described["executor"] = {"asked": asked, "runs": "local"}
+    return described
 
 
 def not_granted(agent: MultiStepAgent) -> list[str]:

@@ -31,6 +31,9 @@ RLIMITS = ("nproc", "nofile", "core")
 #: Who set a request's `max_steps` (see `Request.max_steps_from`).
 MAX_STEPS_FROM = ("program", "manifest", "run")
 
+#: Whose models a run's agents use (see `Request.model_source`).
+MODEL_SOURCES = ("run", "program")
+
 #: The sub-objects of the request (`payload.name`, `model.provider`, ...).
 SECTIONS = ("payload", "model")
 
@@ -61,7 +64,15 @@ class Request:
     #: Keyword arguments of the manager's `run` (null: none).
     additional_args: dict[str, Any] | None = _field("additional_args", dict, default=None)
     payload_name: str = _field("name", str, section="payload")
-    entrypoint: str = _field("entrypoint", str, section="payload")
+    #: `module:function` that builds the manager from the model ("" for a program).
+    entrypoint: str = _field("entrypoint", str, section="payload", default="")
+    #: A program (a script run as `__main__`, its path among `files`) instead of an
+    #: entrypoint; None for a payload.
+    program: str | None = _field("program", str, section="payload", default=None)
+    #: The program's arguments (`sys.argv[1:]`).
+    argv: list[str] = _field("argv", list, section="payload", default_factory=list)
+    #: The program's `requires-python` (PEP 723), checked against this interpreter.
+    requires_python: str | None = _field("requires_python", str, section="payload", default=None)
     #: Path -> text, or `{"base64": ...}` for a file that is not UTF-8.
     files: dict[str, str | dict[str, str]] = _field("files", dict, section="payload")
     authorized_imports: list[str] = _field("authorized_imports", list, default_factory=list)
@@ -78,6 +89,10 @@ class Request:
     api_base: str | None = _field("api_base", str, section="model", default=None)
     credential_env: str | None = _field("credential_env", str, section="model", default=None)
     options: dict[str, Any] = _field("options", dict, section="model", default_factory=dict)
+    #: Whose models the agents use: "run" (the model above replaces every model; `mock`
+    #: plays scripts per agent) or "program" (a program's own models, each sent to
+    #: `api_base` with the `credential_env` value when there is one).
+    model_source: str = _field("source", str, section="model", default="run")
     mock_scripts: dict[str, list[str]] = _field("mock_scripts", dict, default_factory=dict)
     result_path: str | None = _field("result_path", str, default=None)
     #: Build the agent tree and check it, but run no step (`orchestrator validate`).
@@ -228,10 +243,17 @@ def _check(request: Request) -> None:
         or not _is_hex(request.trace["parent_span_id"], 16)
     ):
         raise RequestError("trace must be {trace_id: 32 hex digits, parent_span_id: 16 hex digits}")
-    if not request.task.strip():
-        raise RequestError("the task is empty")
-    if not ENTRYPOINT_RE.match(request.entrypoint):
-        raise RequestError(f"entrypoint {request.entrypoint!r} is not `module:function`")
+    if request.program is None:
+        if not request.task.strip():
+            raise RequestError("the task is empty")
+        if not ENTRYPOINT_RE.match(request.entrypoint):
+            raise RequestError(f"entrypoint {request.entrypoint!r} is not `module:function`")
+    elif request.entrypoint or request.program not in request.files:
+        raise RequestError("a program is one of the payload's files, and has no entrypoint")
+    if not all(isinstance(arg, str) for arg in request.argv):
+        raise RequestError("argv must be a list of strings")
+    if request.model_source not in MODEL_SOURCES:
+        raise RequestError(f"model.source must be one of {MODEL_SOURCES}")
     for path, content in request.files.items():
         binary = isinstance(content, dict) and isinstance(content.get("base64"), str)
         if not isinstance(content, str) and not binary:

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from dataclasses import MISSING, fields, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,7 +71,8 @@ def test_a_host_built_request_comes_back_equal_from_its_json(
 ) -> None:
     request = request_with_every_field(monkeypatch)
     unset = [f.name for f in fields(Request) if getattr(request, f.name) == default_of(f.name)]
-    assert unset == [], "set every field, so that the round trip covers it"
+    # A payload's request; a program's sets these (test_a_programs_request_comes_back_equal).
+    assert unset == list(PROGRAM_FIELDS), "set every field, so that the round trip covers it"
     raw = request.to_json().encode()
     data = json.loads(raw)
     assert data["protocol"] == PROTOCOL_VERSION
@@ -172,3 +174,32 @@ def test_every_field_of_the_request_is_documented(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("OPENAI_API_KEY", "sk-example")
     parsed = parse_request(example)
     assert json.loads(parsed.to_json()) == example
+
+
+#: The request's fields only a program sets.
+PROGRAM_FIELDS = ("program", "argv", "requires_python", "model_source")
+
+
+def test_a_programs_request_comes_back_equal_from_its_json(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A program's request (issue 40) keeps its own fields on the round trip: the program,
+    its arguments, its requires-python and its own models as the model source."""
+    monkeypatch.setenv("HF_TOKEN", "hf-in-the-environment")
+    program = tmp_path / "team.py"
+    program.write_text(
+        '# /// script\n# requires-python = ">=3.10"\n# ///\n'
+        "import os\nfrom smolagents import CodeAgent, InferenceClientModel\n"
+        "agent = CodeAgent(tools=[], model=InferenceClientModel(token=os.getenv('HF_TOKEN')))\n"
+        "agent.run('hi')\n"
+    )
+    prepared = prepare(
+        RunSpec(payload=program, program_args=("--verbose", "x"), task="replaced",
+                api_base="http://127.0.0.1:9/v1", gateway=False)  # fmt: skip
+    )
+    request = replace(build_request(prepared), secret_env=["HF_TOKEN"])  # the backend's part
+    assert [getattr(request, name) for name in PROGRAM_FIELDS] == [
+        "team.py", ["--verbose", "x"], ">=3.10", "program"
+    ]
+    assert (request.entrypoint, request.provider, request.credential_env) == ("", "hf", "HF_TOKEN")
+    assert parse_request(json.loads(request.to_json())) == request

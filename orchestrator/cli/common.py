@@ -138,7 +138,6 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
     )
     fields.update(overrides)
     fields.update(fill({k: fields[k] for k in ("model", "backend", "network")}))
-    fields["model"] = fields["model"] or "mock"
     return RunSpec(**fields)
 
 

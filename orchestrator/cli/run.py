@@ -23,18 +23,33 @@ def add_run_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help=HELP["run"],
-        description="Run a payload (a folder with manifest.toml) on a task in one fresh, "
-        "hardened sandbox, stream its events, and keep a run record.",
-        epilog="Example: orchestrator run agent_payloads/research_team --model mock\n"
+        description="Run a payload (a folder with manifest.toml) on a task, or a smolagents "
+        "program as written (a .py file, or a folder with __main__.py or main.py), in one "
+        "fresh, hardened sandbox; stream its events and keep a run record. A program's "
+        "models keep its choices and reach their endpoint only through the run's model "
+        "gateway, which holds the key on the host.",
+        epilog="Examples:\n"
+        "  orchestrator run agent_payloads/research_team --model mock\n"
+        "  HF_TOKEN=... orchestrator run fib_team.py\n"
+        "  orchestrator run my_script.py input.csv --api-base http://127.0.0.1:8080/v1\n"
         + EPILOG_EXIT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+        "payload",
+        help="a payload folder (holding manifest.toml), a program (a .py file, or a folder "
+        "with __main__.py or main.py), or a shipped example's name",
     )
     p.add_argument(
-        "task", nargs="?",
-        help="the task (default: the manifest's example_task); - reads it from stdin",
+        "args", nargs="*", metavar="TASK | ARG",
+        help="a payload's task (default: the manifest's example_task; - reads it from "
+        "stdin); a program's arguments, its sys.argv[1:] (after --, arguments may start "
+        "with -)",
+    )  # fmt: skip
+    p.add_argument(
+        "--task", dest="task_option", metavar="TEXT",
+        help="a program: replaces the task of its first agent run (also in "
+        "$ORCHESTRATOR_TASK); a payload: the same as the task argument",
     )  # fmt: skip
     add_run_options(p)
     p.add_argument(
@@ -54,17 +69,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..runner import execute, observers_of, prepare
     from .display import RunDisplay
 
+    program = split_task(args)
     if args.task == "-":
         args.task = task_from_stdin()
     tidy_store()
-    spec = spec_from_args(args)
+    spec = spec_from_args(args, program_args=program)
     shadow_notice(args.payload)
     prepared = prepare(spec)
-    if prepared.model.provider == "mock" and prepared.task != prepared.manifest.example_task:
+    manifest = prepared.manifest
+    if (
+        prepared.model.provider == "mock"
+        and manifest.program is None
+        and prepared.task != manifest.example_task
+    ):
         say(
             "the mock model plays the payload's [mock.scripts] whatever the task, so this "
             "run's answer is not about your task (the script answers the example task: "
-            f"{prepared.manifest.example_task!r}); pass --model for a real model",
+            f"{manifest.example_task!r}); pass --model for a real model",
             kind="notice",
         )
     backend = get_backend(prepared.backend, env_file=spec.env_file)
@@ -79,6 +100,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
     print_result(result, as_json=args.json)
     return result.cli_exit_code
+
+
+def split_task(args: argparse.Namespace) -> tuple[str, ...]:
+    """Set `args.task` from the positional arguments and --task; return a program's
+    arguments. Raises OrchestratorError for a payload given more than one task."""
+    from ..errors import OrchestratorError
+    from ..manifest import payload_path
+    from ..program import is_program
+
+    if is_program(payload_path(args.payload)):
+        args.task = args.task_option
+        return tuple(args.args)
+    if len(args.args) > 1 or (args.args and args.task_option is not None):
+        raise OrchestratorError(
+            f"{args.payload} is a payload, which takes one task, and was given "
+            f"{len(args.args) + (args.task_option is not None)}: {args.args!r}.",
+            'Quote the task as one argument: orchestrator run PAYLOAD "your whole task".',
+        )
+    args.task = args.args[0] if args.args else args.task_option
+    return ()
 
 
 def shadow_notice(payload: str) -> None:

@@ -1,0 +1,336 @@
+"""Programs as their authors wrote them: a smolagents script (or a folder with `__main__.py`
+or `main.py`) run unchanged, read here into the same `Manifest` a payload folder gives.
+
+What a program needs is said the way single-file Python scripts already say it, PEP 723's
+inline metadata (a `# /// script` block of TOML): `dependencies` become the run's derived
+image as a manifest's `[python] requirements` do, `requires-python` is checked against the
+sandbox's interpreter, and a `[tool.orchestrator]` table takes the manifest's own sections
+(`payload`, `python`, `secrets`, `network`, `limits`, `mock`) plus `payload.model`, the
+model its runs use unless the run names one.
+
+Which model the run's gateway serves is read from the source, never by running it: each
+call of a smolagents model class (`ModelUse`) names its class, its model id, and the
+environment variable its key comes from (`os.getenv("HF_TOKEN")`, or the class's own). The
+host then holds that key; inside, the variable holds the run token (`program_model`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, ManifestError, Problem
+from .models import ModelSpec, parse_model
+from .payload import ShippedFile, payload_files, program_file
+
+#: The file a folder program runs, in the order looked for.
+MAIN_FILES = ("__main__.py", "main.py")
+
+#: PEP 723's reference expression for a metadata block.
+BLOCK_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+
+#: smolagents' model classes whose calls the run's gateway can serve (an OpenAI-compatible
+#: endpoint): the provider the host knows them by and the variable their client reads a key
+#: from when the program passes none.
+ROUTABLE: dict[str, tuple[str, str]] = {
+    "InferenceClientModel": ("hf", "HF_TOKEN"),
+    "OpenAIServerModel": ("openai", "OPENAI_API_KEY"),
+    "OpenAIModel": ("openai", "OPENAI_API_KEY"),
+    "LiteLLMModel": ("litellm", "LITELLM_API_KEY"),
+}
+#: smolagents' model classes that cannot go through the gateway: a model in the sandbox
+#: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or speaks
+#: another protocol (Azure's deployments, LiteLLM's router of several endpoints).
+NOT_ROUTABLE = frozenset({
+    "AzureOpenAIServerModel", "AzureOpenAIModel", "AmazonBedrockModel",
+    "AmazonBedrockServerModel", "TransformersModel", "VLLMModel", "MLXModel",
+    "LiteLLMRouterModel",
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelUse:
+    """One place the program makes a smolagents model, as its source says."""
+
+    cls: str
+    file: str
+    line: int
+    model_id: str | None = None
+    provider: str | None = None
+    #: The endpoint given as a literal (`api_base=`/`base_url=`); `api_base_dynamic`: one
+    #: given as an expression the host cannot read.
+    api_base: str | None = None
+    api_base_dynamic: bool = False
+    #: The environment variable its key is read from (`os.getenv("X")` as `token=`/`api_key=`).
+    key_env: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def describe(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self).items() if v not in (None, False)}
+
+
+def is_program(path: Path) -> bool:
+    """A `.py` file, or a folder without `manifest.toml` that has `__main__.py`/`main.py`."""
+    if path.is_file():
+        return path.suffix == ".py"
+    return (
+        path.is_dir()
+        and not (path / "manifest.toml").exists()
+        and any((path / name).is_file() for name in MAIN_FILES)
+    )
+
+
+def main_file(path: Path) -> Path:
+    """The file a program runs: itself, or its folder's `__main__.py` or `main.py`."""
+    if path.is_file():
+        return path
+    return next(path / name for name in MAIN_FILES if (path / name).is_file())
+
+
+def shipped_files(path: Path) -> dict[str, ShippedFile]:
+    """What a program ships: a single file alone (never the files beside it, which may be
+    anything in a user's folder), a folder program's whole folder (payload.py's rules)."""
+    return program_file(path) if path.is_file() else payload_files(path)
+
+
+def script_metadata(text: str, source: str) -> tuple[dict[str, Any], str, int]:
+    """The program's `# /// script` block as TOML data, its TOML text and the file line
+    its first TOML line is on; ({}, "", 0) without one. Raises ManifestError for two blocks
+    or TOML that does not parse (naming the line)."""
+    import tomllib
+
+    blocks = [m for m in BLOCK_RE.finditer(text) if m.group("type") == "script"]
+    if not blocks:
+        return {}, "", 0
+    if len(blocks) > 1:
+        line = text.count("\n", 0, blocks[1].start()) + 1
+        raise ManifestError(
+            f"{source}:{line}: a second `# /// script` block (PEP 723 allows one).",
+            "Merge the two blocks into one.",
+        )
+    block = blocks[0]
+    first_line = text.count("\n", 0, block.start()) + 2
+    content = "".join(
+        line[2:] if line.startswith("# ") else line[1:]
+        for line in block.group("content").splitlines(keepends=True)
+    )
+    try:
+        return tomllib.loads(content), content, first_line
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(
+            f"{source}: its `# /// script` block is not valid TOML ({exc}; lines count from "
+            f"line {first_line}).",
+            "Fix the block's syntax: each line is `# ` and a line of TOML.",
+        ) from exc
+
+
+def check_syntax(files: dict[str, ShippedFile], folder: Path) -> dict[str, ast.Module]:
+    """Every Python file of the program parsed; ManifestError naming file and line for the
+    first that does not (nothing is started for a program that cannot even be compiled)."""
+    trees = {}
+    for name, content in files.items():
+        if not name.endswith(".py") or not isinstance(content, str):
+            continue
+        try:
+            trees[name] = ast.parse(content, filename=name)
+        except SyntaxError as exc:
+            where = f"{folder / name}:{exc.lineno}" if exc.lineno else str(folder / name)
+            raise ManifestError(
+                f"{where}: a syntax error ({exc.msg}).",
+                "Fix the program (`python -m py_compile FILE` shows the same error).",
+            ) from None
+    return trees
+
+
+def find_models(trees: dict[str, ast.Module]) -> tuple[ModelUse, ...]:
+    """Every call of a smolagents model class in the program's files, in file order."""
+    uses = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            cls = _callee(node.func)
+            if cls in ROUTABLE or cls in NOT_ROUTABLE:
+                uses.append(_use(cls, name, node))
+    return tuple(sorted(uses, key=lambda u: (u.file, u.line)))
+
+
+def _callee(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
+    keywords = {k.arg: k.value for k in call.keywords if k.arg}
+    model_id = keywords.get("model_id") or (call.args[0] if call.args else None)
+    base = keywords.get("api_base") or keywords.get("base_url")
+    key = keywords.get("token") or keywords.get("api_key")
+    return ModelUse(
+        cls=cls,
+        file=file,
+        line=call.lineno,
+        model_id=_literal(model_id),
+        provider=_literal(keywords.get("provider")),
+        api_base=_literal(base),
+        api_base_dynamic=base is not None and _literal(base) is None,
+        key_env=_env_name(key),
+    )
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    return None
+
+
+def _env_name(node: ast.expr | None) -> str | None:
+    """X of `os.getenv("X")`, `os.environ.get("X")`, `os.environ["X"]`, `getenv("X")`."""
+    if isinstance(node, ast.Call) and node.args:
+        name = _callee(node.func)
+        if name in ("getenv", "get"):
+            return _literal(node.args[0])
+    if isinstance(node, ast.Subscript) and _callee(node.value) == "environ":
+        return _literal(node.slice)
+    return None
+
+
+def program_model(
+    uses: tuple[ModelUse, ...],
+    source: str,
+    *,
+    api_base: str | None,
+    key_env: str | None,
+    options: dict[str, Any] | None = None,
+) -> ModelSpec:
+    """The model the run serves for a program's own models (the gateway's one endpoint and
+    key): read from where the program makes them. `api_base` (--api-base) sends them all to
+    that endpoint; `key_env` (--model-key-env) reads the key from that variable.
+
+    Raises ConfigError naming file and line for a class that cannot be routed, for models of
+    two providers or two keys (one gateway, one endpoint), and for an endpoint given as an
+    expression with no --api-base. A program that makes no model the host can see gets the
+    mock model: its agents then fail closed at their first call."""
+    if not uses:
+        return parse_model("mock")
+    refused = [u for u in uses if u.cls in NOT_ROUTABLE]
+    if refused:
+        where = ", ".join(f"{u.cls} at {source}/{u.where}" for u in refused)
+        raise ConfigError(
+            f"The program makes a model that cannot be routed through the run's model "
+            f"gateway ({where}), so its key would have to be inside the sandbox. Nothing was "
+            "started.",
+            "Use InferenceClientModel, OpenAIServerModel or LiteLLMModel (an OpenAI-"
+            "compatible endpoint), or replace every model of the program with --model "
+            "provider:model_id.",
+        )
+    providers = {ROUTABLE[u.cls][0] for u in uses}
+    keys = {u.key_env or ROUTABLE[u.cls][1] for u in uses}
+    bases = {u.api_base for u in uses if u.api_base}
+    if len(providers) > 1 or (len(keys) > 1 and not key_env) or (len(bases) > 1 and not api_base):
+        listed = "; ".join(f"{u.cls} at {source}/{u.where}" for u in uses)
+        raise ConfigError(
+            f"The program's models need more than one endpoint or key ({listed}); a run's "
+            "model gateway serves one. Nothing was started.",
+            "Give them one provider and one key variable, or send them all to one endpoint "
+            "with --api-base and --model-key-env, or replace them with --model.",
+        )
+    first = uses[0]
+    dynamic = [u for u in uses if u.api_base_dynamic]
+    if dynamic and not api_base:
+        raise ConfigError(
+            f"{source}/{dynamic[0].where}: the {dynamic[0].cls}'s endpoint is an expression "
+            "the host cannot read before the run, and the run's gateway must know where to "
+            "forward. Nothing was started.",
+            "Pass the endpoint with --api-base URL (every model of the program goes there).",
+        )
+    (provider,) = providers
+    model_id = next((u.model_id for u in uses if u.model_id), None)
+    spec = parse_model(
+        f"{provider}:{model_id or 'default'}",  # the class's own default, in the sandbox
+        api_base=api_base or next(iter(bases), None),
+        credential_env=key_env or next(iter(keys)),
+        options=options,
+    )
+    return spec.chosen_by_program(first.cls)
+
+
+def filter_smolagents(dependencies: list[str], image_version: str) -> tuple[list[str], str | None]:
+    """The dependencies less `smolagents` (the image has its own, which the runtime is built
+    against), and what is wrong when the program's specifier excludes the image's version."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    kept = []
+    for item in dependencies:
+        try:
+            requirement = Requirement(item)
+        except InvalidRequirement:
+            kept.append(item)  # named by the requirement check, with its fix
+            continue
+        if requirement.name.lower() != "smolagents":
+            kept.append(item)
+        elif not requirement.specifier.contains(image_version, prereleases=True):
+            return kept, (f"has {item!r}, and the sandbox's image has smolagents {image_version}")
+    return kept, None
+
+
+def image_smolagents() -> str:
+    """The smolagents version the agent image pins (images/agent/requirements.txt)."""
+    from .config import data_root
+
+    text = (data_root() / "images" / "agent" / "requirements.txt").read_text()
+    for line in text.splitlines():
+        name, _, version = line.split("#", 1)[0].partition("==")
+        if name.strip().lower() == "smolagents":
+            return version.strip()
+    raise RuntimeError("images/agent/requirements.txt pins no smolagents version")
+
+
+def check_requires_python(value: Any) -> str | None:
+    """What is wrong with a `requires-python` value, or None."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    if not isinstance(value, str):
+        return 'must be a string such as ">=3.10"'
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        return f'= {value!r} is not a version specifier (e.g. ">=3.10")'
+    return None
+
+
+def problems_in_block(problems: list[Problem], toml_text: str, first_line: int) -> list[Problem]:
+    """Problems of the metadata block, each with its line in the program file."""
+    from .schema import TomlLines
+
+    lines = TomlLines(toml_text)
+    placed = []
+    for problem in problems:
+        line = lines.line(problem.field)
+        placed.append(problem.replace(line=line + first_line - 1 if line else first_line - 1))
+    return placed
+
+
+def unknown_script_keys(data: dict[str, Any]) -> list[Problem]:
+    """Keys of the block that are neither PEP 723's nor a tool table."""
+    known = {"dependencies", "requires-python", "tool"}
+    return [
+        Problem(key, "is not a key of PEP 723's script block",
+                "Use `dependencies`, `requires-python` and `[tool.orchestrator]`.")
+        for key in data if key not in known
+    ]  # fmt: skip
+
+
+def derive_name(path: Path) -> str:
+    """A payload name from the program's file or folder name (lowercase, `-` for others)."""
+    stem = path.stem if path.is_file() else path.name
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_") or "program"
+    return name[:63]

@@ -1,0 +1,284 @@
+"""Programs as their authors wrote them (issue 40): `orchestrator run program.py`.
+
+The runtime's part runs here in a local subprocess (fast: the hold, the ends, the answer, the
+record of each agent); the host's part (PEP 723 metadata, the model read from the source,
+refusals before anything starts) without a sandbox; and the whole path, gateway included,
+against the real engine with the scripted model server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import RunSpec
+from orchestrator.errors import ConfigError, ManifestError
+from orchestrator.manifest import load_manifest
+from orchestrator.runner import build_request, prepare
+
+from .conftest import REPO, cli
+from .model_server import ScriptedModelServer
+from .test_runtime_local import Outcome, run_runtime
+
+PROGRAMS = REPO / "tests" / "programs"
+FIB_TEAM = PROGRAMS / "fib_team.py"
+
+
+def code(body: str, thought: str = "I will do it.") -> str:
+    """One CodeAgent step as a model writes it."""
+    return f"Thought: {thought}\n<code>\n{body}\n</code>"
+
+
+def program_request(path: Path, scripts: dict[str, list[str]], **payload: Any) -> dict[str, Any]:
+    """A runtime request for a program, as the host builds it (mock model)."""
+    spec = RunSpec(payload=path, model="mock", program_args=tuple(payload.pop("argv", ())))
+    request = json.loads(build_request(prepare(spec)).to_json())
+    request["mock_scripts"] = scripts
+    request["result_path"] = None
+    request["payload"].update(payload)
+    return request
+
+
+# ---- the runtime: a program run as __main__, its agents held ---------------------------------
+
+
+def test_two_top_level_runs_answer_with_the_last_and_are_both_recorded() -> None:
+    scripts = {
+        "first": [code("final_answer(1 + 2)")],
+        "manager": [code("final_answer(6 * 7)")],
+    }
+    out = run_runtime(program_request(PROGRAMS / "two_runs.py", scripts, argv=["a", "-b"]))
+    assert out.returncode == 0, out.stderr
+    assert out.end["state"] == "success" and out.end["answer"] == 42
+    runs = out.of_type("agent_run")
+    assert [(r["agent"], r["task"], r["first"]) for r in runs] == [
+        ("first", "Add 1 and 2.", True),
+        ("manager", "Multiply 6 and 7.", False),
+    ]
+    answers = [(e["agent"], e["answer"]) for e in out.of_type("final_answer")]
+    assert answers == [("first", 3), ("manager", 42)]
+    # The program's prints are its logs (stderr), never the event stream.
+    assert "first says 3" in out.stderr and "second says 42" in out.stderr
+    assert "argv ['a', '-b']" in out.stderr
+    start = out.of_type("run_start")[0]
+    assert start["program"] == {"path": "two_runs.py", "argv": ["a", "-b"]}
+    assert [a["name"] for a in start["agents"]] == ["first"]
+    (tree,) = out.of_type("agent_tree")
+    (second,) = tree["agents"]
+    # Asked for E2B inside the sandbox: the local executor runs, and the record says so.
+    assert second["executor"] == {"asked": "e2b", "runs": "local"}
+    assert second["model"]["class"] == "InferenceClientModel"
+    assert second["model"]["source"] == "mock" and second["model"]["runs"] == "ScriptedModel"
+    # run(max_steps=999) does not lift the cap: each agent kept smolagents' own 20.
+    assert second["max_steps"] == 20
+
+
+def test_an_uncaught_exception_fails_the_run_with_its_traceback() -> None:
+    out = run_runtime(
+        program_request(PROGRAMS / "raises.py", {"manager": [code("final_answer('hi')")]})
+    )
+    assert out.returncode == 1
+    assert out.end["state"] == "error"
+    assert out.end["error"]["type"] == "RuntimeError"
+    assert out.end["error"]["kind"] == "program"
+    assert "gave up after 'hi'" in out.end["error"]["message"]
+    (error,) = out.of_type("error")
+    assert "raises.py" in error["traceback"] and "RuntimeError" in error["traceback"]
+    assert "Traceback (most recent call last)" in out.stderr  # as Python prints it
+
+
+@pytest.mark.parametrize("code_", [0, 3])
+def test_sys_exit_decides_the_end(code_: int) -> None:
+    out = run_runtime(program_request(PROGRAMS / "exits.py", {}, argv=[str(code_)]))
+    assert f"exiting with {code_}" in out.stderr
+    assert out.of_type("run_start")[0]["agents"] == []  # it ran no agent
+    if code_ == 0:
+        assert (out.returncode, out.end["state"], out.end["answer"]) == (0, "success", None)
+    else:
+        assert out.returncode == 1
+        assert out.end["error"]["exit_code"] == 3 and out.end["error"]["type"] == "SystemExit"
+
+
+def test_a_program_that_runs_no_agent_succeeds_without_an_answer() -> None:
+    out: Outcome = run_runtime(program_request(PROGRAMS / "no_agent.py", {}))
+    assert (out.returncode, out.end["state"], out.end["answer"]) == (0, "success", None)
+    assert "nothing to do here" in out.stderr
+
+
+def test_a_given_task_replaces_the_first_agent_runs_own(tmp_path: Path) -> None:
+    program = tmp_path / "asks.py"
+    program.write_text(
+        "import os\nfrom smolagents import CodeAgent, InferenceClientModel\n"
+        "agent = CodeAgent(tools=[], model=InferenceClientModel())\n"
+        "print('env task:', os.environ.get('ORCHESTRATOR_TASK'))\n"
+        "agent.run('the program\\'s own question')\n"
+    )
+    request = program_request(program, {"manager": [code("final_answer('ok')")]})
+    request["task"] = "the batch's question"
+    out = run_runtime(request)
+    assert out.returncode == 0, out.stderr
+    assert out.of_type("agent_run")[0]["task"] == "the batch's question"
+    step = out.of_type("step")[0]
+    assert step["agent"] == "manager" and out.end["answer"] == "ok"
+    assert "env task: the batch's question" in out.stderr
+
+
+# ---- the host: metadata, models, refusals before anything starts -----------------------------
+
+
+def test_the_guides_program_reads_as_a_payload_with_its_model() -> None:
+    manifest = load_manifest(FIB_TEAM)
+    assert (manifest.name, manifest.program, manifest.single_file) == (
+        "fib_team", "fib_team.py", True
+    )  # fmt: skip
+    assert manifest.payload_files().keys() == {"fib_team.py"}  # nothing beside it ships
+    uses = manifest.model_uses
+    assert [(u.cls, u.line, u.provider, u.key_env) for u in uses] == [
+        ("InferenceClientModel", 5, "together", "HF_TOKEN"),
+        ("InferenceClientModel", 11, "together", "HF_TOKEN"),
+    ]
+
+
+def test_pep_723_metadata_becomes_the_runs_settings(tmp_path: Path) -> None:
+    program = tmp_path / "Report Writer.py"
+    program.write_text(
+        "# /// script\n"
+        '# requires-python = ">=3.10"\n'
+        '# dependencies = ["smolagents>=1.20", "sqlalchemy>=2"]\n'
+        "# [tool.orchestrator.payload]\n"
+        '# model = "mock"\n'
+        "# [tool.orchestrator.python]\n"
+        '# authorized_imports = ["json"]\n'
+        "# [tool.orchestrator.limits]\n"
+        "# timeout_seconds = 60\n"
+        "# [tool.orchestrator.mock.scripts]\n"
+        '# manager = ["Thought: x"]\n'
+        "# ///\n"
+        "print('hi')\n"
+    )
+    manifest = load_manifest(program)
+    assert manifest.name == "report-writer"
+    assert manifest.requirements == ("sqlalchemy>=2",)  # the image's own smolagents stays
+    assert manifest.requires_python == ">=3.10"
+    assert manifest.authorized_imports == ("json",)
+    assert manifest.limits.timeout_seconds == 60
+    assert manifest.mock_scripts == {"manager": ["Thought: x"]}
+    prepared = prepare(RunSpec(payload=program))
+    assert prepared.model.provider == "mock" and prepared.image_requirements == ("sqlalchemy>=2",)
+
+
+def test_bad_metadata_is_refused_with_its_line(tmp_path: Path) -> None:
+    program = tmp_path / "bad.py"
+    program.write_text(
+        "import os\n"
+        "# /// script\n"
+        '# dependencies = ["smolagents>=9"]\n'
+        "# [tool.orchestrator.payload]\n"
+        '# entrypoint = "a:b"\n'
+        "# [tool.orchestrator.limits]\n"
+        "# max_stepz = 3\n"
+        "# ///\n"
+    )
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(program)
+    text = str(caught.value)
+    assert "line 3" in text and "smolagents 1.26.0" in text
+    assert "line 5" in text and "entrypoint" in text
+    assert "line 7" in text and "max_steps" in text  # did you mean
+
+
+def test_a_syntax_error_names_file_and_line(tmp_path: Path) -> None:
+    program = tmp_path / "broken.py"
+    program.write_text("print('ok')\n\ndef f(:\n    pass\n")
+    result = cli("validate", str(program))
+    assert result.returncode == 2, result.stderr
+    assert f"{program}:3" in result.stderr and "syntax error" in result.stderr
+
+
+def test_a_model_that_cannot_be_routed_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    program = tmp_path / "bedrock.py"
+    program.write_text(
+        "from smolagents import AmazonBedrockModel, CodeAgent\n"
+        "agent = CodeAgent(tools=[], model=AmazonBedrockModel('anthropic.claude'))\n"
+        "agent.run('hi')\n"
+    )
+    with pytest.raises(ConfigError, match="AmazonBedrockModel at .*bedrock.py:2"):
+        prepare(RunSpec(payload=program))
+    result = cli("run", str(program))
+    assert result.returncode == 2 and "cannot be routed" in result.stderr
+    assert "run " not in result.stderr.split("error:")[0]  # no run was started
+
+
+def test_a_declared_secret_unset_on_the_host_starts_nothing(tmp_path: Path) -> None:
+    program = tmp_path / "needs.py"
+    program.write_text(
+        "# /// script\n# [tool.orchestrator.secrets]\n# required = ['NEEDS_TOKEN_UNSET']\n"
+        "# ///\nprint('never')\n"
+    )
+    result = cli("run", str(program), env={"NEEDS_TOKEN_UNSET": ""})
+    assert result.returncode == 2
+    assert "NEEDS_TOKEN_UNSET" in result.stderr
+
+
+# ---- the whole path: the guide's program through the gateway, on the real engine -------------
+
+
+def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
+    token = f"hf_{secrets.token_hex(16)}"
+    outputs = [
+        code('report = coder_agent(task="Compute the 20th Fibonacci number.")\nprint(report)'),
+        code("a, b = 0, 1\nfor _ in range(19):\n    a, b = b, a + b\nfinal_answer(b)"),
+        code("final_answer(6765)"),
+    ]
+    with ScriptedModelServer(outputs) as server:
+        result = cli(
+            "run", str(FIB_TEAM), "--api-base", server.api_base(), "--json",
+            env={"HF_TOKEN": token},
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["status"] == "succeeded" and outcome["answer"] == 6765
+    # The program's model calls reached the server through the gateway, with the host's key.
+    assert len(server.requests) == 3
+    assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {token}"}
+    assert all(r["body"]["model"].endswith(":together") for r in server.requests)
+    assert outcome["token_usage_source"] == "gateway"
+    assert {k: outcome["token_usage"][k] for k in server.usage} == server.usage
+    record = Path(outcome["record_dir"])
+    assert "6765" in (record / "stderr.log").read_text()  # its print
+    events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
+    kinds = [(e["type"], e.get("agent")) for e in events if e["type"] in
+             ("step", "managed_agent_call", "managed_agent_result")]  # fmt: skip
+    assert kinds == [
+        ("managed_agent_call", "coder_agent"),
+        ("step", "coder_agent"),
+        ("managed_agent_result", "coder_agent"),
+        ("step", "manager"),
+        ("step", "manager"),
+    ]
+    start = next(e for e in events if e["type"] == "run_start")
+    models = {a["name"]: a["model"] for a in start["agents"]}
+    assert models["manager"]["class"] == "InferenceClientModel"
+    assert models["manager"]["provider"] == "together"
+    assert models["coder_agent"]["routed_to"] == "gateway"
+
+
+def test_no_process_in_the_sandbox_holds_the_key() -> None:
+    token = f"hf_{secrets.token_hex(16)}"
+    with ScriptedModelServer([code("final_answer('done')")]) as server:
+        result = cli(
+            "run", str(PROGRAMS / "env_probe.py"), "--api-base", server.api_base(), "--json",
+            env={"HF_TOKEN": token},
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    logs = (Path(outcome["record_dir"]) / "stderr.log").read_text()
+    hashes = {line.split()[1] for line in logs.splitlines() if line.startswith("env-sha256 ")}
+    assert len(hashes) > 5  # it read the environments it could
+    assert hashlib.sha256(token.encode()).hexdigest() not in hashes
+    assert server.requests[0]["headers"]["Authorization"] == f"Bearer {token}"
