@@ -522,7 +522,8 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         payload_name=manifest.name,
         entrypoint=manifest.entrypoint,
         program=manifest.program,
-        argv=list(prepared.spec.program_args),
+        # A program given a task and no arguments finds the task in sys.argv[1] too.
+        argv=list(prepared.spec.program_args or ((prepared.task,) if prepared.task else ())),
         requires_python=manifest.requires_python,
         files=prepared.files,
         authorized_imports=list(manifest.authorized_imports),

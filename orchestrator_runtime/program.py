@@ -103,6 +103,7 @@ class Program:
         self.take(agent)
         if self.request.check_only:
             raise CheckDone
+        own_task = task
         if first and self.task_given:  # a batch's task replaces the program's own
             task = self.request.task
         if first and self.request.additional_args and not options.get("additional_args"):
@@ -112,7 +113,8 @@ class Program:
         full = options.pop("return_full_result", None)
         full = agent.return_full_result if full is None else full
         name = self.recorder.names[id(agent)]
-        self.recorder.events.emit("agent_run", agent=name, task=task, first=first)
+        replaced = {"program_task": own_task} if task != own_task else {}
+        self.recorder.events.emit("agent_run", agent=name, task=task, first=first, **replaced)
         if options.get("stream"):
             return self._streamed(original(agent, task, **options), agent, name)
         self.recorder.running = [agent]

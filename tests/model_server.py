@@ -2,7 +2,8 @@
 
 `ScriptedModelServer` is a real HTTP server (so the sandbox → gateway or egress proxy →
 Docker host path is exercised for real) bound to 0.0.0.0 on a free port. It answers
-`POST /v1/chat/completions` with the next output of its script (as server-sent events when
+`POST /v1/chat/completions` with the next output of its script (or what its `answer`
+function makes of the request, for conversations that run at once) (as server-sent events when
 the request says `stream`, with usage in the last event when `stream_options.include_usage`
 asks for it), records every request, counts the tokens it reports (`usage`: its own figures,
 which differ per request), and can be told to fail the next requests with a status.
@@ -20,14 +21,24 @@ import socketserver
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 
 class ScriptedModelServer:
     """An OpenAI-compatible chat-completions server that plays a script in order."""
 
-    def __init__(self, outputs: list[str], *, host: str = "0.0.0.0") -> None:
+    def __init__(
+        self,
+        outputs: list[str],
+        *,
+        host: str = "0.0.0.0",
+        answer: Callable[[dict[str, Any]], str] | None = None,
+    ) -> None:
         self.outputs = deque(outputs)
+        #: Answers a request from its body instead of the script (runs at once, each its
+        #: own conversation: a batch at any concurrency).
+        self.answer = answer
         self.requests: list[dict[str, Any]] = []
         self.failures: deque[int] = deque()
         #: The tokens this server reported, summed over its answers.
@@ -52,9 +63,12 @@ class ScriptedModelServer:
             if self.failures:
                 status = self.failures.popleft()
                 return status, {"error": {"message": f"scripted {status}", "type": "scripted"}}
-            if not self.outputs:
+            if self.answer is not None:
+                text = self.answer(body)
+            elif not self.outputs:
                 return 500, {"error": {"message": "the script is exhausted", "type": "scripted"}}
-            text = self.outputs.popleft()
+            else:
+                text = self.outputs.popleft()
             number = len(self.requests)
             # Figures of its own, different for every request, so a count cannot match by luck.
             prompt = 1 + len(json.dumps(body.get("messages", []))) // 4

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,9 @@ def test_a_given_task_replaces_the_first_agent_runs_own(tmp_path: Path) -> None:
     request["task"] = "the batch's question"
     out = run_runtime(request)
     assert out.returncode == 0, out.stderr
-    assert out.of_type("agent_run")[0]["task"] == "the batch's question"
+    (first,) = out.of_type("agent_run")
+    assert first["task"] == "the batch's question"
+    assert first["program_task"] == "the program's own question"  # recorded beside it
     step = out.of_type("step")[0]
     assert step["agent"] == "manager" and out.end["answer"] == "ok"
     assert "env task: the batch's question" in out.stderr
@@ -282,3 +285,84 @@ def test_no_process_in_the_sandbox_holds_the_key() -> None:
     assert len(hashes) > 5  # it read the environments it could
     assert hashlib.sha256(token.encode()).hexdigest() not in hashes
     assert server.requests[0]["headers"]["Authorization"] == f"Bearer {token}"
+
+
+# ---- batch: each task replaces the program's own question ------------------------------------
+
+
+def fibonacci(n: int) -> int:
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+def fib_team_answer(body: dict[str, Any]) -> str:
+    """What a model would answer the guide's program, from the conversation itself (so that
+    tasks run at once): the manager asks coder_agent for the task's number, coder_agent
+    computes it, the manager answers with what coder_agent reported."""
+    text = json.dumps(body["messages"])
+    if "named 'coder_agent'" in text:
+        n = int(re.search(r"Compute Fibonacci number (\d+)", text).group(1))  # type: ignore[union-attr]
+        return code(f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nfinal_answer(a)")
+    if len(body["messages"]) > 2:  # the manager, after coder_agent's report
+        return code("final_answer(int(str(report).split()[-1]))")
+    n = int(re.search(r"What's the (\d+)th Fibonacci number", text).group(1))  # type: ignore[union-attr]
+    return code(f'report = coder_agent(task="Compute Fibonacci number {n}.")')
+
+
+def test_a_batch_gives_each_task_to_the_program(tmp_path: Path) -> None:
+    numbers = [5, 8, 11, 13, 17, 19, 22, 25, 27, 30]  # not 20, the program's own
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(
+        json.dumps({"id": f"fib{n}", "task": f"What's the {n}th Fibonacci number?",
+                    "expected": str(fibonacci(n))}) + "\n"
+        for n in numbers
+    ))  # fmt: skip
+    with ScriptedModelServer([], answer=fib_team_answer) as server:
+        result = cli(
+            "batch", str(FIB_TEAM), str(tasks), "--api-base", server.api_base(),
+            "--concurrency", "4", "-o", str(tmp_path / "out"), "--json",
+            env={"HF_TOKEN": f"hf_{secrets.token_hex(8)}"}, timeout=600,
+        )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["counts"]["succeeded"] == 10 and summary["accuracy"] == 1.0
+    assert summary["tokens_source"] == "gateway"
+    lines = [
+        json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+    ]
+    assert sorted(line["answer"] for line in lines) == sorted(fibonacci(n) for n in numbers)
+    # The hard-coded question never reached the model; each task did.
+    asked = [json.dumps(r["body"]["messages"]) for r in server.requests]
+    assert not any("What's the 20th" in text for text in asked)
+    firsts = [t for t in asked if "What's the" in t and "named 'coder_agent'" not in t]
+    assert {n for n in numbers if any(f"What's the {n}th" in t for t in firsts)} == set(numbers)
+    record = Path(lines[0]["record_dir"])
+    events = [json.loads(e) for e in (record / "events.jsonl").read_text().splitlines()]
+    run = next(e for e in events if e["type"] == "agent_run")
+    assert run["program_task"] == "What's the 20th Fibonacci number?"
+    assert run["task"].startswith("What's the ")
+
+
+# ---- validate ----------------------------------------------------------------------------------
+
+
+def test_validate_loads_a_program_up_to_its_first_agent_run(tmp_path: Path) -> None:
+    ok = cli("validate", str(FIB_TEAM), env={"HF_TOKEN": "hf_for_validation"})
+    assert ok.returncode == 0, ok.stderr
+    assert "program fib_team.py" in ok.stdout and "agents manager, coder_agent" in ok.stdout
+    missing = cli("validate", str(FIB_TEAM), env={"HF_TOKEN": ""})
+    assert missing.returncode == 2 and "HF_TOKEN" in missing.stderr
+    program = tmp_path / "typo.py"
+    program.write_text(
+        "# /// script\n# [tool.orchestrator.mock.scripts]\n# reseacher = ['x']\n# ///\n"
+        "from smolagents import CodeAgent, InferenceClientModel\n"
+        "researcher = CodeAgent(tools=[], model=InferenceClientModel(), name='researcher',\n"
+        "                       description='looks things up')\n"
+        "manager = CodeAgent(tools=[], model=InferenceClientModel(), managed_agents=[researcher])\n"
+        "print('built')\nmanager.run('Who wrote Dune?')\nprint('never printed in a check')\n"
+    )
+    typo = cli("validate", str(program), env={"HF_TOKEN": "hf_for_validation"})
+    assert typo.returncode == 2
+    assert "mock script for 'reseacher', which is not an agent of the tree" in typo.stderr

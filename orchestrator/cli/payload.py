@@ -15,7 +15,9 @@ def add_payload_parser(sub: Any) -> None:
     p = sub.add_parser(
         "validate",
         help=HELP["validate"],
-        description="Check a payload without running it, as `run` checks it before it starts: "
+        description="Check a payload or a program without running it, as `run` checks it "
+        "before it starts (a program: its `# /// script` block, its syntax, the models it "
+        "makes, run up to its first agent run with no model called): "
         "its manifest, what its folder would ship, dangerous imports, that its declared "
         "secrets are set (their values go nowhere), and (unless --no-load) that its agent "
         "tree loads in a sandbox with the mock model and placeholder secrets, no step run; "
@@ -24,7 +26,9 @@ def add_payload_parser(sub: Any) -> None:
         "parse). Exit codes: 0 ok, 2 problems found, 5 the sandbox could not run.",
     )
     p.add_argument(
-        "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
+        "payload",
+        help="payload folder (holding manifest.toml), a program (a .py file, or a folder with "
+        "__main__.py or main.py), or a shipped example's name",
     )
     p.add_argument(
         "--no-load", action="store_true",
@@ -63,8 +67,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return exc.exit_code
     report["warnings"] = []
-    prepared, code = prepare_check(args, manifest.example_task, report)
-    missing = manifest.missing_function()  # from the source: the functions that do exist
+    prepared, code = prepare_check(args, manifest, report)
+    missing = manifest.program is None and manifest.missing_function()  # from the source
     if missing:
         report["problems"].append(
             f"{manifest.path}: field `payload.entrypoint` {missing}. Fix the name, or define it."
@@ -82,16 +86,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         say(warning, kind="warning")
     if report["ok"]:
         loaded = f", agents {', '.join(report['agents'])}" if report.get("agents") else ""
+        runs = (
+            f"program {manifest.program}"
+            if manifest.program
+            else (f"entrypoint {manifest.entrypoint}")
+        )
         print(
-            f"{report['manifest']}: ok ({report['payload']}, entrypoint {manifest.entrypoint}, "
+            f"{report['manifest']}: ok ({report['payload']}, {runs}, "
             f"{report['files']} files to ship{loaded})"
         )
     return code
 
 
-def prepare_check(
-    args: argparse.Namespace, example_task: str | None, report: dict
-) -> tuple[Any, int]:
+def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tuple[Any, int]:
     """The checks `run` makes before it starts anything (`runner.prepare`, the one function),
     in check mode: the declared secrets must be set, but their values never leave the host.
     Returns the prepared check (None when refused) and the exit code so far; each problem is
@@ -102,10 +109,13 @@ def prepare_check(
     from ..runner import prepare
     from ..spec import RunSpec
 
+    program = manifest.program is not None
     spec = RunSpec(
         payload=args.payload,
-        task=example_task or "(validation: no step runs)",
-        model="mock",
+        task=None if program else manifest.example_task or "(validation: no step runs)",
+        # A program's own models are checked (routable, one endpoint, their key set); the
+        # mock runs in their place, and no model is called.
+        model=None if program else "mock",
         backend=args.backend,
         network="none",
         timeout_seconds=120,
