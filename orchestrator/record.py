@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -28,6 +29,8 @@ MAX_VIOLATION_FRAME = 2000
 MAX_LINE_BYTES = MAX_FRAME_BYTES
 #: Cuts recorded one by one as `output_cut` events; further ones are only counted.
 MAX_CUT_EVENTS = 20
+#: How much of a program's log its result carries (`RunResult.output`).
+OUTPUT_TAIL_BYTES = 64 * 1024
 
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -241,6 +244,24 @@ class RunRecorder:
                 self.host_event("stream_recovered")
                 self.observed(event)  # the live stream broke: its numbering cannot be checked
                 return
+
+    def log_tail(self, limit: int = OUTPUT_TAIL_BYTES) -> str:
+        """The last `limit` bytes of the sandbox's log (stderr: where a program's prints go),
+        as recorded (masked), cut at a line start."""
+        with self._lock:
+            with contextlib.suppress(OSError, ValueError):
+                self._files["stderr"].flush()
+        try:
+            with open(self.directory / "stderr.log", "rb") as file:
+                file.seek(0, os.SEEK_END)
+                size = file.tell()
+                file.seek(max(0, size - limit))
+                data = file.read()
+        except OSError:
+            return ""
+        if size > limit:
+            data = data[data.find(b"\n") + 1 :]
+        return data.decode("utf-8", errors="replace")
 
     def close(self) -> None:
         with self._lock:

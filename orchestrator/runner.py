@@ -225,6 +225,9 @@ def prepare(
     )
 
 
+#: `--model program`: a program's own models (over its `payload.model`).
+PROGRAM_MODEL = "program"
+
 #: What a program's key variables hold when its own models are not used (see `prepare`).
 NO_KEY = "no-key:the-program's-models-are-not-used-in-this-run"
 
@@ -235,6 +238,8 @@ def run_model(spec: RunSpec, manifest: Manifest) -> tuple[ModelSpec, ModelSpec |
     (`program.program_model`, which raises ConfigError for a model that cannot be routed).
     A check (`validate`) checks the program's model but runs the mock in its place."""
     chosen = spec.model or manifest.model
+    if chosen == PROGRAM_MODEL:  # `--model program`: the program's own, whatever it says
+        chosen = None
     if manifest.program is None or chosen is not None:
         model = parse_model(
             chosen or "mock",
@@ -478,6 +483,8 @@ def execute(
         result.timings = timings
         if result.status == "infra_error":
             result.error = explain_network(prepared.network, prepared.model, result.error)
+        if prepared.manifest.program is not None:
+            result.output = record.log_tail()
         if prepared.trace is not None:  # never fails: what was not exported is recorded
             context = RunContext.of(prepared.spec, prepared.task)
             result.traces = record_trace(result, record, context, prepared.trace)

@@ -100,6 +100,91 @@ def build_manager(model) -> CodeAgent:
 '''
 
 
+PROGRAM = '''\
+# /// script
+# requires-python = ">=3.10"
+# dependencies = ["smolagents"]
+#
+# [tool.orchestrator.payload]
+# description = "A manager CodeAgent that asks a researcher (a ToolCallingAgent) for facts."
+# model = "mock"  # plays the scripts below; --model program runs the models built here
+#
+# [tool.orchestrator.limits]
+# timeout_seconds = 120
+#
+# # What the mock model answers, per agent, in order. A CodeAgent answers a thought and a
+# # <code> block; a ToolCallingAgent one tool call as JSON after "Action:".
+# [tool.orchestrator.mock.scripts]
+# manager = [
+#   """Thought: The researcher can look facts up. I will ask it.
+# <code>
+# note = researcher(task="Look up the boiling point of water at sea level.")
+# print(note)
+# </code>""",
+#   """Thought: The researcher's note gives the figure in Celsius.
+# <code>
+# final_answer("100")
+# </code>""",
+# ]
+# researcher = [
+#   'Action: {{"name": "lookup_fact", "arguments": {{"topic": "water"}}}}',
+#   'Action: {{"name": "final_answer", "arguments": {{"answer": "Water boils at 100 °C."}}}}',
+# ]
+# ///
+"""{name}: a smolagents program, run as written by `orchestrator run {name}.py`.
+
+Its models keep their class and model id, and reach their endpoint only through the run's
+model gateway: the key (HF_TOKEN here) stays on the host, the sandbox holds a run token.
+"""
+
+import os
+
+from smolagents import CodeAgent, InferenceClientModel, ToolCallingAgent, tool
+
+FACTS = {{
+    "water": "Water boils at 100 degrees Celsius at sea level and freezes at 0.",
+    "light": "Light travels about 299,792 km per second in a vacuum.",
+}}
+
+
+@tool
+def lookup_fact(topic: str) -> str:
+    """Looks a topic up in a small table of facts.
+
+    Args:
+        topic: One word naming the topic, e.g. "water" or "light".
+    """
+    return FACTS.get(topic.strip().lower(), f"no fact about {{topic!r}}; topics: {{sorted(FACTS)}}")
+
+
+model = InferenceClientModel(token=os.getenv("HF_TOKEN"))
+researcher = ToolCallingAgent(
+    tools=[lookup_fact],
+    model=model,
+    name="researcher",
+    description="Looks facts up. Give it a question; it answers from its table of facts.",
+    max_steps=4,
+)
+manager = CodeAgent(tools=[], model=model, managed_agents=[researcher], max_steps=6)
+print(manager.run("At how many degrees Celsius does water boil at sea level?"))
+'''
+
+
+def scaffold_program(name: str, parent: str | Path = ".") -> Path:
+    """Write the program `parent/name.py`; refuses a bad name or an existing path."""
+    if not NAME_RE.match(name):
+        raise ConfigError(
+            f"{name!r} is not a program name.",
+            "Use lowercase letters, digits, _ and - (starting with a letter or digit).",
+        )
+    path = Path(parent) / f"{name}.py"
+    if path.exists():
+        raise ConfigError(f"{path} already exists.", "Choose another name or folder.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(PROGRAM.format(name=name), encoding="utf-8")
+    return path
+
+
 def scaffold(name: str, parent: str | Path = ".") -> Path:
     """Write the payload folder `parent/name`; refuses a bad name or an existing path."""
     if not NAME_RE.match(name):

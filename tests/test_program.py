@@ -253,7 +253,8 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     assert outcome["token_usage_source"] == "gateway"
     assert {k: outcome["token_usage"][k] for k in server.usage} == server.usage
     record = Path(outcome["record_dir"])
-    assert "6765" in (record / "stderr.log").read_text()  # its print
+    assert "6765" in (record / "stderr.log").read_text()  # its print, in its logs
+    assert "6765" in outcome["output"]  # and in --json
     events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
     kinds = [(e["type"], e.get("agent")) for e in events if e["type"] in
              ("step", "managed_agent_call", "managed_agent_result")]  # fmt: skip
@@ -366,3 +367,17 @@ def test_validate_loads_a_program_up_to_its_first_agent_run(tmp_path: Path) -> N
     typo = cli("validate", str(program), env={"HF_TOKEN": "hf_for_validation"})
     assert typo.returncode == 2
     assert "mock script for 'reseacher', which is not an agent of the tree" in typo.stderr
+
+
+def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:
+    made = cli("new", "--program", "facts", "--dir", str(tmp_path))
+    assert made.returncode == 0, made.stderr
+    program = tmp_path / "facts.py"
+    assert program.read_text().startswith("# /// script\n")
+    result = cli("run", str(program), "--json")
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout)
+    assert outcome["answer"] == "100" and outcome["model"].startswith("mock")
+    # --model program: its own InferenceClientModel, whose key must then be set.
+    own = cli("run", str(program), "--model", "program", env={"HF_TOKEN": ""})
+    assert own.returncode == 2 and "HF_TOKEN" in own.stderr
