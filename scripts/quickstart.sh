@@ -13,6 +13,7 @@ reads a "year" key the knowledge base does not have, then recovers with "opened"
 quickstart: `orchestrator` is in .venv/bin. In a new shell, first run
     source .venv/bin/activate
 then, for example:
+    orchestrator new --program hello && orchestrator run hello.py    # a smolagents program, as written
     orchestrator run research_team "How many years after the Eiffel Tower opened did the Golden Gate Bridge open?"
     orchestrator runs list
     orchestrator --help

@@ -25,12 +25,17 @@ class Command:
 
 
 COMMANDS = (
-    Command("run", "run a payload once in a fresh sandbox", ("run:add_run_parser",)),
+    Command(
+        "run",
+        "run a payload, or a smolagents program as written, once in a fresh sandbox",
+        ("run:add_run_parser",),
+    ),
     Command("images", "build, list and prune sandbox images", ("images:add_images_parser",)),
     Command("runs", "read, remove, prune and export run records", ("runs:add_runs_parser",)),
     Command(
         "validate",
-        "check a payload: manifest, files, and that its agent tree loads (no step runs)",
+        "check a payload or program: metadata, files, and that its agent tree loads "
+        "(no step runs)",
         ("payload:add_payload_parser",),
     ),
     Command(
@@ -53,7 +58,11 @@ COMMANDS = (
         "browse runs, agent trees, batches and schedules in a local web page",
         ("view:add_view_parser",),
     ),
-    Command("new", "write a new payload folder that runs as generated", ("new:add_new_parser",)),
+    Command(
+        "new",
+        "write a new payload folder (or, --program, a program) that runs as generated",
+        ("new:add_new_parser",),
+    ),
     Command(
         "examples",
         "list the example payloads shipped with the orchestrator",
