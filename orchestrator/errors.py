@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 
@@ -130,3 +131,14 @@ class ImageBuildError(OrchestratorError):
     """An image could not be built."""
 
     exit_code = 5
+
+
+@contextmanager
+def at_field(name: str) -> Iterator[None]:
+    """Tag an input error raised inside with the field it concerns (a RunSpec field), unless
+    it names one already."""
+    try:
+        yield
+    except OrchestratorError as exc:
+        exc.field = exc.field or name
+        raise

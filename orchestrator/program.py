@@ -20,11 +20,12 @@ import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .errors import ConfigError, ManifestError, Problem
 from .models import ModelSpec, parse_model
 from .payload import ShippedFile, payload_files, program_file
+from .spec import RunSpec
 
 #: The file a folder program runs, in the order looked for.
 MAIN_FILES = ("__main__.py", "main.py")
@@ -334,3 +335,53 @@ def derive_name(path: Path) -> str:
     stem = path.stem if path.is_file() else path.name
     name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_") or "program"
     return name[:63]
+
+
+#: `--model program`: a program's own models (over its `payload.model`).
+PROGRAM_MODEL = "program"
+
+
+class ReadPayload(Protocol):
+    """What `choose_model` reads of a payload (manifest.Manifest, which imports this)."""
+
+    @property
+    def program(self) -> str | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def model_uses(self) -> tuple[ModelUse, ...]: ...
+    @property
+    def folder(self) -> Path: ...
+
+
+def choose_model(spec: RunSpec, payload: ReadPayload) -> tuple[ModelSpec, ModelSpec | None]:
+    """The run's model, and the program's own model when the program's models are used (the
+    run names no model, nor the program's `payload.model`): read from its source
+    (`program_model`, which raises ConfigError for a model that cannot be routed). A check
+    (`validate`) checks the program's model but runs the mock in its place."""
+    chosen = spec.model or payload.model
+    if chosen == PROGRAM_MODEL:  # `--model program`: the program's own, whatever it says
+        chosen = None
+    if payload.program is None or chosen is not None:
+        model = parse_model(
+            chosen or "mock",
+            api_base=spec.api_base,
+            credential_env=spec.model_key_env,
+            options=spec.model_options,
+        )
+        return model, None
+    own = program_model(
+        payload.model_uses,
+        str(payload.folder),
+        api_base=spec.api_base,
+        key_env=spec.model_key_env,
+        options=spec.model_options,
+    )
+    if spec.check_only:
+        return parse_model("mock"), own
+    return own, own
+
+
+def key_names(uses: tuple[ModelUse, ...]) -> list[str]:
+    """The variables a program's models read their keys from, as its source says."""
+    return list(dict.fromkeys(u.key_env or ROUTABLE[u.cls][1] for u in uses if u.cls in ROUTABLE))

@@ -15,8 +15,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from orchestrator_runtime.masking import Masker
@@ -26,7 +25,7 @@ from orchestrator_runtime.request import Request
 from .backends import backend_capabilities, backend_name, get_backend
 from .backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
 from .defaults import choose_sandbox_runtime
-from .errors import ConfigError, ManifestError, OrchestratorError, RecordError
+from .errors import ConfigError, ManifestError, RecordError, at_field
 from .gateway import (
     GatewaySpec,
     describe_gateway,
@@ -38,14 +37,14 @@ from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
 from .labels import owner_label, run_labels
 from .manifest import Manifest, load_manifest
-from .models import ModelSpec, parse_model
+from .models import ModelSpec
 from .otlp import TraceTarget, trace_target
 from .outcome import cancelled_error, decide_status, explain_network
 from .payload import ShippedFile, check_task
 from .policy import describe_allowlist, resolve_policy, sandbox_api_base
-from .program import ROUTABLE, program_model
+from .program import choose_model, key_names
 from .record import EventHandler, RunRecorder, finish
-from .secrets import needed_secrets, resolve_secrets
+from .secrets import needed_secrets, run_secrets
 from .spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
 from .store import Store, new_run_id
 from .supervise import record_egress_blocked, record_gateway, supervise
@@ -110,9 +109,7 @@ class PreparedRun:
     #: The sandbox runtime asked for: the run's, else the payload's, else auto.
     sandbox_runtime: str = "auto"
     trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
-    #: Whose models the agents use: "run" (`model` replaces them) or "program" (a
-    #: program's own, served through the run's gateway).
-    model_source: str = "run"
+    model_source: str = "run"  # "run": `model` replaces the agents' models; "program": theirs
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -143,7 +140,7 @@ def prepare(
     values are not read: the result's `secrets` is empty, `secret_names` still complete.
     `limits_from` says where the spec's limits came from, for the error message.
     """
-    with _field("payload"):
+    with at_field("payload"):
         manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
         dangerous = manifest.dangerous_imports()
         if dangerous and not spec.allow_dangerous_imports:
@@ -155,8 +152,8 @@ def prepare(
                 "(the container stays the boundary).",
             )
         files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
-    with _field("model"):
-        model, own_model = run_model(spec, manifest)
+    with at_field("model"):
+        model, own_model = choose_model(spec, manifest)
     task = spec.task if spec.task is not None else manifest.example_task
     if manifest.program is not None:  # a program's own tasks stand unless the run gives one
         task = spec.task or ""
@@ -167,44 +164,36 @@ def prepare(
         )
         error.field = "task"
         raise error
-    with _field("task"):
+    with at_field("task"):
         check_task(task)
-    with _field("limits"):
+    with at_field("limits"):
         overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
         limits = replace(manifest.limits, **overrides)
         limits.validate(limits_from)
-    with _field("backend"):
+    with at_field("backend"):
         backend = backend_name(spec.backend, manifest)
         capabilities = backend_capabilities(backend)
-    with _field("model"):  # an endpoint the backend's sandboxes cannot reach: refused here
+    with at_field("model"):  # an endpoint the backend's sandboxes cannot reach: refused here
         host_alias = endpoint_on_host(capabilities, model, backend)
-    with _field("network"):
+    with at_field("network"):
         network = resolve_policy(spec.network, model=model, hosts=manifest.hosts,
                                  allow_hosts=spec.allow_hosts, host_alias=host_alias)  # fmt: skip
-    with _field("model"):
+    with at_field("model"):
         gateway, gateway_off = plan_gateway(
             enabled=spec.gateway, model=model, network=network, backend=backend,
             provision=capabilities.model_gateway, limits=limits,
         )  # fmt: skip
-    with _field("sandbox_runtime"):
+    with at_field("sandbox_runtime"):
         sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
-    with _field("traces_to"):
+    with at_field("traces_to"):
         trace = None if spec.check_only else trace_target(spec.traces_to)
     needed = needed_secrets(manifest, own_model or model)
-    with _field("secrets"):
-        if spec.check_only:  # the tree is built, no step runs: no real secret goes in,
-            resolve_secrets(needed, env_file=spec.env_file)  # but a run would need them set
-            secrets = {name: "placeholder-for-validation" for name in needed}
-        elif secret_values:
-            secrets = resolve_secrets(needed, env_file=spec.env_file)
-        else:
-            secrets = {}
-    if own_model is None or spec.check_only:
-        # The program's models are replaced (--model, mock) or not called (a check): the
-        # variables they read their keys from hold a placeholder, so that they can still be
-        # made (OpenAI's client refuses to be made without a key).
-        for name in program_key_names(manifest):
-            secrets.setdefault(name, NO_KEY)
+    with at_field("secrets"):
+        secrets = run_secrets(
+            needed, check_only=spec.check_only, values=secret_values, env_file=spec.env_file,
+            placeholders=key_names(manifest.model_uses) if own_model is None or spec.check_only
+            else (),
+        )  # fmt: skip
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),
@@ -225,62 +214,10 @@ def prepare(
     )
 
 
-#: `--model program`: a program's own models (over its `payload.model`).
-PROGRAM_MODEL = "program"
-
-#: What a program's key variables hold when its own models are not used (see `prepare`).
-NO_KEY = "no-key:the-program's-models-are-not-used-in-this-run"
-
-
-def run_model(spec: RunSpec, manifest: Manifest) -> tuple[ModelSpec, ModelSpec | None]:
-    """The run's model, and the program's own model when the program's models are used (the
-    run names no model, nor the program's `payload.model`): read from its source
-    (`program.program_model`, which raises ConfigError for a model that cannot be routed).
-    A check (`validate`) checks the program's model but runs the mock in its place."""
-    chosen = spec.model or manifest.model
-    if chosen == PROGRAM_MODEL:  # `--model program`: the program's own, whatever it says
-        chosen = None
-    if manifest.program is None or chosen is not None:
-        model = parse_model(
-            chosen or "mock",
-            api_base=spec.api_base,
-            credential_env=spec.model_key_env,
-            options=spec.model_options,
-        )
-        return model, None
-    own = program_model(
-        manifest.model_uses,
-        str(manifest.folder),
-        api_base=spec.api_base,
-        key_env=spec.model_key_env,
-        options=spec.model_options,
-    )
-    if spec.check_only:
-        return parse_model("mock"), own
-    return own, own
-
-
-def program_key_names(manifest: Manifest) -> list[str]:
-    """The variables a program's models read their keys from, as its source says."""
-    return list(dict.fromkeys(
-        use.key_env or ROUTABLE[use.cls][1] for use in manifest.model_uses if use.cls in ROUTABLE
-    ))  # fmt: skip
-
-
 class _Stopped(Exception):
     """The run's `cancel` event was set; raised only at safe points of `execute` (and from
     its progress callback, which backends call where stopping leaves nothing half-made), so
     a signal never lands between creating a container and holding on to it."""
-
-
-@contextmanager
-def _field(name: str) -> Iterator[None]:
-    """Tag an input error raised inside with the RunSpec field it concerns."""
-    try:
-        yield
-    except OrchestratorError as exc:
-        exc.field = exc.field or name
-        raise
 
 
 def run(
@@ -357,7 +294,7 @@ def execute(
 
     masker = Masker(prepared.secrets.values())
     run_id = prepared.run_id
-    with _field("sandbox_runtime"):  # nothing has started yet
+    with at_field("sandbox_runtime"):  # nothing has started yet
         backend.check_runtime(prepared.sandbox_runtime, asked=bool(prepared.spec.sandbox_runtime))
     try:
         record_dir = store.create_run(
@@ -517,6 +454,13 @@ def runtime_command(prepared: PreparedRun) -> tuple[str, ...]:
     return (*RUNTIME_COMMAND, *(arg for name in preloads for arg in ("--preload", name)))
 
 
+def program_argv(prepared: PreparedRun) -> list[str]:
+    """A program's arguments; one given a task and no arguments finds the task there too."""
+    if prepared.manifest.program is None:
+        return []
+    return list(prepared.spec.program_args or ((prepared.task,) if prepared.task else ()))
+
+
 def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Request:
     """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
     adds those its own way (`Sandbox.start`) and ships the request. `api_base`: the run's
@@ -529,8 +473,7 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         payload_name=manifest.name,
         entrypoint=manifest.entrypoint,
         program=manifest.program,
-        # A program given a task and no arguments finds the task in sys.argv[1] too.
-        argv=list(prepared.spec.program_args or ((prepared.task,) if prepared.task else ())),
+        argv=program_argv(prepared),
         requires_python=manifest.requires_python,
         files=prepared.files,
         authorized_imports=list(manifest.authorized_imports),

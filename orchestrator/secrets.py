@@ -25,6 +25,34 @@ def needed_secrets(manifest: Manifest, model: ModelSpec) -> list[str]:
     return list(dict.fromkeys(needed))
 
 
+#: What a program's key variables hold when its own models are not used (see `run_secrets`).
+NO_KEY = "no-key:the-program's-models-are-not-used-in-this-run"
+
+
+def run_secrets(
+    needed: list[str],
+    *,
+    check_only: bool,
+    values: bool,
+    env_file: str | Path | None,
+    placeholders: Iterable[str] = (),
+) -> dict[str, str]:
+    """The secrets a run ships: `needed` with their values (raises ConfigError for one that
+    is not set); a check (`validate`) needs them set but ships placeholders, since no step
+    runs; `values=False` (schedule validation) reads none. `placeholders`: the variables a
+    program's models read their keys from when those models are replaced (--model, mock) or
+    not called (a check): they hold NO_KEY, so that the models can still be made (OpenAI's
+    client refuses to be made without a key)."""
+    if check_only:
+        resolve_secrets(needed, env_file=env_file)
+        secrets = {name: "placeholder-for-validation" for name in needed}
+    else:
+        secrets = resolve_secrets(needed, env_file=env_file) if values else {}
+    for name in placeholders:
+        secrets.setdefault(name, NO_KEY)
+    return secrets
+
+
 def resolve_secrets(
     names: Iterable[str],
     *,

@@ -34,8 +34,7 @@ COMMANDS = (
     Command("runs", "read, remove, prune and export run records", ("runs:add_runs_parser",)),
     Command(
         "validate",
-        "check a payload or program: metadata, files, and that its agent tree loads "
-        "(no step runs)",
+        "check a payload or program: metadata, files, and that its agent tree loads (no step runs)",
         ("payload:add_payload_parser",),
     ),
     Command(
