@@ -381,3 +381,26 @@ def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:
     # --model program: its own InferenceClientModel, whose key must then be set.
     own = cli("run", str(program), "--model", "program", env={"HF_TOKEN": ""})
     assert own.returncode == 2 and "HF_TOKEN" in own.stderr
+
+
+def test_a_schedule_fires_a_program_with_its_task(tmp_path: Path) -> None:
+    """A schedule names a program like a payload; its task replaces the first agent run's,
+    and the program's own models are the default (here replaced by `model = "mock"`)."""
+    name = f"prog-{secrets.token_hex(4)}"
+    (tmp_path / "schedules.toml").write_text(
+        f'[[schedule]]\nname = "{name}"\ncron = "@daily"\n'
+        f'payload = "{PROGRAMS / "two_runs.py"}"\ntask = "Add 40 and 2."\nmodel = "mock"\n'
+        "limits = { timeout_seconds = 120 }\n"
+    )
+    path = tmp_path / "schedules.toml"
+    assert cli("schedule", "validate", "--file", str(path)).returncode == 0
+    # two_runs.py's agents have no scripts: the mock model plays none, so the first fails.
+    out = cli("schedule", "run", name, "--file", str(path))
+    assert f"schedule={name}" in out.stdout and "run=r-" in out.stdout
+    run_id = re.search(r"run=(\S+)", out.stdout).group(1)  # type: ignore[union-attr]
+    shown = json.loads(cli("runs", "show", run_id, "--json").stdout)
+    events = [
+        json.loads(e) for e in (Path(shown["record_dir"]) / "events.jsonl").read_text().splitlines()
+    ]
+    (first, *_) = [e for e in events if e["type"] == "agent_run"]
+    assert first["task"] == "Add 40 and 2." and first["program_task"] == "Add 1 and 2."

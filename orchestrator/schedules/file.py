@@ -137,7 +137,8 @@ class Schedule:
     source: Path
     task: str | None = None
     task_file: Path | None = None
-    model: str = "mock"
+    #: None: the payload's default (mock; a program's own models).
+    model: str | None = None
     api_base: str | None = None
     model_key_env: str | None = None
     backend: str | None = None
@@ -361,10 +362,13 @@ def _parse_schedule(
         if key == "payload":  # as `run` takes it: a bare name may be a shipped example
             resolved = payload_path(value, base).absolute()
         ok = resolved.is_dir() if must_be_dir else resolved.is_file()
+        if key == "payload":  # a payload folder, or a program (a .py file)
+            ok = resolved.is_dir() or (resolved.is_file() and resolved.suffix == ".py")
         if check_payloads and not ok:
             bad(
                 key,
-                f"{resolved} does not exist" + (" (a payload folder)" if must_be_dir else ""),
+                f"{resolved} does not exist"
+                + (" (a payload folder, or a program's .py file)" if must_be_dir else ""),
                 PAYLOAD_FIX if key == "payload" else "",
             )
         return resolved
@@ -392,7 +396,7 @@ def _parse_schedule(
         source=path,
         task=values.get("task"),
         task_file=task_file,
-        model=values.get("model") or "mock",
+        model=values.get("model") or None,
         api_base=values.get("api_base"),
         model_key_env=values.get("model_key_env"),
         backend=values.get("backend"),
@@ -420,8 +424,8 @@ def _parse_schedule(
 
 
 PAYLOAD_FIX = (
-    "Give a payload folder (relative to the schedules file) or a shipped example's name "
-    "(`orchestrator examples` lists them)."
+    "Give a payload folder or a program's .py file (relative to the schedules file), or a "
+    "shipped example's name (`orchestrator examples` lists them)."
 )
 
 
