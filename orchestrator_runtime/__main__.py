@@ -167,9 +167,11 @@ class Run:
                           run_model)  # fmt: skip
         program.install()
         root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
+        traced = self.tracing.under_host_root() if self.tracing else contextlib.nullcontext()
         try:
             write_payload(root, request.files)
-            state, error, ended_by = program.execute(root)
+            with traced:  # the program's spans under the host's root span
+                state, error, ended_by = program.execute(root)
         except (PayloadError, ProgramError) as refused:
             return self.fail("payload", refused, "payload", EXIT_BAD_REQUEST)
         finally:

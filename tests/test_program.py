@@ -404,3 +404,19 @@ def test_a_schedule_fires_a_program_with_its_task(tmp_path: Path) -> None:
     ]
     (first, *_) = [e for e in events if e["type"] == "agent_run"]
     assert first["task"] == "Add 40 and 2." and first["program_task"] == "Add 1 and 2."
+
+
+def test_a_programs_spans_are_under_the_hosts_root() -> None:
+    trace = {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "parent_span_id": "00f067aa0ba902b7"}
+    scripts = {"first": [code("final_answer(3)")], "manager": [code("final_answer(42)")]}
+    request = program_request(PROGRAMS / "two_runs.py", scripts)
+    request["trace"] = trace
+    out = run_runtime(request, args=("--preload", "traces"))
+    assert out.end["state"] == "success", out.stderr
+    spans = out.of_type("span")
+    by_id = {s["span_id"] for s in spans}
+    tops = [s for s in spans if s["parent_span_id"] not in by_id]
+    assert [(s["name"], s["parent_span_id"]) for s in tops] == [
+        ("first.run", trace["parent_span_id"]),
+        ("manager.run", trace["parent_span_id"]),  # named before it ran
+    ]
