@@ -323,24 +323,13 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
             "Fix the `# /// script` block (`orchestrator validate PROGRAM` checks again).",
         )
     payload = sections["payload"]
-    relative = main.relative_to(folder).as_posix()
-    return Manifest(
-        path=main,
+    return _manifest(
+        main,
+        sections,
+        requirements,
         name=payload.get("name") or derive_name(path),
         entrypoint="",
-        description=payload.get("description", ""),
-        example_task=payload.get("example_task"),
-        example_answer=payload.get("example_answer"),
-        requirements=tuple(requirements),
-        authorized_imports=tuple(sections["python"].get("authorized_imports", ())),
-        secrets=tuple(sections["secrets"].get("required", ())),
-        hosts=tuple(h.lower() for h in sections["network"].get("hosts", ())),
-        limits=Limits(**sections["limits"]),
-        limits_set=tuple(sections["limits"]),
-        mock_scripts=dict(sections["mock"].get("scripts", {})),
-        backend=payload.get("backend"),
-        sandbox_runtime=payload.get("sandbox_runtime"),
-        program=relative,
+        program=main.relative_to(folder).as_posix(),
         single_file=path.is_file(),
         requires_python=requires_python,
         model=payload.get("model"),
@@ -419,10 +408,19 @@ def _parse(
             ),
             "Fix the fields named above (`orchestrator validate PAYLOAD` checks again).",
         )
+    return _manifest(
+        path, sections, requirements, name=payload["name"], entrypoint=payload["entrypoint"]
+    )
+
+
+def _manifest(
+    path: Path, sections: dict[str, dict[str, Any]], requirements: list[str], **own: Any
+) -> Manifest:
+    """A Manifest of checked sections (a manifest's, or a program's `[tool.orchestrator]`);
+    `own`: what the kind of payload says itself (name, entrypoint or program, ...)."""
+    payload = sections["payload"]
     return Manifest(
         path=path,
-        name=payload["name"],
-        entrypoint=payload["entrypoint"],
         description=payload.get("description", ""),
         example_task=payload.get("example_task"),
         example_answer=payload.get("example_answer"),
@@ -435,6 +433,7 @@ def _parse(
         mock_scripts=dict(sections["mock"].get("scripts", {})),
         backend=payload.get("backend"),
         sandbox_runtime=payload.get("sandbox_runtime"),
+        **own,
     )
 
 

@@ -60,6 +60,24 @@ researcher = [
 ]
 '''
 
+#: The researcher's one tool, in both templates (`{tool}`).
+TOOL = '''\
+FACTS = {
+    "water": "Water boils at 100 degrees Celsius at sea level and freezes at 0.",
+    "light": "Light travels about 299,792 km per second in a vacuum.",
+}
+
+
+@tool
+def lookup_fact(topic: str) -> str:
+    """Looks a topic up in a small table of facts.
+
+    Args:
+        topic: One word naming the topic, e.g. "water" or "light".
+    """
+    return FACTS.get(topic.strip().lower(), f"no fact about {topic!r}; topics: {sorted(FACTS)}")
+'''
+
 AGENTS = '''\
 """{name}: a manager CodeAgent and a researcher ToolCallingAgent with one tool.
 
@@ -71,21 +89,7 @@ from __future__ import annotations
 
 from smolagents import CodeAgent, ToolCallingAgent, tool
 
-FACTS = {{
-    "water": "Water boils at 100 degrees Celsius at sea level and freezes at 0.",
-    "light": "Light travels about 299,792 km per second in a vacuum.",
-}}
-
-
-@tool
-def lookup_fact(topic: str) -> str:
-    """Looks a topic up in a small table of facts.
-
-    Args:
-        topic: One word naming the topic, e.g. "water" or "light".
-    """
-    return FACTS.get(topic.strip().lower(), f"no fact about {{topic!r}}; topics: {{sorted(FACTS)}}")
-
+{tool}
 
 def build_manager(model) -> CodeAgent:
     """The entrypoint: build the agents with the given model and return the manager."""
@@ -141,21 +145,7 @@ import os
 
 from smolagents import CodeAgent, InferenceClientModel, ToolCallingAgent, tool
 
-FACTS = {{
-    "water": "Water boils at 100 degrees Celsius at sea level and freezes at 0.",
-    "light": "Light travels about 299,792 km per second in a vacuum.",
-}}
-
-
-@tool
-def lookup_fact(topic: str) -> str:
-    """Looks a topic up in a small table of facts.
-
-    Args:
-        topic: One word naming the topic, e.g. "water" or "light".
-    """
-    return FACTS.get(topic.strip().lower(), f"no fact about {{topic!r}}; topics: {{sorted(FACTS)}}")
-
+{tool}
 
 model = InferenceClientModel(token=os.getenv("HF_TOKEN"))
 researcher = ToolCallingAgent(
@@ -181,7 +171,7 @@ def scaffold_program(name: str, parent: str | Path = ".") -> Path:
     if path.exists():
         raise ConfigError(f"{path} already exists.", "Choose another name or folder.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(PROGRAM.format(name=name), encoding="utf-8")
+    path.write_text(PROGRAM.format(name=name, tool=TOOL), encoding="utf-8")
     return path
 
 
@@ -197,5 +187,5 @@ def scaffold(name: str, parent: str | Path = ".") -> Path:
         raise ConfigError(f"{folder} already exists.", "Choose another name or folder.")
     folder.mkdir(parents=True)
     (folder / "manifest.toml").write_text(MANIFEST.format(name=name), encoding="utf-8")
-    (folder / "agents.py").write_text(AGENTS.format(name=name), encoding="utf-8")
+    (folder / "agents.py").write_text(AGENTS.format(name=name, tool=TOOL), encoding="utf-8")
     return folder
