@@ -300,14 +300,7 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
     dependencies, too_new = filter_smolagents(dependencies, image_smolagents())
     if too_new:
         found.append(Problem("dependencies", too_new, "Accept that version of smolagents."))
-    requirements: list[str] = []
-    for item in dependencies:
-        problem = check_requirement(item, allowed_requirements)
-        if problem:
-            found.append(Problem(
-                "dependencies", f"has an entry {item!r} that {problem}", REQUIREMENT_HELP
-            ))  # fmt: skip
-        requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
+    requirements = _requirements(dependencies, "dependencies", allowed_requirements, found)
     requires_python = data.get("requires-python")
     if requires_python is not None and (problem := check_requires_python(requires_python)):
         found.append(Problem("requires-python", problem, "Fix the specifier."))
@@ -384,15 +377,10 @@ def _parse(
                 "payload.entrypoint", f"names a module with no file {module_file}",
                 _module_fix(path.parent, entrypoint),
             ))  # fmt: skip
-    requirements: list[str] = []
-    for item in sections["python"].get("requirements", []):
-        problem = check_requirement(item, allowed_requirements)
-        if problem:
-            found.append(Problem(
-                "python.requirements", f"has an entry {item!r} that {problem}", REQUIREMENT_HELP
-            ))  # fmt: skip
-        # Passed only because the run named it: carry the mark to the image build.
-        requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
+    requirements = _requirements(
+        sections["python"].get("requirements", []), "python.requirements", allowed_requirements,
+        found,
+    )  # fmt: skip
     if found:
         lines = TomlLines(text)
         raise ManifestError.of_problems(
@@ -411,6 +399,21 @@ def _parse(
     return _manifest(
         path, sections, requirements, name=payload["name"], entrypoint=payload["entrypoint"]
     )
+
+
+def _requirements(
+    items: list[str], field: str, allowed: Collection[str], found: list[Problem]
+) -> list[str]:
+    """The requirements of `field`, each checked (a problem added to `found`); one that
+    passes only because the run allowed it by name (--allow-requirement) is marked so, and
+    the mark is carried to the image build."""
+    requirements: list[str] = []
+    for item in items:
+        problem = check_requirement(item, allowed)
+        if problem:
+            found.append(Problem(field, f"has an entry {item!r} that {problem}", REQUIREMENT_HELP))
+        requirements.append(AllowedRequirement(item) if check_requirement(item) else item)
+    return requirements
 
 
 def _manifest(
