@@ -140,5 +140,7 @@ def test_a_batch_over_the_guides_program_runs_on_a_ray_cluster(
         record = json.loads((Path(row["record_dir"]) / "result.json").read_text())
         assert record["node"]["node_id"] and record["token_usage_source"] == "gateway"
         assert agent_trace(events_in(row["record_dir"])) == FIB_TEAM_TRACE
-    label = f"{LABEL_STORE}={store_id(node.home)}"
-    assert not docker_client.api.containers(all=True, filters={"label": [label]})
+    # The node's sandboxes, gateways and networks are gone with the batch.
+    label = {"label": [f"{LABEL_STORE}={store_id(node.home)}"]}
+    assert not docker_client.api.containers(all=True, filters=label)
+    assert not docker_client.api.networks(filters=label)
