@@ -48,9 +48,9 @@ class GatewaySpec:
     on_docker_host: bool = False
 
     def describe(self) -> dict[str, Any]:
-        """For the run record (no token, no key)."""
+        """For the run record (no token, no key: the key's variable by name only)."""
         return {"enabled": True, "upstream": self.upstream, "max_model_calls": self.max_calls,
-                "max_tokens": self.max_tokens}  # fmt: skip
+                "max_tokens": self.max_tokens, "key_from": self.credential_env}  # fmt: skip
 
 
 def plan_gateway(

@@ -251,6 +251,8 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     assert {r["headers"].get("Authorization") for r in server.requests} == {f"Bearer {token}"}
     assert all(r["body"]["model"].endswith(":together") for r in server.requests)
     assert outcome["token_usage_source"] == "gateway"
+    assert outcome["gateway"]["key_from"] == "HF_TOKEN"  # the key by name, never its value
+    assert token not in result.stdout
     assert {k: outcome["token_usage"][k] for k in server.usage} == server.usage
     record = Path(outcome["record_dir"])
     assert "6765" in (record / "stderr.log").read_text()  # its print, in its logs
