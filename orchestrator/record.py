@@ -208,7 +208,11 @@ class RunRecorder:
             self.events.append(event)
             self._write("events", json.dumps(event, default=str) + "\n")
         if self.on_event:
-            self.on_event(event)
+            try:
+                self.on_event(event)
+            except Exception as exc:  # the record never depends on who watches it
+                self.on_event = None
+                self.host_event("observer_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _violation(self, reason: str, frame: Any) -> None:
         text = frame if isinstance(frame, str) else json.dumps(frame, default=str)

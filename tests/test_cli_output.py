@@ -55,6 +55,105 @@ def test_a_reader_that_closes_early_sees_no_traceback(two_runs: list[str], no_le
         assert out.returncode == 141, (args, out.returncode, out.stderr)  # as `cat` would
 
 
+def first_line_then_closed(
+    *args: str, env: dict[str, str], streams: str
+) -> subprocess.CompletedProcess[str]:
+    """The command with its reader gone after the first line (`2>&1 | head -1` when
+    `streams` is "both"; only stderr's reader when "stderr", stdout then read whole)."""
+    both = streams == "both"
+    proc = start_cli(
+        *args, env={**os.environ, **env}, stderr=subprocess.STDOUT if both else subprocess.PIPE
+    )
+    pipe = proc.stdout if both else proc.stderr
+    assert pipe is not None
+    first = pipe.readline()
+    pipe.close()
+    rest = "" if both or proc.stdout is None else proc.stdout.read()
+    return subprocess.CompletedProcess(args, proc.wait(timeout=300), rest, first)
+
+
+def private_store(tmp_path: Path, docker_client, agent_image: str) -> dict[str, str]:
+    """The environment of commands on a store of their own, piped output, and the agent
+    image's own base (so that no machine-dependent pull is tried)."""
+    base = docker_client.images.get(agent_image).labels["orchestrator.base"]
+    return {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_BASE_IMAGE": base, **PIPED}
+
+
+def recorded(env: dict[str, str]) -> list[dict]:
+    """Every run of the store `env` names, as `runs show --json` gives it."""
+    listed = cli("runs", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    shown = [
+        cli("runs", "show", row["run_id"], "--json", env=env) for row in json.loads(listed.stdout)
+    ]
+    return [json.loads(out.stdout) for out in shown]
+
+
+def test_a_reader_gone_mid_run_changes_nothing_in_its_record(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 1: `run research_team 2>&1 | head -2` (before: the live display died with
+    its reader, the host lost the result and recorded `infra_error`, exit 1 with a traceback).
+    The run goes on, is recorded `succeeded` with its answer, and the command exits 141 as a
+    writer whose reader went away, without a traceback; with only stderr gone the answer
+    still reaches stdout."""
+    env = private_store(tmp_path, docker_client, agent_image)
+    for streams in ("both", "stderr"):
+        out = first_line_then_closed("run", "research_team", env=env, streams=streams)
+        assert out.stderr.startswith("▶ run started"), out.stderr  # the line it was read to
+        assert out.returncode == 141, (streams, out.returncode)  # a traceback would exit 1
+        if streams == "stderr":
+            assert out.stdout == "48\n", out.stdout
+    runs = recorded(env)
+    assert [(r["status"], r["answer"]) for r in runs] == [("succeeded", 48)] * 2, runs
+    assert not any(
+        e.get("type") == "observer_failed"
+        for r in runs
+        for e in map(json.loads, Path(r["record_dir"], "events.jsonl").read_text().splitlines())
+    )  # the CLI's display never failed: it wrote into the void
+
+
+def test_a_reader_gone_mid_batch_changes_no_task(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 1, for `batch`: its progress' reader gone after the first line, every
+    task is still run and recorded `succeeded` with its answer; exit 141, no traceback
+    (stderr holds only the line read)."""
+    env = private_store(tmp_path, docker_client, agent_image)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "task": "How many years?"}) + "\n"
+                             for i in range(2)))  # fmt: skip
+    output = tmp_path / "out"
+    out = first_line_then_closed(
+        "batch", "research_team", str(tasks), "-o", str(output), env=env, streams="both"
+    )
+    assert out.returncode == 141, (out.returncode, out.stderr)
+    results = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["status"], r["answer"]) for r in results) == [
+        ("t0", "succeeded", 48), ("t1", "succeeded", 48)
+    ]  # fmt: skip
+    assert [(r["status"], r["answer"]) for r in recorded(env)] == [("succeeded", 48)] * 2
+
+
+def test_an_observer_that_fails_never_fails_the_run(agent_image: str, no_leftovers) -> None:
+    """Issue 45 item 1, in the Python API: an `on_event` that raises (a print to a closed
+    pipe, a bug) is dropped and noted in the record; the run is recorded as it ended."""
+    import orchestrator
+    from orchestrator.spec import RunSpec
+
+    from .conftest import PAYLOADS, events_of
+
+    def broken(event: dict) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    result = orchestrator.run(
+        RunSpec(payload=str(PAYLOADS / "research_team"), model="mock"), on_event=broken
+    )
+    assert (result.status, result.answer) == ("succeeded", 48), result.error
+    failed = [e for e in events_of(result) if e["type"] == "observer_failed"]
+    assert len(failed) == 1 and "BrokenPipeError" in failed[0]["error"], failed
+
+
 def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) -> None:
     first, second = two_runs
     by_suffix = cli("runs", "show", first[-6:], "--json")

@@ -19,6 +19,7 @@ from .output import (
     print_fields,
     print_json,
     print_table,
+    reader_gone,
     say,
 )
 from .parser import HELP
@@ -328,6 +329,8 @@ def cmd_runs_logs(args: argparse.Namespace) -> int:
     lines = follow(store, row["run_id"], path) if args.follow else read_lines(path)
     network = row.get("network")
     for line in lines:
+        if reader_gone():  # nobody reads on: stop following
+            break
         if args.stream == "events" and not args.json:
             try:
                 event = json.loads(line)
