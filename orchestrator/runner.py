@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
@@ -121,6 +122,23 @@ class PreparedRun:
         """The effective allowlist as the record shows it."""
         items = describe_allowlist(self.sandbox_network)
         return items + ([describe_gateway(self.gateway)] if self.gateway else [])
+
+    @property
+    def max_steps_from(self) -> str:
+        """Who sets the run's `max_steps`: `run` (its options, a tasks row, a schedule), the
+        `manifest`, else `program`: each agent keeps its own, and `limits.max_steps` is no
+        limit of the run."""
+        if self.spec.max_steps is not None:
+            return "run"
+        return "manifest" if "max_steps" in self.manifest.limits_set else "program"
+
+    @property
+    def recorded_limits(self) -> dict[str, Any]:
+        """The limits as the run's record keeps them: `max_steps` None when nobody set it."""
+        limits: dict[str, Any] = asdict(self.limits)
+        if self.max_steps_from == "program":
+            limits["max_steps"] = None
+        return limits
 
     @property
     def image_requirements(self) -> tuple[str, ...]:
@@ -339,7 +357,7 @@ def execute(
         backend=backend.name,
         network=prepared.network.mode,
         allowlist=prepared.allowlist,
-        limits=asdict(prepared.limits),
+        limits=prepared.recorded_limits,
         gateway=prepared.gateway.describe()
         if prepared.gateway
         else {"enabled": False, "reason": prepared.gateway_off},
@@ -480,11 +498,7 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         authorized_imports=list(manifest.authorized_imports),
         allow_dangerous_imports=prepared.spec.allow_dangerous_imports,
         max_steps=prepared.limits.max_steps,
-        max_steps_from="run"
-        if prepared.spec.max_steps is not None
-        else "manifest"
-        if "max_steps" in manifest.limits_set
-        else "program",
+        max_steps_from=prepared.max_steps_from,
         network=prepared.network.mode,
         provider=model.provider,
         model_id=model.model_id,

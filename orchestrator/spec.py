@@ -140,8 +140,13 @@ class RunResult:
     #: Connections refused by the egress proxy or seen blocked in the sandbox.
     egress_blocked: int = 0
     image: str = ""
-    #: The limits the run had (manifest, then command line, tasks row or schedule).
+    #: The limits the run had (manifest, then command line, tasks row or schedule);
+    #: `max_steps` is None when neither set it (each agent then kept its own).
     limits: dict[str, Any] = field(default_factory=dict)
+    #: Each agent's effective `max_steps` and who set it, as the sandbox's `run_start` said:
+    #: `[{"agent": "manager", "max_steps": 6, "from": "program"}]` (`from`: program,
+    #: manifest or run); empty when the run ended before its agents were built.
+    agent_max_steps: list[dict[str, Any]] = field(default_factory=list)
     #: What isolated the sandbox (`Sandbox.isolation`): runtime and seccomp profile.
     sandbox: dict[str, str] = field(default_factory=dict)
     #: The cluster node the run ran on (a Ray node: node_id, address, hostname); empty on

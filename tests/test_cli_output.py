@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, TEST_PAYLOADS, cli, start_cli, wait_for
+from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, start_cli, wait_for
 
 pytestmark = pytest.mark.docker
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -152,6 +152,66 @@ def test_an_observer_that_fails_never_fails_the_run(agent_image: str, no_leftove
     assert (result.status, result.answer) == ("succeeded", 48), result.error
     failed = [e for e in events_of(result) if e["type"] == "observer_failed"]
     assert len(failed) == 1 and "BrokenPipeError" in failed[0]["error"], failed
+
+
+def test_the_max_steps_shown_are_those_each_agent_had(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 2 (before: `run --help` said "manifest, else 10", and `runs show` printed
+    `max_steps 10` for a payload that set none, while each agent kept its own). `runs show`,
+    its `--json`, the viewer's page and `run --help` say what the record's `run_start` says
+    each agent had and who set it: for a manifest that sets none, one that sets 4, and a run
+    that sets 3."""
+    import shutil
+
+    env = private_store(tmp_path, docker_client, agent_image)
+    manifest = (PAYLOADS / "research_team" / "manifest.toml").read_text()
+    assert "\nmax_steps = 6\n" in manifest
+    cases = {}
+    for name, limit in (("unset", ""), ("four", "max_steps = 4\n")):
+        folder = shutil.copytree(PAYLOADS / "research_team", tmp_path / name)
+        (folder / "manifest.toml").write_text(manifest.replace("max_steps = 6\n", limit))
+        cases[name] = (str(folder),)
+    cases["flag"] = (str(tmp_path / "four"), "--max-steps", "3")
+    expected = {
+        "unset": ([("manager", 6, "program"), ("librarian", 5, "program")], None),
+        "four": ([("manager", 4, "manifest"), ("librarian", 4, "manifest")], 4),
+        "flag": ([("manager", 3, "run"), ("librarian", 3, "run")], 3),
+    }
+    for name, args in cases.items():
+        ran = cli("run", *args, "--json", env=env)
+        assert ran.returncode == 0, ran.stderr
+        run_id = json.loads(ran.stdout)["run_id"]
+        shown = json.loads(cli("runs", "show", run_id, "--json", env=env).stdout)
+        start = next(
+            json.loads(line)
+            for line in Path(shown["record_dir"], "events.jsonl").read_text().splitlines()
+            if json.loads(line)["type"] == "run_start"
+        )
+        had = [(a["name"], a["max_steps"], a["max_steps_from"]) for a in start["agents"]]
+        agents, limit = expected[name]
+        assert had == agents, (name, had)  # the record: what ran
+        assert [(a["agent"], a["max_steps"], a["from"]) for a in shown["agent_max_steps"]] == had
+        assert shown["limits"]["max_steps"] == limit, (name, shown["limits"])
+        text = cli("runs", "show", run_id, env=env).stdout
+        line = " · ".join(f"{a} {n} ({source})" for a, n, source in had)
+        assert f"max steps:       {line}\n" in text, text
+        limits = next(x for x in text.splitlines() if x.startswith("limits:"))
+        assert ("max_steps" in limits) == (limit is not None), limits
+        if limit is not None:
+            assert f"max_steps {limit} ·" in limits, limits
+        page = tmp_path / f"view-{name}"
+        exported = cli("view", "--export", str(page), run_id, env=env)
+        assert exported.returncode == 0, exported.stderr
+        html = next(page.rglob(f"*{run_id}*.html")).read_text()
+        assert f'<dd id="max-steps">{line} ' in html.replace("&#39;", "'"), html
+    helped = " ".join(cli("run", "--help", env=env).stdout.split())
+    assert "manifest, else 10)" not in helped
+    assert (
+        "--max-steps MAX_STEPS steps of the top agent; its managed agents get at most as many "
+        "(default: the manifest's [limits] max_steps, the same way; else each agent keeps the "
+        "max_steps its program gave it"
+    ) in helped, helped
 
 
 def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) -> None:
