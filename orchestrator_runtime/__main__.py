@@ -246,13 +246,25 @@ class Run:
             python=sys.version.split()[0],
             smolagents=sys.modules["smolagents"].__version__,
         )
-        if request.check_only:
-            return self.check(nodes, request)
+        if request.check_only or self.tree_problems(nodes, request):
+            return self.check(nodes, request)  # a run refuses what `validate` would, unstarted
         return self.run_agent(manager, nodes[0].name, request)
 
     def check(self, nodes: list[Any], request: Request) -> int:
-        """`validate`: the tree loaded; report every problem at once: imports an agent declares
-        and the run does not grant, and the mock scripts."""
+        """`validate`: the tree loaded; report every problem at once (`tree_problems`)."""
+        names = [node.name for node in nodes]
+        problems = self.tree_problems(nodes, request)
+        if not problems:
+            self.end("success", {"agents": names}, None)
+            return EXIT_SUCCESS
+        error = {"type": "PayloadError", "message": "; ".join(problems), "kind": "payload"}
+        self.end("error", None, {**error, "problems": problems})
+        return EXIT_BAD_REQUEST
+
+    def tree_problems(self, nodes: list[Any], request: Request) -> list[str]:
+        """What is wrong with a loaded tree, every problem at once: imports an agent declares
+        and the run does not grant, and the mock scripts. `validate` reports them; a run
+        refuses to start its first step with any (the same check, one function)."""
         from .agents import not_granted
 
         names = [node.name for node in nodes]
@@ -279,13 +291,8 @@ class Run:
             ]  # fmt: skip
             for node in nodes:
                 outputs = request.mock_scripts.get(node.name) or []
-                problems += script_problems(node.name, node.agent, outputs)
-        if not problems:
-            self.end("success", {"agents": names}, None)
-            return EXIT_SUCCESS
-        error = {"type": "PayloadError", "message": "; ".join(problems), "kind": "payload"}
-        self.end("error", None, {**error, "problems": problems})
-        return EXIT_BAD_REQUEST
+                problems += script_problems(node.name, node.agent, outputs, top=node.caller is None)
+        return problems
 
     def run_agent(self, manager: Any, name: str, request: Request) -> int:
         from smolagents.utils import AgentGenerationError, AgentMaxStepsError

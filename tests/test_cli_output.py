@@ -214,6 +214,38 @@ def test_the_max_steps_shown_are_those_each_agent_had(
     ) in helped, helped
 
 
+def test_run_refuses_what_validate_refuses_before_the_first_step(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 3 (before: `validate` named a mock script keyed for no agent, while
+    `run` started, exhausted the agent's empty script and reported `succeeded`). The run
+    makes the same check (one function, in the sandbox once the tree is loaded) and is
+    refused before any model call: exit 2, `failed` with `payload_error` and the very
+    problems `validate` lists."""
+    import shutil
+
+    env = private_store(tmp_path, docker_client, agent_image)
+    folder = shutil.copytree(PAYLOADS / "research_team", tmp_path / "misspelled")
+    manifest = folder / "manifest.toml"
+    assert manifest.read_text().count("\nlibrarian = [") == 1
+    manifest.write_text(manifest.read_text().replace("\nlibrarian = [", "\nlibrarain = ["))
+    checked = cli("validate", str(folder), "--json", env=env)
+    assert checked.returncode == 2, checked.stderr
+    problems = json.loads(checked.stdout)["problems"]
+    assert any("mock script for 'librarain', which is not an agent" in p for p in problems)
+    ran = cli("run", str(folder), env=env)
+    assert ran.returncode == 2, ran.stderr
+    assert "mock script for 'librarain', which is not an agent" in ran.stderr, ran.stderr
+    (row,) = json.loads(cli("runs", "list", "--json", env=env).stdout)  # the check is no run
+    shown = json.loads(cli("runs", "show", row["run_id"], "--json", env=env).stdout)
+    assert (shown["status"], shown["error"]["type"]) == ("failed", "payload_error"), shown
+    assert shown["error"]["problems"] == problems  # the same check, the same words
+    events = Path(shown["record_dir"], "events.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in events]
+    assert "run_start" in kinds and "step" not in kinds, kinds  # loaded, never stepped
+    assert shown["steps"] == 0 and not any(shown["token_usage"].values()), shown
+
+
 def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) -> None:
     first, second = two_runs
     by_suffix = cli("runs", "show", first[-6:], "--json")
