@@ -536,7 +536,7 @@ def test_build_tool_output_and_repeated_notices_only_with_verbose(docker_client)
     wanted = "registry.invalid/no-such-base:1"  # a pull that fails at once (no such host)
     assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
     assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
-    notices = [m for m in said if "is not available" in m]
+    notices = [m for m in said if "cannot be pulled here" in m]
     assert len(notices) == 2 and not display.is_detail(notices[0])
     assert display.is_detail(notices[1]) and notices[1].startswith("note: ")
     for line in ("pip: Collecting smolagents", "build: Step 1/17", notices[1]):
