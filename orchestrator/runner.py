@@ -17,8 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
@@ -125,20 +124,8 @@ class PreparedRun:
 
     @property
     def max_steps_from(self) -> str:
-        """Who sets the run's `max_steps`: `run` (its options, a tasks row, a schedule), the
-        `manifest`, else `program`: each agent keeps its own, and `limits.max_steps` is no
-        limit of the run."""
-        if self.spec.max_steps is not None:
-            return "run"
-        return "manifest" if "max_steps" in self.manifest.limits_set else "program"
-
-    @property
-    def recorded_limits(self) -> dict[str, Any]:
-        """The limits as the run's record keeps them: `max_steps` None when nobody set it."""
-        limits: dict[str, Any] = asdict(self.limits)
-        if self.max_steps_from == "program":
-            limits["max_steps"] = None
-        return limits
+        """Who sets the run's `max_steps` (`RunSpec.max_steps_from`)."""
+        return self.spec.max_steps_from(self.manifest.limits_set)
 
     @property
     def image_requirements(self) -> tuple[str, ...]:
@@ -357,7 +344,7 @@ def execute(
         backend=backend.name,
         network=prepared.network.mode,
         allowlist=prepared.allowlist,
-        limits=prepared.recorded_limits,
+        limits=prepared.limits.recorded(prepared.max_steps_from),
         gateway=prepared.gateway.describe()
         if prepared.gateway
         else {"enabled": False, "reason": prepared.gateway_off},

@@ -106,6 +106,14 @@ class RunSpec:
     #: (`orchestrator validate`, and batch before its first task). Secrets get placeholders.
     check_only: bool = False
 
+    def max_steps_from(self, limits_set: tuple[str, ...]) -> str:
+        """Who sets the run's `max_steps` (the request's `max_steps_from`): `run` (its
+        options, a tasks row, a schedule), the `manifest` (`limits_set`: the limits its file
+        sets), else `program`: each agent keeps its own, `Limits.max_steps` limits nothing."""
+        if self.max_steps is not None:
+            return "run"
+        return "manifest" if "max_steps" in limits_set else "program"
+
 
 @dataclass
 class RunResult:
@@ -181,6 +189,14 @@ class Limits:
     #: Input plus output tokens the gateway lets one run spend (measured from responses; the
     #: call that crosses the line completes, the next is refused).
     max_tokens: int = 2_000_000
+
+    def recorded(self, max_steps_from: str) -> dict[str, Any]:
+        """The limits as a run's record keeps them: `max_steps` None when nobody set it
+        (`max_steps_from` is `program`: each agent kept its own)."""
+        kept = asdict(self)
+        if max_steps_from == "program":
+            kept["max_steps"] = None
+        return kept
 
     def validate(self, where: str) -> None:
         """Raise ManifestError naming every limit out of its range (`protocol.LIMIT_RANGES`,

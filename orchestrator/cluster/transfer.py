@@ -112,7 +112,7 @@ def lost_record(
         model=prepared.model.describe(),
         backend=prepared.backend,
         network=prepared.network.mode,
-        limits=prepared.recorded_limits,
+        limits=prepared.limits.recorded(prepared.max_steps_from),
         node=dict(node),
         timings={"created": started, "ended": ended, "duration": round(ended - started, 3)},
     )
