@@ -119,6 +119,16 @@ def sandbox_network(
     return NetworkPolicy(mode="allowlist", hosts=hosts)
 
 
+def starting_line(gateway: GatewaySpec) -> str:
+    """The progress line a backend says as it starts a run's gateway: what it is for."""
+    parts = urlsplit(gateway.upstream)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (
+        f"starting the run's model gateway to {parts.hostname}:{port} (the model key stays "
+        "with it, outside the sandbox, which gets a run token)"
+    )
+
+
 def describe_gateway(gateway: GatewaySpec) -> str:
     """The model endpoint as an allowlist entry of the record."""
     parts = urlsplit(gateway.upstream)

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
+from orchestrator_runtime.request import MAX_STEPS_FROM
 
 from .gateway import measured_usage, usage_mismatch
 from .spans import SpanCollector
@@ -31,6 +32,8 @@ MAX_LINE_BYTES = MAX_FRAME_BYTES
 MAX_CUT_EVENTS = 20
 #: How much of a program's log its result carries (`RunResult.output`).
 OUTPUT_TAIL_BYTES = 64 * 1024
+#: The agents whose `max_steps` a result keeps (the sandbox may name any number).
+MAX_AGENTS_SHOWN = 100
 
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -55,6 +58,41 @@ def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
         kernel = f"the host's kernel, seccomp {isolation.get('seccomp') or 'none'}"
     asked = f"; asked for {isolation['requested']}" if isolation.get("requested") else ""
     return f"{runtime}: {kernel}{asked}"
+
+
+def agent_max_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each agent's effective `max_steps` and who set it (`program`, `manifest` or `run`), from
+    the sandbox's `run_start` (its word, kept to its shape): what the run really had, where
+    the host's default is no limit of a program whose agents keep their own."""
+    start = next(
+        (e for e in events if e.get("type") == "run_start" and e.get("source") != "host"), {}
+    )
+    agents = start.get("agents")
+    found = []
+    for agent in agents if isinstance(agents, list) else []:
+        steps = agent.get("max_steps") if isinstance(agent, dict) else None
+        if isinstance(steps, int) and not isinstance(steps, bool):
+            source = agent.get("max_steps_from")
+            found.append(
+                {
+                    "agent": str(agent.get("name"))[:100],
+                    "max_steps": steps,
+                    "from": source if source in MAX_STEPS_FROM else None,
+                }
+            )
+    return found[:MAX_AGENTS_SHOWN]
+
+
+def describe_max_steps(agents: Any) -> str | None:
+    """`manager 6 (program) · librarian 5 (program)`: `RunResult.agent_max_steps` as `runs
+    show` and the viewer say it; None when the record has none."""
+    if not isinstance(agents, list) or not agents:
+        return None
+    return " · ".join(
+        f"{a.get('agent')} {a.get('max_steps')}" + (f" ({a['from']})" if a.get("from") else "")
+        for a in agents
+        if isinstance(a, dict)
+    )
 
 
 class RunRecorder:
@@ -211,7 +249,11 @@ class RunRecorder:
             self.events.append(event)
             self._write("events", json.dumps(event, default=str) + "\n")
         if self.on_event:
-            self.on_event(event)
+            try:
+                self.on_event(event)
+            except Exception as exc:  # the record never depends on who watches it
+                self.on_event = None
+                self.host_event("observer_failed", error=f"{type(exc).__name__}: {exc}")
 
     def _violation(self, reason: str, frame: Any) -> None:
         text = frame if isinstance(frame, str) else json.dumps(frame, default=str)
@@ -281,6 +323,7 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     if result.gateway.get("enabled"):
         account_gateway(result, record, reported)
     result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
+    result.agent_max_steps = agent_max_steps(record.events)
     result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
     if record.cuts > MAX_CUT_EVENTS:
         record.host_event("output_cut", lines_cut=record.cuts, recorded_one_by_one=MAX_CUT_EVENTS)

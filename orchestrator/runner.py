@@ -16,7 +16,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
@@ -122,6 +122,11 @@ class PreparedRun:
         """The effective allowlist as the record shows it."""
         items = describe_allowlist(self.sandbox_network)
         return items + ([describe_gateway(self.gateway)] if self.gateway else [])
+
+    @property
+    def max_steps_from(self) -> str:
+        """Who sets the run's `max_steps` (`RunSpec.max_steps_from`)."""
+        return self.spec.max_steps_from(self.manifest.limits_set)
 
     @property
     def image_requirements(self) -> tuple[str, ...]:
@@ -326,7 +331,7 @@ def execute(
         backend=backend.name,
         network=prepared.network.mode,
         allowlist=prepared.allowlist,
-        limits=asdict(prepared.limits),
+        limits=prepared.limits.recorded(prepared.max_steps_from),
         gateway=prepared.gateway.describe()
         if prepared.gateway
         else {"enabled": False, "reason": prepared.gateway_off},
@@ -479,11 +484,7 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         authorized_imports=list(manifest.authorized_imports),
         allow_dangerous_imports=prepared.spec.allow_dangerous_imports,
         max_steps=prepared.limits.max_steps,
-        max_steps_from="run"
-        if prepared.spec.max_steps is not None
-        else "manifest"
-        if "max_steps" in manifest.limits_set
-        else "program",
+        max_steps_from=prepared.max_steps_from,
         network=prepared.network.mode,
         provider=model.provider,
         model_id=model.model_id,

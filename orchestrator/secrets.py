@@ -53,6 +53,18 @@ def run_secrets(
     return secrets
 
 
+def secret_owners(manifest: Manifest, model: ModelSpec) -> dict[str, str]:
+    """Who asks for each secret a run gets (the names of `needed_secrets`, in order), for
+    messages: `the payload NAME` (its `[secrets] required`) or `the model's key (PROVIDER)`;
+    a model that needs no key (mock) is never named."""
+    owners = {name: f"the payload {manifest.name}" for name in manifest.secrets}
+    if model.credential_env:
+        key = f"the key of the model {model.provider}:{model.model_id}"
+        name = model.credential_env
+        owners[name] = f"{owners[name]} and {key}" if name in owners else key
+    return owners
+
+
 def resolve_secrets(
     names: Iterable[str],
     *,

@@ -112,6 +112,14 @@ class RunSpec:
     #: (`orchestrator validate`, and batch before its first task). Secrets get placeholders.
     check_only: bool = False
 
+    def max_steps_from(self, limits_set: tuple[str, ...]) -> str:
+        """Who sets the run's `max_steps` (the request's `max_steps_from`): `run` (its
+        options, a tasks row, a schedule), the `manifest` (`limits_set`: the limits its file
+        sets), else `program`: each agent keeps its own, `Limits.max_steps` limits nothing."""
+        if self.max_steps is not None:
+            return "run"
+        return "manifest" if "max_steps" in limits_set else "program"
+
 
 @dataclass
 class RunResult:
@@ -146,8 +154,13 @@ class RunResult:
     #: Connections refused by the egress proxy or seen blocked in the sandbox.
     egress_blocked: int = 0
     image: str = ""
-    #: The limits the run had (manifest, then command line, tasks row or schedule).
+    #: The limits the run had (manifest, then command line, tasks row or schedule);
+    #: `max_steps` is None when neither set it (each agent then kept its own).
     limits: dict[str, Any] = field(default_factory=dict)
+    #: Each agent's effective `max_steps` and who set it, as the sandbox's `run_start` said:
+    #: `[{"agent": "manager", "max_steps": 6, "from": "program"}]` (`from`: program,
+    #: manifest or run); empty when the run ended before its agents were built.
+    agent_max_steps: list[dict[str, Any]] = field(default_factory=list)
     #: What isolated the sandbox (`Sandbox.isolation`): runtime and seccomp profile.
     sandbox: dict[str, str] = field(default_factory=dict)
     #: The cluster node the run ran on (a Ray node: node_id, address, hostname); empty on
@@ -185,6 +198,14 @@ class Limits:
     #: Input plus output tokens the gateway lets one run spend (measured from responses; the
     #: call that crosses the line completes, the next is refused).
     max_tokens: int = 2_000_000
+
+    def recorded(self, max_steps_from: str) -> dict[str, Any]:
+        """The limits as a run's record keeps them: `max_steps` None when nobody set it
+        (`max_steps_from` is `program`: each agent kept its own)."""
+        kept = asdict(self)
+        if max_steps_from == "program":
+            kept["max_steps"] = None
+        return kept
 
     def validate(self, where: str) -> None:
         """Raise ManifestError naming every limit out of its range (`protocol.LIMIT_RANGES`,

@@ -13,6 +13,7 @@ agent -> run the manager -> run_end (also to result_path). Exit codes: 0 final a
 from __future__ import annotations
 
 import contextlib
+import difflib
 import gc
 import importlib
 import json
@@ -163,8 +164,10 @@ class Run:
                 run_model = build_model(request)
             except Exception as exc:
                 return self.fail("model", exc, "internal", EXIT_INTERNAL)
-        program = Program(request, self.recorder, lambda agents: self.start(request, agents),
-                          run_model)  # fmt: skip
+        program = Program(
+            request, self.recorder, lambda agents: self.start(request, agents), run_model,
+            problems=lambda nodes: self.tree_problems(nodes, request),
+        )  # fmt: skip
         program.install()
         root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
         traced = self.tracing.under_host_root() if self.tracing else contextlib.nullcontext()
@@ -234,29 +237,51 @@ class Run:
             return self.fail("payload", exc, "payload", EXIT_BAD_REQUEST)
 
         self.start(request, [describe(node) for node in nodes])
-        if request.check_only:
-            return self.check(nodes, request)
+        if request.check_only or self.tree_problems(nodes, request):
+            return self.check(nodes, request)  # a run refuses what `validate` would, unstarted
         return self.run_agent(manager, nodes[0].name, request)
 
     def check(self, nodes: list[Any], request: Request) -> int:
-        """`validate`: the tree loaded; report every problem at once: imports an agent declares
-        and the run does not grant, and the mock scripts."""
+        """`validate`: the tree loaded; report every problem at once (`tree_problems`)."""
+        names = [node.name for node in nodes]
+        problems = self.tree_problems(nodes, request)
+        if not problems:
+            self.end("success", {"agents": names}, None)
+            return EXIT_SUCCESS
+        error = {"type": "PayloadError", "message": "; ".join(problems), "kind": "payload"}
+        self.end("error", None, {**error, "problems": problems})
+        return EXIT_BAD_REQUEST
+
+    def tree_problems(self, nodes: list[Any], request: Request) -> list[str]:
+        """What is wrong with a loaded tree, every problem at once: imports an agent declares
+        and the run does not grant, and the mock scripts. `validate` reports them; a run
+        refuses to start its first step with any (the same check, one function). A
+        program's tree is what it has made so far: a script for an agent not made yet is a
+        problem only when its name looks like a known agent's, misspelled."""
         from .agents import not_granted
 
         names = [node.name for node in nodes]
+        grant = (
+            "`authorized_imports` under `[tool.orchestrator.python]` in the program's "
+            "`# /// script` block (the run's ceiling"
+            if request.program is not None
+            else "`python.authorized_imports` in manifest.toml (the manifest is the ceiling"
+        )
         problems = [
             f"agent {node.name!r} declares additional_authorized_imports "
-            f"{', '.join(missing)} that the manifest does not grant, so its code would fail "
-            "to import them. Add them to `python.authorized_imports` in manifest.toml (the "
-            "manifest is the ceiling of what agent code may import), or remove them from the "
-            "agent."
+            f"{', '.join(missing)} that the run does not grant, so its code would fail to "
+            f"import them. Add them to {grant} of what agent code may import), or remove them "
+            "from the agent."
             for node in nodes
             if (missing := not_granted(node.agent))
         ]
+        unknown = sorted(set(request.mock_scripts) - set(names))
+        if request.program is not None:  # agents it makes later may have scripts too
+            unknown = [n for n in unknown if difflib.get_close_matches(n, names, n=1)]
         problems += [
             f"mock script for {name!r}, which is not an agent of the tree (agents: "
             f"{', '.join(names)})"
-            for name in sorted(set(request.mock_scripts) - set(names))
+            for name in unknown
         ]
         if request.mock_scripts:
             from .models import script_problems
@@ -267,13 +292,8 @@ class Run:
             ]  # fmt: skip
             for node in nodes:
                 outputs = request.mock_scripts.get(node.name) or []
-                problems += script_problems(node.name, node.agent, outputs)
-        if not problems:
-            self.end("success", {"agents": names}, None)
-            return EXIT_SUCCESS
-        error = {"type": "PayloadError", "message": "; ".join(problems), "kind": "payload"}
-        self.end("error", None, {**error, "problems": problems})
-        return EXIT_BAD_REQUEST
+                problems += script_problems(node.name, node.agent, outputs, top=node.caller is None)
+        return problems
 
     def run_agent(self, manager: Any, name: str, request: Request) -> int:
         from smolagents.utils import AgentGenerationError, AgentMaxStepsError

@@ -85,20 +85,41 @@ class ScriptedModel(Model):
         yield ChatMessageStreamDelta(content=message.content, token_usage=message.token_usage)
 
 
-def script_problems(name: str, agent: Any, outputs: list[str]) -> list[str]:
+def action_outputs(agent: Any, count: int, *, top: bool = True) -> list[int]:
+    """The indexes of a mock script's outputs that are certainly answers to an action step
+    (the others: plans, and what follows the agent's max_steps, are free text). An agent
+    with `planning_interval` asks for a plan before step 1 and every interval steps after;
+    a managed one may be called again after any step, its plan then coming early, so only
+    its first action is certain (a false refusal would stop a good run)."""
+    steps = getattr(agent, "max_steps", None) or count
+    interval = getattr(agent, "planning_interval", None)
+    if not interval:
+        return list(range(min(count, steps)))
+    actions: list[int] = []
+    index = 0
+    for step in range(1, steps + 1):
+        index += 1 if step == 1 or (step - 1) % interval == 0 else 0  # the plan's output
+        if index >= count or (actions and not top):
+            break
+        actions.append(index)
+        index += 1
+    return actions
+
+
+def script_problems(name: str, agent: Any, outputs: list[str], *, top: bool = True) -> list[str]:
     """What in agent `name`'s mock script its agent cannot parse, one line per output (found
-    by `validate`: a run would fail at that output with "mock script ... is exhausted").
-    A CodeAgent needs a code block in each output; a ToolCallingAgent a tool call as JSON.
-    Outputs past the agent's max_steps are free text: smolagents asks for a final answer in
-    plain words once the steps are used up."""
+    by `validate`, refused by a run before its first step: the run would fail at that
+    output with "mock script ... is exhausted"). A CodeAgent needs a code block in each
+    action output; a ToolCallingAgent a tool call as JSON (`action_outputs`: which those
+    are). `top`: the agent the run calls (once), not a managed one."""
     from smolagents import CodeAgent, ToolCallingAgent
     from smolagents.models import get_tool_call_from_text
     from smolagents.utils import parse_code_blobs
 
     problems = []
-    steps = getattr(agent, "max_steps", None) or len(outputs)
-    for index, text in enumerate(outputs[:steps], start=1):
-        where = f"mock script of agent {name!r}, output {index} of {len(outputs)}"
+    for index in action_outputs(agent, len(outputs), top=top):
+        text = outputs[index]
+        where = f"mock script of agent {name!r}, output {index + 1} of {len(outputs)}"
         if isinstance(agent, CodeAgent) and not getattr(
             agent, "_use_structured_outputs_internally", False
         ):

@@ -63,9 +63,18 @@ class CheckDone(BaseException):
 class Program:
     """One program's run: the hold on smolagents, the agents it ran, its answer."""
 
-    def __init__(self, request: Request, recorder: Recorder, emit_start: Callable[..., None],
-                 run_model: Model | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        request: Request,
+        recorder: Recorder,
+        emit_start: Callable[..., None],
+        run_model: Model | None,
+        problems: Callable[[list[AgentNode]], list[str]] | None = None,
+    ) -> None:
         self.request = request
+        #: What is wrong with the agents held so far (`Run.tree_problems`): a run refuses to
+        #: start a step with any, as `validate` does.
+        self.problems = problems
         self.recorder = recorder
         self.emit_start = emit_start
         #: The run's model (`model.source` "run", not mock): it replaces every model.
@@ -101,8 +110,8 @@ class Program:
         options.update(kwargs)
         first = not self.top_level
         self.take(agent)
-        if self.request.check_only:
-            raise CheckDone
+        if self.request.check_only or (self.problems and self.problems(self.nodes)):
+            raise CheckDone  # `validate` ends here; a run with problems is refused here
         own_task = task
         if first and self.task_given:  # a batch's task replaces the program's own
             task = self.request.task

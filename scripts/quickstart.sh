@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "quickstart: running the research_team example; the first run builds the agent image" \
+    "(a few minutes, each step shown)" >&2
 status=0
 .venv/bin/orchestrator run agent_payloads/research_team --model mock "$@" || status=$?
 cat >&2 <<'NEXT'

@@ -6,12 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
+# Each step says what it does first: pip and uv run quietly, and the first time they take
+# about two minutes together (a silent wait reads like a hang).
+say() { echo "setup: $*" >&2; }
 if [ ! -x .venv/bin/python ]; then
+    say "making the virtualenv .venv"
     "$python" -m venv .venv
 fi
 # setuptools warns on every editable install that a folder named like the package may shadow
 # it (it does not here: the folder *is* the package); a wall of text that says nothing to do.
 quiet_build="ignore::UserWarning:setuptools.command.editable_wheel"
+say "installing orchestrator and its test tools into .venv (pip, quiet: a minute or two the first time, seconds later)"
 .venv/bin/python -m pip install --quiet --upgrade pip
 # `ray`: the optional extra behind `batch --ray` (orchestrator/cluster/), for tests/test_ray.py.
 PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev,ray]'
@@ -25,6 +30,7 @@ PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet --no-deps \
 # SQLAlchemy, ...) would clash with ours. uv (a dev dependency) installs it in well under a
 # minute where pip takes three; byte-compiled, or its first start compiles it (a minute more).
 # --native-tls: the system's certificates (a proxy's CA among them). A no-op when it is there.
+say "installing Arize Phoenix for the trace tests into .venv-phoenix (uv, quiet: under a minute the first time)"
 if [ ! -x .venv-phoenix/bin/python ]; then
     "$python" -m venv --without-pip .venv-phoenix
 fi

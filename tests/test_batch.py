@@ -667,3 +667,25 @@ def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) 
     with pytest.raises(ConfigError, match="started with other options") as info:
         run_batch(replace(spec, scorer="contains"), executor=cut)
     assert f"orchestrator batch rescore {tmp_path / 'out'} --scorer contains" in info.value.fix
+
+
+def test_a_tasks_file_not_found_names_the_one_next_to_it(tmp_path: Path) -> None:
+    """Issue 45 item 4 (before: `No tasks file at task.jsonl.`, nothing more, although other
+    handles suggest the nearest): the command names the tasks file beside the path typed,
+    as it was typed, and only a close one."""
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"task": "t"}) + "\n")
+
+    def batch(tasks: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator", "batch", "research_team", tasks, "-q"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    typo = batch("task.jsonl")
+    assert typo.returncode == 2, typo.stderr
+    assert "No tasks file at task.jsonl. Did you mean tasks.jsonl?" in typo.stderr, typo.stderr
+    assert "fix: Pass tasks.jsonl, or another .jsonl or .csv file of tasks." in typo.stderr
+    nested = batch(str(tmp_path / "tasks.csv"))  # another extension, a full path
+    assert f"Did you mean {tmp_path / 'tasks.jsonl'}?" in nested.stderr, nested.stderr
+    unlike = batch("zzz.jsonl")
+    assert unlike.returncode == 2 and "Did you mean" not in unlike.stderr, unlike.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, TEST_PAYLOADS, cli, start_cli, wait_for
+from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, start_cli, wait_for
 
 pytestmark = pytest.mark.docker
 SNAPSHOTS = Path(__file__).parent / "snapshots"
@@ -53,6 +53,197 @@ def test_a_reader_that_closes_early_sees_no_traceback(two_runs: list[str], no_le
         out = closed_early(*args)
         assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
         assert out.returncode == 141, (args, out.returncode, out.stderr)  # as `cat` would
+
+
+def first_line_then_closed(
+    *args: str, env: dict[str, str], streams: str
+) -> subprocess.CompletedProcess[str]:
+    """The command with its reader gone after the first line (`2>&1 | head -1` when
+    `streams` is "both"; only stderr's reader when "stderr", stdout then read whole)."""
+    both = streams == "both"
+    proc = start_cli(
+        *args, env={**os.environ, **env}, stderr=subprocess.STDOUT if both else subprocess.PIPE
+    )
+    pipe = proc.stdout if both else proc.stderr
+    assert pipe is not None
+    first = pipe.readline()
+    pipe.close()
+    rest = "" if both or proc.stdout is None else proc.stdout.read()
+    return subprocess.CompletedProcess(args, proc.wait(timeout=300), rest, first)
+
+
+def private_store(tmp_path: Path, docker_client, agent_image: str) -> dict[str, str]:
+    """The environment of commands on a store of their own, piped output, and the agent
+    image's own base (so that no machine-dependent pull is tried)."""
+    base = docker_client.images.get(agent_image).labels["orchestrator.base"]
+    return {"ORCHESTRATOR_HOME": str(tmp_path / "home"), "ORCHESTRATOR_BASE_IMAGE": base, **PIPED}
+
+
+def recorded(env: dict[str, str]) -> list[dict]:
+    """Every run of the store `env` names, as `runs show --json` gives it."""
+    listed = cli("runs", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    shown = [
+        cli("runs", "show", row["run_id"], "--json", env=env) for row in json.loads(listed.stdout)
+    ]
+    return [json.loads(out.stdout) for out in shown]
+
+
+def test_a_reader_gone_mid_run_changes_nothing_in_its_record(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 1: `run research_team 2>&1 | head -2` (before: the live display died with
+    its reader, the host lost the result and recorded `infra_error`, exit 1 with a traceback).
+    The run goes on, is recorded `succeeded` with its answer, and the command exits 141 as a
+    writer whose reader went away, without a traceback; with only stderr gone the answer
+    still reaches stdout."""
+    env = private_store(tmp_path, docker_client, agent_image)
+    for streams in ("both", "stderr"):
+        out = first_line_then_closed("run", "research_team", env=env, streams=streams)
+        assert out.stderr.startswith("▶ run started"), out.stderr  # the line it was read to
+        assert out.returncode == 141, (streams, out.returncode)  # a traceback would exit 1
+        if streams == "stderr":
+            assert out.stdout == "48\n", out.stdout
+    runs = recorded(env)
+    assert [(r["status"], r["answer"]) for r in runs] == [("succeeded", 48)] * 2, runs
+    assert not any(
+        e.get("type") == "observer_failed"
+        for r in runs
+        for e in map(json.loads, Path(r["record_dir"], "events.jsonl").read_text().splitlines())
+    )  # the CLI's display never failed: it wrote into the void
+
+
+def test_a_reader_gone_mid_batch_changes_no_task(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 1, for `batch`: its progress' reader gone after the first line, every
+    task is still run and recorded `succeeded` with its answer; exit 141, no traceback
+    (stderr holds only the line read)."""
+    env = private_store(tmp_path, docker_client, agent_image)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "task": "How many years?"}) + "\n"
+                             for i in range(2)))  # fmt: skip
+    output = tmp_path / "out"
+    out = first_line_then_closed(
+        "batch", "research_team", str(tasks), "-o", str(output), env=env, streams="both"
+    )
+    assert out.returncode == 141, (out.returncode, out.stderr)
+    results = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]
+    assert sorted((r["id"], r["status"], r["answer"]) for r in results) == [
+        ("t0", "succeeded", 48), ("t1", "succeeded", 48)
+    ]  # fmt: skip
+    assert [(r["status"], r["answer"]) for r in recorded(env)] == [("succeeded", 48)] * 2
+
+
+def test_an_observer_that_fails_never_fails_the_run(agent_image: str, no_leftovers) -> None:
+    """Issue 45 item 1, in the Python API: an `on_event` that raises (a print to a closed
+    pipe, a bug) is dropped and noted in the record; the run is recorded as it ended."""
+    import orchestrator
+    from orchestrator.spec import RunSpec
+
+    from .conftest import PAYLOADS, events_of
+
+    def broken(event: dict) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    result = orchestrator.run(
+        RunSpec(payload=str(PAYLOADS / "research_team"), model="mock"), on_event=broken
+    )
+    assert (result.status, result.answer) == ("succeeded", 48), result.error
+    failed = [e for e in events_of(result) if e["type"] == "observer_failed"]
+    assert len(failed) == 1 and "BrokenPipeError" in failed[0]["error"], failed
+
+
+def test_the_max_steps_shown_are_those_each_agent_had(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 2 (before: `run --help` said "manifest, else 10", and `runs show` printed
+    `max_steps 10` for a payload that set none, while each agent kept its own). `runs show`,
+    its `--json`, the viewer's page and `run --help` say what the record's `run_start` says
+    each agent had and who set it: for a manifest that sets none, one that sets 4, and a run
+    that sets 3."""
+    import shutil
+
+    env = private_store(tmp_path, docker_client, agent_image)
+    manifest = (PAYLOADS / "research_team" / "manifest.toml").read_text()
+    assert "\nmax_steps = 6\n" in manifest
+    cases = {}
+    for name, limit in (("unset", ""), ("four", "max_steps = 4\n")):
+        folder = shutil.copytree(PAYLOADS / "research_team", tmp_path / name)
+        (folder / "manifest.toml").write_text(manifest.replace("max_steps = 6\n", limit))
+        cases[name] = (str(folder),)
+    cases["flag"] = (str(tmp_path / "four"), "--max-steps", "3")
+    expected = {
+        "unset": ([("manager", 6, "program"), ("librarian", 5, "program")], None),
+        "four": ([("manager", 4, "manifest"), ("librarian", 4, "manifest")], 4),
+        "flag": ([("manager", 3, "run"), ("librarian", 3, "run")], 3),
+    }
+    for name, args in cases.items():
+        ran = cli("run", *args, "--json", env=env)
+        assert ran.returncode == 0, ran.stderr
+        run_id = json.loads(ran.stdout)["run_id"]
+        shown = json.loads(cli("runs", "show", run_id, "--json", env=env).stdout)
+        start = next(
+            json.loads(line)
+            for line in Path(shown["record_dir"], "events.jsonl").read_text().splitlines()
+            if json.loads(line)["type"] == "run_start"
+        )
+        had = [(a["name"], a["max_steps"], a["max_steps_from"]) for a in start["agents"]]
+        agents, limit = expected[name]
+        assert had == agents, (name, had)  # the record: what ran
+        assert [(a["agent"], a["max_steps"], a["from"]) for a in shown["agent_max_steps"]] == had
+        assert shown["limits"]["max_steps"] == limit, (name, shown["limits"])
+        text = cli("runs", "show", run_id, env=env).stdout
+        line = " · ".join(f"{a} {n} ({source})" for a, n, source in had)
+        assert f"max steps:       {line}\n" in text, text
+        limits = next(x for x in text.splitlines() if x.startswith("limits:"))
+        assert ("max_steps" in limits) == (limit is not None), limits
+        if limit is not None:
+            assert f"max_steps {limit} ·" in limits, limits
+        page = tmp_path / f"view-{name}"
+        exported = cli("view", "--export", str(page), run_id, env=env)
+        assert exported.returncode == 0, exported.stderr
+        html = next(page.rglob(f"*{run_id}*.html")).read_text()
+        assert f'<dd id="max-steps">{line} ' in html.replace("&#39;", "'"), html
+    helped = " ".join(cli("run", "--help", env=env).stdout.split())
+    assert "manifest, else 10)" not in helped
+    assert (
+        "--max-steps MAX_STEPS steps of the top agent; its managed agents get at most as many "
+        "(default: the manifest's [limits] max_steps, the same way; else each agent keeps the "
+        "max_steps its program gave it"
+    ) in helped, helped
+
+
+def test_run_refuses_what_validate_refuses_before_the_first_step(
+    tmp_path: Path, docker_client, agent_image: str, no_leftovers
+) -> None:
+    """Issue 45 item 3 (before: `validate` named a mock script keyed for no agent, while
+    `run` started, exhausted the agent's empty script and reported `succeeded`). The run
+    makes the same check (one function, in the sandbox once the tree is loaded) and is
+    refused before any model call: exit 2, `failed` with `payload_error` and the very
+    problems `validate` lists."""
+    import shutil
+
+    env = private_store(tmp_path, docker_client, agent_image)
+    folder = shutil.copytree(PAYLOADS / "research_team", tmp_path / "misspelled")
+    manifest = folder / "manifest.toml"
+    assert manifest.read_text().count("\nlibrarian = [") == 1
+    manifest.write_text(manifest.read_text().replace("\nlibrarian = [", "\nlibrarain = ["))
+    checked = cli("validate", str(folder), "--json", env=env)
+    assert checked.returncode == 2, checked.stderr
+    problems = json.loads(checked.stdout)["problems"]
+    assert any("mock script for 'librarain', which is not an agent" in p for p in problems)
+    ran = cli("run", str(folder), env=env)
+    assert ran.returncode == 2, ran.stderr
+    assert "mock script for 'librarain', which is not an agent" in ran.stderr, ran.stderr
+    (row,) = json.loads(cli("runs", "list", "--json", env=env).stdout)  # the check is no run
+    shown = json.loads(cli("runs", "show", row["run_id"], "--json", env=env).stdout)
+    assert (shown["status"], shown["error"]["type"]) == ("failed", "payload_error"), shown
+    assert shown["error"]["problems"] == problems  # the same check, the same words
+    events = Path(shown["record_dir"], "events.jsonl").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in events]
+    assert "run_start" in kinds and "step" not in kinds, kinds  # loaded, never stepped
+    assert shown["steps"] == 0 and not any(shown["token_usage"].values()), shown
 
 
 def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) -> None:
@@ -345,7 +536,7 @@ def test_build_tool_output_and_repeated_notices_only_with_verbose(docker_client)
     wanted = "registry.invalid/no-such-base:1"  # a pull that fails at once (no such host)
     assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
     assert resolve_base(docker_client, wanted, progress=said.append) == BASE_IMAGE
-    notices = [m for m in said if "is not available" in m]
+    notices = [m for m in said if "cannot be pulled here" in m]
     assert len(notices) == 2 and not display.is_detail(notices[0])
     assert display.is_detail(notices[1]) and notices[1].startswith("note: ")
     for line in ("pip: Collecting smolagents", "build: Step 1/17", notices[1]):

@@ -643,12 +643,21 @@ def test_hf_models_go_through_the_gateway_too(
     from .test_egress import research_outputs
 
     monkeypatch.setenv("HF_TOKEN", "hf_gwtest_token_123456")
+    said: list[str] = []
     with ScriptedModelServer(research_outputs()) as server:
         model = "hf:Qwen/Qwen2.5-Coder-32B-Instruct"
-        result = run(RunSpec(payload=RESEARCH, model=model, api_base=server.api_base()))
+        spec = RunSpec(payload=RESEARCH, model=model, api_base=server.api_base())
+        result = run(spec, on_progress=said.append)
         requests = list(server.requests)
         served = dict(server.usage)
     assert result.status == "succeeded", result.error
+    # Issue 45 item 4: the gateway's start is said as a sentence (before: a lone line
+    # `orchestrator: model gateway` above `▶ run started`).
+    (line,) = [m for m in said if "gateway" in m]
+    assert line.startswith("starting the run's model gateway to ") and f":{server.port} " in line
+    assert line.endswith(
+        "(the model key stays with it, outside the sandbox, which gets a run token)"
+    ), line
     assert {r["headers"]["Authorization"] for r in requests} == {"Bearer hf_gwtest_token_123456"}
     assert {r["body"]["model"] for r in requests} == {"Qwen/Qwen2.5-Coder-32B-Instruct"}
     assert result.token_usage_source == "gateway"

@@ -135,3 +135,36 @@ def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
     assert "Warning" not in installed.stdout + installed.stderr, installed.stderr
+
+
+def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
+    """Issue 45 item 4: the quick start's set-up ran pip and uv quietly for about 110 s
+    without a word. Each quiet install is announced first. The script runs for real, in a
+    copy of the checkout whose .venv tools only log their calls (a real install takes
+    minutes and would replace the .venv these tests run from)."""
+    import shutil
+    import stat
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(REPO / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    tool = "#!/bin/sh\necho \"ran: $(basename \"$0\") $*\" >&2\n"
+    for path in (".venv/bin/python", ".venv/bin/uv", ".venv-phoenix/bin/python", "bin/debootstrap"):
+        stub = tmp_path / path
+        stub.parent.mkdir(parents=True, exist_ok=True)
+        stub.write_text(tool)
+        stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    done = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "setup.sh")],
+        env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+
+    def first(prefix: str) -> int:
+        return next(i for i, line in enumerate(lines) if line.startswith(prefix))
+
+    assert first("setup: installing orchestrator") < first("ran: python -m pip"), lines
+    assert first("setup: installing Arize Phoenix") < first("ran: uv pip install"), lines
+    said = [line for line in lines if line.startswith("setup: ")]
+    assert len(said) >= 3 and said[-1].startswith("setup: ready"), lines

@@ -222,7 +222,9 @@ def test_dangerous_authorized_import_is_refused_with_exit_2(module: str) -> None
 
 def test_allow_dangerous_imports_lets_the_agent_import_them() -> None:
     request = build_request(
-        TEST_PAYLOADS / "forbidden_import", authorized_imports=["os"], allow_dangerous_imports=True
+        TEST_PAYLOADS / "forbidden_import",
+        authorized_imports=["os", "json"],
+        allow_dangerous_imports=True,
     )
     outcome = run_runtime(request)
     steps = outcome.of_type("step")
@@ -300,7 +302,8 @@ def test_exhausted_mock_script_of_the_manager_fails_clearly() -> None:
 def test_exhausted_mock_script_of_a_managed_agent_is_a_step_error_of_its_caller() -> None:
     folder = REPO / "agent_payloads" / "research_team"
     scripts = manifest_of(folder)["mock"]["scripts"]
-    outcome = run_runtime(build_request(folder, mock_scripts={"manager": scripts["manager"]}))
+    short = {**scripts, "librarian": scripts["librarian"][:1]}  # its step 1 fails: 2 is missing
+    outcome = run_runtime(build_request(folder, mock_scripts=short))
     result = outcome.of_type("managed_agent_result")[0]
     assert "mock script of agent 'librarian' is exhausted" in result["error"]["message"]
     manager_steps = [s for s in outcome.of_type("step") if s["agent"] == "manager"]
@@ -564,6 +567,48 @@ def test_planning_steps_and_tool_calling_managed_agents_are_reported() -> None:
     helper_steps = [s for s in steps if s["agent"] == "helper"]
     assert helper_steps and helper_steps[0]["is_final_answer"]
     assert outcome.of_type("managed_agent_result")[0]["output"].endswith("hi there")
+
+
+def test_a_run_refuses_before_its_first_step_what_a_check_refuses() -> None:
+    """Issue 45 item 3: a run whose loaded tree fails `validate`'s checks (a mock script keyed
+    for no agent, an agent's declared import the run does not grant) ends at once with the
+    same problems, exit 2, no step and no model call (before: the run went on)."""
+    folder = REPO / "agent_payloads" / "research_team"
+    scripts = manifest_of(folder)["mock"]["scripts"]
+    misspelled = {"manager": scripts["manager"], "librarain": scripts["librarian"]}
+    checked = run_runtime(build_request(folder, mock_scripts=misspelled, check_only=True))
+    ran = run_runtime(build_request(folder, mock_scripts=misspelled))
+    assert checked.returncode == ran.returncode == 2
+    assert ran.end["error"]["kind"] == "payload"
+    problems = ran.end["error"]["problems"]
+    assert problems == checked.end["error"]["problems"]
+    assert any("mock script for 'librarain', which is not an agent" in p for p in problems)
+    assert [e["type"] for e in ran.events] == ["run_start", "run_end"]
+    assert ran.end["token_usage"] == {"input_tokens": 0, "output_tokens": 0}
+    web = REPO / "agent_payloads" / "web_browser"
+    ungranted = run_runtime(build_request(web, authorized_imports=["numpy"]))
+    assert ungranted.returncode == 2 and not ungranted.of_type("step")
+    assert "pandas" in ungranted.end["error"]["message"]
+
+
+def test_plans_in_a_mock_script_are_free_text() -> None:
+    """Only action outputs need a code block: an agent with `planning_interval` plans before
+    step 1 and every interval steps (its top-level script is checked to the step); a
+    managed one may be called again at any step, so only its first action is sure."""
+    from smolagents import CodeAgent
+
+    from orchestrator_runtime.models import action_outputs, script_problems
+
+    agent = CodeAgent(tools=[], model=None, planning_interval=2, max_steps=4)
+    assert action_outputs(agent, 9) == [1, 2, 4, 5]  # plan, 1, 2, plan, 3, 4 (+ free text)
+    assert action_outputs(agent, 9, top=False) == [1]
+    code = "<code>\nfinal_answer(1)\n</code>"
+    script = ["a plan", code, code, "an updated plan", code, code]
+    assert script_problems("manager", agent, script) == []
+    (problem,) = script_problems("manager", agent, ["a plan", "no code here"])
+    assert "output 2 of 2: no code block" in problem
+    plain = CodeAgent(tools=[], model=None, max_steps=2)
+    assert action_outputs(plain, 5) == [0, 1]
 
 
 # --- the program's own settings (issue 27) -------------------------------------------------

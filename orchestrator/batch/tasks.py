@@ -111,13 +111,38 @@ def derive_id(task: str, additional_args: dict[str, Any] | None) -> str:
     return "t-" + hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
+def nearest_tasks_file(path: Path) -> Path | None:
+    """The tasks file in `path`'s folder whose name is closest to the one given (`task.jsonl`
+    for `tasks.jsonl`), as the folder's path was typed; None when none is close."""
+    import difflib  # only for a name that is wrong
+
+    try:
+        files = [
+            p
+            for p in sorted(path.parent.iterdir())
+            if p.suffix.lower() in (".jsonl", ".csv", ".json") and p.is_file()
+        ]
+    except OSError:
+        return None
+    by_stem = {p.stem: p.name for p in reversed(files)}  # names compared without `.jsonl`
+    matches = difflib.get_close_matches(path.stem, list(by_stem), n=1, cutoff=0.6)
+    return path.parent / by_stem[matches[0]] if matches else None
+
+
 def read_tasks(path: str | Path, *, on_bad_line: OnBadLine = "fail") -> TaskFile:
     """Parse a JSONL or CSV tasks file. Malformed lines are skipped or rejected (naming every
     one; a line with bytes that are not UTF-8 is malformed too); duplicate ids are always an
     error, since resuming keys everything on the id."""
     path = Path(path)
     if not path.is_file():
-        raise TaskFileError(f"No tasks file at {path}.", "Pass a .jsonl or .csv file of tasks.")
+        near = nearest_tasks_file(path)
+        hint = f" Did you mean {near}?" if near else ""
+        raise TaskFileError(
+            f"No tasks file at {path}.{hint}",
+            f"Pass {near}, or another .jsonl or .csv file of tasks."
+            if near
+            else "Pass a .jsonl or .csv file of tasks.",
+        )
     # Bytes that are not UTF-8 become lone surrogates here, found and named line by line.
     text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
     rows = _csv_rows(path, text) if _is_csv(path, text) else _jsonl_rows(text)

@@ -6,6 +6,7 @@ a SIGINT or SIGTERM at any moment is handled the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -13,7 +14,22 @@ from . import signals
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit code; 141 when its reader closed the pipe (`| head`), whatever
+    the command did meanwhile (a run goes on and is recorded as it ended)."""
     signals.install()
+    from .output import guard_streams, reader_gone
+
+    saved = guard_streams()
+    try:
+        code = _main(argv)
+    finally:
+        sys.stdout.flush()  # through the guards: what Python flushes at exit is written now
+        sys.stderr.flush()
+        sys.stdout, sys.stderr = saved
+    return reader_went_away() if reader_gone() else code
+
+
+def _main(argv: list[str] | None) -> int:
     from ..errors import OrchestratorError
     from .output import error_object, print_json, say
     from .parser import UsageError, build_parser, commands_named
@@ -62,5 +78,7 @@ def reader_went_away() -> int:
     """stdout's reader closed it (`| head`): stop quietly, as `cat` does. Python would print a
     traceback, then another one when it flushes stdout at exit, so stdout becomes /dev/null."""
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
+    with contextlib.suppress(OSError, ValueError):  # no descriptor (a test's StringIO)
+        os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the pipe

@@ -65,7 +65,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "package specification, e.g. a `name @ file:///...` or `name @ https://...` reference "
         "(pip on this machine fetches or opens it); repeat for each",
     )  # fmt: skip
-    p.add_argument("--max-steps", type=int, help="steps per agent (default: manifest, else 10)")
+    p.add_argument(
+        "--max-steps", type=int,
+        help="steps of the top agent; its managed agents get at most as many (default: the "
+        "manifest's [limits] max_steps, the same way; else each agent keeps the max_steps its "
+        "program gave it, smolagents' default 20; `runs show` says what each had and why)",
+    )  # fmt: skip
     p.add_argument(
         "--timeout",
         type=float,

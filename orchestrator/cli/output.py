@@ -7,17 +7,85 @@ One style so that a person (and grep) reads every command the same way:
 - data goes to stdout: a rich table when stdout is a terminal (or rich is told it is one,
   `FORCE_COLOR=1`), plain space-aligned columns with a header row otherwise, so `awk`, `cut`
   and `column` work; `--json` prints JSON instead, errors included.
+
+Every write survives a reader that goes away (`| head -2`): see `guard_streams`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
 PREFIX = "orchestrator: "
+
+#: Which streams found their reader gone (`| head`): the command's output is lost, not its work.
+READER_GONE: list[str] = []
+
+
+class ClosedPipeGuard:
+    """A standard stream whose writes never raise because the reader closed the pipe.
+
+    The first write that meets a closed pipe points the stream's file descriptor at
+    /dev/null and notes it in READER_GONE; every later write then goes nowhere, quietly.
+    The command itself goes on: a run still collects its result and is recorded as it
+    ended, whoever stopped reading its live lines."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self._stream = stream
+        self._name = name
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def _gone(self) -> None:
+        if self._name not in READER_GONE:
+            READER_GONE.append(self._name)
+        try:  # the buffered rest, and Python's flush at exit, go to /dev/null
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's StringIO)
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_streams() -> tuple[Any, Any]:
+    """Put ClosedPipeGuards in place of sys.stdout and sys.stderr; returns the streams they
+    replace, for the caller to put back. READER_GONE starts empty."""
+    READER_GONE.clear()
+    saved = (sys.stdout, sys.stderr)
+    if not isinstance(sys.stdout, ClosedPipeGuard):
+        sys.stdout = ClosedPipeGuard(sys.stdout, "stdout")
+    if not isinstance(sys.stderr, ClosedPipeGuard):
+        sys.stderr = ClosedPipeGuard(sys.stderr, "stderr")
+    return saved
+
+
+def reader_gone() -> bool:
+    """Whether a write of this command found its reader gone (see ClosedPipeGuard)."""
+    return bool(READER_GONE)
 
 
 def say(text: str, *, kind: str | None = None, stream: TextIO | None = None) -> None:

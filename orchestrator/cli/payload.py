@@ -75,8 +75,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
         code = 2
     elif prepared is not None and not args.no_load:
-        code = load_check(prepared, report)
+        code = max(code, load_check(prepared, report))
     report["ok"] = not report["problems"]
+    if report["problems"]:  # whichever check found it: a problem is never exit 0
+        code = max(code, 2)
     if args.json:
         print(json.dumps(report, indent=2))
         return code

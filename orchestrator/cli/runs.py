@@ -19,6 +19,7 @@ from .output import (
     print_fields,
     print_json,
     print_table,
+    reader_gone,
     say,
 )
 from .parser import HELP
@@ -218,7 +219,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, Any]]:
     """What `runs show` prints, from the index row and result.json (absent ones left out)."""
-    from ..record import describe_isolation
+    from ..record import describe_isolation, describe_max_steps
 
     r = {**row, **{k: v for k, v in result.items() if v not in (None, "", {}, [])}}
     timings = result.get("timings") or {}
@@ -256,6 +257,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("node", _node(result.get("node"))),
         ("allowlist", ", ".join(result.get("allowlist") or []) or None),
         ("limits", _limits(result.get("limits"))),
+        ("max steps", describe_max_steps(result.get("agent_max_steps"))),
         ("egress blocked", result.get("egress_blocked") or None),
         ("steps", result.get("steps") if result else None),
         ("tokens", tokens),
@@ -293,12 +295,15 @@ def describe_trace(traces: dict[str, Any] | None) -> str | None:
 
 
 def _limits(limits: dict[str, Any] | None) -> str | None:
-    """`max_steps 6 · timeout 120s · memory 512 MiB · ...`, as the run had them."""
+    """`max_steps 6 · timeout 120s · memory 512 MiB · ...`, as the run had them (no
+    `max_steps` when nobody set it: each agent kept its own, the `max steps` line)."""
     if not limits:
         return None
     units = {"timeout_seconds": ("timeout", "s"), "memory_mb": ("memory", " MiB")}
     parts = []
     for key, value in limits.items():
+        if value is None:
+            continue
         name, unit = units.get(key, (key, ""))
         shown = f"{value:g}" if isinstance(value, float) else value
         parts.append(f"{name} {shown}{unit}")
@@ -328,6 +333,8 @@ def cmd_runs_logs(args: argparse.Namespace) -> int:
     lines = follow(store, row["run_id"], path) if args.follow else read_lines(path)
     network = row.get("network")
     for line in lines:
+        if reader_gone():  # nobody reads on: stop following
+            break
         if args.stream == "events" and not args.json:
             try:
                 event = json.loads(line)

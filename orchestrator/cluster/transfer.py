@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +112,7 @@ def lost_record(
         model=prepared.model.describe(),
         backend=prepared.backend,
         network=prepared.network.mode,
-        limits=asdict(prepared.limits),
+        limits=prepared.limits.recorded(prepared.max_steps_from),
         node=dict(node),
         timings={"created": started, "ended": ended, "duration": round(ended - started, 3)},
     )

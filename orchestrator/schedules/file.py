@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from orchestrator_runtime.protocol import ENV_NAME_RE
@@ -22,6 +22,9 @@ from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, words
 from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
+
+if TYPE_CHECKING:
+    from ..runner import PreparedRun
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -193,24 +196,27 @@ class Schedule:
             **self.limits,
         )
 
-    def check_secrets(self, needed: tuple[str, ...] | None = None, payload: str = "") -> None:
+    def check_secrets(self, prepared: PreparedRun | None = None) -> None:
         """Refuse a run that would get a secret the schedule does not list.
 
         The runner hands a run exactly the payload's declared secrets plus the model's
-        credential (`needed`; worked out by `runner.prepare` when not given); the schedule's
-        `secrets` is the allow-list those must fit in, so a payload that starts asking for a
-        new credential stops firing instead of silently getting it. Raises ConfigError.
+        credential (`prepared.secret_names`; the run is prepared here when not given); the
+        schedule's `secrets` is the allow-list those must fit in, so a payload that starts
+        asking for a new credential stops firing instead of silently getting it. Raises
+        ConfigError naming who asks for each (`secrets.secret_owners`).
         """
-        if needed is None:
+        from ..secrets import secret_owners
+
+        if prepared is None:
             from ..runner import prepare
 
             prepared = prepare(self.run_spec(), secret_values=False)
-            needed, payload = prepared.secret_names, prepared.manifest.name
-        extra = [n for n in needed if n not in self.secrets]
+        owners = secret_owners(prepared.manifest, prepared.model)
+        extra = [n for n in prepared.secret_names if n not in self.secrets]
         if extra:
+            asked = ", ".join(f"{n} ({owners.get(n, 'the run')})" for n in extra)
             error = ConfigError(
-                f'schedule "{self.name}" field `secrets`: the run would get {", ".join(extra)} '
-                f"(declared by the payload {payload} or the model {self.model}), "
+                f'schedule "{self.name}" field `secrets`: the run would get {asked}, '
                 "which the schedule does not allow.",
                 f"Add them to `secrets = [...]` of schedule {self.name!r} if it may use them.",
             )
@@ -447,7 +453,7 @@ def check_schedule(schedule: Schedule) -> list[Problem]:
     try:
         spec = schedule.run_spec()
         prepared = prepare(spec, secret_values=False, limits_from=f"{label} field `limits`")
-        schedule.check_secrets(prepared.secret_names, prepared.manifest.name)
+        schedule.check_secrets(prepared)
     except OrchestratorError as exc:
         message = f"{exc.cause} {exc.fix}".strip()
         field_name = exc.field or "payload"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..record import agent_max_steps, describe_max_steps
 from ..store import Store
 from ..traces import read_trace
 from .tree import AgentNode, build_tree, count_steps
@@ -37,6 +38,9 @@ class RunView:
     #: The run's trace as indented rows (`span_rows`), when it was traced.
     spans: list[dict[str, Any]] = field(default_factory=list)
     spans_total: int = 0
+    #: Each agent's effective max_steps and who set it (`describe_max_steps`), from the
+    #: record's `run_start`: shown while the run goes on too.
+    max_steps: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -173,4 +177,5 @@ def load_run(store: Store, run_id: str) -> RunView | None:
         violations=[e for e in events if e.get("type") == "protocol_violation"][:50],
         spans=span_rows(spans or []),
         spans_total=len(spans or []),
+        max_steps=describe_max_steps(agent_max_steps(events)),
     )

@@ -137,3 +137,22 @@ def test_a_requirement_not_on_the_index_is_bad_input(tmp_path: Path, agent_image
     assert ran.returncode == 2, ran.stderr
     error = json.loads(ran.stdout)["error"]
     assert error["type"] == "payload_error" and error["field"] == "python.requirements", error
+
+
+def test_every_problem_validate_reports_exits_2(tmp_path: Path, agent_image: str) -> None:
+    """Issue 40 item 5: a manifest that grants `os` is reported by the manifest check, then
+    the tree is loaded all the same (to report the rest); before, that load's exit 0 hid the
+    problem (`orchestrator: problem: ... os ...`, exit 0) while `--no-load` and `run` exit 2.
+    A problem is never exit 0, whichever check found it, text or JSON."""
+    folder = broken(tmp_path)
+    manifest = folder / "manifest.toml"
+    manifest.write_text(manifest.read_text() + '\n[python]\nauthorized_imports = ["os"]\n')
+    for extra in ((), ("--no-load",), ("--json",)):
+        checked = cli("validate", str(folder), *extra)
+        assert checked.returncode == 2, (extra, checked.returncode, checked.stderr)
+        said = checked.stdout if extra == ("--json",) else checked.stderr
+        assert "os" in said and "--i-understand-dangerous-imports" in said, said
+    report = json.loads(cli("validate", str(folder), "--json").stdout)
+    assert not report["ok"] and report.get("check_run"), report  # the tree was loaded too
+    ran = cli("run", str(folder), "--quiet")
+    assert ran.returncode == 2, ran.stderr

@@ -158,8 +158,9 @@ def resolve_base(
         if reason is None:
             return wanted
         message = (
-            f"base image {wanted} is not available ({reason}); "
-            f"falling back to {BASE_IMAGE} (set {BASE_IMAGE_ENV} to choose a base)"
+            f"{wanted} cannot be pulled here, so images are built on {BASE_IMAGE}, the "
+            "Debian base orchestrator makes itself: the designed path on a host without a "
+            f"registry (set {BASE_IMAGE_ENV} to choose a base; {reason})"
         )
         if remembered:  # said when the pull failed; a repeat is a detail (shown with -v)
             message = f"note: {message}"
@@ -168,7 +169,7 @@ def resolve_base(
         else:
             log.warning("%s", message)
     if inspect_image(client, BASE_IMAGE) is None:
-        report(progress, f"{BASE_IMAGE} is missing: making it with debootstrap")
+        report(progress, f"making {BASE_IMAGE} with debootstrap (once per host)")
         bootstrap_base(client, progress=progress)
     return BASE_IMAGE
 

@@ -19,6 +19,7 @@ from orchestrator_runtime.protocol import READY_LINE
 from orchestrator_runtime.request import Request
 
 from ...errors import ConfigError
+from ...gateway import starting_line
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
@@ -374,7 +375,7 @@ class DockerBackend(Backend):
                     labels=spec.labels,
                 )
             if spec.gateway is not None and egress is not None:
-                progress("model gateway")
+                progress(starting_line(spec.gateway))
                 starting = starter.submit(
                     Gateway.start,
                     self.client,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ...errors import OrchestratorError
-from ...gateway import GatewaySpec, read_report
+from ...gateway import GatewaySpec, read_report, starting_line
 from ...labels import LABEL_KIND
 from ..base import GatewayHandle, Progress
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER
@@ -99,7 +99,7 @@ class E2BGateway(GatewayHandle):
         """Create the gateway's sandbox (`create`: the backend's retried `Sandbox.create`) and
         start the gateway in it, waiting for its configuration (`open`). Kills the sandbox
         again on failure."""
-        progress("model gateway")
+        progress(starting_line(spec))
         sandbox = create(
             template=template,
             timeout=lifetime,

@@ -4,5 +4,6 @@ from smolagents import CodeAgent
 
 
 def build_manager(model) -> CodeAgent:
-    # It even asks for `os`: the runtime replaces the imports with the request's list.
-    return CodeAgent(tools=[], model=model, additional_authorized_imports=["os", "json"])
+    # Its code imports os and subprocess anyway: the inner executor refuses them. (An agent
+    # that declared `os` itself would be refused before its first step, as `validate` says.)
+    return CodeAgent(tools=[], model=model, additional_authorized_imports=["json"])
