@@ -422,3 +422,28 @@ def test_a_programs_spans_are_under_the_hosts_root() -> None:
         ("first.run", trace["parent_span_id"]),
         ("manager.run", trace["parent_span_id"]),  # named before it ran
     ]
+
+
+# ---- helpers the backend tests share (test_e2b_backend_program.py, test_program_ray.py) -----
+
+
+def events_in(record_dir: str) -> list[dict[str, Any]]:
+    lines = (Path(record_dir) / "events.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def agent_trace(events: list[dict[str, Any]]) -> list[tuple[str, str | None]]:
+    """The steps and managed-agent calls of a run, by agent."""
+    kinds = ("step", "managed_agent_call", "managed_agent_result")
+    return [(e["type"], e.get("agent")) for e in events if e["type"] in kinds]
+
+
+#: What the guide's program does with `fib_team_answer`: the manager calls coder_agent,
+#: which computes the number in one step; the manager then answers with its report.
+FIB_TEAM_TRACE = [
+    ("managed_agent_call", "coder_agent"),
+    ("step", "coder_agent"),
+    ("managed_agent_result", "coder_agent"),
+    ("step", "manager"),
+    ("step", "manager"),
+]
