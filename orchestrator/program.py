@@ -17,13 +17,16 @@ host then holds that key; inside, the variable holds the run token (`program_mod
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator_runtime.protocol import ROUTABLE_MODELS
+
 from .errors import ConfigError, ManifestError, Problem
-from .models import ModelSpec, parse_model
+from .models import PROVIDERS, ModelSpec, parse_model
 from .payload import ShippedFile, payload_files, program_file
 from .spec import RunSpec
 
@@ -33,14 +36,12 @@ MAIN_FILES = ("__main__.py", "main.py")
 #: PEP 723's reference expression for a metadata block.
 BLOCK_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 
-#: smolagents' model classes whose calls the run's gateway can serve (an OpenAI-compatible
-#: endpoint): the provider the host knows them by and the variable their client reads a key
-#: from when the program passes none.
+#: The routable model classes (`protocol.ROUTABLE_MODELS`, shared with the runtime): the
+#: provider the host knows each by, and the variable its client reads a key from when the
+#: program passes none (that provider's credential).
 ROUTABLE: dict[str, tuple[str, str]] = {
-    "InferenceClientModel": ("hf", "HF_TOKEN"),
-    "OpenAIServerModel": ("openai", "OPENAI_API_KEY"),
-    "OpenAIModel": ("openai", "OPENAI_API_KEY"),
-    "LiteLLMModel": ("litellm", "LITELLM_API_KEY"),
+    cls: (provider, str(PROVIDERS[provider].credential_env))
+    for cls, provider in ROUTABLE_MODELS.items()
 }
 #: smolagents' model classes that cannot go through the gateway: a model in the sandbox
 #: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or speaks
@@ -229,9 +230,8 @@ def program_model(
             f"The program makes a model that cannot be routed through the run's model "
             f"gateway ({where}), so its key would have to be inside the sandbox. Nothing was "
             "started.",
-            "Use InferenceClientModel, OpenAIServerModel or LiteLLMModel (an OpenAI-"
-            "compatible endpoint), or replace every model of the program with --model "
-            "provider:model_id.",
+            f"Use {', '.join(ROUTABLE)} (an OpenAI-compatible endpoint), or replace every "
+            "model of the program with --model provider:model_id.",
         )
     providers = {ROUTABLE[u.cls][0] for u in uses}
     keys = {u.key_env or ROUTABLE[u.cls][1] for u in uses}
@@ -283,6 +283,7 @@ def filter_smolagents(dependencies: list[str], image_version: str) -> tuple[list
     return kept, None
 
 
+@functools.cache
 def image_smolagents() -> str:
     """The smolagents version the agent image pins (images/agent/requirements.txt)."""
     from .config import data_root

@@ -18,9 +18,7 @@ import gc
 import importlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import replace
@@ -30,7 +28,7 @@ from typing import Any
 from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
 from .masking import Masker
-from .payload import PayloadError, load_manager, write_payload
+from .payload import PayloadError, load_manager, payload_root, write_payload
 from .protocol import POOLED_ENV, PRELOAD_TRACES, PRELOADABLE, READY_LINE
 from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
@@ -145,12 +143,8 @@ class Run:
         except Exception as exc:
             return self.fail("model", exc, "internal", EXIT_INTERNAL)
 
-        root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
-        try:
+        with payload_root() as root:
             return self.load_and_run(request, root, model)
-        finally:
-            os.chdir("/")
-            shutil.rmtree(root, ignore_errors=True)
 
     def run_program(self, request: Request) -> int:
         """A program run as `__main__` (program.py): its agents held whenever it makes them,
@@ -169,17 +163,14 @@ class Run:
             problems=lambda nodes: self.tree_problems(nodes, request),
         )  # fmt: skip
         program.install()
-        root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
         traced = self.tracing.under_host_root() if self.tracing else contextlib.nullcontext()
         try:
-            write_payload(root, request.files)
-            with traced:  # the program's spans under the host's root span
-                state, error, ended_by = program.execute(root)
+            with payload_root() as root:
+                write_payload(root, request.files)
+                with traced:  # the program's spans under the host's root span
+                    state, error, ended_by = program.execute(root)
         except (PayloadError, ProgramError) as refused:
             return self.fail("payload", refused, "payload", EXIT_BAD_REQUEST)
-        finally:
-            os.chdir("/")
-            shutil.rmtree(root, ignore_errors=True)
         if isinstance(ended_by, Refused):
             return self.fail("payload", ended_by.cause, "payload", EXIT_BAD_REQUEST)
         if not program.started:  # the program ran no agent

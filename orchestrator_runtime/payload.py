@@ -5,14 +5,31 @@ from __future__ import annotations
 
 import base64
 import importlib
+import os
+import shutil
 import sys
+import tempfile
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 
 class PayloadError(Exception):
     """The payload's files could not be written, imported or turned into an agent."""
+
+
+@contextmanager
+def payload_root() -> Iterator[Path]:
+    """A fresh folder for the payload's files (under $TMPDIR, the sandbox's tmpfs); when the
+    run is over the working directory leaves it and it is removed."""
+    root = Path(tempfile.mkdtemp(prefix="orchestrator-payload-")).resolve()
+    try:
+        yield root
+    finally:
+        os.chdir("/")
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def write_payload(root: Path, files: dict[str, Any]) -> None:

@@ -26,20 +26,23 @@ from smolagents.agents import MultiStepAgent
 from smolagents.memory import FinalAnswerStep
 from smolagents.models import Model
 
-from .agents import MODEL_NOTE, TOP_LEVEL_NAME, AgentNode, Recorder, describe, take_control
+from .agents import (
+    MODEL_NOTE,
+    TOP_LEVEL_NAME,
+    AgentNode,
+    Recorder,
+    describe,
+    take_control,
+    walk,
+)
 from .models import ScriptedModel
+from .protocol import ROUTABLE_MODELS
 from .request import Request
 
 #: The environment variable holding the task the host gave a program (a batch's task).
 TASK_ENV = "ORCHESTRATOR_TASK"
 #: Set on a model once its calls go where the run says (so it is routed once).
 ROUTED = "orchestrator_routed"
-
-#: The smolagents model classes whose calls can be sent to the run's gateway: they speak
-#: OpenAI's chat-completions protocol to one endpoint (Hugging Face's router is one).
-#: Each: the environment variable its client reads when the program passes no key.
-ROUTABLE = {"InferenceClientModel": "HF_TOKEN", "OpenAIModel": "OPENAI_API_KEY",
-            "LiteLLMModel": "LITELLM_API_KEY"}  # fmt: skip
 
 
 class ProgramError(Exception):
@@ -156,8 +159,6 @@ class Program:
     def take(self, agent: MultiStepAgent) -> None:
         """Take control of a top-level agent's tree (the parts not held yet), route its
         models, and say what the tree is."""
-        from .agents import walk
-
         if agent not in self.top_level:
             self.top_level.append(agent)
         if not agent.name:  # the top level is `manager`, as in payloads; later ones numbered
@@ -178,9 +179,9 @@ class Program:
     def control(self, nodes: list[AgentNode]) -> None:
         request = self.request
         mock = request.model_source == "run" and request.provider == "mock"
-        chosen = {id(node.agent): node.agent.model for node in nodes}
-        for node in nodes:
-            if not mock:
+        chosen = {id(node.agent): node.agent.model for node in nodes}  # before any is replaced
+        if not mock:
+            for node in nodes:
                 self.route(node)
         take_control(
             nodes,
@@ -192,8 +193,8 @@ class Program:
             request.max_steps_from,
             keep_running=True,
         )
-        for node in nodes:
-            if mock:
+        if mock:  # each agent now plays its script
+            for node in nodes:
                 note(node.agent.model, "mock", chosen[id(node.agent)])
 
     def route(self, node: AgentNode) -> None:
@@ -243,8 +244,6 @@ class Program:
 
 def walk_known(agent: MultiStepAgent, nodes: list[AgentNode]) -> list[AgentNode]:
     """The tree under `agent` as the held nodes (with their names and sources)."""
-    from .agents import walk
-
     by_id = {id(node.agent): node for node in nodes}
     return [by_id.get(id(node.agent), node) for node in walk(agent)]
 
@@ -256,7 +255,7 @@ def route_model(model: Model, request: Request) -> None:
     Raises ProgramError for a model class that cannot be routed."""
     if getattr(model, ROUTED, False) or isinstance(model, ScriptedModel):
         return
-    kind = next((c.__name__ for c in type(model).__mro__ if c.__name__ in ROUTABLE), None)
+    kind = next((c.__name__ for c in type(model).__mro__ if c.__name__ in ROUTABLE_MODELS), None)
     provider = getattr(model, "client_kwargs", {}).get("provider") if kind else None
     if kind is None:
         if not request.api_base:
@@ -264,11 +263,11 @@ def route_model(model: Model, request: Request) -> None:
             return
         raise ProgramError(
             f"the program's model class {type(model).__name__} cannot be routed through the "
-            "run's model gateway (only InferenceClientModel, OpenAIServerModel and "
-            "LiteLLMModel can): its key would have to be in the sandbox. Use one of those, "
-            "or replace every model with --model provider:model_id"
+            f"run's model gateway (only {', '.join(ROUTABLE_MODELS)} can): its key would "
+            "have to be in the sandbox. Use one of those, or replace every model with "
+            "--model provider:model_id"
         )
-    note(model, "program", model, provider=provider)
+    info = note(model, "program", model, provider=provider)
     if not request.api_base:
         return
     from smolagents.models import OpenAIServerModel
@@ -289,10 +288,10 @@ def route_model(model: Model, request: Request) -> None:
     model.generate = delegate.generate
     model.generate_stream = delegate.generate_stream
     setattr(model, ROUTED, True)
-    getattr(model, MODEL_NOTE)["routed_to"] = "gateway" if request.credential_env else "api_base"
+    info["routed_to"] = "gateway" if request.credential_env else "api_base"
 
 
-def note(model: Any, source: str, chosen: Any, provider: str | None = None) -> None:
+def note(model: Any, source: str, chosen: Any, provider: str | None = None) -> dict[str, Any]:
     """Keep on `model` what the record says of it: the class and model id the program chose
     and whose model runs (`program`, `run`: an override, `mock`)."""
     info = {"class": type(chosen).__name__, "model_id": getattr(chosen, "model_id", None),
@@ -305,6 +304,7 @@ def note(model: Any, source: str, chosen: Any, provider: str | None = None) -> N
         setattr(model, MODEL_NOTE, info)
     except AttributeError:  # a model with __slots__: the record goes without
         pass
+    return info
 
 
 def check_python(requires: str | None) -> None:

@@ -35,6 +35,11 @@ LIMIT_RANGES: dict[str, tuple[float, float, str]] = {
 
 #: Model providers the runtime can build (`provider:model_id` on the host's command line).
 PROVIDERS = ("mock", "openai", "hf", "litellm")
+#: smolagents' model classes whose calls a run's model gateway can serve (one OpenAI-compatible
+#: endpoint; Hugging Face's router is one), each with the provider the host knows it by: a
+#: program's own models of these classes keep their class and go through the gateway.
+ROUTABLE_MODELS = {"InferenceClientModel": "hf", "OpenAIServerModel": "openai",
+                   "OpenAIModel": "openai", "LiteLLMModel": "litellm"}  # fmt: skip
 
 #: The client libraries a model may import when the runtime builds it, which the runtime can
 #: import ahead (`--preload MODULE`): about 0.6 s for openai, paid while a pooled sandbox idles.

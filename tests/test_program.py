@@ -314,14 +314,19 @@ def fib_team_answer(body: dict[str, Any]) -> str:
     return code(f'report = coder_agent(task="Compute Fibonacci number {n}.")')
 
 
-def test_a_batch_gives_each_task_to_the_program(tmp_path: Path) -> None:
-    numbers = [5, 8, 11, 13, 17, 19, 22, 25, 27, 30]  # not 20, the program's own
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(
+def fib_tasks(path: Path, numbers: list[int]) -> Path:
+    """A tasks file asking the guide's question for each number, with its answer."""
+    path.write_text("".join(
         json.dumps({"id": f"fib{n}", "task": f"What's the {n}th Fibonacci number?",
                     "expected": str(fibonacci(n))}) + "\n"
         for n in numbers
     ))  # fmt: skip
+    return path
+
+
+def test_a_batch_gives_each_task_to_the_program(tmp_path: Path) -> None:
+    numbers = [5, 8, 11, 13, 17, 19, 22, 25, 27, 30]  # not 20, the program's own
+    tasks = fib_tasks(tmp_path / "tasks.jsonl", numbers)
     with ScriptedModelServer([], answer=fib_team_answer) as server:
         result = cli(
             "batch", str(FIB_TEAM), str(tasks), "--api-base", server.api_base(),

@@ -22,6 +22,7 @@ from .test_program import (
     FIB_TEAM_TRACE,
     agent_trace,
     events_in,
+    fib_tasks,
     fib_team_answer,
     fibonacci,
 )
@@ -51,12 +52,7 @@ def test_a_batch_over_the_guides_program_runs_on_a_ray_cluster(
 
     address, node = one_node
     numbers = [6, 9, 14, 23]  # not 20, the program's own
-    tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(
-        json.dumps({"id": f"fib{n}", "task": f"What's the {n}th Fibonacci number?",
-                    "expected": str(fibonacci(n))}) + "\n"
-        for n in numbers
-    ))  # fmt: skip
+    tasks = fib_tasks(tmp_path / "tasks.jsonl", numbers)
     token = f"hf_{secrets.token_hex(16)}"
     out = tmp_path / "out"
     with ScriptedModelServer([], answer=fib_team_answer) as server:
