@@ -104,8 +104,12 @@ def orchestrator_batch(n: int, concurrency: int, workdir: Path, backend: DockerB
     path = workdir / f"tasks-{concurrency}.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
-            row = {"id": f"t{i}", "task": "What is a * b?", "expected": a * b,
-                   "additional_args": {"op": "mul", "a": a, "b": b}}  # fmt: skip
+            row = {
+                "id": f"t{i}",
+                "task": "What is a * b?",
+                "expected": a * b,
+                "additional_args": {"op": "mul", "a": a, "b": b},
+            }
             file.write(json.dumps(row) + "\n")
     spec = BatchSpec(
         tasks=path,

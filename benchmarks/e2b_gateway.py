@@ -99,8 +99,11 @@ def main() -> int:
         (args.calls + 20) * args.rounds * 3 + 10
     )
     base = base_image()
-    starts: dict[str, list[float]] = {"without_gateway": [], "with_gateway": [],
-                                      "with_gateway_created": []}  # fmt: skip
+    starts: dict[str, list[float]] = {
+        "without_gateway": [],
+        "with_gateway": [],
+        "with_gateway_created": [],
+    }
     paths: dict[str, list[float]] = {"direct": [], "gateway_by_address": [], "through_gateway": []}
     with ScriptedModelServer(outputs) as model, E2BTestServer(templates={"base": base}) as server:
         os.environ.update(server.env())
@@ -111,13 +114,22 @@ def main() -> int:
 
         def spec(gateway: bool) -> SandboxSpec:
             run_id = f"bench-e2bgw-{secrets.token_hex(4)}"
-            plan = GatewaySpec(upstream=upstream, token=secrets.token_urlsafe(32),
-                               max_calls=100_000, max_tokens=10**9,
-                               credential_env="OPENAI_API_KEY")  # fmt: skip
-            return SandboxSpec(run_id=run_id, image=template, command=(),
-                               limits=Limits(timeout_seconds=900),
-                               network=NetworkPolicy("allowlist"), labels=run_labels(run_id),
-                               gateway=plan if gateway else None)  # fmt: skip
+            plan = GatewaySpec(
+                upstream=upstream,
+                token=secrets.token_urlsafe(32),
+                max_calls=100_000,
+                max_tokens=10**9,
+                credential_env="OPENAI_API_KEY",
+            )
+            return SandboxSpec(
+                run_id=run_id,
+                image=template,
+                command=(),
+                limits=Limits(timeout_seconds=900),
+                network=NetworkPolicy("allowlist"),
+                labels=run_labels(run_id),
+                gateway=plan if gateway else None,
+            )
 
         for _ in range(args.starts):
             for kind in ("without_gateway", "with_gateway"):

@@ -49,8 +49,12 @@ def write_tasks(path: Path, n: int) -> Path:
     with open(path, "w") as file:
         for i in range(n):
             a, b = i + 2, i % 7 + 3
-            row = {"id": f"t{i}", "task": "mul", "expected": a * b,
-                   "additional_args": {"op": "mul", "a": a, "b": b}}  # fmt: skip
+            row = {
+                "id": f"t{i}",
+                "task": "mul",
+                "expected": a * b,
+                "additional_args": {"op": "mul", "a": a, "b": b},
+            }
             file.write(json.dumps(row) + "\n")
     return path
 
@@ -60,8 +64,21 @@ def batch(tasks: Path, n: int, out: Path, warm: bool) -> dict[str, float]:
     minute as the batch reports them (its session: from its first task handed out to its
     last result), over the command's whole life (start-up, template lookup and the payload's
     load check included), and the runs' median time from record to result."""
-    command = [sys.executable, "-m", "orchestrator", "batch", str(PAYLOAD), str(tasks),
-               "-o", str(out), "--backend", "e2b", "--concurrency", "1", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "batch",
+        str(PAYLOAD),
+        str(tasks),
+        "-o",
+        str(out),
+        "--backend",
+        "e2b",
+        "--concurrency",
+        "1",
+        "--quiet",
+    ]
     if not warm:
         command.append("--no-warm")
     started = time.monotonic()
@@ -133,7 +150,7 @@ def main() -> None:
         "machine": platform.platform(),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),  # fmt: skip
+        ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "rounds": args.rounds,
         "tasks": args.tasks,

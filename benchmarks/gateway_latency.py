@@ -69,11 +69,31 @@ print(json.dumps(times))
 
 def client(image: str, network: str, url: str, token: str, calls: int, extra: list[str]) -> list:
     done = subprocess.run(
-        ["docker", "run", "--rm", "--network", network, "--cap-drop", "ALL", "--user",
-         "10001:10001", *extra, "--entrypoint", "python", image, "-c", CLIENT, url, token,
-         str(calls), "20"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            network,
+            "--cap-drop",
+            "ALL",
+            "--user",
+            "10001:10001",
+            *extra,
+            "--entrypoint",
+            "python",
+            image,
+            "-c",
+            CLIENT,
+            url,
+            token,
+            str(calls),
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout)
 
 
@@ -103,24 +123,42 @@ def main() -> int:
     through: list[float] = []
     with ScriptedModelServer(outputs) as server:
         upstream = f"http://{HOST_ALIAS}:{server.port}/v1"
-        spec = GatewaySpec(upstream=upstream, token=secrets.token_urlsafe(32),
-                           max_calls=100_000, max_tokens=10**9, credential_env="OPENAI_API_KEY",
-                           on_docker_host=True)  # fmt: skip
+        spec = GatewaySpec(
+            upstream=upstream,
+            token=secrets.token_urlsafe(32),
+            max_calls=100_000,
+            max_tokens=10**9,
+            credential_env="OPENAI_API_KEY",
+            on_docker_host=True,
+        )
         stop_at = deadline_at(Limits(timeout_seconds=600))
         network = Egress.start(docker, run_id=run_id, labels=labels)
         gateway = None
         try:
-            gateway = Gateway.start(docker, run_id=run_id, spec=spec,
-                                    network_id=network.network_id,
-                                    network_name=network.network_name, labels=labels,
-                                    image=image, stop_at=stop_at)  # fmt: skip
+            gateway = Gateway.start(
+                docker,
+                run_id=run_id,
+                spec=spec,
+                network_id=network.network_id,
+                network_name=network.network_name,
+                labels=labels,
+                image=image,
+                stop_at=stop_at,
+            )
             gateway.open(key)
             gateway.wait_ready()
             for _ in range(args.rounds):
-                direct += client(image, "bridge", upstream, key, args.calls,
-                                 ["--add-host", f"{HOST_ALIAS}:host-gateway"])  # fmt: skip
-                through += client(image, network.network_name, gateway.api_base,
-                                  spec.token, args.calls, [])  # fmt: skip
+                direct += client(
+                    image,
+                    "bridge",
+                    upstream,
+                    key,
+                    args.calls,
+                    ["--add-host", f"{HOST_ALIAS}:host-gateway"],
+                )
+                through += client(
+                    image, network.network_name, gateway.api_base, spec.token, args.calls, []
+                )
         finally:
             if gateway is not None:
                 gateway.close()

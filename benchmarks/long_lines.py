@@ -55,21 +55,46 @@ def main() -> None:
     env = {**os.environ, "ORCHESTRATOR_HOME": home}
     image = subprocess.run(
         [sys.executable, "-m", "orchestrator", "images", "build"],
-        cwd=REPO, env=env, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     rows = []
     for mb in args.sizes:
         run = measured(
-            [sys.executable, "-m", "orchestrator", "run", str(PAYLOAD), "--arg",
-             f'mode="longline-{mb}"', "--timeout", "600", "--memory", "512", "--json", "-q"],
+            [
+                sys.executable,
+                "-m",
+                "orchestrator",
+                "run",
+                str(PAYLOAD),
+                "--arg",
+                f'mode="longline-{mb}"',
+                "--timeout",
+                "600",
+                "--memory",
+                "512",
+                "--json",
+                "-q",
+            ],
             {**env, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+        )
         result = json.loads(run["stdout"]) if run["stdout"].strip().startswith("{") else {}
         floor = measured(
-            ["docker", "run", "--rm", "--entrypoint", "python", image, "-c",
-             f"import sys\nfor _ in range({mb}): sys.stderr.write('y' * 2**20)\nprint()"],
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--entrypoint",
+                "python",
+                image,
+                "-c",
+                f"import sys\nfor _ in range({mb}): sys.stderr.write('y' * 2**20)\nprint()",
+            ],
             env,
-        )  # fmt: skip
+        )
         rows.append(
             {
                 "mib": mb,

@@ -46,9 +46,15 @@ RESULTS = REPO / "benchmarks" / "results"
 
 
 def write_tasks(path: Path, n: int) -> Path:
-    rows = [{"id": f"q{i:05d}", "task": f"What is {i + 2} * {i % 7 + 3}?",
-             "additional_args": {"op": "mul", "a": i + 2, "b": i % 7 + 3},
-             "expected": (i + 2) * (i % 7 + 3)} for i in range(n)]  # fmt: skip
+    rows = [
+        {
+            "id": f"q{i:05d}",
+            "task": f"What is {i + 2} * {i % 7 + 3}?",
+            "additional_args": {"op": "mul", "a": i + 2, "b": i % 7 + 3},
+            "expected": (i + 2) * (i % 7 + 3),
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -87,8 +93,11 @@ def one_batch(executor: AttemptExecutor, tasks: Path, out: Path, concurrency: in
     )
     wall = time.perf_counter() - started
     assert summary.counts.get("succeeded") == summary.total, summary.counts
-    return {"tasks_per_min": round(summary.total / wall * 60, 1), "wall_s": round(wall, 2),
-            "load_1m_before": before}  # fmt: skip
+    return {
+        "tasks_per_min": round(summary.total / wall * 60, 1),
+        "wall_s": round(wall, 2),
+        "load_1m_before": before,
+    }
 
 
 def overhead(executor: TimedRay) -> dict:
@@ -120,8 +129,7 @@ class StandIn(AttemptExecutor):
 
     def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
         assert observers.store is not None
-        row = {**self.packed["row"], "run_id": attempt.run_id,
-               "batch": attempt.prepared.spec.batch}  # fmt: skip
+        row = {**self.packed["row"], "run_id": attempt.run_id, "batch": attempt.prepared.spec.batch}
         answer = json.loads(self.packed["files"]["result.json"])
         args = attempt.prepared.spec.additional_args or {}
         answer.update(run_id=attempt.run_id, answer=args.get("a", 0) * args.get("b", 0))
@@ -147,8 +155,11 @@ def record_bytes(store: Store, run_ids: list[str]) -> dict:
     for run_id in run_ids:
         folder = store.run_dir(run_id)
         sizes.append(sum(p.stat().st_size for p in folder.iterdir() if p.is_file()))
-    return {"runs": len(sizes), "mean_bytes": round(statistics.mean(sizes)),
-            "max_bytes": max(sizes)}  # fmt: skip
+    return {
+        "runs": len(sizes),
+        "mean_bytes": round(statistics.mean(sizes)),
+        "max_bytes": max(sizes),
+    }
 
 
 def main() -> None:
@@ -156,8 +167,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--bookkeeping", type=int, default=2000,
-                        help="tasks of the stand-in batch (no sandbox)")  # fmt: skip
+    parser.add_argument(
+        "--bookkeeping", type=int, default=2000, help="tasks of the stand-in batch (no sandbox)"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="ray-bench-"))
     os.environ["ORCHESTRATOR_HOME"] = str(work / "driver")
@@ -192,28 +204,41 @@ def main() -> None:
     book_tasks = write_tasks(work / "book.jsonl", args.bookkeeping)
     started = time.perf_counter()
     summary = run_batch(
-        BatchSpec(tasks=book_tasks, output=work / "out-book", run=RunSpec(payload=PAYLOAD),
-                  concurrency=16),
+        BatchSpec(
+            tasks=book_tasks, output=work / "out-book", run=RunSpec(payload=PAYLOAD), concurrency=16
+        ),
         executor=StandIn(packed),
-    )  # fmt: skip
+    )
     book_wall = time.perf_counter() - started
     assert summary.counts.get("succeeded") == args.bookkeeping, summary.counts
-    bookkeeping = {"tasks": args.bookkeeping, "concurrency": 16,
-                   "attempts_per_s": round(args.bookkeeping / book_wall, 1),
-                   "wall_s": round(book_wall, 2)}  # fmt: skip
+    bookkeeping = {
+        "tasks": args.bookkeeping,
+        "concurrency": 16,
+        "attempts_per_s": round(args.bookkeeping / book_wall, 1),
+        "wall_s": round(book_wall, 2),
+    }
     index = sqlite_rate(work / "index-only")
     local = statistics.median(r["local"]["tasks_per_min"] for r in rounds)
     ray = statistics.median(r["ray"]["tasks_per_min"] for r in rounds)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "commit": commit, "cpus": os.cpu_count(), "python": platform.python_version(),
-        "tasks": args.tasks, "concurrency": args.concurrency, "rounds": rounds,
-        "local_tasks_per_min": local, "ray_tasks_per_min": ray,
-        "ray_over_local": round(ray / local, 2), "ray_overhead": ray_overhead,
-        "bookkeeping": bookkeeping, "record": sizes, "sqlite": index,
-    }  # fmt: skip
+        "commit": commit,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "tasks": args.tasks,
+        "concurrency": args.concurrency,
+        "rounds": rounds,
+        "local_tasks_per_min": local,
+        "ray_tasks_per_min": ray,
+        "ray_over_local": round(ray / local, 2),
+        "ray_overhead": ray_overhead,
+        "bookkeeping": bookkeeping,
+        "record": sizes,
+        "sqlite": index,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "ray_batch.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [

@@ -137,9 +137,14 @@ def main() -> None:
     workdir, backend, commit = setup()
     runtime = None if args.runtime == "auto" else args.runtime
     report: dict = {
-        "name": args.name, "tasks": args.tasks, "config": args.config, "runtime": args.runtime,
-        "commit": commit, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "results": [],
-    }  # fmt: skip
+        "name": args.name,
+        "tasks": args.tasks,
+        "config": args.config,
+        "runtime": args.runtime,
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "results": [],
+    }
     clock = SandboxClock()
     try:
         (workdir / "warmup").mkdir()
@@ -153,12 +158,18 @@ def main() -> None:
                 batch = one_batch(args.tasks, args.config, side == "warm", out, backend, runtime)
                 time.sleep(1)  # the last samples
                 ids = [cid for cid in clock.usage if cid not in seen]
-                row = {"round": r + 1, "side": side, "batch": batch,
-                       "sandboxes": clock.summary(ids)}  # fmt: skip
+                row = {
+                    "round": r + 1,
+                    "side": side,
+                    "batch": batch,
+                    "sandboxes": clock.summary(ids),
+                }
                 report["results"].append(row)
                 write(report)
-                print(f"round {r + 1} {side}: {batch['tasks_per_minute']}/min, "
-                      f"{row['sandboxes']}", flush=True)  # fmt: skip
+                print(
+                    f"round {r + 1} {side}: {batch['tasks_per_minute']}/min, {row['sandboxes']}",
+                    flush=True,
+                )
     finally:
         clock.stop()
         teardown(workdir, backend.client)

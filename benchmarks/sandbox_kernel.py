@@ -56,10 +56,28 @@ def load() -> float:
 def cold_cli(runtime: str) -> float:
     started = time.perf_counter()
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", str(PAYLOAD), "mul", "--arg", 'op="mul"',
-         "--arg", "a=6", "--arg", "b=7", "--sandbox-runtime", runtime, "--json"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            str(PAYLOAD),
+            "mul",
+            "--arg",
+            'op="mul"',
+            "--arg",
+            "a=6",
+            "--arg",
+            "b=7",
+            "--sandbox-runtime",
+            runtime,
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     took = time.perf_counter() - started
     result = json.loads(out.stdout) if out.returncode == 0 else {}
     if result.get("answer") != 42 or result.get("sandbox", {}).get("runtime") != runtime:
@@ -89,13 +107,19 @@ def batch(backend, runtime: str, n: int, workdir: Path) -> float:  # noqa: ANN00
     path = workdir / f"tasks-{runtime}.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
-            row = {"id": f"t{i}", "task": "mul", "expected": a * b,
-                   "additional_args": {"op": "mul", "a": a, "b": b}}  # fmt: skip
+            row = {
+                "id": f"t{i}",
+                "task": "mul",
+                "expected": a * b,
+                "additional_args": {"op": "mul", "a": a, "b": b},
+            }
             file.write(json.dumps(row) + "\n")
     spec = BatchSpec(
-        tasks=path, output=workdir / f"out-{runtime}",
-        run=RunSpec(payload=PAYLOAD, sandbox_runtime=runtime), concurrency=2,
-    )  # fmt: skip
+        tasks=path,
+        output=workdir / f"out-{runtime}",
+        run=RunSpec(payload=PAYLOAD, sandbox_runtime=runtime),
+        concurrency=2,
+    )
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     if summary.correct != n:
@@ -130,8 +154,9 @@ def main() -> None:
     for i in range(args.rounds):
         for runtime in RUNTIMES:
             figures[runtime]["cold"].append(cold_cli(runtime))
-        print(f"round {i + 1}: " + ", ".join(
-            f"{r} {figures[r]['cold'][-1]:.2f}s" for r in RUNTIMES))  # fmt: skip
+        print(
+            f"round {i + 1}: " + ", ".join(f"{r} {figures[r]['cold'][-1]:.2f}s" for r in RUNTIMES)
+        )
     loads["warm"] = load()
     for runtime in RUNTIMES:
         figures[runtime]["warm"] = warm_runs(backend, runtime, args.rounds)
@@ -152,7 +177,7 @@ def main() -> None:
         "docker": client.version().get("Version"),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),  # fmt: skip
+        ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "rounds": args.rounds,
         "tasks": args.tasks,

@@ -185,21 +185,33 @@ def label(config: str) -> str:
 
 
 def one_batch(
-    n: int, config: str, warm: bool, workdir: Path, backend: SameImageBackend,
+    n: int,
+    config: str,
+    warm: bool,
+    workdir: Path,
+    backend: SameImageBackend,
     runtime: str | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     backend = CountingBackend(backend.client, backend.image)  # this batch's counts only
     path = workdir / "tasks.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
-            row = {"id": f"t{i}", "task": "What is a * b?", "expected": a * b,
-                   "additional_args": {"op": "mul", "a": a, "b": b}}  # fmt: skip
+            row = {
+                "id": f"t{i}",
+                "task": "What is a * b?",
+                "expected": a * b,
+                "additional_args": {"op": "mul", "a": a, "b": b},
+            }
             file.write(json.dumps(row) + "\n")
     concurrency, adapt = config_spec(config)
     spec = BatchSpec(
-        tasks=path, output=workdir / "out", run=RunSpec(payload=PAYLOAD, sandbox_runtime=runtime),
-        concurrency=concurrency, adapt=adapt, warm=None if warm else 0,
-    )  # fmt: skip
+        tasks=path,
+        output=workdir / "out",
+        run=RunSpec(payload=PAYLOAD, sandbox_runtime=runtime),
+        concurrency=concurrency,
+        adapt=adapt,
+        warm=None if warm else 0,
+    )
     memory = MemoryWatch(backend.client)
     stat = PROC_STAT.read_text()
     (busy_before, total_before), steal_before = cpu_times(stat), steal_jiffies(stat)
@@ -320,10 +332,14 @@ def verdicts(report: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for (n, config), m in table.items():
-        split = "; ".join(
-            f"{m[f'warm_{part}']:.3f} / {m[f'cold_{part}']:.3f}"
-            for part in ("orchestrator", "engine") if f"warm_{part}" in m and f"cold_{part}" in m
-        ) or "-"  # fmt: skip
+        split = (
+            "; ".join(
+                f"{m[f'warm_{part}']:.3f} / {m[f'cold_{part}']:.3f}"
+                for part in ("orchestrator", "engine")
+                if f"warm_{part}" in m and f"cold_{part}" in m
+            )
+            or "-"
+        )
         each = [t[(n, config)] for t in by_pair.get(n, []) if (n, config) in t]
         lines.append(
             f"| {n} | {label(config)} | {m['rounds']:.0f} | {m['warm']:.1f} | {m['cold']:.1f} "
@@ -411,9 +427,10 @@ def write(report: dict) -> None:
             continue
         at_once = "; ".join(
             f"{s['concurrency']['lowest']}-{s['concurrency']['highest']}"
-            if s["concurrency"]["mode"] == "auto" else str(s["concurrency"]["limit"])
+            if s["concurrency"]["mode"] == "auto"
+            else str(s["concurrency"]["limit"])
             for s in (w, c)
-        )  # fmt: skip
+        )
         lines.append(
             f"| {row['tasks']} | {label(row['config'])} | {row['round']} "
             f"| {w['tasks_per_minute']:.1f} | {c['tasks_per_minute']:.1f} "
@@ -422,8 +439,11 @@ def write(report: dict) -> None:
             f"| {w['before']['load_1m']} / {c['before']['load_1m']} "
             f"| {w.get('steal_share', '-')} / {c.get('steal_share', '-')} |"
         )
-    lines += ["", f"Uptime before and after: {report.get('uptime_before')} / "
-              f"{report.get('uptime_after', 'not finished')}"]  # fmt: skip
+    lines += [
+        "",
+        f"Uptime before and after: {report.get('uptime_before')} / "
+        f"{report.get('uptime_after', 'not finished')}",
+    ]
     save(report.get("name", "saturation"), report, lines)
 
 
@@ -473,8 +493,12 @@ def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> N
             rows: dict[str, dict] = {}
             for config, side in round_steps(args.configs, r):
                 if config not in rows:
-                    rows[config] = {"tasks": n, "config": config, "round": r + 1,
-                                    "pair": r // 2 + 1}  # fmt: skip
+                    rows[config] = {
+                        "tasks": n,
+                        "config": config,
+                        "round": r + 1,
+                        "pair": r // 2 + 1,
+                    }
                     report["results"].append(rows[config])
                 row = rows[config]
                 time.sleep(args.pause)
@@ -524,15 +548,20 @@ def main() -> None:
         "--configs", nargs="+", default=["auto", "32", "fixed4", "fixed8", "fixed32", "fixed1"]
     )
     parser.add_argument(
-        "--rounds", type=int, nargs="+", default=[4, 2],
+        "--rounds",
+        type=int,
+        nargs="+",
+        default=[4, 2],
         help="rounds for each --tasks size, in order (the last one for the rest); even "
         "numbers, so that every round has its mirror",
-    )  # fmt: skip
+    )
     parser.add_argument("--pause", type=float, default=5.0, help="seconds between batches")
     parser.add_argument(
-        "--runtime", choices=["auto", "runc", "runsc"], default="auto",
+        "--runtime",
+        choices=["auto", "runc", "runsc"],
+        default="auto",
         help="the sandboxes' runtime (auto: gVisor where the engine has it, as a user gets)",
-    )  # fmt: skip
+    )
     parser.add_argument("--name", default="saturation", help="results file name")
     args = parser.parse_args()
 

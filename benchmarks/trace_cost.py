@@ -46,10 +46,13 @@ from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 PAYLOADS = {
-    "batch_math": RunSpec(payload=REPO / "tests" / "payloads" / "batch_math", task="mul",
-                          additional_args={"op": "mul", "a": 6, "b": 7}),
+    "batch_math": RunSpec(
+        payload=REPO / "tests" / "payloads" / "batch_math",
+        task="mul",
+        additional_args={"op": "mul", "a": 6, "b": 7},
+    ),
     "research_team": RunSpec(payload=REPO / "agent_payloads" / "research_team"),
-}  # fmt: skip
+}
 
 
 def load() -> float:
@@ -77,8 +80,11 @@ def cold_cli(payload: str, *extra: str) -> float:
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator", "run", payload, "--json", *extra],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     took = time.perf_counter() - started
     if out.returncode != 0:
         raise SystemExit(f"cold run failed: {out.stderr[-2000:]}")
@@ -119,14 +125,22 @@ def main() -> None:
                         times[side].append(took)
                         if side == "on":
                             spans.append(traces["spans"])
-                    print(f"{name} round {i + 1}: off {times['off'][-1]:.3f}s, "
-                          f"on {times['on'][-1]:.3f}s", file=sys.stderr)  # fmt: skip
+                    print(
+                        f"{name} round {i + 1}: off {times['off'][-1]:.3f}s, "
+                        f"on {times['on'][-1]:.3f}s",
+                        file=sys.stderr,
+                    )
             rows.append(
-                {"path": f"warm {name}", "off": median(times["off"]),
-                 "on": median(times["on"]),
-                 "cost": round(median(times["on"]) - median(times["off"]), 3),
-                 "spans": max(spans), "off_all": times["off"], "on_all": times["on"]}
-            )  # fmt: skip
+                {
+                    "path": f"warm {name}",
+                    "off": median(times["off"]),
+                    "on": median(times["on"]),
+                    "cost": round(median(times["on"]) - median(times["off"]), 3),
+                    "spans": max(spans),
+                    "off_all": times["off"],
+                    "on_all": times["on"],
+                }
+            )
         loads["cold"] = load()
         payload = str(PAYLOADS["research_team"].payload)
         cold_cli(payload)
@@ -135,14 +149,21 @@ def main() -> None:
             for side in ("off", "on") if i % 2 == 0 else ("on", "off"):
                 extra = ("--traces-to", receiver.url) if side == "on" else ()
                 cold[side].append(cold_cli(payload, *extra))
-            print(f"cold round {i + 1}: off {cold['off'][-1]:.3f}s, on {cold['on'][-1]:.3f}s",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"cold round {i + 1}: off {cold['off'][-1]:.3f}s, on {cold['on'][-1]:.3f}s",
+                file=sys.stderr,
+            )
         rows.append(
-            {"path": "cold `orchestrator run` research_team", "off": median(cold["off"]),
-             "on": median(cold["on"]),
-             "cost": round(median(cold["on"]) - median(cold["off"]), 3), "spans": None,
-             "off_all": cold["off"], "on_all": cold["on"]}
-        )  # fmt: skip
+            {
+                "path": "cold `orchestrator run` research_team",
+                "off": median(cold["off"]),
+                "on": median(cold["on"]),
+                "cost": round(median(cold["on"]) - median(cold["off"]), 3),
+                "spans": None,
+                "off_all": cold["off"],
+                "on_all": cold["on"],
+            }
+        )
         received = len(receiver.spans)
 
     report = {
@@ -153,7 +174,7 @@ def main() -> None:
         "docker": client.version().get("Version"),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),  # fmt: skip
+        ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "rounds": args.rounds,
         "load_average": loads,
@@ -173,8 +194,10 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     for row in rows:
-        lines.append(f"| {row['path']} | {row['off']} | {row['on']} | {row['cost']} | "
-                     f"{row['spans'] if row['spans'] is not None else '-'} |")  # fmt: skip
+        lines.append(
+            f"| {row['path']} | {row['off']} | {row['on']} | {row['cost']} | "
+            f"{row['spans'] if row['spans'] is not None else '-'} |"
+        )
     (RESULTS / "trace_cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

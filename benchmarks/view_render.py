@@ -52,16 +52,29 @@ def synthesise_runs(store: Store, count: int) -> None:
     for i in range(count):
         created = now - (count - i) * (30 * 86400 / count)
         status = STATUSES[i % len(STATUSES)]
-        rows.append({
-            "run_id": f"r-bench-{i:06d}", "created_at": created, "ended_at": created + 3,
-            "status": status, "payload": PAYLOADS[i % len(PAYLOADS)], "model": "mock:scripted",
-            "backend": "docker", "network": "none", "task": f"task number {i}",
-            "answer": json.dumps(i), "error": None if status == "succeeded" else "AgentError",
-            "exit_code": 0 if status == "succeeded" else 1, "duration": 2.5 + i % 7,
-            "input_tokens": 2000 + i % 900, "output_tokens": 60 + i % 40, "schedule": None,
-            "batch": f"b-bench-{i // 100:03d}" if i % 3 == 0 else None, "owner": None,
-            "record_dir": str(store.runs_dir / f"r-bench-{i:06d}"),
-        })  # fmt: skip
+        rows.append(
+            {
+                "run_id": f"r-bench-{i:06d}",
+                "created_at": created,
+                "ended_at": created + 3,
+                "status": status,
+                "payload": PAYLOADS[i % len(PAYLOADS)],
+                "model": "mock:scripted",
+                "backend": "docker",
+                "network": "none",
+                "task": f"task number {i}",
+                "answer": json.dumps(i),
+                "error": None if status == "succeeded" else "AgentError",
+                "exit_code": 0 if status == "succeeded" else 1,
+                "duration": 2.5 + i % 7,
+                "input_tokens": 2000 + i % 900,
+                "output_tokens": 60 + i % 40,
+                "schedule": None,
+                "batch": f"b-bench-{i // 100:03d}" if i % 3 == 0 else None,
+                "owner": None,
+                "record_dir": str(store.runs_dir / f"r-bench-{i:06d}"),
+            }
+        )
     marks = ", ".join("?" for _ in COLUMNS)
     with store.connect() as db:
         db.executemany(
@@ -73,16 +86,23 @@ def synthesise_runs(store: Store, count: int) -> None:
 def step_event(seq: int, agent: str, number: int) -> dict[str, Any]:
     code = "\n".join(f"value_{k} = compute({number}, {k})  # step {number}" for k in range(8))
     return {
-        "type": "step", "seq": seq, "ts": time.time(), "run_id": "r-bench-big", "agent": agent,
-        "step_number": number, "step_type": "action",
-        "model_output": f"Thought: step {number} of {agent}; " + "reasoning " * 80
+        "type": "step",
+        "seq": seq,
+        "ts": time.time(),
+        "run_id": "r-bench-big",
+        "agent": agent,
+        "step_number": number,
+        "step_type": "action",
+        "model_output": f"Thought: step {number} of {agent}; "
+        + "reasoning " * 80
         + f"\n<code>\n{code}\n</code>",
         "code": code,
         "observations": "Execution logs:\n" + "\n".join(f"line {k}: " + "x" * 60 for k in range(8)),
         "error": {"type": "AgentExecutionError", "message": "boom"} if number % 25 == 0 else None,
-        "token_usage": {"input_tokens": 2400, "output_tokens": 70}, "duration": 0.8,
+        "token_usage": {"input_tokens": 2400, "output_tokens": 70},
+        "duration": 0.8,
         "is_final_answer": False,
-    }  # fmt: skip
+    }
 
 
 def synthesise_big_run(store: Store, steps: int) -> str:
@@ -90,36 +110,71 @@ def synthesise_big_run(store: Store, steps: int) -> str:
     agent that takes 5 steps of its own."""
     run_id = "r-bench-big"
     directory = store.create_run(
-        run_id, status="succeeded", payload="research_team", model="mock:scripted",
-        backend="docker", network="none", task="A long task", ended_at=time.time(),
-        duration=400.0, exit_code=0, answer=json.dumps("done"),
-    )  # fmt: skip
-    events: list[dict[str, Any]] = [{
-        "type": "run_start", "seq": 0, "ts": time.time(), "run_id": run_id,
-        "agents": [{"name": "manager"}, {"name": "helper"}],
-    }]  # fmt: skip
+        run_id,
+        status="succeeded",
+        payload="research_team",
+        model="mock:scripted",
+        backend="docker",
+        network="none",
+        task="A long task",
+        ended_at=time.time(),
+        duration=400.0,
+        exit_code=0,
+        answer=json.dumps("done"),
+    )
+    events: list[dict[str, Any]] = [
+        {
+            "type": "run_start",
+            "seq": 0,
+            "ts": time.time(),
+            "run_id": run_id,
+            "agents": [{"name": "manager"}, {"name": "helper"}],
+        }
+    ]
     made, number = 0, 0
     while made < steps:
         number += 1
         if number % 20 == 0 and made + 6 <= steps:
-            events.append({"type": "managed_agent_call", "seq": len(events), "caller": "manager",
-                           "agent": "helper", "task": f"help with {number}"})  # fmt: skip
+            events.append(
+                {
+                    "type": "managed_agent_call",
+                    "seq": len(events),
+                    "caller": "manager",
+                    "agent": "helper",
+                    "task": f"help with {number}",
+                }
+            )
             for k in range(1, 6):
                 events.append(step_event(len(events), "helper", k))
             made += 5
-            events.append({"type": "managed_agent_result", "seq": len(events), "agent": "helper",
-                           "caller": "manager", "output": "helped", "duration": 4.0})  # fmt: skip
+            events.append(
+                {
+                    "type": "managed_agent_result",
+                    "seq": len(events),
+                    "agent": "helper",
+                    "caller": "manager",
+                    "output": "helped",
+                    "duration": 4.0,
+                }
+            )
         events.append(step_event(len(events), "manager", number))
         made += 1
     events.append({"type": "run_end", "seq": len(events), "state": "success", "answer": "done"})
     (directory / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     (directory / "stderr.log").write_text(("log line " + "y" * 90 + "\n") * 2000)
-    (directory / "result.json").write_text(json.dumps({
-        "run_id": run_id, "status": "succeeded", "answer": "done", "exit_code": 0,
-        "token_usage": {"input_tokens": 2400 * steps, "output_tokens": 70 * steps},
-        "timings": {"created": 0, "started": 1, "ended": 401, "duration": 400.0},
-        "steps": steps,
-    }))  # fmt: skip
+    (directory / "result.json").write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "status": "succeeded",
+                "answer": "done",
+                "exit_code": 0,
+                "token_usage": {"input_tokens": 2400 * steps, "output_tokens": 70 * steps},
+                "timings": {"created": 0, "started": 1, "ended": 401, "duration": 400.0},
+                "steps": steps,
+            }
+        )
+    )
     return run_id
 
 
@@ -156,10 +211,13 @@ def browser_load(url: str, repeat: int) -> float:
         times = []
         for _ in range(repeat):
             driver.get(url)
-            times.append(driver.execute_script(
-                "const n = performance.getEntriesByType('navigation')[0];"
-                "return n.loadEventEnd - n.startTime;"
-            ) / 1000)  # fmt: skip
+            times.append(
+                driver.execute_script(
+                    "const n = performance.getEntriesByType('navigation')[0];"
+                    "return n.loadEventEnd - n.startTime;"
+                )
+                / 1000
+            )
         return statistics.median(times)
     finally:
         driver.quit()
@@ -191,9 +249,12 @@ def main() -> None:
     }
     env = {**os.environ, "ORCHESTRATOR_HOME": str(home), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "view", "--port", "0"], env=env,
-        stdout=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "orchestrator", "view", "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     rows = []
     try:
         assert proc.stdout is not None

@@ -67,8 +67,10 @@ def load() -> float:
 def docker_run(image: str, a: int = 6, b: int = 7) -> bool:
     out = subprocess.run(
         ["docker", "run", "--rm", image, "python", "-c", AGENT_SCRIPT, str(a), str(b)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(a * b)
 
 
@@ -97,10 +99,26 @@ def session_pattern(client, image: str) -> bool:  # noqa: ANN001 - a docker clie
 
 def cold_cli() -> bool:
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", str(PAYLOAD), "mul", "--arg", "op=\"mul\"",
-         "--arg", "a=6", "--arg", "b=7", "--json"],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            str(PAYLOAD),
+            "mul",
+            "--arg",
+            'op="mul"',
+            "--arg",
+            "a=6",
+            "--arg",
+            "b=7",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     return out.returncode == 0 and json.loads(out.stdout)["answer"] == 42
 
 
@@ -140,8 +158,13 @@ def hosted_runs(backend, rounds: int) -> tuple[list[float], list[float]]:  # noq
     answer = load_manifest(PAYLOAD).mock_scripts["manager"][0]
     os.environ.setdefault("OPENAI_API_KEY", "sk-benchmark")
     with ScriptedModelServer([answer] * (2 * rounds + 1)) as server:
-        spec = RunSpec(payload=PAYLOAD, task="mul", additional_args=ARGS,
-                       model="openai:scripted", api_base=server.api_base())  # fmt: skip
+        spec = RunSpec(
+            payload=PAYLOAD,
+            task="mul",
+            additional_args=ARGS,
+            model="openai:scripted",
+            api_base=server.api_base(),
+        )
 
         def check(result) -> None:  # noqa: ANN001
             if result.status != "succeeded" or result.answer != 42:
@@ -180,13 +203,20 @@ def batch_ours(n: int, concurrency: int, workdir: Path, backend, warm: int | Non
     path = workdir / f"tasks-{concurrency}-{warm}.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
-            row = {"id": f"t{i}", "task": "mul", "expected": a * b,
-                   "additional_args": {"op": "mul", "a": a, "b": b}}  # fmt: skip
+            row = {
+                "id": f"t{i}",
+                "task": "mul",
+                "expected": a * b,
+                "additional_args": {"op": "mul", "a": a, "b": b},
+            }
             file.write(json.dumps(row) + "\n")
     spec = BatchSpec(
-        tasks=path, output=workdir / f"out-{concurrency}-{warm}", run=RunSpec(payload=PAYLOAD),
-        concurrency=concurrency, warm=warm,
-    )  # fmt: skip
+        tasks=path,
+        output=workdir / f"out-{concurrency}-{warm}",
+        run=RunSpec(payload=PAYLOAD),
+        concurrency=concurrency,
+        warm=warm,
+    )
     started = time.monotonic()
     summary = run_batch(spec, backend=backend)
     if summary.correct != n:
@@ -240,10 +270,14 @@ def main() -> None:
         floor = batch_floor(image, args.tasks, concurrency)
         ours = batch_ours(args.tasks, concurrency, workdir, backend, None)
         batches.append(
-            {"concurrency": concurrency, "docker_run_per_minute": round(floor, 1),
-             "batch_per_minute": round(ours, 1), "ratio": round(ours / floor, 3),
-             "load_before": before}
-        )  # fmt: skip
+            {
+                "concurrency": concurrency,
+                "docker_run_per_minute": round(floor, 1),
+                "batch_per_minute": round(ours, 1),
+                "ratio": round(ours / floor, 3),
+                "load_before": before,
+            }
+        )
         print(f"batch at {concurrency}: docker run {floor:.1f}/min, ours {ours:.1f}/min")
 
     medians = {k: median(v) for k, v in single.items()}
@@ -256,7 +290,7 @@ def main() -> None:
         "docker": client.version().get("Version"),
         "commit": subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),  # fmt: skip
+        ).stdout.strip(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "rounds": args.rounds,
         "load_1m": loads,

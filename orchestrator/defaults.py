@@ -52,13 +52,16 @@ OPTIONS: dict[str, str] = {
 }
 #: What each option may be, in the config file's `[defaults]` and in its variable. The
 #: backends are the registry's, asked when a value is checked (a plugin registers more).
-DEFAULTS = Table({
-    "model": Field(str),
-    "backend": Field(str, choices=backend_names),
-    "network": Field(str, choices=NETWORK_MODES),
-    "concurrency": Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
-    "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),
-}, noun="option")  # fmt: skip
+DEFAULTS = Table(
+    {
+        "model": Field(str),
+        "backend": Field(str, choices=backend_names),
+        "network": Field(str, choices=NETWORK_MODES),
+        "concurrency": Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
+        "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),
+    },
+    noun="option",
+)
 #: The config file: one `[defaults]` table.
 CONFIG = Table({"defaults": Field(dict, table=DEFAULTS)}, noun="table", brackets=True)
 
@@ -85,10 +88,12 @@ def load_config(path: Path | None = None) -> dict[str, Any]:
         lines = TomlLines(text)
         raise ConfigError.of_problems(
             f"Config file {path}",
-            [p.replace(message=f"{toml_named(p.field)} {p.message}", line=lines.line(p.field))
-             for p in problems],
+            [
+                p.replace(message=f"{toml_named(p.field)} {p.message}", line=lines.line(p.field))
+                for p in problems
+            ],
             f"Fix the file: only [defaults] with {', '.join(OPTIONS)}.",
-        )  # fmt: skip
+        )
     return values.get("defaults", {})
 
 

@@ -183,8 +183,13 @@ class LocalExecutor(AttemptExecutor):
         if self.pool is None and size > 0 and attempts > 0:
             size = max(min(size, attempts, MAX_SIZE), 2)  # no more than attempts to take them
             # A batch's refills wait while the host's CPU is full: its runs come first.
-            self.pool = Pool(size=size, backend=backend, on_message=self.message,
-                             images=self.images, defer=HostLoad().saturated)  # fmt: skip
+            self.pool = Pool(
+                size=size,
+                backend=backend,
+                on_message=self.message,
+                images=self.images,
+                defer=HostLoad().saturated,
+            )
             self._own_pool = True
         if self.pool is not None:  # its own pool makes no sandbox past the last attempt
             self.pool.warm(template, runs=attempts if self._own_pool else None)

@@ -49,8 +49,13 @@ class GatewaySpec:
 
     def describe(self) -> dict[str, Any]:
         """For the run record (no token, no key: the key's variable by name only)."""
-        return {"enabled": True, "upstream": self.upstream, "max_model_calls": self.max_calls,
-                "max_tokens": self.max_tokens, "key_from": self.credential_env}  # fmt: skip
+        return {
+            "enabled": True,
+            "upstream": self.upstream,
+            "max_model_calls": self.max_calls,
+            "max_tokens": self.max_tokens,
+            "key_from": self.credential_env,
+        }
 
 
 def plan_gateway(

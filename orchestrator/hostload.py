@@ -112,7 +112,10 @@ class HostLoad:
         except (OSError, ValueError):
             available = total_mb = None
         return HostSample(
-            now, self.cores, max(0.0, min(1.0, share)),
+            now,
+            self.cores,
+            max(0.0, min(1.0, share)),
             float(runnable if runnable is not None else share * self.cores),
-            available, total_mb,
-        )  # fmt: skip
+            available,
+            total_mb,
+        )

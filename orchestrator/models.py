@@ -30,27 +30,40 @@ PROVIDERS: dict[str, Provider] = {
     p.name: p
     for p in (
         Provider(
-            "mock", None, None, "scripted",
+            "mock",
+            None,
+            None,
+            "scripted",
             summary="plays the payload's [mock.scripts]; no network",
         ),
         Provider(
-            "openai", "OPENAI_API_KEY", "https://api.openai.com/v1", "gpt-4o-mini",
+            "openai",
+            "OPENAI_API_KEY",
+            "https://api.openai.com/v1",
+            "gpt-4o-mini",
             summary="OpenAIServerModel: OpenAI or any compatible server (llama.cpp, vLLM, Ollama)",
         ),
         # No default api_base: the runtime would take it for the model (an endpoint URL).
         # huggingface_hub asks huggingface.co which provider serves the model, then calls
         # the router.
         Provider(
-            "hf", "HF_TOKEN", None, "Qwen/Qwen2.5-Coder-32B-Instruct",
+            "hf",
+            "HF_TOKEN",
+            None,
+            "Qwen/Qwen2.5-Coder-32B-Instruct",
             summary="InferenceClientModel (Hugging Face Inference Providers)",
             hosts=("router.huggingface.co", "huggingface.co"),
         ),
         Provider(
-            "litellm", "LITELLM_API_KEY", None, "gpt-4o-mini", extra_requirements=("litellm",),
+            "litellm",
+            "LITELLM_API_KEY",
+            None,
+            "gpt-4o-mini",
+            extra_requirements=("litellm",),
             summary="LiteLLMModel (optional; adds litellm to the image)",
         ),
     )
-}  # fmt: skip
+}
 if tuple(PROVIDERS) != RUNTIME_PROVIDERS:  # the names are the runtime's; this adds host facts
     raise RuntimeError(f"host providers {tuple(PROVIDERS)} != runtime's {RUNTIME_PROVIDERS}")
 

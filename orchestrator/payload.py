@@ -109,8 +109,15 @@ def _stamp(path: Path) -> tuple[object, ...]:
         target = os.stat(path)
     except OSError:  # a dangling link: `_read_regular` names it
         target = link
-    return (str(path), link.st_ino, link.st_mtime_ns, target.st_ino, target.st_mode,
-            target.st_size, target.st_mtime_ns)  # fmt: skip
+    return (
+        str(path),
+        link.st_ino,
+        link.st_mtime_ns,
+        target.st_ino,
+        target.st_mode,
+        target.st_size,
+        target.st_mtime_ns,
+    )
 
 
 def check_task(task: str) -> None:

@@ -71,8 +71,20 @@ def check_host_name(host: str) -> str | None:
 
 
 #: Archive names pip installs as files (relative to its working directory), not as packages.
-_ARCHIVE_SUFFIXES = (".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz", ".tar.xz",
-                     ".txz", ".tar.lz", ".tlz", ".tar.lzma")  # fmt: skip
+_ARCHIVE_SUFFIXES = (
+    ".whl",
+    ".zip",
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz",
+    ".tar.xz",
+    ".txz",
+    ".tar.lz",
+    ".tlz",
+    ".tar.lzma",
+)
 
 
 #: What to do about a refused requirement (the error's fix, wherever it was listed).

@@ -46,11 +46,18 @@ ROUTABLE: dict[str, tuple[str, str]] = {
 #: smolagents' model classes that cannot go through the gateway: a model in the sandbox
 #: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or speaks
 #: another protocol (Azure's deployments, LiteLLM's router of several endpoints).
-NOT_ROUTABLE = frozenset({
-    "AzureOpenAIServerModel", "AzureOpenAIModel", "AmazonBedrockModel",
-    "AmazonBedrockServerModel", "TransformersModel", "VLLMModel", "MLXModel",
-    "LiteLLMRouterModel",
-})  # fmt: skip
+NOT_ROUTABLE = frozenset(
+    {
+        "AzureOpenAIServerModel",
+        "AzureOpenAIModel",
+        "AmazonBedrockModel",
+        "AmazonBedrockServerModel",
+        "TransformersModel",
+        "VLLMModel",
+        "MLXModel",
+        "LiteLLMRouterModel",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -325,10 +332,14 @@ def unknown_script_keys(data: dict[str, Any]) -> list[Problem]:
     """Keys of the block that are neither PEP 723's nor a tool table."""
     known = {"dependencies", "requires-python", "tool"}
     return [
-        Problem(key, "is not a key of PEP 723's script block",
-                "Use `dependencies`, `requires-python` and `[tool.orchestrator]`.")
-        for key in data if key not in known
-    ]  # fmt: skip
+        Problem(
+            key,
+            "is not a key of PEP 723's script block",
+            "Use `dependencies`, `requires-python` and `[tool.orchestrator]`.",
+        )
+        for key in data
+        if key not in known
+    ]
 
 
 def derive_name(path: Path) -> str:

@@ -120,9 +120,11 @@ class RunRecorder:
         self._files: dict[str, TextIO] = {
             name: open(directory / filename, "a", encoding="utf-8")  # noqa: SIM115
             for name, filename in (
-                ("events", "events.jsonl"), ("stdout", "stdout.log"), ("stderr", "stderr.log")
+                ("events", "events.jsonl"),
+                ("stdout", "stdout.log"),
+                ("stderr", "stderr.log"),
             )
-        }  # fmt: skip
+        }
         self._written = {"stdout": 0, "stderr": 0}
         self._closed = False
         #: Set when the record could not be written (disk full, read-only...): the runner

@@ -37,9 +37,13 @@ Kind = type | tuple[type, ...]
 
 #: What a value of each type is called in a message (TOML's words; JSON files pass theirs).
 TOML_TYPES: Mapping[type, str] = {
-    str: "a string", int: "an integer", float: "a number", bool: "true or false",
-    list: "a list", dict: "a table",
-}  # fmt: skip
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    list: "a list",
+    dict: "a table",
+}
 JSON_TYPES: Mapping[type, str] = {**TOML_TYPES, dict: "a JSON object", list: "a JSON array"}
 
 
@@ -58,8 +62,19 @@ class Field:
     `orchestrator run`, and a dataclass costs a millisecond or two to create.
     """
 
-    __slots__ = ("kind", "required", "choices", "minimum", "maximum", "pattern", "items",
-                 "table", "values", "check", "fix")  # fmt: skip
+    __slots__ = (
+        "kind",
+        "required",
+        "choices",
+        "minimum",
+        "maximum",
+        "pattern",
+        "items",
+        "table",
+        "values",
+        "check",
+        "fix",
+    )
 
     def __init__(
         self,
@@ -195,16 +210,24 @@ def check_value(
     if object not in kinds:
         expected = " or ".join(types.get(k, k.__name__) for k in kinds)
         if isinstance(value, bool) and bool not in kinds:
-            return bad(f"has an entry {value!r} that is not {expected}" if item
-                       else f"must be {expected}, not true/false", _fix(spec, types))  # fmt: skip
+            return bad(
+                f"has an entry {value!r} that is not {expected}"
+                if item
+                else f"must be {expected}, not true/false",
+                _fix(spec, types),
+            )
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         elif not isinstance(value, kinds):
             if int in kinds and isinstance(value, float):
                 return bad(f"must be a whole number, got {value!r}", _fix(spec, types))
             got = _described(value, types)
-            return bad(f"has an entry {got} that is not {expected}" if item
-                       else f"must be {expected}, got {got}", _fix(spec, types))  # fmt: skip
+            return bad(
+                f"has an entry {got} that is not {expected}"
+                if item
+                else f"must be {expected}, got {got}",
+                _fix(spec, types),
+            )
     if spec.choices is not None:
         allowed = spec.choices() if callable(spec.choices) else spec.choices
         if value not in allowed:
@@ -228,8 +251,10 @@ def check_value(
         problems.extend(found)
         return INVALID if found else checked
     if spec.values is not None:
-        free = {k: check_value(spec.values, v, join(path, str(k)), problems, types)
-                for k, v in value.items()}  # fmt: skip
+        free = {
+            k: check_value(spec.values, v, join(path, str(k)), problems, types)
+            for k, v in value.items()
+        }
         return INVALID if any(v is INVALID for v in free.values()) else free
     return value
 

@@ -18,19 +18,32 @@ RunStatus = Literal["succeeded", "failed", "timed_out", "oom_killed", "infra_err
 #: also carry the type the sandbox reported, or the class name of the exception that ended
 #: the run on the host (`ImageBuildError`, ...): those are open-ended.
 HostErrorType = Literal[
-    "timed_out", "cancelled", "oom_killed", "budget_exceeded", "network_lost",
-    "record_unwritable", "protocol_violation", "sandbox_lost", "no_result", "orphaned",
-    "payload_error", "node_lost",
-]  # fmt: skip
+    "timed_out",
+    "cancelled",
+    "oom_killed",
+    "budget_exceeded",
+    "network_lost",
+    "record_unwritable",
+    "protocol_violation",
+    "sandbox_lost",
+    "no_result",
+    "orphaned",
+    "payload_error",
+    "node_lost",
+]
 
 #: The error type of a run whose payload could not be loaded (bad input: exit 2).
 PAYLOAD_ERROR: HostErrorType = "payload_error"
 
 #: Exit codes the CLI returns per status, for cron jobs and shell scripts to branch on.
 EXIT_CODES: dict[RunStatus, int] = {
-    "succeeded": 0, "failed": 1, "timed_out": 3, "oom_killed": 4, "infra_error": 5,
+    "succeeded": 0,
+    "failed": 1,
+    "timed_out": 3,
+    "oom_killed": 4,
+    "infra_error": 5,
     "cancelled": 130,
-}  # fmt: skip
+}
 
 
 def host_error(type_: HostErrorType, message: str) -> dict[str, Any]:

@@ -61,10 +61,27 @@ CREATE INDEX IF NOT EXISTS runs_schedule ON runs(schedule, created_at);
 """
 
 COLUMNS = (
-    "run_id", "created_at", "ended_at", "status", "payload", "model", "backend", "network",
-    "task", "answer", "error", "exit_code", "duration", "input_tokens", "output_tokens",
-    "schedule", "batch", "owner", "record_dir", "kind",
-)  # fmt: skip
+    "run_id",
+    "created_at",
+    "ended_at",
+    "status",
+    "payload",
+    "model",
+    "backend",
+    "network",
+    "task",
+    "answer",
+    "error",
+    "exit_code",
+    "duration",
+    "input_tokens",
+    "output_tokens",
+    "schedule",
+    "batch",
+    "owner",
+    "record_dir",
+    "kind",
+)
 #: A run's `kind`: `run` (a task run) or `check` (`validate`'s or a batch preflight's load of
 #: a payload's agent tree: no step runs). Checks are recorded (their sandbox is a real one,
 #: which `cleanup` must be able to close, and their logs explain a refusal) but kept out of

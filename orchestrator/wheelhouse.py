@@ -266,9 +266,15 @@ def _download_wheelhouse(
 #: the words of an unreachable index (below) make it an infrastructure fault again.
 _NOT_FOUND = re.compile(r"No matching distribution found for (\S+)")
 _UNREACHABLE = (
-    "NewConnectionError", "ConnectTimeout", "ReadTimeout", "Max retries exceeded",
-    "ProxyError", "SSLError", "Temporary failure in name resolution", "Retrying (",
-)  # fmt: skip
+    "NewConnectionError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "Max retries exceeded",
+    "ProxyError",
+    "SSLError",
+    "Temporary failure in name resolution",
+    "Retrying (",
+)
 
 
 def not_on_index(lines: list[str]) -> str | None:

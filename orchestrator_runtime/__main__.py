@@ -159,9 +159,12 @@ class Run:
             except Exception as exc:
                 return self.fail("model", exc, "internal", EXIT_INTERNAL)
         program = Program(
-            request, self.recorder, lambda agents: self.start(request, agents), run_model,
+            request,
+            self.recorder,
+            lambda agents: self.start(request, agents),
+            run_model,
             problems=lambda nodes: self.tree_problems(nodes, request),
-        )  # fmt: skip
+        )
         program.install()
         traced = self.tracing.under_host_root() if self.tracing else contextlib.nullcontext()
         try:
@@ -278,9 +281,10 @@ class Run:
             from .models import script_problems
 
             problems += [
-                f"no mock script for agent {name!r}" for name in names
+                f"no mock script for agent {name!r}"
+                for name in names
                 if name not in request.mock_scripts
-            ]  # fmt: skip
+            ]
             for node in nodes:
                 outputs = request.mock_scripts.get(node.name) or []
                 problems += script_problems(node.name, node.agent, outputs, top=node.caller is None)

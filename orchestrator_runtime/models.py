@@ -209,12 +209,25 @@ def build_model(request: Request) -> Model:
 #: openai, httpx, requests, urllib3, litellm and socket spell them differently.
 _UNAVAILABLE_NAMES = frozenset(
     {
-        "APIConnectionError", "APITimeoutError", "RateLimitError", "InternalServerError",
-        "ServiceUnavailableError", "BadGatewayError", "Timeout", "TransportError",
-        "ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException", "RemoteProtocolError",
-        "NewConnectionError", "MaxRetryError", "ProtocolError", "gaierror",
+        "APIConnectionError",
+        "APITimeoutError",
+        "RateLimitError",
+        "InternalServerError",
+        "ServiceUnavailableError",
+        "BadGatewayError",
+        "Timeout",
+        "TransportError",
+        "ConnectError",
+        "ConnectTimeout",
+        "ReadTimeout",
+        "TimeoutException",
+        "RemoteProtocolError",
+        "NewConnectionError",
+        "MaxRetryError",
+        "ProtocolError",
+        "gaierror",
     }
-)  # fmt: skip
+)
 
 
 def _status_code(exc: BaseException) -> int | None:

@@ -102,14 +102,20 @@ class Program:
         held_run.__doc__ = original_run.__doc__
         MultiStepAgent.run = held_run
 
-    def run_agent(self, original: Any, agent: MultiStepAgent, task: str, *args: Any,
-                  **kwargs: Any) -> Any:  # fmt: skip
+    def run_agent(
+        self, original: Any, agent: MultiStepAgent, task: str, *args: Any, **kwargs: Any
+    ) -> Any:
         """An agent's run: straight through for a managed agent (its caller is running),
         else the program's top-level run, held."""
         if self.recorder.running:
             return original(agent, task, *args, **kwargs)
-        options = dict(zip(("stream", "reset", "images", "additional_args", "max_steps",
-                            "return_full_result"), args, strict=False))  # fmt: skip
+        options = dict(
+            zip(
+                ("stream", "reset", "images", "additional_args", "max_steps", "return_full_result"),
+                args,
+                strict=False,
+            )
+        )
         options.update(kwargs)
         first = not self.top_level
         self.take(agent)
@@ -294,8 +300,11 @@ def route_model(model: Model, request: Request) -> None:
 def note(model: Any, source: str, chosen: Any, provider: str | None = None) -> dict[str, Any]:
     """Keep on `model` what the record says of it: the class and model id the program chose
     and whose model runs (`program`, `run`: an override, `mock`)."""
-    info = {"class": type(chosen).__name__, "model_id": getattr(chosen, "model_id", None),
-            "source": source}  # fmt: skip
+    info = {
+        "class": type(chosen).__name__,
+        "model_id": getattr(chosen, "model_id", None),
+        "source": source,
+    }
     if provider:
         info["provider"] = provider
     if chosen is not model:
@@ -337,13 +346,16 @@ def exit_state(exc: SystemExit) -> tuple[str, dict[str, Any] | None]:
         message, code = f"the program exited: {code}", 1
     else:
         message = f"the program exited with code {code}"
-    return "error", {"type": "SystemExit", "message": message, "kind": "program",
-                     "exit_code": code}  # fmt: skip
+    return "error", {"type": "SystemExit", "message": message, "kind": "program", "exit_code": code}
 
 
 def program_error(exc: BaseException) -> dict[str, Any]:
-    return {"type": type(exc).__name__, "message": str(getattr(exc, "message", exc)),
-            "kind": "program", "exit_code": 1}  # fmt: skip
+    return {
+        "type": type(exc).__name__,
+        "message": str(getattr(exc, "message", exc)),
+        "kind": "program",
+        "exit_code": 1,
+    }
 
 
 def flush() -> None:

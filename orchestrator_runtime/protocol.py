@@ -38,8 +38,12 @@ PROVIDERS = ("mock", "openai", "hf", "litellm")
 #: smolagents' model classes whose calls a run's model gateway can serve (one OpenAI-compatible
 #: endpoint; Hugging Face's router is one), each with the provider the host knows it by: a
 #: program's own models of these classes keep their class and go through the gateway.
-ROUTABLE_MODELS = {"InferenceClientModel": "hf", "OpenAIServerModel": "openai",
-                   "OpenAIModel": "openai", "LiteLLMModel": "litellm"}  # fmt: skip
+ROUTABLE_MODELS = {
+    "InferenceClientModel": "hf",
+    "OpenAIServerModel": "openai",
+    "OpenAIModel": "openai",
+    "LiteLLMModel": "litellm",
+}
 
 #: The client libraries a model may import when the runtime builds it, which the runtime can
 #: import ahead (`--preload MODULE`): about 0.6 s for openai, paid while a pooled sandbox idles.
@@ -69,13 +73,49 @@ RESULT_PATH = "/tmp/orchestrator-result.json"
 #: `_name` is refused too.
 DANGEROUS_IMPORTS = frozenset(
     {
-        "*", "os", "posix", "nt", "subprocess", "socket", "sys", "shutil", "importlib",
-        "ctypes", "pickle", "marshal", "builtins", "io", "pathlib", "multiprocessing", "pty",
-        "signal", "threading", "_thread", "code", "codeop", "inspect", "gc", "resource",
-        "fcntl", "mmap", "tempfile", "glob", "asyncio", "concurrent", "runpy", "sysconfig",
-        "urllib", "http", "requests", "httpx", "ftplib", "smtplib", "telnetlib", "webbrowser",
+        "*",
+        "os",
+        "posix",
+        "nt",
+        "subprocess",
+        "socket",
+        "sys",
+        "shutil",
+        "importlib",
+        "ctypes",
+        "pickle",
+        "marshal",
+        "builtins",
+        "io",
+        "pathlib",
+        "multiprocessing",
+        "pty",
+        "signal",
+        "threading",
+        "_thread",
+        "code",
+        "codeop",
+        "inspect",
+        "gc",
+        "resource",
+        "fcntl",
+        "mmap",
+        "tempfile",
+        "glob",
+        "asyncio",
+        "concurrent",
+        "runpy",
+        "sysconfig",
+        "urllib",
+        "http",
+        "requests",
+        "httpx",
+        "ftplib",
+        "smtplib",
+        "telnetlib",
+        "webbrowser",
     }
-)  # fmt: skip
+)
 
 
 def is_dangerous_import(module: str) -> bool:

@@ -159,9 +159,13 @@ def start_cli(*args: str, **kwargs: Any) -> subprocess.Popen[str]:
     """The real `orchestrator` command in the background, in its own process group (so a
     test can SIGKILL all of it with os.killpg); stdout and stderr piped."""
     options: dict[str, Any] = dict(
-        cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     options.update(kwargs)
     return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], **options)
 

@@ -127,8 +127,9 @@ class ScriptedModelServer:
                 else:
                     status, reply = 404, {"error": {"message": "not found"}}
                 if status == 200 and body.get("stream"):
-                    return self._stream(reply, bool((body.get("stream_options") or {}).get(
-                        "include_usage")))  # fmt: skip
+                    return self._stream(
+                        reply, bool((body.get("stream_options") or {}).get("include_usage"))
+                    )
                 data = json.dumps(reply).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -147,10 +148,14 @@ class ScriptedModelServer:
                 base = {k: reply[k] for k in ("id", "created", "model")}
                 base["object"] = "chat.completion.chunk"
                 events = [
-                    {**base, "choices": [{"index": 0, "delta": {"content": piece},
-                                          "finish_reason": None}]}
+                    {
+                        **base,
+                        "choices": [
+                            {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                        ],
+                    }
                     for piece in pieces
-                ]  # fmt: skip
+                ]
                 events[-1]["choices"][0]["finish_reason"] = "stop"
                 if include_usage:
                     events.append({**base, "choices": [], "usage": reply["usage"]})

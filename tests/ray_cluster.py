@@ -111,10 +111,22 @@ def start_node(
     home.mkdir(parents=True, exist_ok=True)
     log = tmp / f"ray-{name}.log"
     resources = json.dumps({"orchestrator_sandboxes": sandboxes}) if sandboxes else "{}"
-    command = [RAY, "start", "--block", "--num-cpus", "1", "--temp-dir", str(temp_dir),
-               "--resources", resources, "--object-store-memory", str(100 * 1024 * 1024),
-               "--dashboard-agent-listen-port", str(free_port()),
-               "--disable-usage-stats"]  # fmt: skip
+    command = [
+        RAY,
+        "start",
+        "--block",
+        "--num-cpus",
+        "1",
+        "--temp-dir",
+        str(temp_dir),
+        "--resources",
+        resources,
+        "--object-store-memory",
+        str(100 * 1024 * 1024),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+        "--disable-usage-stats",
+    ]
     if head_address is None:
         port = free_port()
         address = f"127.0.0.1:{port}"
@@ -125,8 +137,9 @@ def start_node(
     environment = {**os.environ, "ORCHESTRATOR_HOME": str(home), **(env or {})}
     environment.pop("RAY_ADDRESS", None)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=environment,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True
+        )
     node = RayNode(proc, temp_dir, home, log)
     deadline = time.monotonic() + 120
     while b"Ray runtime started" not in log.read_bytes():

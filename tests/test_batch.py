@@ -89,10 +89,10 @@ def test_jsonl_fields_overrides_and_derived_ids(tmp_path: Path) -> None:
 def test_csv_with_args_columns(tmp_path: Path) -> None:
     path = tmp_path / "t.csv"
     path.write_text(
-        'id,task,args.a,args.op,expected,max_steps\n'
+        "id,task,args.a,args.op,expected,max_steps\n"
         'x,"multi\nline task",6,mul,42,\n'
         'y,second,"""text""",add,,4\n'
-    )  # fmt: skip
+    )
     x, y = read_tasks(path).tasks
     assert x.additional_args == {"a": 6, "op": "mul"} and x.expected == "42" and not x.overrides
     assert x.task == "multi\nline task" and x.line == 2
@@ -118,9 +118,14 @@ def test_malformed_lines_are_named_and_skippable(tmp_path: Path) -> None:
 def test_duplicate_ids_name_both_lines(tmp_path: Path) -> None:
     path = write_jsonl(
         tmp_path / "t.jsonl",
-        [{"id": "a", "task": "x"}, {"id": "b", "task": "y"}, {"id": "a", "task": "z"},
-         {"task": "same"}, {"task": "same"}],
-    )  # fmt: skip
+        [
+            {"id": "a", "task": "x"},
+            {"id": "b", "task": "y"},
+            {"id": "a", "task": "z"},
+            {"task": "same"},
+            {"task": "same"},
+        ],
+    )
     with pytest.raises(TaskFileError) as info:
         read_tasks(path, on_bad_line="skip")  # duplicates are an error even when skipping
     assert f"{path}:3: duplicate id 'a' (first on line 1)" in info.value.cause
@@ -143,11 +148,13 @@ def test_every_problem_of_every_line_is_named_before_anything_starts(tmp_path: P
     problem with its line and field. No Docker: the file is refused before anything starts."""
     path = write_jsonl(
         tmp_path / "t.jsonl",
-        [{"id": "a", "task": "ok"},
-         {"task": "two", "max_step": 3, "memory_mb": "lots"},
-         {"id": "c", "task": "three"},
-         {"task": "four", "timeout": 0, "additional_args": [1]}],
-    )  # fmt: skip
+        [
+            {"id": "a", "task": "ok"},
+            {"task": "two", "max_step": 3, "memory_mb": "lots"},
+            {"id": "c", "task": "three"},
+            {"task": "four", "timeout": 0, "additional_args": [1]},
+        ],
+    )
     out = tmp_path / "out"
     refused = cli("batch", str(MATH), str(path), "-o", str(out))
     assert refused.returncode == 2 and not out.exists(), refused.stderr
@@ -232,8 +239,17 @@ docker = pytest.mark.docker
 
 
 def batch_cmd(tasks: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "orchestrator", "batch", str(MATH), str(tasks), "-o", str(out),
-            *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "batch",
+        str(MATH),
+        str(tasks),
+        "-o",
+        str(out),
+        *extra,
+    ]
 
 
 @docker
@@ -242,13 +258,25 @@ def test_thirty_tasks_statuses_scores_and_summary(
 ) -> None:
     """Acceptance 1 (and the max-steps half of 3): 30 tasks at concurrency 4."""
     rows = math_rows(25, wrong=(3, 10, 17))
-    rows.append({"id": "slow", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 30},
-                 "expected": "woke", "timeout_seconds": 3})  # fmt: skip
+    rows.append(
+        {
+            "id": "slow",
+            "task": "sleep",
+            "additional_args": {"op": "sleep", "seconds": 30},
+            "expected": "woke",
+            "timeout_seconds": 3,
+        }
+    )
     rows += [
-        {"id": f"loop{i}", "task": "never answers", "additional_args": {"op": "loop"},
-         "expected": "x", "max_steps": 2}
+        {
+            "id": f"loop{i}",
+            "task": "never answers",
+            "additional_args": {"op": "loop"},
+            "expected": "x",
+            "max_steps": 2,
+        }
         for i in range(2)
-    ]  # fmt: skip
+    ]
     rows += [{"id": "noexp", "task": "mul", "additional_args": {"op": "mul", "a": 2, "b": 2}}]
     rows += [{"task": "derived", "additional_args": {"op": "add", "a": 2, "b": 2}, "expected": 4}]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
@@ -285,8 +313,13 @@ def test_thirty_tasks_statuses_scores_and_summary(
     assert saved == json.loads(json.dumps(summary.to_dict()))
     assert summary.state == "complete" and summary.exit_code == 0
     assert sum(summary.counts.values()) + summary.pending == summary.total == 30
-    assert summary.counts == {"succeeded": 27, "failed": 2, "timed_out": 1, "oom_killed": 0,
-                              "infra_error": 0}  # fmt: skip
+    assert summary.counts == {
+        "succeeded": 27,
+        "failed": 2,
+        "timed_out": 1,
+        "oom_killed": 0,
+        "infra_error": 0,
+    }
     assert summary.scored == 29 and summary.correct == 23
     assert summary.accuracy == pytest.approx(23 / 29)
     low, high = summary.accuracy_ci95
@@ -301,8 +334,15 @@ def test_thirty_tasks_statuses_scores_and_summary(
 
 @docker
 def test_resume_reruns_only_what_is_unfinished(tmp_path: Path, agent_image: str, no_leftovers):
-    rows = math_rows(2) + [{"id": "loop", "task": "t", "additional_args": {"op": "loop"},
-                            "expected": "x", "max_steps": 2}]  # fmt: skip
+    rows = math_rows(2) + [
+        {
+            "id": "loop",
+            "task": "t",
+            "additional_args": {"op": "loop"},
+            "expected": "x",
+            "max_steps": 2,
+        }
+    ]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
     out = tmp_path / "out"
     first = cli(*batch_cmd(tasks, out)[3:])
@@ -380,12 +420,19 @@ def test_container_killed_from_outside_is_retried(
     """Acceptance 3: a sandbox that vanishes is an infrastructure fault; the retry answers."""
     tasks = write_jsonl(
         tmp_path / "tasks.jsonl",
-        [{"id": "s", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 4},
-          "expected": "woke"}],
-    )  # fmt: skip
+        [
+            {
+                "id": "s",
+                "task": "sleep",
+                "additional_args": {"op": "sleep", "seconds": 4},
+                "expected": "woke",
+            }
+        ],
+    )
     box: dict = {}
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
-                     backoff_seconds=0.2)  # fmt: skip
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), backoff_seconds=0.2
+    )
     thread = threading.Thread(target=lambda: box.update(summary=run_batch(spec)))
     thread.start()
     try:
@@ -410,14 +457,19 @@ def test_signal_stops_cleanly_and_keeps_results(
     sig: signal.Signals, tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
 ) -> None:
     """Acceptance 4."""
-    slow = [{"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
-            for i in range(4)]  # fmt: skip
+    slow = [
+        {"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
+        for i in range(4)
+    ]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3) + slow)
     out = tmp_path / "out"
     proc = subprocess.Popen(
         batch_cmd(tasks, out, "--concurrency", "2"),
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         results = out / "results.jsonl"
         wait_for(lambda: results.is_file() and len(results.read_text().splitlines()) == 3, 180)
@@ -458,14 +510,19 @@ def test_ctrl_c_in_the_python_api_stops_the_batch_and_raises(
     ones too), writes an `interrupted` summary and raises KeyboardInterrupt to the caller: a
     program that went on as if the batch had ended (a benchmark's next batch) would be
     wrong. The instant a container is made: tests/test_interrupts.py."""
-    slow = [{"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
-            for i in range(4)]  # fmt: skip
+    slow = [
+        {"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
+        for i in range(4)
+    ]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", slow)
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-c", API_CALLER, str(tasks), str(out), str(MATH)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: len(task_sandboxes(docker_client, store_label)) == 2, 180)
         proc.send_signal(signal.SIGINT)
@@ -511,8 +568,10 @@ def test_bad_input_is_named_and_starts_nothing(
     assert skipped.returncode == 0, skipped.stderr
     summary = json.loads(skipped.stdout)
     assert summary["counts"]["succeeded"] == 2
-    assert summary["skipped_lines"] == [{"line": 2, "message": summary["skipped_lines"][0][
-        "message"]}] and "not valid JSON" in summary["skipped_lines"][0]["message"]  # fmt: skip
+    assert (
+        summary["skipped_lines"] == [{"line": 2, "message": summary["skipped_lines"][0]["message"]}]
+        and "not valid JSON" in summary["skipped_lines"][0]["message"]
+    )
 
 
 @pytest.fixture
@@ -562,8 +621,15 @@ def test_model_5xx_is_retried_and_fail_on_error_stops(
         network="open",
         model_options={"client_kwargs": {"max_retries": 0}},
     )
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=run, concurrency=1,
-                     max_attempts=2, backoff_seconds=0.1, fail_on_error=0.2)  # fmt: skip
+    spec = BatchSpec(
+        tasks=tasks,
+        output=tmp_path / "out",
+        run=run,
+        concurrency=1,
+        max_attempts=2,
+        backoff_seconds=0.1,
+        fail_on_error=0.2,
+    )
     summary = run_batch(spec)
     assert summary.state == "stopped" and summary.exit_code == 5
     assert summary.counts["infra_error"] == 2 and summary.pending == 3
@@ -619,9 +685,13 @@ def test_a_batch_hands_its_attempts_to_an_executor_and_keeps_retries(tmp_path: P
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
     stand_in = StandInExecutor({rows[1]["task"], rows[4]["task"]})
     spec = BatchSpec(
-        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2,
-        backoff_seconds=0.01, backoff_max_seconds=0.01,
-    )  # fmt: skip
+        tasks=tasks,
+        output=tmp_path / "out",
+        run=RunSpec(payload=MATH),
+        concurrency=2,
+        backoff_seconds=0.01,
+        backoff_max_seconds=0.01,
+    )
     summary = run_batch(spec, executor=stand_in)
     assert summary.counts["succeeded"] == 6 and summary.correct == 6, summary.counts
     assert summary.attempts == 8 and summary.retries == 2
@@ -653,8 +723,9 @@ def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) 
     agree; another --scorer on resume points to `batch rescore`."""
     rows = math_rows(5)
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
-                     concurrency=4, adapt=False)  # fmt: skip
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=4, adapt=False
+    )
     cut = CancellingExecutor({r["task"] for r in rows[:3]})
     first = run_batch(spec, executor=cut)
     assert first.state == "interrupted" and first.pending == 3
@@ -678,8 +749,11 @@ def test_a_tasks_file_not_found_names_the_one_next_to_it(tmp_path: Path) -> None
     def batch(tasks: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "orchestrator", "batch", "research_team", tasks, "-q"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     typo = batch("task.jsonl")
     assert typo.returncode == 2, typo.stderr

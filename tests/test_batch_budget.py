@@ -47,9 +47,17 @@ def test_the_python_api_checks_the_cap_too(tmp_path: Path) -> None:
 
 def test_the_progress_line_shows_the_spend_against_the_cap() -> None:
     progress = BatchProgress(
-        total=3, done=1, running=1, counts={"succeeded": 1}, ran=1, retries=0, elapsed=5.0,
-        stopping=None, spent_tokens=1234, max_total_tokens=5000,
-    )  # fmt: skip
+        total=3,
+        done=1,
+        running=1,
+        counts={"succeeded": 1},
+        ran=1,
+        retries=0,
+        elapsed=5.0,
+        stopping=None,
+        spent_tokens=1234,
+        max_total_tokens=5000,
+    )
     assert "1234/5000 tokens" in progress_line(progress)
     uncapped = BatchProgress(**{**progress.__dict__, "max_total_tokens": None})
     assert "tokens" not in progress_line(uncapped) and "$" not in progress_line(uncapped)
@@ -71,10 +79,22 @@ def test_a_batch_stops_at_its_token_cap_and_a_higher_cap_resumes_it(
 
         def batch(cap: int) -> tuple[int, dict, str]:
             proc = cli(
-                "batch", str(MATH), str(tasks), "-o", str(out), "-j", "1", "--no-warm",
-                "--model", "openai:scripted", "--api-base", server.api_base(),
-                "--max-total-tokens", str(cap), "--json",
-            )  # fmt: skip
+                "batch",
+                str(MATH),
+                str(tasks),
+                "-o",
+                str(out),
+                "-j",
+                "1",
+                "--no-warm",
+                "--model",
+                "openai:scripted",
+                "--api-base",
+                server.api_base(),
+                "--max-total-tokens",
+                str(cap),
+                "--json",
+            )
             return proc.returncode, json.loads(proc.stdout), proc.stderr
 
         # 1 token: the first task's first model call reaches the cap.
@@ -118,11 +138,17 @@ def test_a_batch_stops_at_its_token_cap_and_a_higher_cap_resumes_it(
     assert code == 0, stderr
     assert summary["state"] == "complete" and summary["counts"]["succeeded"] == 3, summary
     assert summary["spend"] == {
-        "max_total_tokens": 10**9, "tokens": served, "source": "gateway",
-        "max_cost_usd": None, "cost_usd": None, "price": None, "uncounted_calls": 0,
-        "cap_reached": False, "stopped_by": None,
+        "max_total_tokens": 10**9,
+        "tokens": served,
+        "source": "gateway",
+        "max_cost_usd": None,
+        "cost_usd": None,
+        "price": None,
+        "uncounted_calls": 0,
+        "cap_reached": False,
+        "stopped_by": None,
         "attempts_stopped": summary["spend"]["attempts_stopped"],
-    }  # fmt: skip
+    }
     rows = [json.loads(line) for line in (out / "results.jsonl").open()]
     assert sorted(row["id"] for row in rows) == sorted(r["id"] for r in math_rows(3))
     assert summary["tokens_all_attempts"]["input"] + summary["tokens_all_attempts"]["output"] == (

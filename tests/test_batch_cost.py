@@ -55,7 +55,8 @@ def refused(tmp_path: Path, *args: str) -> str:
 
 def test_a_price_is_read_as_model_equals_input_slash_output_per_million_tokens() -> None:
     assert parse_price("openai:gpt-4o-mini=0.15/0.60") == (
-        "openai:gpt-4o-mini", (Decimal("0.15"), Decimal("0.60"))
+        "openai:gpt-4o-mini",
+        (Decimal("0.15"), Decimal("0.60")),
     )
     # A model id may hold colons (Ollama's tags); `$` is allowed; 0 is a price (a free server).
     assert parse_price("openai:llama3:8b=$0/0") == ("openai:llama3:8b", (Decimal(0), Decimal(0)))
@@ -63,9 +64,17 @@ def test_a_price_is_read_as_model_equals_input_slash_output_per_million_tokens()
 
 
 @pytest.mark.parametrize(
-    "text", ["openai:gpt-4o-mini", "openai:gpt-4o-mini=0.15", "=1/2", "m=-1/2", "m=1/x",
-             "m=nan/1", "m=1/inf"],
-)  # fmt: skip
+    "text",
+    [
+        "openai:gpt-4o-mini",
+        "openai:gpt-4o-mini=0.15",
+        "=1/2",
+        "m=-1/2",
+        "m=1/x",
+        "m=nan/1",
+        "m=1/inf",
+    ],
+)
 def test_a_malformed_price_is_refused_naming_the_format(text: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_price(text)
@@ -98,9 +107,7 @@ def test_a_bad_price_option_is_refused_before_anything_starts(tmp_path: Path) ->
 
 @pytest.mark.usefixtures("model_key")
 def test_a_model_with_no_known_price_is_refused_saying_how_to_give_one(tmp_path: Path) -> None:
-    stderr = refused(
-        tmp_path, "--model", "openai:scripted", "--api-base", LOCAL, "--max-cost", "1"
-    )
+    stderr = refused(tmp_path, "--model", "openai:scripted", "--api-base", LOCAL, "--max-cost", "1")
     assert f"--max-cost needs the price of openai:scripted at {LOCAL}" in stderr, stderr
     assert "--price openai:scripted=IN/OUT" in stderr and "nothing was started" in stderr
 
@@ -111,9 +118,17 @@ def test_runs_whose_tokens_the_host_cannot_measure_are_refused_under_a_cost_cap(
 ) -> None:
     """Fail closed: without the gateway only the sandbox's own claim of its tokens exists."""
     stderr = refused(
-        tmp_path, "--model", "openai:scripted", "--api-base", LOCAL, "--no-gateway",
-        "--max-cost", "1", "--price", "openai:scripted=1/2",
-    )  # fmt: skip
+        tmp_path,
+        "--model",
+        "openai:scripted",
+        "--api-base",
+        LOCAL,
+        "--no-gateway",
+        "--max-cost",
+        "1",
+        "--price",
+        "openai:scripted=1/2",
+    )
     assert "counts only the tokens the model gateway measures" in stderr, stderr
     assert "--max-total-tokens" in stderr  # what to use instead
 
@@ -133,8 +148,9 @@ def test_the_bundled_prices_are_read_offline(monkeypatch: pytest.MonkeyPatch) ->
     assert pricing.cost(1_000_000, 1_000_000) == pricing.input_per_mtok + pricing.output_per_mtok
     # litellm's provider/model names are found too; the user's price wins over the bundle.
     assert pricing_for(parse_model("litellm:anthropic/claude-sonnet-4-5"), {}).input_per_mtok > 0
-    mine = pricing_for(parse_model("openai:gpt-4o-mini"), {"openai:gpt-4o-mini": (Decimal(1),
-                                                                                  Decimal(2))})
+    mine = pricing_for(
+        parse_model("openai:gpt-4o-mini"), {"openai:gpt-4o-mini": (Decimal(1), Decimal(2))}
+    )
     assert mine.source == "--price" and mine.cost(500_000, 250_000) == Decimal("1.0")
     assert tried == []
 
@@ -149,8 +165,9 @@ def test_an_unknown_endpoint_gets_no_bundled_price_even_for_a_known_model_name()
 
 def test_the_mock_model_costs_nothing(tmp_path: Path) -> None:
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(1))
-    plan = plan_batch(BatchSpec(tasks=tasks, output=None, run=RunSpec(payload=MATH),
-                                max_cost="0.01"))  # fmt: skip
+    plan = plan_batch(
+        BatchSpec(tasks=tasks, output=None, run=RunSpec(payload=MATH), max_cost="0.01")
+    )
     assert plan.pricing is not None and plan.pricing.source.startswith("mock")
     assert plan.pricing.cost(10**9, 10**9) == 0
 
@@ -165,9 +182,13 @@ def spend_of(
     million tokens (calls fed by hand, as the gateway's events come)."""
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(2))
     run_spec = RunSpec(payload=MATH, model="openai:gpt-4o-mini")
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=run_spec,
-                     prices={"openai:gpt-4o-mini": ("1", "2"), **(other or {})},
-                     **caps)  # fmt: skip
+    spec = BatchSpec(
+        tasks=tasks,
+        output=tmp_path / "out",
+        run=run_spec,
+        prices={"openai:gpt-4o-mini": ("1", "2"), **(other or {})},
+        **caps,
+    )
     plan = plan_batch(spec)
     stop, reasons = StopRequest(), []
     spend = Spend(spec, plan, [], stop=stop, on_reached=reasons.append, message=lambda _m: None)
@@ -175,8 +196,15 @@ def spend_of(
 
 
 def call(spend: Spend, run_id: str, inp: int, out: int, **extra: Any) -> None:
-    spend.watch(run_id)({"type": "model_call", "source": "gateway", "input_tokens": inp,
-                         "output_tokens": out, **extra})  # fmt: skip
+    spend.watch(run_id)(
+        {
+            "type": "model_call",
+            "source": "gateway",
+            "input_tokens": inp,
+            "output_tokens": out,
+            **extra,
+        }
+    )
 
 
 @pytest.mark.usefixtures("model_key")
@@ -207,8 +235,7 @@ def test_a_call_the_gateway_could_not_measure_stops_a_cost_capped_batch(tmp_path
     spend.watch("r-1")({"type": "model_call", "source": "gateway", "usage_unknown": True})
     assert stop.is_set() and stop.error is not None
     assert "could not be measured" in stop.error["message"]
-    assert spend.ended("r-1", RunResult(run_id="r-1", status="succeeded"))[
-        "uncounted_calls"] == 1  # fmt: skip
+    assert spend.ended("r-1", RunResult(run_id="r-1", status="succeeded"))["uncounted_calls"] == 1
 
 
 @pytest.mark.usefixtures("model_key")
@@ -228,8 +255,12 @@ def test_a_call_is_priced_by_the_model_its_request_names(tmp_path: Path) -> None
     message = stop.error["message"]
     assert "named the model 'made-up-model-9000', whose price is not known" in message
     assert "--price openai:made-up-model-9000=IN/OUT" in message and "fail closed" in message
-    assert spend.ended("r-1", RunResult(run_id="r-1", status="cancelled", error=stop.error))[
-        "uncounted_calls"] == 1  # fmt: skip
+    assert (
+        spend.ended("r-1", RunResult(run_id="r-1", status="cancelled", error=stop.error))[
+            "uncounted_calls"
+        ]
+        == 1
+    )
 
 
 def test_the_gateway_reads_the_model_a_request_names() -> None:
@@ -254,8 +285,10 @@ def test_a_run_stopped_for_a_reason_records_that_reason_not_a_user_cancel() -> N
     stop.stop({"type": BUDGET_EXCEEDED, "message": "the batch's cap ... was reached"})
     stop.stop({"type": "other", "message": "a later reason"})  # the first one stays
     status, error = decide_status("cancelled", ExitInfo(exit_code=137), None, cancel=stop)
-    assert status == "cancelled" and error == {"type": BUDGET_EXCEEDED,
-                                               "message": "the batch's cap ... was reached"}
+    assert status == "cancelled" and error == {
+        "type": BUDGET_EXCEEDED,
+        "message": "the batch's cap ... was reached",
+    }
     plain = threading.Event()
     plain.set()
     _, error = decide_status("cancelled", ExitInfo(exit_code=137), None, cancel=plain)
@@ -274,7 +307,9 @@ def test_a_run_stopped_before_its_sandbox_existed_records_the_reason_too() -> No
 
 def test_amounts_are_shown_to_the_cent_or_finer() -> None:
     assert [usd(Decimal(5)), usd(0.000123), usd(Decimal("0.0012345678"))] == [
-        "$5.00", "$0.000123", "$0.001235"
+        "$5.00",
+        "$0.000123",
+        "$0.001235",
     ]
 
 
@@ -296,10 +331,24 @@ def test_a_batch_stops_at_its_cost_cap_and_a_higher_cap_resumes_it(
 
         def batch(cap: str) -> tuple[int, dict, str]:
             proc = cli(
-                "batch", str(MATH), str(tasks), "-o", str(out), "-j", "1", "--no-warm",
-                "--model", "openai:scripted", "--api-base", server.api_base(),
-                "--max-cost", cap, "--price", "openai:scripted=1000/1000", "--json",
-            )  # fmt: skip
+                "batch",
+                str(MATH),
+                str(tasks),
+                "-o",
+                str(out),
+                "-j",
+                "1",
+                "--no-warm",
+                "--model",
+                "openai:scripted",
+                "--api-base",
+                server.api_base(),
+                "--max-cost",
+                cap,
+                "--price",
+                "openai:scripted=1000/1000",
+                "--json",
+            )
             return proc.returncode, json.loads(proc.stdout), proc.stderr
 
         # $0.01 is 10 tokens: the first task's first call reaches it.
@@ -308,8 +357,12 @@ def test_a_batch_stops_at_its_cost_cap_and_a_higher_cap_resumes_it(
         assert code == 5 and summary["stop_reason"] == "budget_exceeded", stderr
         assert spend["stopped_by"] == "max_cost" and spend["cap_reached"], spend
         assert spend["cost_usd"] == pytest.approx(sum(server.usage.values()) / 1000)
-        assert spend["price"] == {"model": "openai:scripted", "source": "--price",
-                                  "input_per_mtok": 1000.0, "output_per_mtok": 1000.0}
+        assert spend["price"] == {
+            "model": "openai:scripted",
+            "source": "--price",
+            "input_per_mtok": 1000.0,
+            "output_per_mtok": 1000.0,
+        }
         assert "--max-cost $0.01 was reached" in stderr and "higher --max-cost" in stderr
         assert len([a for a in attempts(out) if a["event"] == "start"]) == 1
         (first,) = [a for a in attempts(out) if a["event"] == "end"]

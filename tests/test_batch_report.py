@@ -21,13 +21,21 @@ MATH = TEST_PAYLOADS / "batch_math"
 
 TASKS = [
     {"id": "mul", "task": "6*7?", "additional_args": {"op": "mul", "a": 6, "b": 7}, "expected": 42},
-    {"id": "off-by-one", "task": "1+2?", "additional_args": {"op": "add", "a": 1, "b": 2},
-     "expected": 4},
-    {"id": "add", "task": "2+2?", "additional_args": {"op": "add", "a": 2, "b": 2},
-     "expected": "4.0"},
+    {
+        "id": "off-by-one",
+        "task": "1+2?",
+        "additional_args": {"op": "add", "a": 1, "b": 2},
+        "expected": 4,
+    },
+    {
+        "id": "add",
+        "task": "2+2?",
+        "additional_args": {"op": "add", "a": 2, "b": 2},
+        "expected": "4.0",
+    },
     {"id": "loops", "task": "loop", "additional_args": {"op": "loop"}, "expected": 1},
     {"id": "no-expected", "task": "2*3?", "additional_args": {"op": "mul", "a": 2, "b": 3}},
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +74,11 @@ def test_report_lists_exactly_the_wrong_and_failed_tasks(batch_dir: Path, tmp_pa
 
     text = cli("batch", "report", str(batch_dir))
     assert text.returncode == 0, text.stderr
-    listed = [line.split()[1] for line in text.stdout.splitlines() if line.startswith("  ") and
-              line.split()[0] in ("FAILED", "WRONG", "PARTIAL")]  # fmt: skip
+    listed = [
+        line.split()[1]
+        for line in text.stdout.splitlines()
+        if line.startswith("  ") and line.split()[0] in ("FAILED", "WRONG", "PARTIAL")
+    ]
     assert listed == ["loops", "off-by-one"], text.stdout
     assert "95% CI 15.0%–85.0%" in text.stdout
 
@@ -75,8 +86,9 @@ def test_report_lists_exactly_the_wrong_and_failed_tasks(batch_dir: Path, tmp_pa
 def test_rescore_changes_accuracy_and_leaves_results_alone(batch_dir: Path):
     before = digest(batch_dir / "results.jsonl")
     summary = digest(batch_dir / "summary.json")
-    done = cli("batch", "rescore", str(batch_dir), "--scorer", "numeric", "--tolerance", "0.5",
-               "--json")  # fmt: skip
+    done = cli(
+        "batch", "rescore", str(batch_dir), "--scorer", "numeric", "--tolerance", "0.5", "--json"
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     # |3 - 4| <= 0.5 * 4: the off-by-one answer is now right; the loop still scores 0.

@@ -42,9 +42,10 @@ def test_every_option_and_command_has_help_text() -> None:
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 missing += [
-                    f"{parser.prog} {choice.dest}" for choice in action._choices_actions
+                    f"{parser.prog} {choice.dest}"
+                    for choice in action._choices_actions
                     if not choice.help
-                ]  # fmt: skip
+                ]
             elif not action.help:
                 missing.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
     assert not missing, f"no help text: {missing}"
@@ -68,9 +69,15 @@ def test_every_command_help_runs(path: tuple[str, ...]) -> None:
     parser = PARSER
     for name in path:
         verbs = getattr(parser, "verbs", {})
-        parser = verbs[name] if name in verbs else next(
-            a.choices[name] for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-        )  # fmt: skip
+        parser = (
+            verbs[name]
+            if name in verbs
+            else next(
+                a.choices[name]
+                for a in parser._actions
+                if isinstance(a, argparse._SubParsersAction)
+            )
+        )
     text = parser.format_help()
     assert text.startswith(f"usage: orchestrator {' '.join(path)}")
     assert "--help" in text
@@ -127,7 +134,7 @@ def test_readme_command_reference_matches_the_parser() -> None:
         words = [w for w in cell.split() if re.fullmatch(r"[a-z][a-z/-]*", w)]
         head, *rest = words
         documented.add((head,))
-        for action in (rest[0].split("/") if rest else []):
+        for action in rest[0].split("/") if rest else []:
             documented.add((head, action))
     assert documented == set(COMMANDS), (
         f"missing from README: {sorted(set(COMMANDS) - documented)}; "
@@ -143,10 +150,14 @@ def test_shell_completion_completes_commands_and_choices(tmp_path: Path) -> None
     def complete(line: str) -> set[str]:
         """What bash's completion hook gets: argcomplete writes the words on fd 8."""
         env = {
-            **os.environ, "ORCHESTRATOR_HOME": str(tmp_path), "_ARGCOMPLETE": "1",
-            "COMP_LINE": line, "COMP_POINT": str(len(line)),
-            "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_SHELL": "bash",
-        }  # fmt: skip
+            **os.environ,
+            "ORCHESTRATOR_HOME": str(tmp_path),
+            "_ARGCOMPLETE": "1",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_IFS": "\n",
+            "_ARGCOMPLETE_SHELL": "bash",
+        }
         command = f"{shlex.quote(sys.executable)} -m orchestrator 8>&1 9>/dev/null"
         proc = subprocess.run(
             ["bash", "-c", command], env=env, cwd=REPO, capture_output=True, text=True, timeout=30

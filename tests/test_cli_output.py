@@ -121,8 +121,9 @@ def test_a_reader_gone_mid_batch_changes_no_task(
     (stderr holds only the line read)."""
     env = private_store(tmp_path, docker_client, agent_image)
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"id": f"t{i}", "task": "How many years?"}) + "\n"
-                             for i in range(2)))  # fmt: skip
+    tasks.write_text(
+        "".join(json.dumps({"id": f"t{i}", "task": "How many years?"}) + "\n" for i in range(2))
+    )
     output = tmp_path / "out"
     out = first_line_then_closed(
         "batch", "research_team", str(tasks), "-o", str(output), env=env, streams="both"
@@ -130,8 +131,9 @@ def test_a_reader_gone_mid_batch_changes_no_task(
     assert out.returncode == 141, (out.returncode, out.stderr)
     results = [json.loads(line) for line in (output / "results.jsonl").read_text().splitlines()]
     assert sorted((r["id"], r["status"], r["answer"]) for r in results) == [
-        ("t0", "succeeded", 48), ("t1", "succeeded", 48)
-    ]  # fmt: skip
+        ("t0", "succeeded", 48),
+        ("t1", "succeeded", 48),
+    ]
     assert [(r["status"], r["answer"]) for r in recorded(env)] == [("succeeded", 48)] * 2
 
 
@@ -273,12 +275,15 @@ def test_runs_stop_ends_one_running_run_cancelled(agent_image: str, no_leftovers
     try:
         row = wait_for(
             lambda: next(
-                (r for r in Store().list_runs(status="running", limit=50)
-                 if r["payload"] == "sleeper" and r["created_at"] >= started),
+                (
+                    r
+                    for r in Store().list_runs(status="running", limit=50)
+                    if r["payload"] == "sleeper" and r["created_at"] >= started
+                ),
                 None,
             ),
             timeout=120,
-        )  # fmt: skip
+        )
         stopped = cli("runs", "stop", row["run_id"].rsplit("-", 1)[-1][:8])
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.strip() == f"stopped {row['run_id']}: cancelled"
@@ -301,8 +306,11 @@ def test_a_local_folder_shadowing_an_example_and_a_mock_off_its_task_are_said(
     def here(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "orchestrator", *args],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     made = here("new", "research_team")
     assert made.returncode == 0, made.stderr
@@ -396,9 +404,13 @@ def test_defaults_precedence_flag_env_config(tmp_path: Path, agent_image: str) -
     from_env = cli("run", "research_team", "--json", env={**env, "ORCHESTRATOR_MODEL": "mock"})
     assert from_env.returncode == 0, from_env.stdout
     flagged = cli(
-        "run", "research_team", "--model", "mock", "--json",
+        "run",
+        "research_team",
+        "--model",
+        "mock",
+        "--json",
         env={**env, "ORCHESTRATOR_MODEL": "nosuch:from-env"},
-    )  # fmt: skip
+    )
     assert flagged.returncode == 0, flagged.stdout
     config.write_text('[defaults]\nnetwork = "sideways"\n')
     bad = cli("run", "research_team", env=env)
@@ -409,8 +421,12 @@ def test_new_payload_runs_and_validates(tmp_path: Path, agent_image: str, no_lef
     def here(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, "-m", "orchestrator", *args],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ),
-        )  # fmt: skip
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ),
+        )
 
     assert here("new", "demo").returncode == 0
     ran = here("run", "demo")
@@ -509,13 +525,15 @@ def test_snapshots_of_human_output(
     schedules = cli("schedule", "list", "--file", str(REPO / "schedules.example.toml"), env=env)
     check_snapshot(f"schedule-list-{mode}", schedules.stdout)
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(
-        json.dumps({"id": "t1", "task": "How many years?", "expected": "48"}) + "\n"
-    )
+    tasks.write_text(json.dumps({"id": "t1", "task": "How many years?", "expected": "48"}) + "\n")
     batch = subprocess.run(
         [sys.executable, "-m", "orchestrator", "batch", "research_team", str(tasks), "-q"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, **env},
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
     assert batch.returncode == 0, batch.stderr
     assert (tmp_path / "batches" / "research_team-tasks" / "results.jsonl").is_file()
     check_snapshot(f"batch-summary-{mode}", batch.stderr)

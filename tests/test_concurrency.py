@@ -326,8 +326,14 @@ def test_overlapping_firings_of_serve_wait_for_a_slot(tmp_path: Path) -> None:
     t0 = at("2026-01-05T10:00:30+00:00")
     clock, runs, log = WallClock(t0), Gated(), list[str]()
     store = ScheduleStore()
-    scheduler = Scheduler(sf.schedules, store=store, clock=clock, executor=runs,
-                          log=log.append, pace=AdaptiveLimit(1, adapt=False))  # fmt: skip
+    scheduler = Scheduler(
+        sf.schedules,
+        store=store,
+        clock=clock,
+        executor=runs,
+        log=log.append,
+        pace=AdaptiveLimit(1, adapt=False),
+    )
     scheduler.start()
     clock.t = t0 + timedelta(seconds=31)  # 10:01:01: both are due
     scheduler.tick()
@@ -371,8 +377,9 @@ class Counting(StandInExecutor):
 def test_a_fixed_concurrency_runs_exactly_that_many_at_once(tmp_path: Path) -> None:
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(9))
     runs = Counting(meet=3)
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
-                     concurrency=3, adapt=False)  # fmt: skip
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=3, adapt=False
+    )
     progress: list[BatchProgress] = []
     summary = run_batch(spec, executor=runs, monitor=progress.append)
     assert summary.counts["succeeded"] == 9 and runs.most == 3
@@ -386,8 +393,7 @@ def test_a_fixed_concurrency_runs_exactly_that_many_at_once(tmp_path: Path) -> N
 def test_auto_runs_no_more_than_its_limit_and_says_how_it_moved(tmp_path: Path) -> None:
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(12))
     runs = Counting()
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
-                     concurrency=8)  # fmt: skip
+    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=8)
     summary = run_batch(spec, executor=runs)
     pace = summary.concurrency
     assert summary.counts["succeeded"] == 12
@@ -414,8 +420,7 @@ def test_auto_starts_from_the_executors_runs_per_core(tmp_path: Path) -> None:
     cores = HostLoad().sample().cores
     for per_core in (1, 2):
         runs = WarmCounting(per_core)
-        spec = BatchSpec(tasks=tasks, output=tmp_path / f"out{per_core}",
-                         run=RunSpec(payload=MATH))  # fmt: skip
+        spec = BatchSpec(tasks=tasks, output=tmp_path / f"out{per_core}", run=RunSpec(payload=MATH))
         summary = run_batch(spec, executor=runs)
         first = summary.concurrency["changes"][0]
         start = per_core * cores

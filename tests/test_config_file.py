@@ -48,9 +48,12 @@ def test_every_problem_of_the_config_file_is_named_with_its_line(tmp_path: Path)
     ):
         assert f"\n  - {expected}" in info.value.cause, (expected, info.value.cause)
     assert [p.field for p in info.value.problems] == [
-        "defaults.modle", "defaults.network", "defaults.concurrency", "defaults.backend",
+        "defaults.modle",
+        "defaults.network",
+        "defaults.concurrency",
+        "defaults.backend",
         "defualts",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_good_config_file_loads_and_one_problem_is_one_sentence(tmp_path: Path) -> None:
@@ -84,7 +87,10 @@ def test_a_bad_config_file_stops_run_with_every_problem(tmp_path: Path) -> None:
     assert out.returncode == 2
     error = json.loads(out.stdout)["error"]
     assert [(p["line"], p["field"]) for p in error["problems"]] == [
-        (2, "defaults.modle"), (3, "defaults.network"), (4, "defaults.concurrency"),
-        (5, "defaults.backend"), (7, "defualts"),
-    ]  # fmt: skip
+        (2, "defaults.modle"),
+        (3, "defaults.network"),
+        (4, "defaults.concurrency"),
+        (5, "defaults.backend"),
+        (7, "defualts"),
+    ]
     assert "did you mean `model`?" in out.stderr and "sideways" in out.stderr

@@ -80,8 +80,7 @@ def test_missing_api_key_starts_nothing(
     monkeypatch.chdir(tmp_path)  # no .env here
     with pytest.raises(ConfigError, match="E2B_API_KEY"):
         run(RunSpec(payload=PAYLOADS / "research_team", backend="e2b"))
-    out = cli("run", str(PAYLOADS / "research_team"), "--backend", "e2b",
-              env={"E2B_API_KEY": ""})  # fmt: skip
+    out = cli("run", str(PAYLOADS / "research_team"), "--backend", "e2b", env={"E2B_API_KEY": ""})
     assert out.returncode == 2 and "E2B_API_KEY" in out.stderr and "fix:" in out.stderr
     assert e2b_env.create_requests == []
 
@@ -235,10 +234,14 @@ def test_allowlist_run_denies_all_but_the_listed_hosts(e2b_env: E2BTestServer) -
 
 def math_rows(n: int) -> list[dict[str, Any]]:
     return [
-        {"id": f"t{i}", "task": f"{i} * 3", "additional_args": {"op": "mul", "a": i, "b": 3},
-         "expected": i * 3}
+        {
+            "id": f"t{i}",
+            "task": f"{i} * 3",
+            "additional_args": {"op": "mul", "a": i, "b": 3},
+            "expected": i * 3,
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def test_batch_respects_the_sandbox_cap(
@@ -278,8 +281,18 @@ def orchestrator_process(e2b_env: E2BTestServer) -> Iterator[list[subprocess.Pop
 def test_cleanup_kills_what_a_killed_orchestrator_left(
     e2b_env: E2BTestServer, orchestrator_process: list[subprocess.Popen[str]]
 ) -> None:
-    command = [sys.executable, "-m", "orchestrator", "run", str(SLEEPER), "--backend", "e2b",
-               "--arg", "seconds=120", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        str(SLEEPER),
+        "--backend",
+        "e2b",
+        "--arg",
+        "seconds=120",
+        "--quiet",
+    ]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
     orchestrator_process.append(process)
     sandbox_id = _running_sandbox(e2b_env)

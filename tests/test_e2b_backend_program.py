@@ -34,9 +34,16 @@ def test_the_guides_program_runs_unchanged_on_e2b(
     with ScriptedModelServer([], answer=fib_team_answer) as server:
         api_base = server.api_base(docker_bridge_address())  # as E2B's sandboxes reach it
         result = cli(
-            "run", str(FIB_TEAM), "--backend", "e2b", "--api-base", api_base, "--json",
-            env={"HF_TOKEN": token, ALLOW_LOCAL: "1"}, timeout=600,
-        )  # fmt: skip
+            "run",
+            str(FIB_TEAM),
+            "--backend",
+            "e2b",
+            "--api-base",
+            api_base,
+            "--json",
+            env={"HF_TOKEN": token, ALLOW_LOCAL: "1"},
+            timeout=600,
+        )
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["status"] == "succeeded" and outcome["answer"] == 6765, outcome
@@ -50,8 +57,9 @@ def test_the_guides_program_runs_unchanged_on_e2b(
     start = next(e for e in events if e["type"] == "run_start")
     assert start["program"] == {"path": "fib_team.py", "argv": []}
     assert {a["name"]: a["model"]["routed_to"] for a in start["agents"]} == {
-        "manager": "gateway", "coder_agent": "gateway"
-    }  # fmt: skip
+        "manager": "gateway",
+        "coder_agent": "gateway",
+    }
     # Two sandboxes (the gateway's, the run's), neither given the key, both gone.
     assert len(e2b_env.create_requests) == 2
     assert token not in json.dumps(e2b_env.create_requests)

@@ -68,8 +68,9 @@ def test_a_backend_without_a_gateway_refuses_a_hosted_model_before_anything(
     assert refused.value.exit_code == 2 and refused.value.field == "model"
     assert "mirror backend cannot give the run a model gateway" in refused.value.cause
     assert "--no-gateway" in refused.value.fix
-    opted_out = prepare(RunSpec(payload=PROBE, model="openai:gpt-4o-mini", backend="mirror",
-                                gateway=False))  # fmt: skip
+    opted_out = prepare(
+        RunSpec(payload=PROBE, model="openai:gpt-4o-mini", backend="mirror", gateway=False)
+    )
     assert opted_out.gateway is None and "--no-gateway" in str(opted_out.gateway_off)
 
 
@@ -77,8 +78,18 @@ def test_a_backend_without_a_gateway_refuses_a_hosted_model_before_anything(
 
 
 def test_which_endpoints_a_sandbox_elsewhere_cannot_reach() -> None:
-    local = ("127.0.0.1", "localhost", "172.17.0.1", "10.1.2.3", "192.168.1.9", "[::1]",
-             "169.254.169.254", "gpu.local", "llm.internal", "host.docker.internal")  # fmt: skip
+    local = (
+        "127.0.0.1",
+        "localhost",
+        "172.17.0.1",
+        "10.1.2.3",
+        "192.168.1.9",
+        "[::1]",
+        "169.254.169.254",
+        "gpu.local",
+        "llm.internal",
+        "host.docker.internal",
+    )
     for name in local:
         assert unreachable_from_elsewhere(name), name
     for name in ("api.openai.com", "1.1.1.1", "router.huggingface.co", "8.8.8.8"):
@@ -91,8 +102,17 @@ def test_an_endpoint_e2b_cannot_reach_is_exit_2_before_any_template(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-gwtest-endpoint")
     monkeypatch.delenv(ALLOW_LOCAL, raising=False)
     bridge = "http://172.17.0.1:9/v1"  # this host's Docker bridge: the issue's example
-    done = cli("run", str(PROBE), "--backend", "e2b", "--model", "openai:m", "--api-base",
-               bridge, env={ALLOW_LOCAL: ""})  # fmt: skip
+    done = cli(
+        "run",
+        str(PROBE),
+        "--backend",
+        "e2b",
+        "--model",
+        "openai:m",
+        "--api-base",
+        bridge,
+        env={ALLOW_LOCAL: ""},
+    )
     assert done.returncode == 2, done.stderr
     assert "is this host" in done.stderr and f"{ALLOW_LOCAL}=1" in done.stderr
     for api_base in ("http://127.0.0.1:8080/v1", "http://10.1.2.3/v1", "http://gpu.local/v1"):
@@ -101,12 +121,16 @@ def test_an_endpoint_e2b_cannot_reach_is_exit_2_before_any_template(
         assert refused.value.exit_code == 2 and ALLOW_LOCAL in refused.value.fix, api_base
     assert e2b_env.requests == []  # no template looked up, no sandbox made
     # A public endpoint passes; on this host, only when the user says E2B reaches it.
-    public = prepare(RunSpec(payload=PROBE, model="openai:m", backend="e2b",
-                             api_base="https://llm.example.com/v1"))  # fmt: skip
+    public = prepare(
+        RunSpec(
+            payload=PROBE, model="openai:m", backend="e2b", api_base="https://llm.example.com/v1"
+        )
+    )
     assert public.gateway is not None and public.gateway.upstream == "https://llm.example.com/v1"
     monkeypatch.setenv(ALLOW_LOCAL, "1")
-    local = prepare(RunSpec(payload=PROBE, model="openai:m", api_base=bridge, backend="e2b",
-                            gateway=False))  # fmt: skip
+    local = prepare(
+        RunSpec(payload=PROBE, model="openai:m", api_base=bridge, backend="e2b", gateway=False)
+    )
     assert local.network.host_endpoints == () and "172.17.0.1" in local.network.hosts
 
 
@@ -137,12 +161,22 @@ def test_the_model_key_is_nowhere_in_the_e2b_sandbox(
     key = e2b_model
     look = code("result = look_for_key()\nfinal_answer(result)")
     with ScriptedModelServer([look, look]) as server:
-        result = run(RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
-                             backend="e2b"))  # fmt: skip
+        result = run(
+            RunSpec(
+                payload=PROBE, model="openai:scripted", api_base=api_base(server), backend="e2b"
+            )
+        )
         creates = list(e2b_env.create_requests)
         commands = list(e2b_env.commands)
-        control = run(RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
-                              backend="e2b", gateway=False))  # fmt: skip
+        control = run(
+            RunSpec(
+                payload=PROBE,
+                model="openai:scripted",
+                api_base=api_base(server),
+                backend="e2b",
+                gateway=False,
+            )
+        )
         headers = [r["headers"] for r in server.requests]
     assert result.status == "succeeded", result.error
     tail = key[len("sk-gwtest-") :][:32][::-1]  # as the probe reports what it saw
@@ -158,8 +192,9 @@ def test_the_model_key_is_nowhere_in_the_e2b_sandbox(
     assert gateway_body["metadata"][LABEL_KIND] == KIND_GATEWAY
     assert gateway_body["metadata"][LABEL_RUN_ID] == result.run_id
     assert gateway_body["network"]["allowOut"] == [docker_bridge_address()]
-    gateway_id = next(c.sandbox_id for c in commands if "orchestrator_runtime.gateway" in c.cmd
-                      + " ".join(c.args))  # fmt: skip
+    gateway_id = next(
+        c.sandbox_id for c in commands if "orchestrator_runtime.gateway" in c.cmd + " ".join(c.args)
+    )
     gateway_host = f"{GATEWAY_PORT}-{gateway_id}.{e2b_env.domain}"
     assert sandbox_body["network"] == {"denyOut": ["0.0.0.0/0"], "allowOut": [gateway_host]}
     assert not gateway_body.get("envVars") and not sandbox_body.get("envVars")
@@ -182,8 +217,11 @@ def test_e2b_tokens_are_measured_by_the_gateway_and_a_budget_stops_the_run(
     from .test_egress import research_outputs
 
     with ScriptedModelServer(research_outputs()) as server:
-        plain = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=api_base(server),
-                            backend="e2b"))  # fmt: skip
+        plain = run(
+            RunSpec(
+                payload=RESEARCH, model="openai:scripted", api_base=api_base(server), backend="e2b"
+            )
+        )
         served = dict(server.usage)
     assert plain.status == "succeeded", plain.error
     assert plain.token_usage_source == "gateway"
@@ -193,8 +231,9 @@ def test_e2b_tokens_are_measured_by_the_gateway_and_a_budget_stops_the_run(
     assert len(calls) == 4 and all(c["status"] == 200 and c["latency_ms"] > 0 for c in calls)
 
     with ScriptedModelServer([code("final_answer('done')")]) as server:
-        lied = run(RunSpec(payload=LIAR, model="openai:scripted", api_base=api_base(server),
-                           backend="e2b"))  # fmt: skip
+        lied = run(
+            RunSpec(payload=LIAR, model="openai:scripted", api_base=api_base(server), backend="e2b")
+        )
         served = dict(server.usage)
     assert lied.status == "succeeded", lied.error
     assert lied.token_usage == {**served, "total_tokens": sum(served.values())}
@@ -203,8 +242,19 @@ def test_e2b_tokens_are_measured_by_the_gateway_and_a_budget_stops_the_run(
 
     steps = [code(f"print('step {i}')") for i in range(4)] + [code("final_answer('done')")]
     with ScriptedModelServer(steps) as server:
-        done = cli("run", str(PROBE), "--backend", "e2b", "--model", "openai:scripted",
-                   "--api-base", api_base(server), "--max-model-calls", "2", "--json")  # fmt: skip
+        done = cli(
+            "run",
+            str(PROBE),
+            "--backend",
+            "e2b",
+            "--model",
+            "openai:scripted",
+            "--api-base",
+            api_base(server),
+            "--max-model-calls",
+            "2",
+            "--json",
+        )
         seen = len(server.requests)
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
@@ -229,20 +279,24 @@ def test_two_concurrent_e2b_runs_cannot_use_each_others_tokens(
             if "GATEWAY http" in text and name not in seen:
                 seen[name] = text[text.index("GATEWAY http") :].split("\\n")[0]
 
-        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
-                       backend="e2b")  # fmt: skip
+        spec = RunSpec(
+            payload=PROBE, model="openai:scripted", api_base=api_base(server), backend="e2b"
+        )
         results[name] = run(spec, on_event=on_event)
 
     def status(url: str, token: str) -> int:
         parts = httpx.URL(url)
         edge = f"http://127.0.0.1:{e2b_env.port}{parts.path}/models"
-        answer = httpx.get(edge, headers={"Host": parts.host, "Authorization": f"Bearer {token}"},
-                           timeout=30)  # fmt: skip
+        answer = httpx.get(
+            edge, headers={"Host": parts.host, "Authorization": f"Bearer {token}"}, timeout=30
+        )
         return answer.status_code
 
     with ScriptedModelServer(script) as server_a, ScriptedModelServer(script) as server_b:
-        threads = [threading.Thread(target=one, args=("a", server_a)),
-                   threading.Thread(target=one, args=("b", server_b))]  # fmt: skip
+        threads = [
+            threading.Thread(target=one, args=("a", server_a)),
+            threading.Thread(target=one, args=("b", server_b)),
+        ]
         for thread in threads:
             thread.start()
         try:
@@ -273,16 +327,18 @@ def test_killing_the_gateway_sandbox_ends_the_run_infra_error_within_5_s(
     hold = code("hold(seconds=60)\nfinal_answer('done')")
     box: dict[str, Any] = {}
     with ScriptedModelServer([hold]) as server:
-        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
-                       backend="e2b")  # fmt: skip
+        spec = RunSpec(
+            payload=PROBE, model="openai:scripted", api_base=api_base(server), backend="e2b"
+        )
         worker = threading.Thread(target=lambda: box.setdefault("result", run(spec)))
         worker.start()
         try:
             wait_for(lambda: len(server.requests) == 1, timeout=300)
             (gateway_id,) = [
-                i for i in e2b_env.alive_ids()
+                i
+                for i in e2b_env.alive_ids()
                 if e2b_env.sandbox(i).metadata.get(LABEL_KIND) == KIND_GATEWAY
-            ]  # fmt: skip
+            ]
             killed = time.monotonic()
             e2b_env.kill_sandbox(gateway_id)
             worker.join(timeout=30)
@@ -303,8 +359,17 @@ def test_cleanup_removes_the_gateway_sandbox_a_killed_orchestrator_left(
     """Both sandboxes of a run carry its labels: after a SIGKILLed orchestrator, `cleanup
     --backend e2b` removes the gateway's sandbox with the run's (E2B's lifetime would too)."""
     with ScriptedModelServer([code("hold(seconds=60)\nfinal_answer('done')")]) as server:
-        process = start_cli("run", str(PROBE), "--backend", "e2b", "--model", "openai:scripted",
-                            "--api-base", api_base(server), "--quiet")  # fmt: skip
+        process = start_cli(
+            "run",
+            str(PROBE),
+            "--backend",
+            "e2b",
+            "--model",
+            "openai:scripted",
+            "--api-base",
+            api_base(server),
+            "--quiet",
+        )
         try:
             wait_for(lambda: len(server.requests) == 1, timeout=300)
             alive = e2b_env.alive_ids()

@@ -492,8 +492,7 @@ def test_a_sandbox_port_is_reached_by_its_host_name_from_here_and_from_a_sandbox
         assert served.get_host(8080) == f"8080-{served.sandbox_id}.{fake_e2b.domain}"
         for sandbox in (served, locked):
             sandbox.files.write("/tmp/www/hello.txt", "hello from " + sandbox.sandbox_id)
-            sandbox.commands.run("cd /tmp/www && exec python3 -m http.server 8080",
-                                 background=True)  # fmt: skip
+            sandbox.commands.run("cd /tmp/www && exec python3 -m http.server 8080", background=True)
         # From this host: the Host header routes, the server's own address carries it.
         here = f"http://127.0.0.1:{fake_e2b.port}/hello.txt"
         host = {"Host": served.get_host(8080)}
@@ -503,8 +502,8 @@ def test_a_sandbox_port_is_reached_by_its_host_name_from_here_and_from_a_sandbox
         assert closed.status_code == 502 and "port is not open" in closed.text
         # From another sandbox, by name only: its resolver answers the domain, as E2B's DNS.
         fetch = (
-            "python3 -c \"import urllib.request, sys; "
-            "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())\" "
+            'python3 -c "import urllib.request, sys; '
+            'print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())" '
         )
         seen = client.commands.run(fetch + _port_url(fake_e2b, served, 8080) + "hello.txt")
         assert seen.stdout.strip() == f"hello from {served.sandbox_id}"

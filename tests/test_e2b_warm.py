@@ -71,9 +71,10 @@ LOOK = textwrap.dedent("""
 
 def _runtime_commands(server: E2BTestServer, sandbox_id: str) -> list:
     return [
-        c for c in server.commands
+        c
+        for c in server.commands
         if c.sandbox_id == sandbox_id and "orchestrator_runtime" in " ".join(c.args)
-    ]  # fmt: skip
+    ]
 
 
 def test_an_idle_e2b_sandbox_holds_nothing_of_a_run_until_one_takes_it(
@@ -154,9 +155,10 @@ def test_a_warm_e2b_batch_gives_each_sandbox_one_run_under_the_cap(
     assert len(bodies) == 8 + 1
     made_warm = [b["metadata"][LABEL_RUN_ID] for b in bodies if b["metadata"].get(LABEL_WARM)]
     assert sorted(made_warm) == sorted(
-        run_id for sandbox_id, run_id in served.items()
+        run_id
+        for sandbox_id, run_id in served.items()
         if e2b_env.sandbox(sandbox_id).metadata.get(LABEL_WARM)
-    )  # fmt: skip
+    )
     assert len(made_warm) == warm_runs
     for sandbox_id, run_id in served.items():
         sandbox = e2b_env.sandbox(sandbox_id)
@@ -218,9 +220,12 @@ def test_idle_e2b_sandboxes_end_at_their_ttl_with_the_orchestrator_killed(
     ttl = 20.0
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_POOL, str(SLEEPER), str(ttl)],
-        cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         idle = e2b_env.alive_ids()
@@ -256,9 +261,14 @@ def test_schedule_serve_warms_the_firings_e2b_sandbox_before_its_time(
     name = unique("e2b-warm")
     path = write_schedules(
         tmp_path,
-        {"name": name, "cron": "@hourly", "payload": str(SLEEPER), "backend": "e2b",
-         "additional_args": {"seconds": 0}},
-    )  # fmt: skip
+        {
+            "name": name,
+            "cron": "@hourly",
+            "payload": str(SLEEPER),
+            "backend": "e2b",
+            "additional_args": {"seconds": 0},
+        },
+    )
     start = datetime(2026, 11, 24, 10, 59, 20, tzinfo=UTC)
     fires_at = datetime(2026, 11, 24, 11, 0, tzinfo=UTC)
 
@@ -275,9 +285,13 @@ def test_schedule_serve_warms_the_firings_e2b_sandbox_before_its_time(
     store = ScheduleStore()
     with Pool(size=1, ttl=60) as pool:
         scheduler = Scheduler(
-            load_schedules(path).schedules, store=store, clock=clock, spawn=sync,
-            log=log.append, executor=LocalExecutor(pool=pool),
-        )  # fmt: skip
+            load_schedules(path).schedules,
+            store=store,
+            clock=clock,
+            spawn=sync,
+            log=log.append,
+            executor=LocalExecutor(pool=pool),
+        )
         scheduler.serve(threading.Event())
         assert pool.stats() == {"idle": 0, "making": 0}, "a sandbox was made past the firing"
     rows = store.history(name, limit=10)
@@ -323,8 +337,9 @@ def test_a_warm_e2b_sandbox_of_a_hosted_model_reaches_it_only_through_its_gatewa
     key = e2b_model
     look = code("result = look_for_key()\nfinal_answer(result)")
     with ScriptedModelServer([look]) as server:
-        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=api_base(server),
-                       backend="e2b")  # fmt: skip
+        spec = RunSpec(
+            payload=PROBE, model="openai:scripted", api_base=api_base(server), backend="e2b"
+        )
         with Pool(size=1, ttl=60) as pool:
             pool.warm(prepare(spec))
             wait_for(lambda: pool.stats()["idle"] == 1, timeout=120)

@@ -64,7 +64,6 @@ def outcomes(result: Any) -> list[dict[str, Any]]:
     return json.loads(result.answer)
 
 
-
 def research_outputs() -> list[str]:
     """research_team's mock trajectory, in the order one shared model is asked."""
     scripts = load_manifest(RESEARCH).mock_scripts
@@ -194,9 +193,15 @@ def test_an_http_model_under_network_none_is_refused_before_anything_starts(
             ([], {"ORCHESTRATOR_NETWORK": "none"}),
         ):
             refused = cli(
-                "run", str(RESEARCH), "--model", "openai:scripted", "--api-base",
-                server.api_base(), *args, env=env,
-            )  # fmt: skip
+                "run",
+                str(RESEARCH),
+                "--model",
+                "openai:scripted",
+                "--api-base",
+                server.api_base(),
+                *args,
+                env=env,
+            )
             assert refused.returncode == 2, refused.stderr
             assert "needs the network" in refused.stderr and "`none`" in refused.stderr
             assert "--network allowlist" in refused.stderr, refused.stderr
@@ -336,8 +341,11 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
     }
     assert expected <= proxied, expected - proxied
     # What never reached squid was seen in the sandbox (the runtime's audit hook).
-    direct = {(e["kind"], e["host"], e["port"]) for e in blocked_events(result)
-              if e["source"] == "sandbox"}  # fmt: skip
+    direct = {
+        (e["kind"], e["host"], e["port"])
+        for e in blocked_events(result)
+        if e["source"] == "sandbox"
+    }
     expected_direct = {
         ("connect", "203.0.113.80", 80),
         ("dns", exfil, 80),
@@ -390,10 +398,12 @@ def test_the_proxy_never_resolves_an_unlisted_name(
         environment={"EGRESS_POLICY": json.dumps(policy)},
         labels=labels,
         host_config=api.create_host_config(
-            network_mode="bridge", read_only=True, cap_drop=["ALL"],
+            network_mode="bridge",
+            read_only=True,
+            cap_drop=["ALL"],
             tmpfs={path: "mode=1777" for path in ("/tmp", "/var/run/squid")},
         ),
-    )  # fmt: skip
+    )
     client = None
     try:
         api.connect_container_to_network(egress["Id"], network["Id"])
@@ -410,9 +420,11 @@ def test_the_proxy_never_resolves_an_unlisted_name(
             "    print(s.recv(100).split(b'\\r\\n')[0].decode())\n"
         )
         client = api.create_container(
-            agent_image, ["python", "-c", script], labels=labels,
+            agent_image,
+            ["python", "-c", script],
+            labels=labels,
             host_config=api.create_host_config(network_mode=name, dns=["127.0.0.1"]),
-        )  # fmt: skip
+        )
         api.start(client["Id"])
         assert api.wait(client["Id"], timeout=60)["StatusCode"] == 0
         replies = api.logs(client["Id"], stderr=False).decode().split("\n")
@@ -560,20 +572,86 @@ def test_cleanup_removes_a_crashed_runs_proxy_and_network(
 SQUID_LINES = "\n".join(
     "\t".join(fields)
     for fields in (
-        ("ORCH", "1795560958.686", "192.168.32.3", "CONNECT", "no-such-host.invalid", "443",
-         "500", "NONE_NONE", "-", "-", "ERR_CANNOT_FORWARD"),
-        ("ORCH", "1795560958.686", "127.0.0.1", "-", "-", "-", "0", "NONE_NONE", "-", "-",
-         "ERR_CLIENT_GONE"),
-        ("ORCH", "1795560958.692", "192.168.32.3", "GET", "no-such-host.invalid", "80", "502",
-         "TCP_MISS", "-", "-", "ERR_READ_ERROR"),
-        ("ORCH", "1795560958.693", "192.168.32.3", "GET", "gone.example.org", "80", "503",
-         "TCP_MISS", "-", "-", "ERR_DNS_FAIL"),
-        ("ORCH", "1795560958.696", "192.168.32.3", "CONNECT", "deb.debian.org", "8443", "403",
-         "TCP_DENIED", "-", "-", "ERR_ACCESS_DENIED"),
-        ("ORCH", "1795560958.700", "192.168.32.3", "CONNECT", "epoch.ai", "443", "200",
-         "TCP_TUNNEL", "epoch.ai", "splice", "-"),
+        (
+            "ORCH",
+            "1795560958.686",
+            "192.168.32.3",
+            "CONNECT",
+            "no-such-host.invalid",
+            "443",
+            "500",
+            "NONE_NONE",
+            "-",
+            "-",
+            "ERR_CANNOT_FORWARD",
+        ),
+        (
+            "ORCH",
+            "1795560958.686",
+            "127.0.0.1",
+            "-",
+            "-",
+            "-",
+            "0",
+            "NONE_NONE",
+            "-",
+            "-",
+            "ERR_CLIENT_GONE",
+        ),
+        (
+            "ORCH",
+            "1795560958.692",
+            "192.168.32.3",
+            "GET",
+            "no-such-host.invalid",
+            "80",
+            "502",
+            "TCP_MISS",
+            "-",
+            "-",
+            "ERR_READ_ERROR",
+        ),
+        (
+            "ORCH",
+            "1795560958.693",
+            "192.168.32.3",
+            "GET",
+            "gone.example.org",
+            "80",
+            "503",
+            "TCP_MISS",
+            "-",
+            "-",
+            "ERR_DNS_FAIL",
+        ),
+        (
+            "ORCH",
+            "1795560958.696",
+            "192.168.32.3",
+            "CONNECT",
+            "deb.debian.org",
+            "8443",
+            "403",
+            "TCP_DENIED",
+            "-",
+            "-",
+            "ERR_ACCESS_DENIED",
+        ),
+        (
+            "ORCH",
+            "1795560958.700",
+            "192.168.32.3",
+            "CONNECT",
+            "epoch.ai",
+            "443",
+            "200",
+            "TCP_TUNNEL",
+            "epoch.ai",
+            "splice",
+            "-",
+        ),
     )
-)  # fmt: skip
+)
 
 
 def test_the_proxy_log_gives_every_failed_attempt_its_verdict_and_cause() -> None:

@@ -57,7 +57,6 @@ def model_key(monkeypatch: pytest.MonkeyPatch) -> str:
     return key
 
 
-
 def gateway_events(result: Any, kind: str) -> list[dict[str, Any]]:
     return [e for e in events_of(result) if e["type"] == kind and e.get("source") == "gateway"]
 
@@ -125,12 +124,20 @@ class LocalGateway:
         self.events: list[dict[str, Any]] = []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator_runtime.gateway"],
-            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         config = {
-            "token": self.token, "key": key, "upstream": upstream, "port": self.port,
-            "clients": list(clients), "max_calls": max_calls, "max_tokens": max_tokens,
-        }  # fmt: skip
+            "token": self.token,
+            "key": key,
+            "upstream": upstream,
+            "port": self.port,
+            "clients": list(clients),
+            "max_calls": max_calls,
+            "max_tokens": max_tokens,
+        }
         assert self.proc.stdin and self.proc.stdout
         self.proc.stdin.write(json.dumps(config) + "\n")
         self.proc.stdin.flush()
@@ -169,8 +176,12 @@ def test_the_gateway_swaps_the_token_for_the_key_and_refuses_everything_else() -
             ok = gateway.post(gateway.token)
             assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "one"
             # x-api-key carries it as well (Anthropic-style clients), swapped the same way.
-            other = httpx.post(gateway.base + "/chat/completions", json={"messages": []},
-                               headers={"x-api-key": gateway.token}, timeout=30)  # fmt: skip
+            other = httpx.post(
+                gateway.base + "/chat/completions",
+                json={"messages": []},
+                headers={"x-api-key": gateway.token},
+                timeout=30,
+            )
             assert other.status_code == 200
         finally:
             assert gateway.stop() == 0
@@ -203,8 +214,9 @@ def test_only_model_calls_under_the_endpoints_path_are_forwarded() -> None:
                 ("GET", "/v1/models"),
             ):
                 conn = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
-                conn.request(method, target, body=b"{}",
-                             headers={"Authorization": f"Bearer {gateway.token}"})  # fmt: skip
+                conn.request(
+                    method, target, body=b"{}", headers={"Authorization": f"Bearer {gateway.token}"}
+                )
                 statuses[(method, target)] = conn.getresponse().status
                 conn.close()
         finally:
@@ -267,11 +279,16 @@ def test_streamed_answers_pass_through_unbuffered_and_are_counted() -> None:
         try:
             arrivals = []
             started = time.monotonic()
-            body = {"stream": True, "stream_options": {"include_usage": True},
-                    "model": "m", "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+            body = {
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+            }
             headers = {"Authorization": f"Bearer {gateway.token}"}
-            with httpx.stream("POST", gateway.base + "/chat/completions", json=body,
-                              headers=headers, timeout=30) as response:  # fmt: skip
+            with httpx.stream(
+                "POST", gateway.base + "/chat/completions", json=body, headers=headers, timeout=30
+            ) as response:
                 assert response.headers["content-type"].startswith("text/event-stream")
                 for line in response.iter_lines():
                     if line.startswith("data: {"):
@@ -305,7 +322,7 @@ def test_the_model_key_is_nowhere_in_the_sandbox(
         control = run(
             RunSpec(
                 payload=PROBE, model="openai:scripted", api_base=server.api_base(), gateway=False
-            )  # fmt: skip
+            )
         )
         headers = [r["headers"] for r in server.requests]
     assert result.status == "succeeded", result.error
@@ -382,8 +399,17 @@ def test_a_budget_of_n_calls_stops_the_run_at_call_n_plus_one(
     """Acceptance 3, through the command line (flag, exit code, record)."""
     steps = [code(f"print('step {i}')") for i in range(4)] + [code("final_answer('done')")]
     with ScriptedModelServer(steps) as server:
-        done = cli("run", str(PROBE), "--model", "openai:scripted", "--api-base",
-                   server.api_base(), "--max-model-calls", "2", "--json")  # fmt: skip
+        done = cli(
+            "run",
+            str(PROBE),
+            "--model",
+            "openai:scripted",
+            "--api-base",
+            server.api_base(),
+            "--max-model-calls",
+            "2",
+            "--json",
+        )
         calls = len(server.requests)
     assert done.returncode == 1, done.stderr
     result = json.loads(done.stdout)
@@ -413,10 +439,28 @@ def _try_token(agent_image: str, network: str, url: str, token: str, store_label
         "except urllib.error.HTTPError as e:\n    print(e.code)\n"
     )
     done = subprocess.run(
-        ["docker", "run", "--rm", "--network", network, "--label", store_label,
-         "--cap-drop", "ALL", "--entrypoint", "python", agent_image, "-c", script, url, token],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            network,
+            "--label",
+            store_label,
+            "--cap-drop",
+            "ALL",
+            "--entrypoint",
+            "python",
+            agent_image,
+            "-c",
+            script,
+            url,
+            token,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return int(done.stdout.strip())
 
@@ -438,8 +482,9 @@ def test_each_runs_token_works_only_for_its_own_run(
             if "GATEWAY http" in text and name not in seen:
                 seen[name] = text[text.index("GATEWAY http") :].split("\\n")[0]
 
-        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=server.api_base(),
-                       run_id=run_ids[name])  # fmt: skip
+        spec = RunSpec(
+            payload=PROBE, model="openai:scripted", api_base=server.api_base(), run_id=run_ids[name]
+        )
         results[name] = run(spec, on_event=on_event)
 
     with ScriptedModelServer(script) as server_a, ScriptedModelServer(script) as server_b:
@@ -484,8 +529,9 @@ def test_killing_the_gateway_ends_the_run_network_lost(
     box: dict[str, Any] = {}
     run_id = f"r-gwkill-{secrets.token_hex(4)}"
     with ScriptedModelServer([hold]) as server:
-        spec = RunSpec(payload=PROBE, model="openai:scripted", api_base=server.api_base(),
-                       run_id=run_id)  # fmt: skip
+        spec = RunSpec(
+            payload=PROBE, model="openai:scripted", api_base=server.api_base(), run_id=run_id
+        )
         worker = threading.Thread(target=lambda: box.setdefault("result", run(spec)))
         worker.start()
         try:
@@ -538,9 +584,14 @@ def test_a_gateway_that_cannot_start_leaves_nothing_of_the_run(
     run_id = f"r-gwfail-{secrets.token_hex(4)}"
     with ScriptedModelServer(["unused"]) as server:
         result = run(
-            RunSpec(payload=PROBE, model="openai:scripted", api_base=server.api_base(),
-                    run_id=run_id, allow_hosts=hosts)
-        )  # fmt: skip
+            RunSpec(
+                payload=PROBE,
+                model="openai:scripted",
+                api_base=server.api_base(),
+                run_id=run_id,
+                allow_hosts=hosts,
+            )
+        )
         assert server.requests == []
     assert result.status == "infra_error", result.error
     assert "would not start" in result.error["message"]
@@ -585,9 +636,13 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
         policy = resolve_policy(network, model=spec, hosts=hosts)
         provision = backend_capabilities(backend).model_gateway  # as each backend declares
         gateway, why = plan_gateway(
-            enabled=enabled, model=spec, network=policy, backend=backend, provision=provision,
+            enabled=enabled,
+            model=spec,
+            network=policy,
+            backend=backend,
+            provision=provision,
             limits=Limits(max_model_calls=7),
-        )  # fmt: skip
+        )
         return gateway, why, policy
 
     gateway, _, policy = plan("openai:gpt-4o-mini", hosts=("api.example.com",))
@@ -614,20 +669,26 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
     # whatever its name; --no-gateway is the way out, by name.
     with pytest.raises(ConfigError) as closed:
         plan_gateway(
-            enabled=True, model=parse_model("openai"), network=resolve_policy(None,
-            model=parse_model("openai"), hosts=()), backend="somewhere", provision="none",
+            enabled=True,
+            model=parse_model("openai"),
+            network=resolve_policy(None, model=parse_model("openai"), hosts=()),
+            backend="somewhere",
+            provision="none",
             limits=Limits(),
-        )  # fmt: skip
+        )
     assert "--no-gateway" in closed.value.fix and "somewhere" in closed.value.cause
     # A model that needs the network under `none` is refused up front (resolve_policy, issue
     # 27); plan_gateway still says why such a policy would get no gateway.
     with pytest.raises(ConfigError):
         plan("openai", network="none")
     offline, why = plan_gateway(
-        enabled=True, model=parse_model("openai"), network=NetworkPolicy(mode="none"),
-        backend="docker", provision=backend_capabilities("docker").model_gateway,
+        enabled=True,
+        model=parse_model("openai"),
+        network=NetworkPolicy(mode="none"),
+        backend="docker",
+        provision=backend_capabilities("docker").model_gateway,
         limits=Limits(),
-    )  # fmt: skip
+    )
     assert offline is None and "no network" in str(why)
     with pytest.raises(ConfigError) as refused:
         plan("litellm:anthropic/claude-3-haiku")
@@ -677,9 +738,11 @@ def test_a_batch_summary_counts_the_tokens_the_gateway_measured(
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3))
     with ScriptedModelServer([step] * 4) as server:  # the load check asks no model
         spec = BatchSpec(
-            tasks=tasks, output=tmp_path / "out", concurrency=1,
+            tasks=tasks,
+            output=tmp_path / "out",
+            concurrency=1,
             run=RunSpec(payload=MATH, model="openai:scripted", api_base=server.api_base()),
-        )  # fmt: skip
+        )
         summary = run_batch(spec)
         served = dict(server.usage)
     assert summary.state == "complete" and summary.counts["succeeded"] == 3, summary

@@ -110,13 +110,16 @@ def test_ctrl_c_as_a_batchs_first_container_is_made_removes_it_and_raises(
     tmp_path: Path, agent_image: str, docker_client, store_label: str, no_leftovers
 ) -> None:
     """The first container is the payload check's: the batch then starts no task."""
-    rows = [{"id": f"s{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 30}}
-            for i in range(3)]  # fmt: skip
+    rows = [
+        {"id": f"s{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 30}}
+        for i in range(3)
+    ]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH))
     with pytest.raises(KeyboardInterrupt):
         run_batch(spec, backend=CtrlCAfterCreate(docker_client))
     assert our_containers(docker_client, store_label) == []
-    assert not (tmp_path / "out" / "results.jsonl").is_file() or not (
-        tmp_path / "out" / "results.jsonl"
-    ).read_text()
+    assert (
+        not (tmp_path / "out" / "results.jsonl").is_file()
+        or not (tmp_path / "out" / "results.jsonl").read_text()
+    )

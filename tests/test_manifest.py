@@ -244,9 +244,22 @@ def test_a_direct_reference_passes_when_allowed_by_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "host",
-    ["127.0.0.1", "0.0.0.0", "::1", "[::1]", "10.1.2.3", "127.1", "2130706433", "localhost",
-     "LocalHost", "*.localhost", "app.localhost", "host.docker.internal", "*.internal"],
-)  # fmt: skip
+    [
+        "127.0.0.1",
+        "0.0.0.0",
+        "::1",
+        "[::1]",
+        "10.1.2.3",
+        "127.1",
+        "2130706433",
+        "localhost",
+        "LocalHost",
+        "*.localhost",
+        "app.localhost",
+        "host.docker.internal",
+        "*.internal",
+    ],
+)
 def test_hosts_must_be_dns_names(tmp_path: Path, host: str) -> None:
     folder = write_payload(tmp_path, GOOD.replace('"*.wikipedia.org"', f'"{host}"'))
     with pytest.raises(ManifestError) as info:
@@ -303,13 +316,20 @@ def test_three_mistakes_are_all_reported_by_one_validate(tmp_path: Path) -> None
     assert out.returncode == 2 and out.stdout == "", out.stderr
     assert out.stderr.startswith(f"orchestrator: error: {manifest}: 3 problems:\n"), out.stderr
     expected = [
-        (line_of(THREE_MISTAKES, "max_step ="),
-         "field `limits.max_step` is not a known limit; did you mean `max_steps`? Known limits: "),
-        (line_of(THREE_MISTAKES, "memory_mb"),
-         "field `limits.memory_mb` must be an integer, got 'lots'. Use 64 to 65536 MiB."),
-        (line_of(THREE_MISTAKES, "timeout_seconds"),
-         "field `limits.timeout_seconds` is 0, out of range. Use 1 to 86400 seconds."),
-    ]  # fmt: skip
+        (
+            line_of(THREE_MISTAKES, "max_step ="),
+            "field `limits.max_step` is not a known limit; did you mean `max_steps`? "
+            "Known limits: ",
+        ),
+        (
+            line_of(THREE_MISTAKES, "memory_mb"),
+            "field `limits.memory_mb` must be an integer, got 'lots'. Use 64 to 65536 MiB.",
+        ),
+        (
+            line_of(THREE_MISTAKES, "timeout_seconds"),
+            "field `limits.timeout_seconds` is 0, out of range. Use 1 to 86400 seconds.",
+        ),
+    ]
     for line, text in expected:
         assert f"\n  - line {line}: {text}" in out.stderr, (line, text, out.stderr)
     # The same through --json: one entry per problem, and each one's path, line and fix.
@@ -339,8 +359,10 @@ def test_a_misspelled_table_suggests_the_right_one_and_the_rest_is_still_checked
     with pytest.raises(ManifestError) as info:
         load_manifest(folder)
     message = info.value.cause
-    assert f"line {line_of(text, '[pyhton]')}: `[pyhton]` is not a known section; " \
-        "did you mean `[python]`?" in message  # fmt: skip
+    assert (
+        f"line {line_of(text, '[pyhton]')}: `[pyhton]` is not a known section; "
+        "did you mean `[python]`?" in message
+    )
     assert f"line {line_of(text, 'name =')}: field `payload.name` is 'Demo!'" in message
     assert "field `network.hosts` has an entry '10.0.0.1' that" in message
     assert [p.field for p in info.value.problems] == ["payload.name", "pyhton", "network.hosts"]
@@ -425,8 +447,9 @@ def test_a_missing_entrypoint_function_lists_the_functions_that_exist(tmp_path: 
         other = write_payload(tmp_path / name, GOOD.replace("agent:build", f"agent:{name}"), code)
         assert load_manifest(other).missing_function() is None, name
     (tmp_path / "star").mkdir()
-    star = write_payload(tmp_path / "star", GOOD.replace("agent:build", "agent:sqrt"),
-                         "from math import *\n")  # fmt: skip
+    star = write_payload(
+        tmp_path / "star", GOOD.replace("agent:build", "agent:sqrt"), "from math import *\n"
+    )
     assert load_manifest(star).missing_function() is None
 
 
@@ -467,7 +490,10 @@ def test_validate_refuses_what_run_refuses_before_a_sandbox(
     assert human.returncode == 2 and "DEMO_TOKEN" in human.stderr, human.stderr
     # With the same opt-in `run` takes, and the secret set, both checks pass.
     accepted = cli(
-        "validate", str(folder), "--no-load", "--i-understand-dangerous-imports",
+        "validate",
+        str(folder),
+        "--no-load",
+        "--i-understand-dangerous-imports",
         env={"DEMO_TOKEN": "set"},
-    )  # fmt: skip
+    )
     assert accepted.returncode == 0, accepted.stderr

@@ -27,8 +27,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = subprocess.run(
         # sdist, then the wheel from it: the route pip and `python -m build` take
         [sys.executable, "-m", "build", "--outdir", str(out), str(REPO)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (path,) = out.glob("orchestrator-*.whl")
     return path
@@ -49,9 +51,11 @@ def test_wheel_carries_images_runtime_and_examples(wheel: Path) -> None:
     ):
         assert required in names, required
     assert not [n for n in names if "__pycache__" in n or n.startswith("tests/")]
-    metadata = zipfile.ZipFile(wheel).read(
-        next(n for n in names if n.endswith(".dist-info/METADATA"))
-    ).decode()
+    metadata = (
+        zipfile.ZipFile(wheel)
+        .read(next(n for n in names if n.endswith(".dist-info/METADATA")))
+        .decode()
+    )
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     host = [line for line in requires if "extra ==" not in line]
     assert host and not [line for line in host if "smolagents" in line], host
@@ -64,16 +68,22 @@ def test_installed_wheel_runs_a_shipped_example(
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert pip.returncode == 0, pip.stderr[-3000:]
     elsewhere = tmp_path / "elsewhere"  # no checkout here: everything comes from the wheel
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     run = subprocess.run(
         [str(venv / "bin" / "orchestrator"), "run", "research_team", "--json"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads(run.stdout)
     assert result["status"] == "succeeded" and str(result["answer"]) == "48"
@@ -81,8 +91,12 @@ def test_installed_wheel_runs_a_shipped_example(
     assert result["image"] == agent_image
     where = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import orchestrator; print(orchestrator.__file__)"],
-        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert str(venv) in where.stdout and str(REPO) not in where.stdout
 
 
@@ -102,9 +116,12 @@ def test_the_quick_start_works_in_a_fresh_shell_as_written() -> None:
     assert activate < first_bare, lines
     shell = subprocess.run(
         ["bash", "-c", f"{lines[activate]} && orchestrator --version"],
-        cwd=REPO, env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert shell.returncode == 0 and "orchestrator" in shell.stdout, shell.stderr
 
 
@@ -123,16 +140,31 @@ def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:
     """scripts/setup.sh's editable installs name the setuptools warning they silence; with
     that filter pip prints nothing (the same install without it prints the wall)."""
     setup = (REPO / "scripts" / "setup.sh").read_text()
-    (quiet,) = [line.split("=", 1)[1].strip('"') for line in setup.splitlines()
-                if line.startswith("quiet_build=")]  # fmt: skip
+    (quiet,) = [
+        line.split("=", 1)[1].strip('"')
+        for line in setup.splitlines()
+        if line.startswith("quiet_build=")
+    ]
     assert setup.count("PYTHONWARNINGS=$quiet_build") == 2  # both editable installs
     plugin = REPO / "tests" / "plugins" / "orchestrator_mirror"
-    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-               "--disable-pip-version-check", "-e", str(plugin)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-e",
+        str(plugin),
+    ]
     installed = subprocess.run(
-        command, env={**os.environ, "PYTHONWARNINGS": quiet},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        command,
+        env={**os.environ, "PYTHONWARNINGS": quiet},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr
     assert "Warning" not in installed.stdout + installed.stderr, installed.stderr
 
@@ -147,7 +179,7 @@ def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
 
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
-    tool = "#!/bin/sh\necho \"ran: $(basename \"$0\") $*\" >&2\n"
+    tool = '#!/bin/sh\necho "ran: $(basename "$0") $*" >&2\n'
     for path in (".venv/bin/python", ".venv/bin/uv", ".venv-phoenix/bin/python", "bin/debootstrap"):
         stub = tmp_path / path
         stub.parent.mkdir(parents=True, exist_ok=True)
@@ -156,8 +188,10 @@ def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
     done = subprocess.run(
         ["bash", str(tmp_path / "scripts" / "setup.sh")],
         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
 

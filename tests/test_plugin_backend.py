@@ -86,8 +86,14 @@ def test_config_and_schedules_files_accept_it(tmp_path: Path) -> None:
         f'payload = "{SLEEPER}"\nmodel = "mock"\nbackend = "{MIRROR}"\n'
         "additional_args = { seconds = 0 }\n"
     )
-    checked = cli("schedule", "validate", "--file", str(schedules), "--json",
-                  env={"ORCHESTRATOR_CONFIG": str(config)})  # fmt: skip
+    checked = cli(
+        "schedule",
+        "validate",
+        "--file",
+        str(schedules),
+        "--json",
+        env={"ORCHESTRATOR_CONFIG": str(config)},
+    )
     assert checked.returncode == 0, checked.stderr
     # A name that is no backend is refused in both files: the check is real.
     config.write_text('[defaults]\nbackend = "mirrors"\n')
@@ -108,8 +114,14 @@ def test_run_batch_schedule_and_images_on_it(
     config = tmp_path / "config.toml"
     config.write_text(f'[defaults]\nbackend = "{MIRROR}"\n')
     # run, its backend from the config file only
-    done = cli("run", str(SLEEPER), "--arg", "seconds=0", "--json",
-               env={"ORCHESTRATOR_CONFIG": str(config)})  # fmt: skip
+    done = cli(
+        "run",
+        str(SLEEPER),
+        "--arg",
+        "seconds=0",
+        "--json",
+        env={"ORCHESTRATOR_CONFIG": str(config)},
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["status"] == "succeeded" and result["answer"] == "awake", result
@@ -119,8 +131,9 @@ def test_run_batch_schedule_and_images_on_it(
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"id": "t1", "task": "sleep", "additional_args": {"seconds": 0}}))
     out = tmp_path / "out"
-    batch = cli("batch", str(SLEEPER), str(tasks), "-o", str(out), "--backend", MIRROR,
-                "-j", "1", "-q")  # fmt: skip
+    batch = cli(
+        "batch", str(SLEEPER), str(tasks), "-o", str(out), "--backend", MIRROR, "-j", "1", "-q"
+    )
     assert batch.returncode == 0, batch.stderr
     (row,) = lines_of(out / "results.jsonl")
     assert row["status"] == "succeeded", row

@@ -194,9 +194,12 @@ def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
     answer = load_manifest(MATH).mock_scripts["manager"][0]
     with ScriptedModelServer([answer]) as server:
         spec = RunSpec(
-            payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7},
-            model="openai:scripted", api_base=server.api_base(),
-        )  # fmt: skip
+            payload=MATH,
+            task="mul",
+            additional_args={"op": "mul", "a": 6, "b": 7},
+            model="openai:scripted",
+            api_base=server.api_base(),
+        )
         with Pool(size=1, ttl=60) as pool:
             pool.warm(prepare(spec))
             wait_for(lambda: pool.stats()["idle"] == 1, timeout=90)
@@ -214,9 +217,14 @@ def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
 
 @pytest.mark.parametrize(
     ("size", "ttl", "words"),
-    [(0, 60, "size from 1 to 32"), (33, 60, "size from 1 to 32"), (10**6, 60, "size from"),
-     (2, 1, "from 15 to 3600"), (2, 10**7, "from 15 to 3600")],
-)  # fmt: skip
+    [
+        (0, 60, "size from 1 to 32"),
+        (33, 60, "size from 1 to 32"),
+        (10**6, 60, "size from"),
+        (2, 1, "from 15 to 3600"),
+        (2, 10**7, "from 15 to 3600"),
+    ],
+)
 def test_a_pool_has_bounds(size: int, ttl: float, words: str) -> None:
     """Every limit has a default and a bound: a pool's size and its sandboxes' time-to-live."""
     with pytest.raises(ConfigError) as refused:
@@ -325,9 +333,12 @@ def test_sigkilled_pool_leaves_nothing_past_the_ttl_and_cleanup_finds_it(
     ttl = 20.0
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_POOL, str(SLEEPER), str(ttl)],
-        cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, text=True,
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
         idle = [c for c in our_containers(docker_client, store_label) if c["State"] == "running"]
@@ -354,10 +365,14 @@ def test_no_container_serves_two_runs_over_a_warm_batch(
     tmp_path: Path, agent_image: str, no_leftovers
 ) -> None:
     rows = [
-        {"id": f"t{i}", "task": "mul", "additional_args": {"op": "mul", "a": i, "b": 3},
-         "expected": i * 3}
+        {
+            "id": f"t{i}",
+            "task": "mul",
+            "additional_args": {"op": "mul", "a": i, "b": 3},
+            "expected": i * 3,
+        }
         for i in range(50)
-    ]  # fmt: skip
+    ]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2)
@@ -434,9 +449,13 @@ def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
     store = ScheduleStore()
     with Pool(size=1, ttl=60) as pool:
         scheduler = Scheduler(
-            load_schedules(path).schedules, store=store, clock=clock, spawn=sync,
-            log=log.append, executor=LocalExecutor(pool=pool),
-        )  # fmt: skip
+            load_schedules(path).schedules,
+            store=store,
+            clock=clock,
+            spawn=sync,
+            log=log.append,
+            executor=LocalExecutor(pool=pool),
+        )
         scheduler.serve(threading.Event())
         assert pool.stats() == {"idle": 0, "making": 0}, "a sandbox was made past the firing"
     assert clock.slept >= 40 - WARM_AHEAD  # it woke WARM_AHEAD before the firing

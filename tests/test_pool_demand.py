@@ -90,8 +90,9 @@ def test_at_concurrency_one_the_pool_keeps_two_sandboxes_coming(
     concurrency 1 waited for each one in turn and ran slower than cold. While attempts are
     handed out, the pool has two sandboxes made and not yet taken (its builders' worth)."""
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(6))
-    spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH),
-                     concurrency=1, adapt=False)  # fmt: skip
+    spec = BatchSpec(
+        tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=1, adapt=False
+    )
     since = time.time()
     summary = run_batch(spec)
     created = sandbox_creations(docker_client, store_label, since)

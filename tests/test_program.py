@@ -137,8 +137,10 @@ def test_a_given_task_replaces_the_first_agent_runs_own(tmp_path: Path) -> None:
 def test_the_guides_program_reads_as_a_payload_with_its_model() -> None:
     manifest = load_manifest(FIB_TEAM)
     assert (manifest.name, manifest.program, manifest.single_file) == (
-        "fib_team", "fib_team.py", True
-    )  # fmt: skip
+        "fib_team",
+        "fib_team.py",
+        True,
+    )
     assert manifest.payload_files().keys() == {"fib_team.py"}  # nothing beside it ships
     uses = manifest.model_uses
     assert [(u.cls, u.line, u.provider, u.key_env) for u in uses] == [
@@ -240,9 +242,13 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     ]
     with ScriptedModelServer(outputs) as server:
         result = cli(
-            "run", str(FIB_TEAM), "--api-base", server.api_base(), "--json",
+            "run",
+            str(FIB_TEAM),
+            "--api-base",
+            server.api_base(),
+            "--json",
             env={"HF_TOKEN": token},
-        )  # fmt: skip
+        )
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["status"] == "succeeded" and outcome["answer"] == 6765
@@ -258,8 +264,11 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     assert "6765" in (record / "stderr.log").read_text()  # its print, in its logs
     assert "6765" in outcome["output"]  # and in --json
     events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
-    kinds = [(e["type"], e.get("agent")) for e in events if e["type"] in
-             ("step", "managed_agent_call", "managed_agent_result")]  # fmt: skip
+    kinds = [
+        (e["type"], e.get("agent"))
+        for e in events
+        if e["type"] in ("step", "managed_agent_call", "managed_agent_result")
+    ]
     assert kinds == [
         ("managed_agent_call", "coder_agent"),
         ("step", "coder_agent"),
@@ -278,9 +287,13 @@ def test_no_process_in_the_sandbox_holds_the_key() -> None:
     token = f"hf_{secrets.token_hex(16)}"
     with ScriptedModelServer([code("final_answer('done')")]) as server:
         result = cli(
-            "run", str(PROGRAMS / "env_probe.py"), "--api-base", server.api_base(), "--json",
+            "run",
+            str(PROGRAMS / "env_probe.py"),
+            "--api-base",
+            server.api_base(),
+            "--json",
             env={"HF_TOKEN": token},
-        )  # fmt: skip
+        )
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     logs = (Path(outcome["record_dir"]) / "stderr.log").read_text()
@@ -316,11 +329,19 @@ def fib_team_answer(body: dict[str, Any]) -> str:
 
 def fib_tasks(path: Path, numbers: list[int]) -> Path:
     """A tasks file asking the guide's question for each number, with its answer."""
-    path.write_text("".join(
-        json.dumps({"id": f"fib{n}", "task": f"What's the {n}th Fibonacci number?",
-                    "expected": str(fibonacci(n))}) + "\n"
-        for n in numbers
-    ))  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "id": f"fib{n}",
+                    "task": f"What's the {n}th Fibonacci number?",
+                    "expected": str(fibonacci(n)),
+                }
+            )
+            + "\n"
+            for n in numbers
+        )
+    )
     return path
 
 
@@ -329,10 +350,19 @@ def test_a_batch_gives_each_task_to_the_program(tmp_path: Path) -> None:
     tasks = fib_tasks(tmp_path / "tasks.jsonl", numbers)
     with ScriptedModelServer([], answer=fib_team_answer) as server:
         result = cli(
-            "batch", str(FIB_TEAM), str(tasks), "--api-base", server.api_base(),
-            "--concurrency", "4", "-o", str(tmp_path / "out"), "--json",
-            env={"HF_TOKEN": f"hf_{secrets.token_hex(8)}"}, timeout=600,
-        )  # fmt: skip
+            "batch",
+            str(FIB_TEAM),
+            str(tasks),
+            "--api-base",
+            server.api_base(),
+            "--concurrency",
+            "4",
+            "-o",
+            str(tmp_path / "out"),
+            "--json",
+            env={"HF_TOKEN": f"hf_{secrets.token_hex(8)}"},
+            timeout=600,
+        )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["counts"]["succeeded"] == 10 and summary["accuracy"] == 1.0

@@ -71,9 +71,14 @@ def test_the_example_is_smolagents_file_byte_for_byte() -> None:
 def run_text_to_sql(token: str) -> tuple[subprocess.CompletedProcess[str], ScriptedModelServer]:
     with ScriptedModelServer([QUERY_STEP]) as server:
         result = cli(
-            "run", str(TEXT_TO_SQL_PEP723), "--api-base", server.api_base(), "--json",
-            env={"HF_TOKEN": token}, timeout=900,  # the first run may build the image
-        )  # fmt: skip
+            "run",
+            str(TEXT_TO_SQL_PEP723),
+            "--api-base",
+            server.api_base(),
+            "--json",
+            env={"HF_TOKEN": token},
+            timeout=900,  # the first run may build the image
+        )
     return result, server
 
 

@@ -57,10 +57,19 @@ def test_a_batch_over_the_guides_program_runs_on_a_ray_cluster(
     out = tmp_path / "out"
     with ScriptedModelServer([], answer=fib_team_answer) as server:
         result = cli(
-            "batch", str(FIB_TEAM), str(tasks), "--api-base", server.api_base(),
-            "--ray", address, "-o", str(out), "--json",
-            env={"HF_TOKEN": token}, timeout=600,
-        )  # fmt: skip
+            "batch",
+            str(FIB_TEAM),
+            str(tasks),
+            "--api-base",
+            server.api_base(),
+            "--ray",
+            address,
+            "-o",
+            str(out),
+            "--json",
+            env={"HF_TOKEN": token},
+            timeout=600,
+        )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["counts"]["succeeded"] == 4 and summary["accuracy"] == 1.0, summary

@@ -27,8 +27,15 @@ TIMEOUT = 30
 
 
 def sleepers(n: int, prefix: str, seconds: float = 1) -> list[dict]:
-    return [{"id": f"{prefix}{i:02d}", "task": f"sleep {i}", "expected": "woke",
-             "additional_args": {"op": "sleep", "seconds": seconds}} for i in range(n)]  # fmt: skip
+    return [
+        {
+            "id": f"{prefix}{i:02d}",
+            "task": f"sleep {i}",
+            "expected": "woke",
+            "additional_args": {"op": "sleep", "seconds": seconds},
+        }
+        for i in range(n)
+    ]
 
 
 def write_tasks(path: Path, rows: list[dict]) -> Path:
@@ -68,8 +75,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
 
 def batch_command(tasks: Path, out: Path, address: str) -> list[str]:
-    return ["batch", str(MATH), str(tasks), "-o", str(out), "--ray", address, "-q",
-            "--backoff", "0.2", "--timeout", str(TIMEOUT)]  # fmt: skip
+    return [
+        "batch",
+        str(MATH),
+        str(tasks),
+        "-o",
+        str(out),
+        "--ray",
+        address,
+        "-q",
+        "--backoff",
+        "0.2",
+        "--timeout",
+        str(TIMEOUT),
+    ]
 
 
 @pytest.mark.docker
@@ -90,8 +109,13 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     extra_store = Store(extra.home / "ray-node")
     try:
         wait_for(lambda: len(lines_of(out / "results.jsonl")) >= 2, 180)
-        wait_for(lambda: extra_store.unfinished_runs()
-                 and node_containers(docker_client, extra.home, running=True), 60)  # fmt: skip
+        wait_for(
+            lambda: (
+                extra_store.unfinished_runs()
+                and node_containers(docker_client, extra.home, running=True)
+            ),
+            60,
+        )
         mark("killing the extra node")
         killed_at = time.time()
         extra.kill()
@@ -112,9 +136,9 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     assert cut <= {a["run_id"] for a in lost}, (lost, cut)
     print(f"node loss seen {max(a['ts'] for a in lost) - killed_at:.1f}s after the kill")
     for attempt in lost:
-        assert attempt["error"]["type"] == "node_lost" and extra_id[:12] in attempt["error"][
-            "message"
-        ]
+        assert (
+            attempt["error"]["type"] == "node_lost" and extra_id[:12] in attempt["error"]["message"]
+        )
         record = Store().get_run(attempt["run_id"])
         assert record is not None and record["status"] == "infra_error"
         assert Store.read_result(record["record_dir"])["node"]["node_id"] == extra_id
@@ -143,8 +167,7 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     # The killed node's sandboxes stop at their deadline by themselves; its next worker (or
     # `cleanup` there) removes them. The head's are gone already.
     assert not node_containers(docker_client, head.home)
-    wait_for(lambda: not node_containers(docker_client, extra.home, running=True),
-             TIMEOUT + 30)  # fmt: skip
+    wait_for(lambda: not node_containers(docker_client, extra.home, running=True), TIMEOUT + 30)
     mark("the killed node's sandboxes stopped")
     tidy = cli("cleanup", env={"ORCHESTRATOR_HOME": str(extra.home)})
     assert tidy.returncode == 0, tidy.stderr
@@ -208,8 +231,13 @@ def test_a_killed_worker_is_replaced_on_its_node(
     command = [a for a in batch_command(tasks, out, cluster["address"]) if a != "-q"]
     driver = start_cli(*command)  # not quiet: its messages say what happened
     try:
-        wait_for(lambda: node_containers(docker_client, head.home, running=True)
-                 and lines_of(out / "results.jsonl"), 180)  # fmt: skip
+        wait_for(
+            lambda: (
+                node_containers(docker_client, head.home, running=True)
+                and lines_of(out / "results.jsonl")
+            ),
+            180,
+        )
         (worker,) = wait_for(lambda: head.processes("ray::NodeWorker"), 30)
         os.kill(worker, signal.SIGKILL)
         _, stderr = driver.communicate(timeout=240)
@@ -222,8 +250,10 @@ def test_a_killed_worker_is_replaced_on_its_node(
     assert all(r["status"] == "succeeded" for r in results), results
     ends = [a for a in lines_of(out / "attempts.jsonl") if a["event"] == "end"]
     assert [a["error"]["type"] for a in ends if a["status"] == "infra_error"] in (
-        ["node_lost"], ["node_lost"] * 2, ["node_lost"] * 3
-    )  # fmt: skip
+        ["node_lost"],
+        ["node_lost"] * 2,
+        ["node_lost"] * 3,
+    )
     assert not node_containers(docker_client, head.home)  # the new worker removed them
 
 
@@ -237,8 +267,17 @@ def test_a_secret_reaches_its_node_only_inside_the_call(
     secret = f"Ray-Secret-{uuid.uuid4().hex}"
     tasks = write_tasks(tmp_path / "tasks.jsonl", [{"id": "s", "task": "leak it"}])
     out = tmp_path / "out"
-    done = cli("batch", str(TEST_PAYLOADS / "leaky"), str(tasks), "-o", str(out), "--ray",
-               cluster["address"], "-q", env={"LEAKY_SECRET": secret})  # fmt: skip
+    done = cli(
+        "batch",
+        str(TEST_PAYLOADS / "leaky"),
+        str(tasks),
+        "-o",
+        str(out),
+        "--ray",
+        cluster["address"],
+        "-q",
+        env={"LEAKY_SECRET": secret},
+    )
     assert done.returncode == 0, done.stderr
     (row,) = lines_of(out / "results.jsonl")
     assert row["status"] == "succeeded" and f"secret-length={len(secret)}" in row["answer"]
@@ -266,15 +305,19 @@ def test_schedule_serve_fires_on_the_cluster(
 
     name = unique("ray")
     args = {"op": "mul", "a": 6, "b": 7}
-    path = write_schedules(tmp_path, {"name": name, "cron": "0 * * * *", "payload": str(MATH),
-                                      "additional_args": args})  # fmt: skip
+    path = write_schedules(
+        tmp_path, {"name": name, "cron": "0 * * * *", "payload": str(MATH), "additional_args": args}
+    )
     t = at("2024-06-01T10:00:00+00:00")
     executor = RayExecutor(cluster["address"])
     try:
         scheduler = Scheduler(
-            load_schedules(path).schedules, executor=executor, spawn=sync, log=print,
+            load_schedules(path).schedules,
+            executor=executor,
+            spawn=sync,
+            log=print,
             clock=FakeClock(t - timedelta(seconds=1), t + timedelta(seconds=1)),
-        )  # fmt: skip
+        )
         scheduler.serve(threading.Event())
     finally:
         executor.close()
@@ -296,6 +339,7 @@ def test_schedule_serve_fires_on_the_cluster(
     finally:
         serve.kill()
     assert serve.returncode == 0 and "1 sandbox" not in err and "firing on the Ray" in err, err
-    wrong = cli("schedule", "serve", "--file", str(path), "--ray", f"127.0.0.1:{free_port()}",
-                timeout=120)  # fmt: skip
+    wrong = cli(
+        "schedule", "serve", "--file", str(path), "--ray", f"127.0.0.1:{free_port()}", timeout=120
+    )
     assert wrong.returncode == 2 and "Cannot join the Ray cluster" in wrong.stderr, wrong.stderr

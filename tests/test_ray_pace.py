@@ -37,20 +37,38 @@ def test_a_node_runs_what_its_host_carries_not_all_it_declares(
 ) -> None:
     cores = os.cpu_count() or 1
     declared = 2 * cores + 4  # the node's limit starts at two per core (then adapts)
-    rows = [{"id": f"m{i:02d}", "task": "mul", "expected": i * 7,
-             "additional_args": {"op": "mul", "a": i, "b": 7}}
-            for i in range(declared + 4)]  # fmt: skip
+    rows = [
+        {
+            "id": f"m{i:02d}",
+            "task": "mul",
+            "expected": i * 7,
+            "additional_args": {"op": "mul", "a": i, "b": 7},
+        }
+        for i in range(declared + 4)
+    ]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     # A short directory: Ray's socket paths under it must fit in 107 bytes.
     node, address = start_node(tmp_path_factory.mktemp("ray"), "head", sandboxes=declared)
     try:
-        done = cli("batch", str(MATH), str(tasks), "-o", str(out), "--ray", address,
-                   "--timeout", "120", timeout=600)  # fmt: skip
+        done = cli(
+            "batch",
+            str(MATH),
+            str(tasks),
+            "-o",
+            str(out),
+            "--ray",
+            address,
+            "--timeout",
+            "120",
+            timeout=600,
+        )
         assert done.returncode == 0, done.stderr
-        said = re.search(rf"(\d+) at once to start with, of the {declared} it declares",
-                         done.stdout + done.stderr)  # fmt: skip
+        said = re.search(
+            rf"(\d+) at once to start with, of the {declared} it declares",
+            done.stdout + done.stderr,
+        )
         assert said and 1 <= int(said[1]) <= 2 * cores, done.stdout + done.stderr
         lines = (out / "attempts.jsonl").read_text().splitlines()
         attempts = [json.loads(line) for line in lines]

@@ -62,7 +62,10 @@ def request_with_every_field(monkeypatch: pytest.MonkeyPatch) -> Request:
         secret_env=["OPENAI_API_KEY"],  # the E2B backend's part
         rlimits={"nproc": 256, "nofile": 1024, "core": 0},
         # the host's part when tracing is on (traces.trace_request)
-        trace={"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736", "parent_span_id": "00f067aa0ba902b7"},  # noqa: E501
+        trace={
+            "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
+            "parent_span_id": "00f067aa0ba902b7",
+        },  # noqa: E501
     )
 
 
@@ -194,12 +197,20 @@ def test_a_programs_request_comes_back_equal_from_its_json(
         "agent.run('hi')\n"
     )
     prepared = prepare(
-        RunSpec(payload=program, program_args=("--verbose", "x"), task="replaced",
-                api_base="http://127.0.0.1:9/v1", gateway=False)  # fmt: skip
+        RunSpec(
+            payload=program,
+            program_args=("--verbose", "x"),
+            task="replaced",
+            api_base="http://127.0.0.1:9/v1",
+            gateway=False,
+        )
     )
     request = replace(build_request(prepared), secret_env=["HF_TOKEN"])  # the backend's part
     assert [getattr(request, name) for name in PROGRAM_FIELDS] == [
-        "team.py", ["--verbose", "x"], ">=3.10", "program"
+        "team.py",
+        ["--verbose", "x"],
+        ">=3.10",
+        "program",
     ]
     assert (request.entrypoint, request.provider, request.credential_env) == ("", "hf", "HF_TOKEN")
     assert parse_request(json.loads(request.to_json())) == request

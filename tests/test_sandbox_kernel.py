@@ -45,8 +45,18 @@ def test_profile_is_dockers_default_without_io_uring() -> None:
     }
     assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
     assert not {n for n in allowed if n.startswith("io_uring")}
-    assert not allowed & {"ptrace", "bpf", "perf_event_open", "userfaultfd", "unshare", "mount",
-                          "keyctl", "add_key", "setns", "process_vm_writev"}  # fmt: skip
+    assert not allowed & {
+        "ptrace",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "unshare",
+        "mount",
+        "keyctl",
+        "add_key",
+        "setns",
+        "process_vm_writev",
+    }
     # What every Python program needs is there (threads, sockets, files).
     assert {"clone", "futex", "socket", "openat", "mmap", "execve", "epoll_wait"} <= allowed
     assert security_options() == ["no-new-privileges:true", f"seccomp={profile_text()}"]
@@ -73,16 +83,20 @@ def test_the_probe_meets_the_runtimes_kernel(
     if sandbox_runtime == "runsc":
         assert answer["proc_version"].startswith("Linux version 4.4.0"), answer  # gVisor's
         assert result.sandbox == {
-            "runtime": "runsc", "seccomp": "none (gVisor's kernel)", "requested": "runsc"
-        }  # fmt: skip
+            "runtime": "runsc",
+            "seccomp": "none (gVisor's kernel)",
+            "requested": "runsc",
+        }
         assert seen["host"]["Runtime"] == RUNSC  # no network: gVisor's --network=none
         assert seen["host"]["SecurityOpt"] == ["no-new-privileges:true"]
     else:
         assert answer["io_uring_setup"] == {"allowed": False, "errno": "EPERM"}, answer
         assert not answer["proc_version"].startswith("Linux version 4.4.0")
         assert result.sandbox == {
-            "runtime": "runc", "seccomp": PROFILE_NAME, "requested": sandbox_runtime
-        }  # fmt: skip
+            "runtime": "runc",
+            "seccomp": PROFILE_NAME,
+            "requested": sandbox_runtime,
+        }
         assert seen["host"]["Runtime"] == "runc"
         assert seen["host"]["SecurityOpt"] == security_options()
 
@@ -160,9 +174,10 @@ def test_a_batch_asking_for_runsc_without_gvisor_stops_before_its_first_task(
     backend = DockerBackend()
     backend.runtimes = NoGvisor(backend.client)
     spec = BatchSpec(
-        tasks=tasks, output=tmp_path / "out",
+        tasks=tasks,
+        output=tmp_path / "out",
         run=RunSpec(payload=KERNEL_PROBE, sandbox_runtime="runsc"),
-    )  # fmt: skip
+    )
     before = len(Store().list_runs(limit=1000))
     with pytest.raises(ConfigError, match="setup-gvisor.sh"):
         run_batch(spec, backend=backend)

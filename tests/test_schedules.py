@@ -641,8 +641,9 @@ def test_a_shipped_example_is_named_as_run_names_it(tmp_path: Path) -> None:
     """`payload = "research_team"` names the shipped example, as `run research_team` does
     (issue 24 item 8; before: "... does not exist (a payload folder)"); a folder of that
     name beside the schedules file comes first; a name that is neither says both ways."""
-    path = write_schedules(tmp_path, {"name": "daily", "cron": "@daily",
-                                      "payload": "research_team"})  # fmt: skip
+    path = write_schedules(
+        tmp_path, {"name": "daily", "cron": "@daily", "payload": "research_team"}
+    )
     (schedule,) = load_schedules(path).schedules
     assert schedule.payload == (REPO / "agent_payloads" / "research_team").absolute()
     out = cli("schedule", "validate", "--file", str(path))
@@ -865,9 +866,14 @@ def test_three_mistakes_in_a_schedules_file_are_all_reported_at_once(tmp_path: P
     path = write_schedules(
         tmp_path,
         {"name": good, "cron": "@daily"},
-        {"name": bad, "cron": "@hourly", "timezon": "Europe/Berlin", "enabled": "yes",
-         "limits": {"timeout_seconds": 0}},
-    )  # fmt: skip
+        {
+            "name": bad,
+            "cron": "@hourly",
+            "timezon": "Europe/Berlin",
+            "enabled": "yes",
+            "limits": {"timeout_seconds": 0},
+        },
+    )
     text = path.read_text()
     lines = text.splitlines()
 
@@ -875,13 +881,22 @@ def test_three_mistakes_in_a_schedules_file_are_all_reported_at_once(tmp_path: P
         return next(n for n, s in enumerate(lines, 1) if s.startswith(start))
 
     expected = [
-        (line("timezon"), f'schedule "{bad}" field `timezon`: is not a known field; '
-                          "did you mean `timezone`? Known fields: "),
-        (line("enabled"), f'schedule "{bad}" field `enabled`: must be true or false, '
-                          "got 'yes'. Use true or false."),
-        (line("limits"), f'schedule "{bad}" field `limits.timeout_seconds`: is 0, out of range. '
-                         "Use 1 to 86400 seconds."),
-    ]  # fmt: skip
+        (
+            line("timezon"),
+            f'schedule "{bad}" field `timezon`: is not a known field; '
+            "did you mean `timezone`? Known fields: ",
+        ),
+        (
+            line("enabled"),
+            f'schedule "{bad}" field `enabled`: must be true or false, '
+            "got 'yes'. Use true or false.",
+        ),
+        (
+            line("limits"),
+            f'schedule "{bad}" field `limits.timeout_seconds`: is 0, out of range. '
+            "Use 1 to 86400 seconds.",
+        ),
+    ]
     for command in ("validate", "list"):
         out = cli("schedule", command, "--file", str(path))
         assert out.returncode == 2 and out.stdout == "", out.stderr

@@ -37,11 +37,21 @@ def span(**fields: Any) -> dict[str, Any]:
     """A well-formed `span` event of the run `r-1`'s trace."""
     trace_id, root = trace_ids("r-1")
     event = {
-        "type": "span", "seq": 0, "ts": 1.0, "run_id": "r-1", "name": "s",
-        "trace_id": trace_id, "span_id": "1" * 16, "parent_span_id": root,
-        "kind": "INTERNAL", "start_time": 10**18, "end_time": 10**18 + 5,
-        "status": {"code": "OK", "message": None}, "attributes": {}, "events": [],
-    }  # fmt: skip
+        "type": "span",
+        "seq": 0,
+        "ts": 1.0,
+        "run_id": "r-1",
+        "name": "s",
+        "trace_id": trace_id,
+        "span_id": "1" * 16,
+        "parent_span_id": root,
+        "kind": "INTERNAL",
+        "start_time": 10**18,
+        "end_time": 10**18 + 5,
+        "status": {"code": "OK", "message": None},
+        "attributes": {},
+        "events": [],
+    }
     event.update(fields)
     return event
 
@@ -59,8 +69,17 @@ def test_a_forged_span_is_rebuilt_masked_cut_and_flagged(monkeypatch: pytest.Mon
     collector = SpanCollector(Masker([SECRET]))
     collector.add(span(attributes={"told": f"it is {SECRET}", "blob": "y" * 900_000}))
     nested = {"nested": {"deep": [1, {"x": SECRET}]}}
-    collector.add(span(name=["no"], trace_id=42, span_id=None, start_time="soon", status="ok",
-                       attributes=nested, events="many"))  # fmt: skip
+    collector.add(
+        span(
+            name=["no"],
+            trace_id=42,
+            span_id=None,
+            start_time="soon",
+            status="ok",
+            attributes=nested,
+            events="many",
+        )
+    )
     collector.add(span(attributes={f"a{i}": "z" * 30_000 for i in range(20)}))
     kept = collector.spans
     assert len(kept) == 3
@@ -85,7 +104,7 @@ def test_spans_are_tied_into_the_runs_trace_and_every_forgery_is_flagged() -> No
     trace_id, root = trace_ids("r-1")
     collector = SpanCollector(Masker())
     for fields in (
-        {"name": "agent", "span_id": "a" * 16},                             # under the root
+        {"name": "agent", "span_id": "a" * 16},  # under the root
         {"name": "step", "span_id": "b" * 16, "parent_span_id": "a" * 16},  # under the agent
         {"name": "stranger", "span_id": "c" * 16, "parent_span_id": "dead" * 4},
         {"name": "own root", "span_id": "d" * 16, "parent_span_id": None},
@@ -94,7 +113,7 @@ def test_spans_are_tied_into_the_runs_trace_and_every_forgery_is_flagged() -> No
         {"name": "twin", "span_id": "a" * 16},
         {"name": "loop 1", "span_id": "1" * 16, "parent_span_id": "2" * 16},
         {"name": "loop 2", "span_id": "2" * 16, "parent_span_id": "1" * 16},
-    ):  # fmt: skip
+    ):
         collector.add(span(**fields))
     spans = collector.spans
     flags = place(spans, trace_id, root, taken={"9" * 16})
@@ -118,9 +137,14 @@ def test_spans_are_tied_into_the_runs_trace_and_every_forgery_is_flagged() -> No
 def test_tracing_is_off_unless_a_flag_or_opentelemetrys_variables_say_where(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        monkeypatch.delenv(name, raising=False)  # fmt: skip
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ):
+        monkeypatch.delenv(name, raising=False)
     assert trace_target(None) is None
     target = trace_target("http://127.0.0.1:6006")
     assert target is not None and target.endpoint == "http://127.0.0.1:6006/v1/traces"
@@ -207,9 +231,15 @@ def test_a_sandbox_that_forges_spans_cannot_change_its_run_or_pass_the_bounds(
     kept = traces["sandbox_spans"]
     assert kept["received"] > 10_000 and kept["kept"] == 5000  # the default bound
     flags = traces["flags"]
-    for flag in ("dropped", "fake_root", "wrong_parent", "duplicate_id", "malformed",
-                 "attribute_cut"):
-        assert flags.get(flag), (flag, flags)  # fmt: skip
+    for flag in (
+        "dropped",
+        "fake_root",
+        "wrong_parent",
+        "duplicate_id",
+        "malformed",
+        "attribute_cut",
+    ):
+        assert flags.get(flag), (flag, flags)
     flagged = [e for e in events_of(result) if e["type"] == "spans_flagged"]
     assert len(flagged) == 1 and flagged[0]["source"] == "host"
     assert not [e for e in events_of(result) if e["type"] == "span"]  # not in the events
@@ -284,15 +314,25 @@ def test_a_batch_gives_one_trace_per_task_tagged_with_the_batch_and_the_task(
 
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3))
     with OtlpReceiver() as receiver:
-        done = cli("batch", str(MATH), str(tasks), "-o", str(tmp_path / "out"), "--json",
-                   "--traces-to", receiver.url)  # fmt: skip
+        done = cli(
+            "batch",
+            str(MATH),
+            str(tasks),
+            "-o",
+            str(tmp_path / "out"),
+            "--json",
+            "--traces-to",
+            receiver.url,
+        )
         assert done.returncode == 0, done.stderr
         received = list(receiver.spans)
     batch_id = json.loads(done.stdout)["batch_id"]
     roots = [s for s in received if s["parent_span_id"] is None]
     assert sorted(r["attributes"]["orchestrator.task_id"] for r in roots) == [
-        "q000", "q001", "q002"
-    ]  # fmt: skip
+        "q000",
+        "q001",
+        "q002",
+    ]
     assert {r["attributes"]["orchestrator.batch_id"] for r in roots} == {batch_id}
     assert {r["attributes"]["session.id"] for r in roots} == {batch_id}  # Phoenix's sessions
     assert len({r["trace_id"] for r in roots}) == 3  # one trace per task

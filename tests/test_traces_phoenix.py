@@ -55,9 +55,12 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     }
     log = open(work / "phoenix.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
-        [str(PHOENIX), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT,
+        [str(PHOENIX), "serve"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
-    )  # fmt: skip
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: proc.poll() is not None or healthy(url), timeout=180)
@@ -121,14 +124,22 @@ def test_a_multi_agent_run_is_one_trace_in_phoenix_with_measured_tokens_and_no_s
     monkeypatch.setenv("LEAKY_SECRET", LEAKY_SECRET)
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
     with ScriptedModelServer(scripted(RESEARCH)) as server:
-        team = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=server.api_base(),
-                           traces_to=phoenix))  # fmt: skip
+        team = run(
+            RunSpec(
+                payload=RESEARCH,
+                model="openai:scripted",
+                api_base=server.api_base(),
+                traces_to=phoenix,
+            )
+        )
         served = dict(server.usage)
     assert team.status == "succeeded", team.error
     assert team.traces["exported"] is True, team.traces
     trace_id, root_id = trace_ids(team.run_id)
-    spans = wait_for(lambda: (s := phoenix_spans(phoenix, trace_id)) and len(s) == team.traces[
-        "spans"] and s, timeout=30)  # fmt: skip
+    spans = wait_for(
+        lambda: (s := phoenix_spans(phoenix, trace_id)) and len(s) == team.traces["spans"] and s,
+        timeout=30,
+    )
     by_id = {s["context"]["span_id"]: s for s in spans}
 
     # One trace, whose root is the run, with the host's figures.
@@ -141,8 +152,11 @@ def test_a_multi_agent_run_is_one_trace_in_phoenix_with_measured_tokens_and_no_s
     assert attrs["orchestrator.backend"] == "docker" and attrs["orchestrator.run_id"] == team.run_id
     assert attrs["orchestrator.tokens.input"] == served["input_tokens"]
     assert attrs["orchestrator.token_usage_source"] == "gateway"
-    assert 0 < attrs["orchestrator.duration_seconds"] <= team.timings["ended"] - team.timings[
-        "created"] + 0.01  # fmt: skip
+    assert (
+        0
+        < attrs["orchestrator.duration_seconds"]
+        <= team.timings["ended"] - team.timings["created"] + 0.01
+    )
 
     # The agents nested as they called each other: root > manager > its step > the
     # librarian (called from the manager's code) > its steps > its tools.
@@ -161,8 +175,9 @@ def test_a_multi_agent_run_is_one_trace_in_phoenix_with_measured_tokens_and_no_s
     assert sorted(s["attributes"]["llm.token_count.prompt"] for s in llm) == sorted(
         c["input_tokens"] for c in calls
     )
-    assert sum(s["attributes"]["llm.token_count.completion"] for s in llm) == served[
-        "output_tokens"]  # fmt: skip
+    assert (
+        sum(s["attributes"]["llm.token_count.completion"] for s in llm) == served["output_tokens"]
+    )
     assert all(s["attributes"]["orchestrator.token_count_source"] == "gateway" for s in llm)
     gateway = [s for s in spans if s["name"].startswith("gateway POST")]
     assert len(gateway) == 4 and {by_id[g["parent_id"]]["span_kind"] for g in gateway} == {"LLM"}
@@ -172,16 +187,29 @@ def test_a_multi_agent_run_is_one_trace_in_phoenix_with_measured_tokens_and_no_s
 
     # A payload that prints its secret: not one attribute of its trace holds it.
     with ScriptedModelServer(scripted(LEAKY)) as server:
-        leaky = run(RunSpec(payload=LEAKY, model="openai:scripted", api_base=server.api_base(),
-                            traces_to=phoenix))  # fmt: skip
+        leaky = run(
+            RunSpec(
+                payload=LEAKY,
+                model="openai:scripted",
+                api_base=server.api_base(),
+                traces_to=phoenix,
+            )
+        )
     assert leaky.status == "succeeded", leaky.error
     leaky_trace, _ = trace_ids(leaky.run_id)
-    leaked = wait_for(lambda: (s := phoenix_spans(phoenix, leaky_trace)) and len(s) == leaky.traces[
-        "spans"] and s, timeout=30)  # fmt: skip
+    leaked = wait_for(
+        lambda: (
+            (s := phoenix_spans(phoenix, leaky_trace)) and len(s) == leaky.traces["spans"] and s
+        ),
+        timeout=30,
+    )
     text = json.dumps(leaked)
     assert "read_secret" in text  # the tool's span is there, with its output masked
-    forms = [LEAKY_SECRET, *LEAKY_SECRET.splitlines(), base64.b64encode(LEAKY_SECRET.encode())
-             .decode()]  # fmt: skip
+    forms = [
+        LEAKY_SECRET,
+        *LEAKY_SECRET.splitlines(),
+        base64.b64encode(LEAKY_SECRET.encode()).decode(),
+    ]
     assert not [form for form in forms if form in text]
     assert "sk-phoenix-test" not in text + json.dumps(spans)
 
@@ -197,8 +225,13 @@ def screenshot(url: str, trace_id: str) -> None:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1600,1000"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1600,1000",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:

@@ -101,8 +101,14 @@ def test_host_names():
 
 
 def step(agent: str, n: int, **extra: object) -> dict:
-    return {"type": "step", "agent": agent, "step_number": n, "code": f"{agent} {n}",
-            "token_usage": {"input_tokens": 10, "output_tokens": 1}, **extra}  # fmt: skip
+    return {
+        "type": "step",
+        "agent": agent,
+        "step_number": n,
+        "code": f"{agent} {n}",
+        "token_usage": {"input_tokens": 10, "output_tokens": 1},
+        **extra,
+    }
 
 
 def test_tree_nests_managed_agents_in_the_step_that_called_them():
@@ -157,8 +163,10 @@ def test_runs_list_filters_search_dates_and_pages(tmp_path):
         store.update_run(f"r-test-{i:03d}", ended_at=day + i * 3600)
     with store.connect() as db:  # creation times a day apart, oldest first
         for i in range(120):
-            db.execute("UPDATE runs SET created_at = ? WHERE run_id = ?",
-                       (day + i * 86400, f"r-test-{i:03d}"))  # fmt: skip
+            db.execute(
+                "UPDATE runs SET created_at = ? WHERE run_id = ?",
+                (day + i * 86400, f"r-test-{i:03d}"),
+            )
     first = list_runs(store, RunFilter())
     assert (first.total, first.pages, len(first.rows)) == (120, 3, PAGE_SIZE)
     assert first.rows[0]["run_id"] == "r-test-119"  # newest first

@@ -30,11 +30,15 @@ CHROMEDRIVER = shutil.which("chromedriver")
 
 TASKS = [
     {"id": "mul", "task": "6*7?", "additional_args": {"op": "mul", "a": 6, "b": 7}, "expected": 42},
-    {"id": "off-by-one", "task": "1+2?", "additional_args": {"op": "add", "a": 1, "b": 2},
-     "expected": 4},
+    {
+        "id": "off-by-one",
+        "task": "1+2?",
+        "additional_args": {"op": "add", "a": 1, "b": 2},
+        "expected": 4,
+    },
     {"id": "add", "task": "2+2?", "additional_args": {"op": "add", "a": 2, "b": 2}, "expected": 4},
     {"id": "loops", "task": "loop", "additional_args": {"op": "loop"}, "expected": 1},
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -58,8 +62,16 @@ def batch(root: Path, name: str, tasks: list[dict]) -> Path:
     path = root / f"{name}.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
     out = root / name
-    done = cli("batch", str(TEST_PAYLOADS / "batch_math"), str(path), "-o", str(out), "--model",
-               "mock", "-q")  # fmt: skip
+    done = cli(
+        "batch",
+        str(TEST_PAYLOADS / "batch_math"),
+        str(path),
+        "-o",
+        str(out),
+        "--model",
+        "mock",
+        "-q",
+    )
     assert done.returncode == 0, done.stderr
     return out
 
@@ -108,8 +120,15 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 @pytest.fixture(scope="module")
 def server(world: World) -> Iterator[str]:
-    proc = start_cli("view", str(world.batch_a), str(world.batch_b), "--port", "0",
-                     "--schedules", str(world.schedules))  # fmt: skip
+    proc = start_cli(
+        "view",
+        str(world.batch_a),
+        str(world.batch_b),
+        "--port",
+        "0",
+        "--schedules",
+        str(world.schedules),
+    )
     try:
         line = read_line(proc)
         assert line.startswith("orchestrator view: http://127.0.0.1:"), line
@@ -121,15 +140,23 @@ def server(world: World) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
     if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("chromium and chromium-driver are needed (apt-get install chromium "
-                    "chromium-driver; .ci/run installs them)")  # fmt: skip
+        pytest.fail(
+            "chromium and chromium-driver are needed (apt-get install chromium "
+            "chromium-driver; .ci/run installs them)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                 "--window-size=1400,1800", "--allow-file-access-from-files"):  # fmt: skip
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1800",
+        "--allow-file-access-from-files",
+    ):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, to check
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -261,8 +288,9 @@ def test_schedules_page(browser, server: str, world: World):
 
 
 def test_live_run_updates_until_it_ends(browser, server: str, world: World, no_leftovers):
-    proc = start_cli("run", str(TEST_PAYLOADS / "sleeper"), "--model", "mock", "--arg",
-                     "seconds=6", "-q")  # fmt: skip
+    proc = start_cli(
+        "run", str(TEST_PAYLOADS / "sleeper"), "--model", "mock", "--arg", "seconds=6", "-q"
+    )
     try:
         store = Store()
         row = wait_for(
@@ -288,8 +316,9 @@ def console(driver) -> list[str]:
 
 def test_static_export_opens_from_file(browser, world: World):
     folder = world.root / "export"
-    done = cli("view", "--export", str(folder), world.team_run, world.hostile_run,
-               str(world.batch_a))  # fmt: skip
+    done = cli(
+        "view", "--export", str(folder), world.team_run, world.hostile_run, str(world.batch_a)
+    )
     assert done.returncode == 0, done.stderr
     console(browser)  # what earlier tests left
     load(browser, (folder / f"run-{world.team_run}.html").as_uri())
@@ -321,8 +350,10 @@ def test_the_policy_alone_stops_markup_that_got_through(browser, tmp_path: Path)
         '<svg onload="window.__pwned = 3"></svg>'
     )
     page = tmp_path / "page.html"
-    for policy, expected in ((f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-                              True), ("", False)):  # fmt: skip
+    for policy, expected in (
+        (f'<meta http-equiv="Content-Security-Policy" content="{CSP}">', True),
+        ("", False),
+    ):
         page.write_text(f"<!doctype html><html><head>{policy}</head><body>{hostile}</body></html>")
         browser.get(page.as_uri())
         time.sleep(0.3)
@@ -362,8 +393,9 @@ def test_pages_read_at_1400_px_without_a_click(browser, server: str, world: Worl
     assert librarian and librarian[0].is_displayed()
     shot(browser, "run-unclicked")
 
-    failed = next(r for r in Store().list_runs(limit=0, status="failed")
-                  if r["batch"] == world.batch_a_id)  # fmt: skip
+    failed = next(
+        r for r in Store().list_runs(limit=0, status="failed") if r["batch"] == world.batch_a_id
+    )
     load(browser, f"{server}/run/{failed['run_id']}")
     answer = browser.find_element(By.CSS_SELECTOR, "#answer")
     assert "none" in answer.get_attribute("class").split()
@@ -372,8 +404,13 @@ def test_pages_read_at_1400_px_without_a_click(browser, server: str, world: Worl
     shot(browser, "failed-run")
 
     load(browser, f"{server}/batch/{world.batch_a_id}")
-    by_id = dict(zip(all_text(browser, "#tasks tbody td.task-id"),
-                     all_text(browser, "#tasks tbody td.task-text"), strict=True))  # fmt: skip
+    by_id = dict(
+        zip(
+            all_text(browser, "#tasks tbody td.task-id"),
+            all_text(browser, "#tasks tbody td.task-text"),
+            strict=True,
+        )
+    )
     assert by_id["mul"].startswith("6*7?") and '"op": "mul"' in by_id["mul"], by_id
     chart = browser.find_element(By.ID, "chart-status")
     assert chart.get_attribute("alt") == "Tasks by verdict"

@@ -28,7 +28,6 @@ TUTORIAL = PAYLOADS / "web_browser"
 UNRESOLVABLE = "no-such-host.invalid"
 
 
-
 def tutorial_copy(folder: Path, extra_hosts: tuple[str, ...] = ()) -> Path:
     """The tutorial payload, its manifest's hosts extended (same requirements: same image)."""
     copy = folder / "web_browser"

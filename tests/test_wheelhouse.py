@@ -91,8 +91,11 @@ def test_a_requirement_not_on_the_index_is_the_users_mistake(
     assert error.value.exit_code == 2 and error.value.field == "python.requirements"
     assert "'tabulatr-nonexistent==9.9'" in error.value.cause
     assert "pip index versions tabulatr-nonexistent`" in error.value.fix
-    offline = ["WARNING: Retrying (Retry(total=4)) after connection broken by "
-               "'NewConnectionError(...)': /simple/tabulate/", *said]  # fmt: skip
+    offline = [
+        "WARNING: Retrying (Retry(total=4)) after connection broken by "
+        "'NewConnectionError(...)': /simple/tabulate/",
+        *said,
+    ]
     monkeypatch.setattr(
         wheelhouse, "run_streaming", lambda *a, **k: imagedef.CommandOutput(1, offline)
     )

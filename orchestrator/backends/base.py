@@ -258,8 +258,7 @@ class Backend(ABC):
         a machine's or a payload's choice is for backends that have one."""
         if asked and runtime != "auto":
             raise ConfigError(
-                f"The {self.name} backend has no choice of sandbox runtime (asked for "
-                f"{runtime}).",
+                f"The {self.name} backend has no choice of sandbox runtime (asked for {runtime}).",
                 "Leave the sandbox runtime at auto for this backend (--sandbox-runtime auto).",
             )
 

@@ -88,8 +88,10 @@ def spend_summary(
     uncounted = sum(int(e.get("uncounted_calls") or 0) for e in ended)
     reached = [
         name
-        for name, cap, value in (("max_total_tokens", spec.max_total_tokens, spent),
-                                 ("max_cost", max_cost, cost))  # fmt: skip
+        for name, cap, value in (
+            ("max_total_tokens", spec.max_total_tokens, spent),
+            ("max_cost", max_cost, cost),
+        )
         if cap is not None and value is not None and value >= cap
     ]
     stopped_by = None
@@ -176,8 +178,7 @@ class Spend:
         """Which cap is reached, as the stop message says it (None: none)."""
         if self.cap is not None and (spent := self.spent) >= self.cap:
             return (
-                f"the batch's cap --max-total-tokens {self.cap} was reached ({spent} tokens "
-                "spent)"
+                f"the batch's cap --max-total-tokens {self.cap} was reached ({spent} tokens spent)"
             )
         if self.max_cost is None or self.pricing is None:
             return None
@@ -259,8 +260,10 @@ class Spend:
         why = self.over()
         if why is None:
             return False
-        error = {"type": BUDGET_EXCEEDED,
-                 "message": f"{why}; the run was stopped and runs again on resume"}  # fmt: skip
+        error = {
+            "type": BUDGET_EXCEEDED,
+            "message": f"{why}; the run was stopped and runs again on resume",
+        }
         with self._lock:
             first, self.error = self.error is None, self.error or error
         if first:

@@ -59,9 +59,14 @@ def compare(a: BatchReport, b: BatchReport) -> Comparison:
         right_a += ok_a
         right_b += ok_b
         if ok_a != ok_b:
-            flip = {"id": ra["id"], "answer_a": ra.get("answer"), "answer_b": rb.get("answer"),
-                    "expected": rb.get("expected"), "run_a": ra.get("run_id"),
-                    "run_b": rb.get("run_id")}  # fmt: skip
+            flip = {
+                "id": ra["id"],
+                "answer_a": ra.get("answer"),
+                "answer_b": rb.get("answer"),
+                "expected": rb.get("expected"),
+                "run_a": ra.get("run_id"),
+                "run_b": rb.get("run_id"),
+            }
             (to_wrong if ok_a else to_right).append(flip)
     n = len(pairs)
     return Comparison(

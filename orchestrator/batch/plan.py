@@ -246,9 +246,11 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
     }
     pricing = plan_pricing(
-        spec.max_cost, spec.prices, {t: p.model for t, p in prepared.items()},
+        spec.max_cost,
+        spec.prices,
+        {t: p.model for t, p in prepared.items()},
         {t: None if p.gateway else (p.gateway_off or "no gateway") for t, p in prepared.items()},
-    )  # fmt: skip
+    )
     return BatchPlan(file=file, prepared=prepared, fingerprint=fingerprint, pricing=pricing)
 
 

@@ -108,8 +108,11 @@ def dollars(value: Any, what: str, fix: str, *, positive: bool) -> Decimal:
             amount = Decimal(value.strip().removeprefix("$"))
         except InvalidOperation:
             pass
-    if not amount.is_finite() or not math.isfinite(float(amount)) or amount < 0 or (
-        positive and not amount
+    if (
+        not amount.is_finite()
+        or not math.isfinite(float(amount))
+        or amount < 0
+        or (positive and not amount)
     ):
         kind = "a positive amount" if positive else "an amount of 0 or more"
         raise ConfigError(f"{what} must be {kind} in US dollars, not {value!r}.", fix)
@@ -119,9 +122,11 @@ def dollars(value: Any, what: str, fix: str, *, positive: bool) -> Decimal:
 def parse_max_cost(value: Any) -> Decimal:
     """`--max-cost` as a Decimal (ConfigError unless a positive finite amount)."""
     return dollars(
-        value, "--max-cost", "Give the batch's cap in US dollars, e.g. --max-cost 5 or 0.50; "
-        "leave it out for no cap.", positive=True,
-    )  # fmt: skip
+        value,
+        "--max-cost",
+        "Give the batch's cap in US dollars, e.g. --max-cost 5 or 0.50; leave it out for no cap.",
+        positive=True,
+    )
 
 
 def parse_price(text: str) -> tuple[str, Rates]:
@@ -174,9 +179,11 @@ def bundled_pricing(model: ModelSpec) -> Pricing | None:
         now = datetime.now(timezone.utc)
         if model.api_base:
             price = calc_price(
-                usage, model.model_id, provider_api_url=model.api_base,
+                usage,
+                model.model_id,
+                provider_api_url=model.api_base,
                 genai_request_timestamp=now,
-            )  # fmt: skip
+            )
         else:
             price = calc_price(
                 usage, model.model_id, provider_id="litellm", genai_request_timestamp=now
@@ -243,9 +250,11 @@ def pricing_for(model: ModelSpec, user: Mapping[str, Rates]) -> Pricing:
 
 
 def plan_pricing(
-    max_cost: Any, prices: Mapping[str, Any], models: Mapping[str, ModelSpec],
+    max_cost: Any,
+    prices: Mapping[str, Any],
+    models: Mapping[str, ModelSpec],
     gateway_off: Mapping[str, str | None],
-) -> Pricing | None:  # fmt: skip
+) -> Pricing | None:
     """The price a batch's cost cap counts with (None: no `--max-cost`), checked before
     anything starts. `models`: each task's model; `gateway_off`: why a task's run has no
     model gateway (None: it has one). ConfigError (exit 2) for a price without a cap, a

@@ -19,9 +19,22 @@ from .scoring import percentile, wilson_interval
 RANK = {"failed": 0, "wrong": 1, "partial": 2, "unscored": 3, "correct": 4}
 
 CSV_FIELDS = (
-    "id", "line", "verdict", "status", "score", "answer", "expected", "error", "duration",
-    "input_tokens", "output_tokens", "steps", "attempts", "run_id", "record_dir",
-)  # fmt: skip
+    "id",
+    "line",
+    "verdict",
+    "status",
+    "score",
+    "answer",
+    "expected",
+    "error",
+    "duration",
+    "input_tokens",
+    "output_tokens",
+    "steps",
+    "attempts",
+    "run_id",
+    "record_dir",
+)
 
 
 def verdict(row: dict[str, Any]) -> str:
@@ -85,8 +98,9 @@ class BatchReport:
         writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for row in self.rows:
-            writer.writerow({**row, "answer": _cell(row.get("answer")),
-                             "expected": _cell(row.get("expected"))})  # fmt: skip
+            writer.writerow(
+                {**row, "answer": _cell(row.get("answer")), "expected": _cell(row.get("expected"))}
+            )
         return out.getvalue()
 
 

@@ -34,8 +34,11 @@ def _text_problem(text: str) -> str | None:
 #: type and range as a manifest's `[limits]`.
 ROW = Table(
     {
-        "id": Field((str, int), check=_id_problem,
-                    fix="Give a string or an integer, or leave it out (an id is derived)."),
+        "id": Field(
+            (str, int),
+            check=_id_problem,
+            fix="Give a string or an integer, or leave it out (an id is derived).",
+        ),
         "task": Field(str, required=True, check=_text_problem, fix="Give the task as text."),
         "additional_args": Field(dict),
         "expected": Field(object),
@@ -43,7 +46,7 @@ ROW = Table(
         **SETTABLE_LIMITS_TABLE.fields,
     },
     unknown_fix="Put other data under `metadata`.",
-)  # fmt: skip
+)
 
 
 FIELD_ALIASES = {"timeout": "timeout_seconds"}
@@ -185,8 +188,9 @@ def check_duplicates(path: Path, tasks: list[Task]) -> None:
                 f"(derived id {task.id})"
             )
         else:
-            problems.append(f"{path}:{task.line}: duplicate id {task.id!r} (first on line "
-                            f"{seen.line})")  # fmt: skip
+            problems.append(
+                f"{path}:{task.line}: duplicate id {task.id!r} (first on line {seen.line})"
+            )
     if problems:
         raise TaskFileError(
             listing(f"{path} has {len(problems)} duplicate task id(s):", problems),

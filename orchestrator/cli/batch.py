@@ -63,85 +63,114 @@ def add_batch_parser(sub: Any) -> None:
     )
     p.add_argument("tasks", help="tasks file (.jsonl or .csv)")
     p.add_argument(
-        "--output", "-o",
+        "--output",
+        "-o",
         help="batch directory, created; the same one resumes (default: "
         "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
-    )  # fmt: skip
+    )
     add_run_options(p)
     p.add_argument(
-        "--concurrency", "-j", type=concurrency_arg, metavar="auto|N",
+        "--concurrency",
+        "-j",
+        type=concurrency_arg,
+        metavar="auto|N",
         help="the most sandboxes at once: how many run adapts under it to what the host "
         "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit); warm on runc, "
         "1 x CPUs: the pool starts sandboxes beside the runs; then more "
         "while throughput grows, fewer when it does not fall or memory runs short). Default: "
         "$ORCHESTRATOR_CONCURRENCY, the config file's concurrency, else auto (up to 32)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--fixed-concurrency", action="store_true",
+        "--fixed-concurrency",
+        action="store_true",
         help="run exactly --concurrency N at once, never adapting (for measurements; with "
         "--ray, each node runs all it declares)",
-    )  # fmt: skip
+    )
     warm = p.add_mutually_exclusive_group()
     warm.add_argument(
-        "--warm", type=int, metavar="N",
+        "--warm",
+        type=int,
+        metavar="N",
         help="keep N sandboxes (0 to 32) started ahead of the runs that take them, each used "
         "once (default: as many as the concurrency when there are more tasks than that)",
-    )  # fmt: skip
+    )
     warm.add_argument(
-        "--no-warm", dest="warm", action="store_const", const=0,
+        "--no-warm",
+        dest="warm",
+        action="store_const",
+        const=0,
         help="start every run's sandbox when the run starts",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--scorer", default="exact",
+        "--scorer",
+        default="exact",
         help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function "
         "(default: exact, after normalising case, spaces, quotes and a final full stop)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--tolerance", type=float, default=1e-6,
+        "--tolerance",
+        type=float,
+        default=1e-6,
         help="numeric scorer: |answer - expected| <= T * max(1, |expected|) (default 1e-6)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-attempts", type=int, default=3,
+        "--max-attempts",
+        type=int,
+        default=3,
         help="attempts per task on infrastructure faults only (default 3; 1 = no retry)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--backoff", type=float, default=2.0, dest="backoff_seconds",
+        "--backoff",
+        type=float,
+        default=2.0,
+        dest="backoff_seconds",
         help="first retry wait in seconds, doubling each time, plus jitter (default 2)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--rerun-failed", action="store_true",
+        "--rerun-failed",
+        action="store_true",
         help="on resume, also run again tasks that failed, timed out or ran out of memory",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--fail-on-error", type=float, metavar="RATIO",
+        "--fail-on-error",
+        type=float,
+        metavar="RATIO",
         help="stop (exit 5) once more than this share of tasks (< 1), or this many tasks "
         "(>= 1), ended in infra_error after their retries",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-total-tokens", type=int, metavar="N",
+        "--max-total-tokens",
+        type=int,
+        metavar="N",
         help="the batch's token cap: once its tasks spent N tokens (input + output, every "
         "attempt of every session, as the model gateway measured them, else as the sandboxes "
         "reported), no task starts and running ones are stopped (exit 5); re-run with a higher "
         "N to resume (default: no cap)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-cost", metavar="USD",
+        "--max-cost",
+        metavar="USD",
         help="the batch's cost cap in US dollars: as --max-total-tokens, counting each model "
         "call's gateway-measured tokens at the price of the model it names (--price, else the "
         "prices bundled with genai-prices, offline); a model with no known price, or runs "
         "without the model gateway, are refused before anything starts, and a call whose cost "
         "cannot be counted stops the batch; mock costs 0 (default: no cap)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--price", action="append", default=[], metavar="MODEL=IN/OUT",
+        "--price",
+        action="append",
+        default=[],
+        metavar="MODEL=IN/OUT",
         help="the price --max-cost counts MODEL (as --model spells it) at: US dollars per "
         f"million input and output tokens, e.g. {PRICE_EXAMPLE}; repeatable; wins over the "
         "bundled prices",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--on-bad-line", choices=["fail", "skip"], default="fail",
+        "--on-bad-line",
+        choices=["fail", "skip"],
+        default="fail",
         help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
-    )  # fmt: skip
+    )
     add_ray_option(p, "the attempts")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
@@ -193,9 +222,12 @@ def cmd_batch(args: argparse.Namespace) -> int:
     try:
         executor, spec = ray_batch(args, spec, display.message)
         summary = run_batch(
-            spec, cancel=signals.STOP, monitor=display.update, on_message=display.message,
+            spec,
+            cancel=signals.STOP,
+            monitor=display.update,
+            on_message=display.message,
             executor=executor,
-        )  # fmt: skip
+        )
     except OutputWriteError as exc:  # before any task started (batch.json, the lock)
         say(f"{exc.cause}. {write_advice(command)}", kind="error")
         return exc.exit_code
@@ -422,8 +454,10 @@ class BatchDisplay:
         spend = s.spend
         caps = []
         if spend.get("max_total_tokens") is not None:
-            caps.append(f"{spend['tokens']} of --max-total-tokens {spend['max_total_tokens']} "
-                        f"({spend['source']})")  # fmt: skip
+            caps.append(
+                f"{spend['tokens']} of --max-total-tokens {spend['max_total_tokens']} "
+                f"({spend['source']})"
+            )
         if spend.get("max_cost_usd") is not None and spend.get("price"):
             price = spend["price"]
             caps.append(
@@ -436,9 +470,12 @@ class BatchDisplay:
                 "spend",
                 " · ".join(caps)
                 + (f" · stopped by {spend['stopped_by']}" if spend.get("stopped_by") else "")
-                + (f" · {spend['attempts_stopped']} run(s) stopped by it: run again on resume"
-                   if spend.get("attempts_stopped") else ""),
-            )  # fmt: skip
+                + (
+                    f" · {spend['attempts_stopped']} run(s) stopped by it: run again on resume"
+                    if spend.get("attempts_stopped")
+                    else ""
+                ),
+            )
         cancelled = f", {s.cancelled} cancelled: run again on resume" if s.cancelled else ""
         table.add_row("retries", f"{s.retries} ({s.attempts} attempts in all{cancelled})")
         session = s.session

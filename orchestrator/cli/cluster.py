@@ -16,13 +16,17 @@ if TYPE_CHECKING:
 
 def add_ray_option(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument(
-        "--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
         help=f"run {what} on the nodes of the Ray cluster at ADDRESS (default: $RAY_ADDRESS, "
         "else the cluster started on this machine); nodes that run sandboxes declare `ray "
         "start ... --resources '{\"orchestrator_sandboxes\": N}'` (at most N at once there; "
         "of a batch, as many as that host carries), need Docker and orchestrator; results "
         "and records stay on this machine. Needs pip install 'orchestrator[ray]'",
-    )  # fmt: skip
+    )
 
 
 def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) -> RayExecutor | None:

@@ -31,25 +31,28 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)")
     p.add_argument("--model-key-env", help="environment variable holding the model's API key")
     p.add_argument(
-        "--backend", choices=backend_names(),
+        "--backend",
+        choices=backend_names(),
         help=f"where sandboxes run: {backends_help()}. Default: $ORCHESTRATOR_BACKEND, the "
         "config file's backend, the payload's `payload.backend`, else docker",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--network", choices=["none", "allowlist", "open"],
+        "--network",
+        choices=["none", "allowlist", "open"],
         help="network policy: none (default for a mock model and no declared hosts), "
         "allowlist (default otherwise: the model's host, the payload's [network] hosts and "
         "--allow-host, through an egress proxy) or open (unrestricted; only when named); "
         "$ORCHESTRATOR_NETWORK or the config file's network come first when set",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--sandbox-runtime", choices=SANDBOX_RUNTIMES,
+        "--sandbox-runtime",
+        choices=SANDBOX_RUNTIMES,
         help="the sandbox's kernel on Docker: runsc (gVisor's; set it up with "
         "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile) or auto "
         "(default: runsc when the engine has it, else runc); $ORCHESTRATOR_SANDBOX_RUNTIME, "
         "the config file's sandbox_runtime, then the payload's `payload.sandbox_runtime` "
         "come first when set (other backends: only auto)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--allow-host",
         action="append",
@@ -59,18 +62,22 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "*.example.com; ports 80 and 443)",
     )
     p.add_argument(
-        "--allow-requirement", action="append", default=[], metavar="REQ",
+        "--allow-requirement",
+        action="append",
+        default=[],
+        metavar="REQ",
         dest="allowed_requirements",
         help="let the payload install exactly this requirement string although it is not a "
         "package specification, e.g. a `name @ file:///...` or `name @ https://...` reference "
         "(pip on this machine fetches or opens it); repeat for each",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-steps", type=int,
+        "--max-steps",
+        type=int,
         help="steps of the top agent; its managed agents get at most as many (default: the "
         "manifest's [limits] max_steps, the same way; else each agent keeps the max_steps its "
         "program gave it, smolagents' default 20; `runs show` says what each had and why)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--timeout",
         type=float,
@@ -86,34 +93,43 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpus", type=float, help="CPU limit (default: manifest, else 1.0)")
     p.add_argument("--pids", type=int, help="process limit (default: manifest, else 256)")
     p.add_argument(
-        "--max-model-calls", type=int, metavar="N",
+        "--max-model-calls",
+        type=int,
+        metavar="N",
         help="model calls the run's gateway forwards; call N+1 ends the run with "
         "budget_exceeded (default: manifest, else 200)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-tokens", type=int, metavar="N",
+        "--max-tokens",
+        type=int,
+        metavar="N",
         help="input + output tokens the run may spend, as the gateway measures them "
         "(default: manifest, else 2000000)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--no-gateway", action="store_false", dest="gateway",
+        "--no-gateway",
+        action="store_false",
+        dest="gateway",
         help="put the model key into the sandbox instead of serving the model through the "
         "run's gateway (default: a gateway for openai, hf and litellm models; a backend "
         "without one refuses them unless this is given; no host-measured tokens or budgets "
         "without it)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--traces-to", metavar="URL",
+        "--traces-to",
+        metavar="URL",
         help="export each run's OpenTelemetry trace (the run, its agents' spans, its model "
         "calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:6006 (Phoenix); `off` for "
         "none. Default: OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT (and _HEADERS, "
         "_PROTOCOL) when set, else no traces",
-    )  # fmt: skip
+    )
     p.add_argument("--env-file", help="dotenv file to read secrets from (default: ./.env)")
     p.add_argument(
-        "--i-understand-dangerous-imports", action="store_true", dest="allow_dangerous_imports",
+        "--i-understand-dangerous-imports",
+        action="store_true",
+        dest="allow_dangerous_imports",
         help="allow authorized_imports such as os or subprocess in the inner executor",
-    )  # fmt: skip
+    )
 
 
 def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
 
 def add_backend_option(parser: Any, what: str) -> None:
     parser.add_argument(
-        "--backend", choices=backend_names(), default=DEFAULT_BACKEND,
+        "--backend",
+        choices=backend_names(),
+        default=DEFAULT_BACKEND,
         help=f"{what}: {backends_help()}",
-    )  # fmt: skip
+    )
 
 
 def add_images_parser(sub: Any) -> None:

@@ -20,9 +20,10 @@ def add_new_parser(sub: Any) -> None:
     )
     p.add_argument("name", help="payload name and folder (lowercase letters, digits, _ and -)")
     p.add_argument(
-        "--program", action="store_true",
+        "--program",
+        action="store_true",
         help="write NAME.py, a program as its author would write it, instead of a payload folder",
-    )  # fmt: skip
+    )
     p.add_argument("--dir", default=".", help="folder to create it in")
     p.add_argument("--json", action="store_true", help="print {name, path} as JSON")
     p.set_defaults(handler=cmd_new)
@@ -69,7 +70,7 @@ def cmd_examples(args: argparse.Namespace) -> int:
         [
             (e["name"], e.get("description") or e.get("error"), e.get("example_task"))
             for e in examples
-        ],  # fmt: skip
+        ],
     )
     say("run one by name: orchestrator run NAME")
     return 0

@@ -123,9 +123,11 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
     )
     parser.add_argument("--version", action="version", version=f"orchestrator {VERSION}")
     parser.add_argument(
-        "--verbose", "-v", action="store_true",
+        "--verbose",
+        "-v",
+        action="store_true",
         help="also show build tools' output (pip, docker build) and repeated notices",
-    )  # fmt: skip
+    )
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=CommandParser)
     for command in COMMANDS:
         if in_full is not None and command.name not in in_full:
@@ -136,9 +138,12 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
             getattr(importlib.import_module(f"{__package__}.{module}"), function)(sub)
     for leaf in subcommands(parser):  # -v works after the command too: `run -v ...`
         leaf.add_argument(
-            "--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+            "--verbose",
+            "-v",
+            action="store_true",
+            default=argparse.SUPPRESS,
             help="also show build tools' output and repeated notices",
-        )  # fmt: skip
+        )
     return parser
 
 

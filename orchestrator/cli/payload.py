@@ -31,19 +31,23 @@ def add_payload_parser(sub: Any) -> None:
         "__main__.py or main.py), or a shipped example's name",
     )
     p.add_argument(
-        "--no-load", action="store_true",
+        "--no-load",
+        action="store_true",
         help="check the manifest and files only (no sandbox; faster, finds less)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--backend", choices=backend_names(),
+        "--backend",
+        choices=backend_names(),
         help=f"where to load it: {backends_help()}. Default: the payload's `payload.backend`, "
         "else docker",
-    )  # fmt: skip
+    )
     p.add_argument("--env-file", help="dotenv file the secrets are looked up in (default: ./.env)")
     p.add_argument(
-        "--i-understand-dangerous-imports", action="store_true", dest="allow_dangerous_imports",
+        "--i-understand-dangerous-imports",
+        action="store_true",
+        dest="allow_dangerous_imports",
         help="accept authorized_imports such as os or subprocess, as `run` would with it",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(handler=cmd_validate)
 
@@ -168,9 +172,11 @@ def add_cleanup_parser(sub: Any) -> None:
         "and close their run records as infra_error.",
     )
     p.add_argument(
-        "--backend", default=DEFAULT_BACKEND, choices=backend_names(),
+        "--backend",
+        default=DEFAULT_BACKEND,
+        choices=backend_names(),
         help=f"whose leftovers to remove: {backends_help()}",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--all-stores", action="store_true", help="consider sandboxes of every state directory"
     )

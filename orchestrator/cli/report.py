@@ -44,9 +44,10 @@ def add_batch_verbs(sub: Any) -> None:
     )
     again.add_argument("dir", help="the batch's output folder")
     again.add_argument(
-        "--scorer", required=True,
+        "--scorer",
+        required=True,
         help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function",
-    )  # fmt: skip
+    )
     again.add_argument("--tolerance", type=float, default=1e-6, help="numeric scorer tolerance")
     again.add_argument("--json", action="store_true", help="the new report as JSON")
     again.add_argument("--csv", metavar="FILE", help="also write every task as a CSV row")
@@ -100,11 +101,13 @@ def figures(report: BatchReport) -> list[tuple[str, str]]:
         scorer += f" (rescored; the batch ran with {report.rescored_from})"
     if report.accuracy is not None and report.accuracy_ci95:
         low, high = report.accuracy_ci95
-        lines.append((
-            "accuracy",
-            f"{report.accuracy:.1%} ({report.correct:g}/{report.scored} scored, "
-            f"95% CI {low:.1%}–{high:.1%}, scorer {scorer})",
-        ))  # fmt: skip
+        lines.append(
+            (
+                "accuracy",
+                f"{report.accuracy:.1%} ({report.correct:g}/{report.scored} scored, "
+                f"95% CI {low:.1%}–{high:.1%}, scorer {scorer})",
+            )
+        )
     else:
         lines.append(("accuracy", f"n/a (no task scored; scorer {scorer})"))
     counts = " · ".join(f"{k} {v}" for k, v in report.counts.items() if v or k == "succeeded")

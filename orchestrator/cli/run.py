@@ -41,16 +41,20 @@ def add_run_parser(sub: Any) -> None:
         "with __main__.py or main.py), or a shipped example's name",
     )
     p.add_argument(
-        "args", nargs="*", metavar="TASK | ARG",
+        "args",
+        nargs="*",
+        metavar="TASK | ARG",
         help="a payload's task (default: the manifest's example_task; - reads it from "
         "stdin); a program's arguments, its sys.argv[1:] (after --, arguments may start "
         "with -)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--task", dest="task_option", metavar="TEXT",
+        "--task",
+        dest="task_option",
+        metavar="TEXT",
         help="a program: replaces the task of its first agent run (also in "
         "$ORCHESTRATOR_TASK); a payload: the same as the task argument",
-    )  # fmt: skip
+    )
     add_run_options(p)
     p.add_argument(
         "--arg",

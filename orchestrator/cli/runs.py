@@ -41,20 +41,24 @@ def add_runs_parser(sub: Any) -> None:
     ls = rsub.add_parser("list", help="recent runs, newest first")
     ls.add_argument("--limit", type=count, default=20, help="at most this many runs (0: all)")
     ls.add_argument(
-        "--status", choices=STATUSES, metavar="STATUS",
+        "--status",
+        choices=STATUSES,
+        metavar="STATUS",
         help=f"only runs with this status ({', '.join(STATUSES)})",
-    )  # fmt: skip
+    )
     ls.add_argument("--schedule", help="only runs fired by this schedule")
     ls.add_argument(
-        "--batch", metavar="BATCH",
+        "--batch",
+        metavar="BATCH",
         help="only runs of this batch: its output folder, its id, or a unique prefix or "
         "suffix of the id",
-    )  # fmt: skip
+    )
     ls.add_argument(
-        "--checks", action="store_true",
+        "--checks",
+        action="store_true",
         help="list only check runs: the agent-tree loads of `validate` and of a batch's "
         "preflight (no step runs; hidden otherwise)",
-    )  # fmt: skip
+    )
     ls.add_argument("--json", action="store_true", help="print the rows as a JSON array")
     ls.set_defaults(handler=cmd_runs_list)
 
@@ -66,18 +70,23 @@ def add_runs_parser(sub: Any) -> None:
     logs = rsub.add_parser("logs", help="a run's events (one line each) or its raw logs")
     run_argument(logs, "run_id", help=RUN_HELP)
     logs.add_argument(
-        "--stream", choices=["events", "stderr", "stdout"], default="events",
+        "--stream",
+        choices=["events", "stderr", "stdout"],
+        default="events",
         help="events: the event stream; stderr/stdout: the sandbox's own output",
-    )  # fmt: skip
+    )
     logs.add_argument("--json", action="store_true", help="events as raw JSON lines")
     logs.add_argument(
-        "--full", action="store_true",
+        "--full",
+        action="store_true",
         help="each step's code, model output, observations and error in full (no cutting)",
-    )  # fmt: skip
+    )
     logs.add_argument(
-        "--follow", "-f", action="store_true",
+        "--follow",
+        "-f",
+        action="store_true",
         help="keep printing as a live run writes, until it ends",
-    )  # fmt: skip
+    )
     logs.set_defaults(handler=cmd_runs_logs)
 
     stop = rsub.add_parser(
@@ -89,9 +98,12 @@ def add_runs_parser(sub: Any) -> None:
     )
     run_argument(stop, "run_id", help=RUN_HELP)
     stop.add_argument(
-        "--wait", type=float, default=60.0, metavar="SECONDS",
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="how long to wait for the run to end",
-    )  # fmt: skip
+    )
     stop.add_argument("--json", action="store_true", help="print the run's row as JSON")
     stop.set_defaults(handler=cmd_runs_stop)
 
@@ -108,13 +120,18 @@ def add_runs_parser(sub: Any) -> None:
         "still going are never removed.",
     )
     pr.add_argument(
-        "--older-than", required=True, metavar="AGE",
+        "--older-than",
+        required=True,
+        metavar="AGE",
         help="45s, 90m, 12h, 30d or 2w (a bare number is days)",
-    )  # fmt: skip
+    )
     pr.add_argument(
-        "--status", action="append", choices=STATUSES, metavar="STATUS",
+        "--status",
+        action="append",
+        choices=STATUSES,
+        metavar="STATUS",
         help="only runs with this status; repeat for several (default: any ended run)",
-    )  # fmt: skip
+    )
     pr.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     pr.add_argument("--json", action="store_true", help="print the removed runs as JSON")
     pr.set_defaults(handler=cmd_runs_prune)
@@ -122,10 +139,12 @@ def add_runs_parser(sub: Any) -> None:
     ex = rsub.add_parser("export", help="write a run's record as a .tar.gz archive")
     run_argument(ex, "run_id", help=RUN_HELP)
     ex.add_argument(
-        "--output", "-o", metavar="PATH",
+        "--output",
+        "-o",
+        metavar="PATH",
         help="archive file, or folder to write RUN_ID.tar.gz in (default: ./RUN_ID.tar.gz); "
         "its folder must exist",
-    )  # fmt: skip
+    )
     ex.add_argument("--force", action="store_true", help="replace an archive that exists")
     ex.add_argument("--json", action="store_true", help="print {run_id, path} as JSON")
     ex.set_defaults(handler=cmd_runs_export)

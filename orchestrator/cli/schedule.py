@@ -94,8 +94,11 @@ def add_schedule_parser(sub: Any) -> None:
         action="store_true",
         help="start each firing's sandbox at its time (default: a warm one shortly before)",
     )
-    add_ray_option(se, "each firing (cold, on the node with the most room; the lock and the "
-                   "overlap rules stay here)")  # fmt: skip
+    add_ray_option(
+        se,
+        "each firing (cold, on the node with the most room; the lock and the "
+        "overlap rules stay here)",
+    )
     se.set_defaults(handler=cmd_serve, watches_stop=True)
 
     ins = ssub.add_parser(
@@ -104,9 +107,10 @@ def add_schedule_parser(sub: Any) -> None:
     ins.add_argument("--dry-run", action="store_true", help="print the lines, change nothing")
     ins.add_argument("--remove", action="store_true", help="remove this file's lines")
     ins.add_argument(
-        "--log-dir", type=Path,
+        "--log-dir",
+        type=Path,
         help="folder of the cron jobs' log files (default: $ORCHESTRATOR_HOME/schedules/logs)",
-    )  # fmt: skip
+    )
     ins.set_defaults(handler=cmd_install)
 
     hi = ssub.add_parser(

@@ -23,10 +23,12 @@ def add_export_traces_parser(rsub: Any, run_argument: Any, run_help: str) -> Non
     )
     run_argument(p, "run_id", help=run_help)
     p.add_argument(
-        "--to", metavar="URL", dest="to",
+        "--to",
+        metavar="URL",
+        dest="to",
         help="the collector, e.g. http://127.0.0.1:6006 (Phoenix) or "
         "http://collector:4318/v1/traces (default: OTEL_EXPORTER_OTLP_ENDPOINT)",
-    )  # fmt: skip
+    )
     p.add_argument("--json", action="store_true", help="print {run_id, exported, ...} as JSON")
     p.set_defaults(handler=cmd_export_traces)
 
@@ -52,6 +54,8 @@ def cmd_export_traces(args: argparse.Namespace) -> int:
     elif outcome["exported"]:
         say(f"sent {outcome['spans']} span(s) of run {row['run_id']} to {outcome['endpoint']}")
     else:
-        say(f"could not send the trace of run {row['run_id']} to {outcome['endpoint']}: "
-            f"{outcome['error']}")  # fmt: skip
+        say(
+            f"could not send the trace of run {row['run_id']} to {outcome['endpoint']}: "
+            f"{outcome['error']}"
+        )
     return 0 if outcome["exported"] else 1

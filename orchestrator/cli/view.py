@@ -35,13 +35,18 @@ def add_view_parser(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "items", nargs="*", metavar="RUN_ID|BATCH_DIR",
+        "items",
+        nargs="*",
+        metavar="RUN_ID|BATCH_DIR",
         help="batch output folders to show with their scores; with --export, also run ids",
-    )  # fmt: skip
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free one)")
-    p.add_argument("--schedules", metavar="FILE", help="schedules file, for next fire times "
-                   "(default: schedules.toml here, if there is one)")  # fmt: skip
+    p.add_argument(
+        "--schedules",
+        metavar="FILE",
+        help="schedules file, for next fire times (default: schedules.toml here, if there is one)",
+    )
     p.add_argument("--export", metavar="DIR", help="write static HTML to DIR instead of serving")
     p.set_defaults(handler=cmd_view)
 
@@ -142,8 +147,10 @@ def serve(app: Any, host: str, port: int, token: str | None) -> int:
         for name in addresses_of(host)
     ]
     if token:
-        say("access token required on this address: open the URL below (it sets a cookie); "
-            "without the token nothing is served")  # fmt: skip
+        say(
+            "access token required on this address: open the URL below (it sets a cookie); "
+            "without the token nothing is served"
+        )
     for other in urls[1:]:
         say(f"also served at {other}")
     print(f"orchestrator view: {urls[0]}", flush=True)

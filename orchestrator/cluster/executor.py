@@ -362,8 +362,11 @@ class RayExecutor(AttemptExecutor):
             node = self._take_slot(observers.cancel)
         if node is None:
             if observers.cancel.is_set():
-                return RunResult(attempt.run_id, "cancelled", error={"type": "cancelled",
-                                 "message": "cancelled before a node took it"})  # fmt: skip
+                return RunResult(
+                    attempt.run_id,
+                    "cancelled",
+                    error={"type": "cancelled", "message": "cancelled before a node took it"},
+                )
             message = f"no node of the Ray cluster with {RESOURCE} is left"
             return lost_record(store, prepared, {}, message, started)
         try:
@@ -384,8 +387,9 @@ class RayExecutor(AttemptExecutor):
         prepared = attempt.prepared
         where = node.info.describe()
         if not node.alive:
-            return lost_record(store, prepared, where, f"node {node.info.short()} was lost",
-                               started)  # fmt: skip
+            return lost_record(
+                store, prepared, where, f"node {node.info.short()} was lost", started
+            )
         ref = node.actor.run.remote(_without_secrets(prepared), prepared.secrets, attempt.number)
         give_up = time.monotonic() + prepared.limits.timeout_seconds + ANSWER_GRACE
         cancelled = False
@@ -396,16 +400,18 @@ class RayExecutor(AttemptExecutor):
             if time.monotonic() > give_up:
                 reason = "no answer within the run's time limit"
                 self._lose(node, reason)
-                return lost_record(store, prepared, where, f"node {node.info.short()}: {reason}",
-                                   started)  # fmt: skip
+                return lost_record(
+                    store, prepared, where, f"node {node.info.short()}: {reason}", started
+                )
         try:
             packed = ray.get(ref)
         except Exception as exc:  # the node, its worker or the result object was lost
             reason = _reason(exc)
             if _is_node_loss(ray, exc):
                 self._lose(node, reason)
-            return lost_record(store, prepared, where, f"node {node.info.short()}: {reason}",
-                               started)  # fmt: skip
+            return lost_record(
+                store, prepared, where, f"node {node.info.short()}: {reason}", started
+            )
         result = import_record(store, packed, where)
         self._limit(node, packed.get("node_limit"))
         node.actor.forget.remote(prepared.run_id)
@@ -473,8 +479,12 @@ def _get_all(ray: Any, refs: list[Any], *, default: Any) -> list[Any]:
 
 def _is_node_loss(ray: Any, exc: BaseException) -> bool:
     """The worker (or its node) is gone, as opposed to an error raised by our own code."""
-    lost = (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
-            ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError)  # fmt: skip
+    lost = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.ObjectLostError,
+        ray.exceptions.GetTimeoutError,
+    )
     return isinstance(exc, lost) and not isinstance(exc, ray.exceptions.RayTaskError)
 
 

@@ -68,8 +68,12 @@ class NodeWorker:
         """Who and where this worker is, once its engine answers (raises if it does not):
         what the driver checks before sending any attempt here."""
         self._local()
-        return {**self.node, "pid": os.getpid(), "host": socket.gethostname(),
-                "state_dir": str(self.store.root)}  # fmt: skip
+        return {
+            **self.node,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "state_dir": str(self.store.root),
+        }
 
     def _local(self) -> LocalExecutor:
         with self._lock:
@@ -144,9 +148,7 @@ class NodeWorker:
         if attempt is not None:
             self._local().release(attempt)
 
-    def run(
-        self, prepared: PreparedRun, secrets: dict[str, str], number: int
-    ) -> dict[str, Any]:
+    def run(self, prepared: PreparedRun, secrets: dict[str, str], number: int) -> dict[str, Any]:
         """Run one attempt (its secrets given apart, never stored) to its end; its packed
         record (`transfer.pack_record`), with the node's limit now (`node_limit`; None
         without a batch's `open`)."""

@@ -49,8 +49,10 @@ def create_app(
         try:
             result = await page(list_runs, store, flt)
         except OrchestratorError as exc:
-            return HTMLResponse(render("message.html", LINKS, title="Bad filter",
-                                       message=f"{exc.cause} {exc.fix}"), 400)  # fmt: skip
+            return HTMLResponse(
+                render("message.html", LINKS, title="Bad filter", message=f"{exc.cause} {exc.fix}"),
+                400,
+            )
         return HTMLResponse(render("runs.html", LINKS, page=result, flt=flt))
 
     async def run(request: Request) -> Response:
@@ -90,8 +92,15 @@ def create_app(
 
     async def schedules(request: Request) -> Response:
         views, problem = await page(schedule_views, store, schedules_file)
-        return HTMLResponse(render("schedules.html", LINKS, schedules=views, problem=problem,
-                                   file=str(schedules_file) if schedules_file else ""))  # fmt: skip
+        return HTMLResponse(
+            render(
+                "schedules.html",
+                LINKS,
+                schedules=views,
+                problem=problem,
+                file=str(schedules_file) if schedules_file else "",
+            )
+        )
 
     app = Starlette(
         routes=[

@@ -35,9 +35,13 @@ def rescores(folder: Path) -> list[dict[str, Any]]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being written, or not ours
-        found.append({key: data.get(key) for key in ("scorer", "accuracy", "accuracy_ci95",
-                                                     "scored", "rescored_at")}
-                     | {"file": path.name})  # fmt: skip
+        found.append(
+            {
+                key: data.get(key)
+                for key in ("scorer", "accuracy", "accuracy_ci95", "scored", "rescored_at")
+            }
+            | {"file": path.name}
+        )
     return found
 
 
@@ -106,10 +110,14 @@ class Batches:
                 counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
         else:
             rows = [
-                {"id": r["run_id"], "input_tokens": r["input_tokens"] or 0,
-                 "output_tokens": r["output_tokens"] or 0, "duration": r["duration"]}
+                {
+                    "id": r["run_id"],
+                    "input_tokens": r["input_tokens"] or 0,
+                    "output_tokens": r["output_tokens"] or 0,
+                    "duration": r["duration"],
+                }
                 for r in runs
-            ]  # fmt: skip
+            ]
             counts = {}
             for r in runs:
                 counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -92,8 +92,9 @@ def duration_histogram(durations: list[float], bins: int = 12) -> str | None:
     counts = [0] * bins
     for value in durations:
         counts[min(bins - 1, int((value - low) / width))] += 1
-    chart = pygal.Histogram(**_config(), title="Task duration (s)", x_title="seconds",
-                            y_title="tasks")  # fmt: skip
+    chart = pygal.Histogram(
+        **_config(), title="Task duration (s)", x_title="seconds", y_title="tasks"
+    )
     chart.add("tasks", [(n, low + i * width, low + (i + 1) * width) for i, n in enumerate(counts)])
     whole_counts(chart, max(counts))
     return data_uri(chart)
@@ -105,9 +106,12 @@ def tokens_per_task(rows: list[dict[str, Any]], limit: int = 60) -> str | None:
     if not rows:
         return None
     rows = sorted(rows, key=lambda r: -(r["input_tokens"] + r["output_tokens"]))[:limit]
-    chart = pygal.StackedBar(**{**_config(), "show_legend": True, "legend_at_bottom": True},
-                             title="Tokens per task", x_label_rotation=40,
-                             truncate_label=18)  # fmt: skip
+    chart = pygal.StackedBar(
+        **{**_config(), "show_legend": True, "legend_at_bottom": True},
+        title="Tokens per task",
+        x_label_rotation=40,
+        truncate_label=18,
+    )
     chart.x_labels = [str(r["id"]) for r in rows]
     chart.add("input", [r["input_tokens"] for r in rows])
     chart.add("output", [r["output_tokens"] for r in rows])
@@ -121,9 +125,10 @@ def status_breakdown(counts: dict[str, int], title: str = "Tasks by status") -> 
         return None
     colours = tuple(STATUS_COLOURS.get(k, "#4a5568") for k in present)
     style = Style(**{**STYLE.to_dict(), "colors": colours})
-    chart = pygal.HorizontalBar(**{**_config(), "style": style, "show_legend": True,
-                                   "height": 120 + 40 * len(present)},
-                                title=title)  # fmt: skip
+    chart = pygal.HorizontalBar(
+        **{**_config(), "style": style, "show_legend": True, "height": 120 + 40 * len(present)},
+        title=title,
+    )
     for status, count in present.items():
         chart.add(status, count)
     whole_counts(chart, max(present.values()))

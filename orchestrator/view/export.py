@@ -85,8 +85,13 @@ def export(
     )
     views, problem = schedule_views(store, schedules_file)
     (folder / "schedules.html").write_text(
-        render("schedules.html", links, schedules=views, problem=problem,
-               file=str(schedules_file) if schedules_file else ""),
+        render(
+            "schedules.html",
+            links,
+            schedules=views,
+            problem=problem,
+            file=str(schedules_file) if schedules_file else "",
+        ),
         encoding="utf-8",
-    )  # fmt: skip
+    )
     return Exported(folder, run_ids, list(batches.folders))

@@ -83,8 +83,12 @@ class Guard:
                 # One leading slash: `//host` would send the browser to another site.
                 location = "/" + scope["path"].lstrip("/") + (f"?{rest}" if rest else "")
                 cookie = f"{COOKIE}={given}; Path=/; HttpOnly; SameSite=Strict"
-                await respond(send, 303, "", [(b"location", location.encode()),
-                                              (b"set-cookie", cookie.encode())])  # fmt: skip
+                await respond(
+                    send,
+                    303,
+                    "",
+                    [(b"location", location.encode()), (b"set-cookie", cookie.encode())],
+                )
                 return
             jar = SimpleCookie()
             try:
@@ -95,9 +99,11 @@ class Guard:
             held = jar[COOKIE].value if COOKIE in jar else bearer
             if not held or not self.matches(held):
                 await respond(
-                    send, 401, "An access token is needed: open the URL that `orchestrator view` "
-                    "printed (it ends with ?token=...)."
-                )  # fmt: skip
+                    send,
+                    401,
+                    "An access token is needed: open the URL that `orchestrator view` "
+                    "printed (it ends with ?token=...).",
+                )
                 return
 
         async def secured(message: Message) -> None:
@@ -116,10 +122,16 @@ async def respond(
     send: Send, status: int, text: str, extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     body = text.encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                    (b"content-length", str(len(body)).encode()), *HEADERS, *(extra or [])],
-    })  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *HEADERS,
+                *(extra or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

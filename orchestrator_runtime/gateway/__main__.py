@@ -66,11 +66,20 @@ async def serve(raw_config: dict[str, Any], emit: Channel, client: Any) -> int:
         app = Gateway(config, emit, client)
         server = uvicorn.Server(
             uvicorn.Config(
-                app, host="0.0.0.0", port=config.port, lifespan="off", access_log=False,
-                log_level="warning", http="h11", loop="asyncio", server_header=False,
-                date_header=False, timeout_graceful_shutdown=1, limit_concurrency=64,
+                app,
+                host="0.0.0.0",
+                port=config.port,
+                lifespan="off",
+                access_log=False,
+                log_level="warning",
+                http="h11",
+                loop="asyncio",
+                server_header=False,
+                date_header=False,
+                timeout_graceful_shutdown=1,
+                limit_concurrency=64,
             )
-        )  # fmt: skip
+        )
         loop = asyncio.get_running_loop()
         stopped = asyncio.Event()
 

@@ -46,20 +46,36 @@ CREDENTIAL_HEADERS = {
 #: compatible servers, Azure deployments, Anthropic's messages, Gemini's `:generateContent`),
 #: or GET of the model list. Matched on the end of the path.
 MODEL_CALLS = {
-    "POST": ("/chat/completions", "/completions", "/responses", "/embeddings", "/messages",
-             ":generateContent", ":streamGenerateContent"),
+    "POST": (
+        "/chat/completions",
+        "/completions",
+        "/responses",
+        "/embeddings",
+        "/messages",
+        ":generateContent",
+        ":streamGenerateContent",
+    ),
     "GET": ("/models",),
-}  # fmt: skip
+}
 #: Refusals reported one by one; further ones are only counted (a flood stays small).
 MAX_REFUSAL_EVENTS = 100
 #: Not forwarded in either direction (RFC 9110 7.6.1), plus what httpx and the server set.
 HOP_BY_HOP = frozenset(
     {
-        b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"te",
-        b"trailer", b"transfer-encoding", b"upgrade", b"host", b"content-length",
-        b"accept-encoding", b"content-encoding",
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"host",
+        b"content-length",
+        b"accept-encoding",
+        b"content-encoding",
     }
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -150,9 +166,16 @@ class Gateway:
             status, kind, message = problem
             self.ledger.refused += 1
             if self.ledger.refused <= MAX_REFUSAL_EVENTS:
-                self.emit({"type": "model_call_refused", "ts": started, "path": path[:200],
-                           "method": scope.get("method"), "status": status,
-                           "reason": kind})  # fmt: skip
+                self.emit(
+                    {
+                        "type": "model_call_refused",
+                        "ts": started,
+                        "path": path[:200],
+                        "method": scope.get("method"),
+                        "status": status,
+                        "reason": kind,
+                    }
+                )
             await _reply(send, status, kind, message)
             return
         body = await _read_body(receive)
@@ -230,8 +253,16 @@ class Gateway:
         )
         if limit not in ledger.exceeded:
             ledger.exceeded.append(limit)
-            self.emit({"type": "budget_exceeded", "ts": time.time(), "limit": limit,
-                       "value": value, "used": used, "message": message})  # fmt: skip
+            self.emit(
+                {
+                    "type": "budget_exceeded",
+                    "ts": time.time(),
+                    "limit": limit,
+                    "value": value,
+                    "used": used,
+                    "message": message,
+                }
+            )
         return message
 
     def _upstream_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
@@ -258,8 +289,12 @@ class Gateway:
         request = self.client.build_request(
             scope["method"], url, headers=self._upstream_headers(scope), content=body
         )
-        event: dict[str, Any] = {"type": "model_call", "ts": started,
-                                 "method": scope["method"], "path": path}  # fmt: skip
+        event: dict[str, Any] = {
+            "type": "model_call",
+            "ts": started,
+            "method": scope["method"],
+            "path": path,
+        }
         if (model := requested_model(body)) is not None:
             event["model"] = model  # what the provider bills the call at
         try:
@@ -273,8 +308,9 @@ class Gateway:
         reader = UsageReader(response.headers.get("content-type", ""))
         try:
             headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP]
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": headers})  # fmt: skip
+            await send(
+                {"type": "http.response.start", "status": response.status_code, "headers": headers}
+            )
             first = True
             async for chunk in response.aiter_raw():
                 if first:
@@ -287,8 +323,9 @@ class Gateway:
         finally:
             await response.aclose()
             reader.close()
-            event.update(status=response.status_code, latency_ms=_ms(started),
-                         streamed=reader.streamed)  # fmt: skip
+            event.update(
+                status=response.status_code, latency_ms=_ms(started), streamed=reader.streamed
+            )
             # Recorded before the response ends: a sandbox that has its answer cannot end
             # the run before the host has heard of the call.
             self._account(event, reader)

@@ -41,9 +41,11 @@ class E2BApp:
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         port_of = self.edge.route(headers.get("host", ""))
         if port_of is not None:  # a sandbox's port, by name: the edge (edge.py)
-            self.cloud.requests.append(RecordedRequest(
-                "edge", scope["method"], scope["path"], {}, headers, sandbox_id=port_of[1]
-            ))  # fmt: skip
+            self.cloud.requests.append(
+                RecordedRequest(
+                    "edge", scope["method"], scope["path"], {}, headers, sandbox_id=port_of[1]
+                )
+            )
             await self.edge(scope, receive, send, *port_of)
             return
         sandbox_id = headers.get(SANDBOX_HEADER)

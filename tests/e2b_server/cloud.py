@@ -534,9 +534,12 @@ class FakeE2BCloud:
                 network=self.container_network,
                 domain=self.domain,
                 edge=self.edge_address(),
-                labels={LABEL: "1", LABEL_INSTANCE: self.instance_id,
-                        LABEL_OWNER_PID: str(os.getpid())},
-            )  # fmt: skip
+                labels={
+                    LABEL: "1",
+                    LABEL_INSTANCE: self.instance_id,
+                    LABEL_OWNER_PID: str(os.getpid()),
+                },
+            )
 
     def container_address(self, sandbox: Sandbox) -> str | None:
         """The sandbox container's address on its network (None without one)."""

@@ -42,9 +42,19 @@ if TYPE_CHECKING:
 TRAFFIC_TOKEN_HEADER = "e2b-traffic-access-token"
 #: Not forwarded in either direction (RFC 9110 7.6.1), plus what the client sets again.
 HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-     "transfer-encoding", "upgrade", "content-length", TRAFFIC_TOKEN_HEADER}
-)  # fmt: skip
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        TRAFFIC_TOKEN_HEADER,
+    }
+)
 
 #: The resolver: a stdlib DNS server (runs in the base image's python3). A name under the
 #: domain gets an A record with the edge's address (AAAA: no record); anything else is relayed
@@ -176,8 +186,11 @@ class Edge:
         headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
         sandbox = self.cloud.running(sandbox_id)
         if sandbox is None or sandbox.container is None:
-            await _reply(send, 502, {"sandboxId": sandbox_id, "code": 502,
-                                     "message": "The sandbox was not found"})  # fmt: skip
+            await _reply(
+                send,
+                502,
+                {"sandboxId": sandbox_id, "code": 502, "message": "The sandbox was not found"},
+            )
             return
         if sandbox.traffic_access_token is not None:
             given = headers.get(TRAFFIC_TOKEN_HEADER)
@@ -187,13 +200,20 @@ class Edge:
                     "Sandbox is secured with traffic access token. Token header "
                     f"'{TRAFFIC_TOKEN_HEADER}' {what}"
                 )
-                await _reply(send, 403, {"sandboxId": sandbox_id, "code": 403,
-                                         "message": message})  # fmt: skip
+                await _reply(send, 403, {"sandboxId": sandbox_id, "code": 403, "message": message})
                 return
         address = self.cloud.container_address(sandbox)
         if address is None:
-            await _reply(send, 502, {"sandboxId": sandbox_id, "port": port, "code": 502,
-                                     "message": "The sandbox has no network"})  # fmt: skip
+            await _reply(
+                send,
+                502,
+                {
+                    "sandboxId": sandbox_id,
+                    "port": port,
+                    "code": 502,
+                    "message": "The sandbox has no network",
+                },
+            )
             return
         body = bytearray()
         while True:
@@ -207,21 +227,25 @@ class Edge:
         target = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
         query = scope.get("query_string") or b""
         url = f"http://{address}:{port}{target}" + (f"?{query.decode('latin-1')}" if query else "")
-        forwarded = [(k, v) for k, v in scope.get("headers", []) if k.decode().lower()
-                     not in HOP_BY_HOP]  # fmt: skip
-        request = self._client.build_request(scope["method"], url, headers=forwarded,
-                                             content=bytes(body))  # fmt: skip
+        forwarded = [
+            (k, v) for k, v in scope.get("headers", []) if k.decode().lower() not in HOP_BY_HOP
+        ]
+        request = self._client.build_request(
+            scope["method"], url, headers=forwarded, content=bytes(body)
+        )
         try:
             response = await self._client.send(request, stream=True)
         except httpx.HTTPError:
             closed = "The sandbox is running but port is not open"
-            await _reply(send, 502, {"sandboxId": sandbox_id, "port": port, "code": 502,
-                                     "message": closed})  # fmt: skip
+            await _reply(
+                send, 502, {"sandboxId": sandbox_id, "port": port, "code": 502, "message": closed}
+            )
             return
         try:
             out = [(k, v) for k, v in response.headers.raw if k.decode().lower() not in HOP_BY_HOP]
-            await send({"type": "http.response.start", "status": response.status_code,
-                        "headers": out})  # fmt: skip
+            await send(
+                {"type": "http.response.start", "status": response.status_code, "headers": out}
+            )
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (httpx.HTTPError, OSError):

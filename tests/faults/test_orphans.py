@@ -58,9 +58,10 @@ def test_sigkill_of_a_batch_then_the_next_command(
 
     def running_runs() -> list[dict]:  # idle warm sandboxes run no run yet: not counted
         return [
-            c for c in running_sandboxes(docker_client, store_label)
+            c
+            for c in running_sandboxes(docker_client, store_label)
             if Store().get_run(c["Labels"][LABEL_RUN_ID]) is not None
-        ]  # fmt: skip
+        ]
 
     try:
         wait_for(lambda: len(running_runs()) == 2, timeout=180)

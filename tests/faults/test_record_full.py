@@ -35,10 +35,23 @@ def test_a_full_disk_under_the_run_record_ends_the_run_cleanly(
     home = small_disk / "home"
     env = {**os.environ, "ORCHESTRATOR_HOME": str(home)}
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", "run", str(TEST_PAYLOADS / "adversary"),
-         "--arg", 'mode="flood"', "--timeout", "60"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "run",
+            str(TEST_PAYLOADS / "adversary"),
+            "--arg",
+            'mode="flood"',
+            "--timeout",
+            "60",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 5, out.stderr
     assert "Traceback" not in out.stderr
     assert "record_unwritable" in out.stderr and "No space left on device" in out.stderr

@@ -20,6 +20,7 @@ from ..test_batch import API_CALLER, MATH, write_jsonl
 
 pytestmark = pytest.mark.docker
 
+
 def before_first_line(code: int, err: str) -> bool:
     """The signal came before the command installed its handlers (interpreter start-up:
     ~30 ms on an idle machine, several hundred on a loaded one): the process ended by the
@@ -97,8 +98,11 @@ def interrupt_api_at(delay: float, tasks: str, out: str) -> tuple[float, int, st
     payload = str(MATH)
     proc = subprocess.Popen(
         [sys.executable, "-c", API_CALLER, tasks, out, payload],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     try:
@@ -122,15 +126,19 @@ def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
     request at safe points and raises KeyboardInterrupt once all is removed: at every moment
     of a batch's first seconds (start-up, plan, payload check, pool, tasks) the program ends
     by KeyboardInterrupt, or finished, and no container is left."""
-    rows = [{"id": f"s{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 2}}
-            for i in range(3)]  # fmt: skip
+    rows = [
+        {"id": f"s{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 2}}
+        for i in range(3)
+    ]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
     steps = [round(i * 0.15, 2) for i in range(24)]  # 0 to 3.45 s
     with ThreadPoolExecutor(max_workers=3) as pool:
-        outcomes = list(pool.map(
-            lambda i: interrupt_api_at(steps[i], str(tasks), str(tmp_path / f"out{i}")),
-            range(len(steps)),
-        ))  # fmt: skip
+        outcomes = list(
+            pool.map(
+                lambda i: interrupt_api_at(steps[i], str(tasks), str(tmp_path / f"out{i}")),
+                range(len(steps)),
+            )
+        )
     # A program that a KeyboardInterrupt ended is ended by SIGINT again (-2), as is one still
     # starting Python (nothing made yet); 0: it finished first.
     problems = [

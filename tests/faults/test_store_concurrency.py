@@ -78,10 +78,11 @@ def _contended_process(
         stop = threading.Event()
         reader = _guarded(problems, f"p{number}-reader", _read_until, store, stop, problems)
         threads = [
-            _guarded(problems, f"p{number}-w{t}", _write_runs, store, f"p{number}-w{t}", runs,
-                     problems)
+            _guarded(
+                problems, f"p{number}-w{t}", _write_runs, store, f"p{number}-w{t}", runs, problems
+            )
             for t in range(writers)
-        ]  # fmt: skip
+        ]
         for thread in threads:
             thread.join(WAIT)
         stop.set()

@@ -1,5 +1,6 @@
 """Hashes every environment value of every process it can read in its sandbox (its own and
 every /proc/PID/environ) and prints the SHA-256 of each, never a value."""
+
 import hashlib
 import os
 from pathlib import Path

@@ -1,4 +1,5 @@
 """Exits with the code given as its first argument, having run no agent."""
+
 import sys
 
 print("exiting with", sys.argv[1])

@@ -1,2 +1,3 @@
 """Runs no agent at all: a normal end with no answer."""
+
 print("nothing to do here")

@@ -1,4 +1,5 @@
 """An agent answers, then the program raises: the run failed, with the traceback."""
+
 from smolagents import CodeAgent, InferenceClientModel
 
 agent = CodeAgent(tools=[], model=InferenceClientModel())

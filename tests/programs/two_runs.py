@@ -1,5 +1,6 @@
 """Two top-level agents run one after the other; the run's answer is the last one's.
 The second asks for an E2B executor, which the sandbox must not start (the local one runs)."""
+
 import sys
 
 from smolagents import CodeAgent, InferenceClientModel

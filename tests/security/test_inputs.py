@@ -134,8 +134,10 @@ def test_schedule_host_that_is_not_a_dns_name_is_refused(tmp_path: Path, nothing
     )
     message = refused(
         cli("schedule", "validate", "--file", str(schedules)),
-        str(schedules), 'schedule "nightly" field `allow_hosts`', "0.0.0.0",
-    )  # fmt: skip
+        str(schedules),
+        'schedule "nightly" field `allow_hosts`',
+        "0.0.0.0",
+    )
     assert "api_base" in message
 
 

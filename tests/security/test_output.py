@@ -26,12 +26,27 @@ MEASURE = (
 
 
 def test_a_50_mib_line_is_cut_with_bounded_host_memory(agent_image: str, no_leftovers) -> None:
-    command = [sys.executable, "-m", "orchestrator", "run", str(TEST_PAYLOADS / "adversary"),
-               "--arg", 'mode="longline-50"', "--memory", "512", "--json", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "run",
+        str(TEST_PAYLOADS / "adversary"),
+        "--arg",
+        'mode="longline-50"',
+        "--memory",
+        "512",
+        "--json",
+        "--quiet",
+    ]
     out = subprocess.run(
         [sys.executable, "-c", MEASURE, *command],
-        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=REPO,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     measured = json.loads(out.stdout)
     assert measured["exit"] == 0, measured["stderr"]
     assert measured["rss_mb"] < 100, measured["rss_mb"]

@@ -26,7 +26,7 @@ example_task = "Answer."
 """
 SCRIPT = '["Thought: done.\\n<code>\\nfinal_answer(1)\\n</code>"]'
 #: The helper is a ToolCallingAgent: its outputs are tool calls as JSON.
-HELPER_SCRIPT = '''['Action: {"name": "final_answer", "arguments": {"answer": "1"}}']'''
+HELPER_SCRIPT = """['Action: {"name": "final_answer", "arguments": {"answer": "1"}}']"""
 
 AGENT = """
 from smolagents import CodeAgent, ToolCallingAgent
@@ -99,9 +99,7 @@ def test_a_batch_on_a_payload_that_cannot_load_starts_no_task(
     assert new[0]["kind"] == "check" and f"check run {new[0]['run_id']}" in out.stderr
 
 
-def test_mock_scripts_their_agents_cannot_parse_are_named(
-    tmp_path: Path, agent_image: str
-) -> None:
+def test_mock_scripts_their_agents_cannot_parse_are_named(tmp_path: Path, agent_image: str) -> None:
     """A run would fail at these outputs with "mock script ... is exhausted"; validate names
     the agent and the output instead."""
     no_code = '["Thought: I answer at once: 42."]'
@@ -125,10 +123,10 @@ def test_a_requirement_not_on_the_index_is_bad_input(tmp_path: Path, agent_image
     manifest = folder / "manifest.toml"
     manifest.write_text(
         manifest.read_text().replace(
-            "[mock.scripts]", '[python]\nrequirements = ["tabulatr-nonexistent==9.9"]\n\n'
             "[mock.scripts]",
+            '[python]\nrequirements = ["tabulatr-nonexistent==9.9"]\n\n[mock.scripts]',
         )
-    )  # fmt: skip
+    )
     checked = cli("validate", str(folder))
     assert checked.returncode == 2, checked.stderr
     for words in ("python.requirements", "tabulatr-nonexistent==9.9", "pip index versions"):

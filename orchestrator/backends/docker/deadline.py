@@ -42,8 +42,18 @@ def idle_kept(
     """`command` under the keeper of a pooled sandbox: it stops at `idle_until` unless a run
     takes it first, and then `run_seconds` after the run read its request."""
     python, script = keeper
-    return [python, "-I", "-S", script, "--idle-until", f"{idle_until:.3f}",
-            "--run-seconds", f"{run_seconds:.3f}", "--", *command]  # fmt: skip
+    return [
+        python,
+        "-I",
+        "-S",
+        script,
+        "--idle-until",
+        f"{idle_until:.3f}",
+        "--run-seconds",
+        f"{run_seconds:.3f}",
+        "--",
+        *command,
+    ]
 
 
 def run_seconds(limits: Limits) -> float:

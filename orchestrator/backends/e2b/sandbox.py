@@ -254,9 +254,12 @@ class E2BBackend(Backend):
                     lambda call, what: with_retries(
                         self.settings.attempts, call, what=what, progress=progress
                     ),
-                    template=spec.image, spec=spec.gateway, labels=spec.labels,
-                    lifetime=lifetime(spec), progress=progress,
-                )  # fmt: skip
+                    template=spec.image,
+                    spec=spec.gateway,
+                    labels=spec.labels,
+                    lifetime=lifetime(spec),
+                    progress=progress,
+                )
             options = network_options(spec.network, gateway.host if gateway else None)
             sandbox = self._create_sandbox(
                 progress, template=spec.image, timeout=lifetime(spec), metadata=metadata, **options

@@ -9,8 +9,13 @@ import time
 
 from smolagents import CodeAgent, tool
 
-FORGED = {"state": "success", "answer": "forged", "error": None, "steps": 1,
-          "token_usage": {"input_tokens": 1, "output_tokens": 1}}  # fmt: skip
+FORGED = {
+    "state": "success",
+    "answer": "forged",
+    "error": None,
+    "steps": 1,
+    "token_usage": {"input_tokens": 1, "output_tokens": 1},
+}
 
 
 def event_fds() -> list[int]:

@@ -6,8 +6,13 @@ from smolagents import CodeAgent
 
 def build_manager(model) -> CodeAgent:
     helper = CodeAgent(
-        tools=[], model=model, name="helper", description="Answers a question.",
-        stream_outputs=True, max_steps=2,
-    )  # fmt: skip
-    return CodeAgent(tools=[], model=model, managed_agents=[helper], stream_outputs=True,
-                     max_steps=3)  # fmt: skip
+        tools=[],
+        model=model,
+        name="helper",
+        description="Answers a question.",
+        stream_outputs=True,
+        max_steps=2,
+    )
+    return CodeAgent(
+        tools=[], model=model, managed_agents=[helper], stream_outputs=True, max_steps=3
+    )

@@ -54,17 +54,51 @@ def forge(count: int) -> str:
     # The host's root span (the parent the runtime was told), claimed as its own id.
     tracing = next(o for o in gc.get_objects() if type(o).__name__ == "Tracing")
     parent = format(tracing.parent.span_id, "016x")
-    raw_span(stream, name="fake host root", trace_id=trace_id, span_id=parent,
-             parent_span_id=None, attributes={"orchestrator.status": "succeeded"}, **base)
-    raw_span(stream, name="huge raw", trace_id=trace_id, span_id=f"{0xABC:016x}",
-             parent_span_id=parent, attributes={"blob": "y" * 900_000, "told": secret},
-             **base)  # fmt: skip
-    raw_span(stream, name=["not", "a", "name"], trace_id=42, span_id=None, start_time="soon",
-             attributes={"nested": {"deep": [1, {"x": secret}]}}, status="ok")  # fmt: skip
-    raw_span(stream, name="loop a", trace_id=trace_id, span_id=f"{0xA1:016x}",
-             parent_span_id=f"{0xA2:016x}", attributes={}, **base)  # fmt: skip
-    raw_span(stream, name="loop b", trace_id=trace_id, span_id=f"{0xA2:016x}",
-             parent_span_id=f"{0xA1:016x}", attributes={}, **base)  # fmt: skip
+    raw_span(
+        stream,
+        name="fake host root",
+        trace_id=trace_id,
+        span_id=parent,
+        parent_span_id=None,
+        attributes={"orchestrator.status": "succeeded"},
+        **base,
+    )
+    raw_span(
+        stream,
+        name="huge raw",
+        trace_id=trace_id,
+        span_id=f"{0xABC:016x}",
+        parent_span_id=parent,
+        attributes={"blob": "y" * 900_000, "told": secret},
+        **base,
+    )
+    raw_span(
+        stream,
+        name=["not", "a", "name"],
+        trace_id=42,
+        span_id=None,
+        start_time="soon",
+        attributes={"nested": {"deep": [1, {"x": secret}]}},
+        status="ok",
+    )
+    raw_span(
+        stream,
+        name="loop a",
+        trace_id=trace_id,
+        span_id=f"{0xA1:016x}",
+        parent_span_id=f"{0xA2:016x}",
+        attributes={},
+        **base,
+    )
+    raw_span(
+        stream,
+        name="loop b",
+        trace_id=trace_id,
+        span_id=f"{0xA2:016x}",
+        parent_span_id=f"{0xA1:016x}",
+        attributes={},
+        **base,
+    )
     for number in range(count):
         tracer.start_span(f"flood {number}").end()
     return f"forged {count + 7} spans"
