@@ -4,7 +4,7 @@
 Measured per size: the wall time of the run, the orchestrator process's peak RSS, and the
 run's status; side by side with `docker run` of the same image printing the same line to
 /dev/null (the engine's own cost). The host keeps at most 1 MiB of any line
-(orchestrator/record.py MAX_LINE_BYTES), so memory stays flat and time grows with the bytes.
+(orchestrator/records/record.py MAX_LINE_BYTES), so memory stays flat and time grows with the bytes.
 
     python benchmarks/long_lines.py [--sizes 20 50 200]
 

@@ -35,10 +35,10 @@ sys.path.insert(0, str(REPO))
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
 from orchestrator.cluster import RayExecutor  # noqa: E402
 from orchestrator.cluster.transfer import import_record  # noqa: E402
-from orchestrator.executor import Attempt, AttemptExecutor, LocalExecutor  # noqa: E402
-from orchestrator.runner import PreparedRun, RunObservers  # noqa: E402
+from orchestrator.execution.executor import Attempt, AttemptExecutor, LocalExecutor  # noqa: E402
+from orchestrator.lifecycle.runner import PreparedRun, RunObservers  # noqa: E402
+from orchestrator.records.store import Store  # noqa: E402
 from orchestrator.spec import RunResult, RunSpec  # noqa: E402
-from orchestrator.store import Store  # noqa: E402
 from tests.ray_cluster import start_node  # noqa: E402
 
 PAYLOAD = REPO / "tests" / "payloads" / "batch_math"

@@ -38,8 +38,8 @@ from batch_throughput import SameImageBackend, tasks  # noqa: E402
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
-from orchestrator.pool import Pool  # noqa: E402
-from orchestrator.runner import prepare  # noqa: E402
+from orchestrator.execution.pool import Pool  # noqa: E402
+from orchestrator.lifecycle.runner import prepare  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 
 PAYLOAD = REPO / "tests" / "payloads" / "batch_math"

@@ -51,7 +51,7 @@ from batch_throughput import PAYLOAD, SameImageBackend, running, tasks  # noqa: 
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
-from orchestrator.hostload import PROC_MEMINFO, PROC_STAT, cpu_times, memory_mb  # noqa: E402
+from orchestrator.execution.hostload import PROC_MEMINFO, PROC_STAT, cpu_times, memory_mb  # noqa: E402
 from orchestrator.labels import LABEL_OWNER, owner_label  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 

@@ -39,8 +39,8 @@ from batch_throughput import SameImageBackend  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
-from orchestrator.pool import Pool  # noqa: E402
-from orchestrator.runner import prepare  # noqa: E402
+from orchestrator.execution.pool import Pool  # noqa: E402
+from orchestrator.lifecycle.runner import prepare  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 from tests.otlp_receiver import OtlpReceiver  # noqa: E402
 

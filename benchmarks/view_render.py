@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO))
 
-from orchestrator.store import COLUMNS, Store  # noqa: E402
+from orchestrator.records.store import COLUMNS, Store  # noqa: E402
 from orchestrator.view.queries import RunFilter, list_runs  # noqa: E402
 from orchestrator.view.runs import load_run  # noqa: E402
 

@@ -47,9 +47,9 @@ from batch_throughput import AGENT_SCRIPT, SameImageBackend, tasks  # noqa: E402
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
-from orchestrator.manifest import load_manifest  # noqa: E402
-from orchestrator.pool import Pool  # noqa: E402
-from orchestrator.runner import prepare, run  # noqa: E402
+from orchestrator.execution.pool import Pool  # noqa: E402
+from orchestrator.lifecycle.runner import prepare, run  # noqa: E402
+from orchestrator.payloads.manifest import load_manifest  # noqa: E402
 from orchestrator.spec import RunSpec  # noqa: E402
 from tests.model_server import ScriptedModelServer  # noqa: E402
 

@@ -17,11 +17,11 @@ from .config import VERSION as __version__
 
 if TYPE_CHECKING:
     from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError
-    from .manifest import Manifest, load_manifest
-    from .pool import Pool
-    from .runner import run
+    from .execution.pool import Pool
+    from .lifecycle.runner import run
+    from .payloads.manifest import Manifest, load_manifest
+    from .records.store import Store
     from .spec import Limits, RunResult, RunSpec
-    from .store import Store
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -29,14 +29,14 @@ _EXPORTS = {
     "EngineUnavailable": "errors",
     "ManifestError": "errors",
     "OrchestratorError": "errors",
-    "Manifest": "manifest",
-    "load_manifest": "manifest",
-    "Pool": "pool",
-    "run": "runner",
+    "Manifest": "payloads.manifest",
+    "load_manifest": "payloads.manifest",
+    "Pool": "execution.pool",
+    "run": "lifecycle.runner",
     "Limits": "spec",
     "RunResult": "spec",
     "RunSpec": "spec",
-    "Store": "store",
+    "Store": "records.store",
 }
 
 __all__ = [

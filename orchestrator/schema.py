@@ -17,7 +17,7 @@ with one small model costs about 150 ms (measured on the 2-core machine: `python
 `from pydantic import BaseModel` and a two-field model, min of 20, 176 ms against 27 ms for
 an empty interpreter). Cold `orchestrator run` loads the manifest on its start path, where we
 count milliseconds; this module is standard library only and adds about 0.8 ms there
-(`python -X importtime -c "import orchestrator.manifest"`, self times, min of 30: schema
+(`python -X importtime -c "import orchestrator.payloads.manifest"`, self times, min of 30: schema
 0.55 ms, and errors, spec, manifest together +0.25 ms); `difflib` is imported only when a
 key is unknown. The messages are the product (cause and fix in our words, asserted by
 tests): pydantic's errors (`loc` tuples, its own `msg` texts) would be reworded one by one

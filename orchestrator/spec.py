@@ -182,7 +182,7 @@ class RunResult:
     #: A program's output (what it printed, and smolagents' own log lines), as the record
     #: holds it (masked), its last OUTPUT_TAIL_BYTES; empty for a payload.
     output: str = ""
-    #: The run's trace when tracing was on (orchestrator/traces.py): `trace_id`, `spans`,
+    #: The run's trace when tracing was on (orchestrator/records/traces.py): `trace_id`, `spans`,
     #: `sandbox_spans`, `flags`, and `exported`, `endpoint`, `error` of its export.
     traces: dict[str, Any] = field(default_factory=dict)
 

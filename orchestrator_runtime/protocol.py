@@ -160,7 +160,7 @@ class FrameCheck:
 
 #: Bounds on one span of the sandbox (`span` events): its attributes, its events, and its JSON.
 #: The runtime keeps its spans within them; the host checks them again (and its own bounds
-#: on the count and the total, orchestrator/spans.py), flagging what was cut.
+#: on the count and the total, orchestrator/records/spans.py), flagging what was cut.
 MAX_SPAN_ATTRIBUTES = 128
 MAX_SPAN_EVENTS = 32
 MAX_SPAN_BYTES = 256 * 1024

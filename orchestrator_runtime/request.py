@@ -1,7 +1,7 @@
 """The run request, defined once for both sides (docs/PROTOCOL.md, "The request").
 
-The host builds a `Request` (`orchestrator.runner.build_request`), each backend adds its part
-with `dataclasses.replace` (Docker: `secrets`; E2B: `secret_env`, `rlimits`) and ships
+The host builds a `Request` (`orchestrator.lifecycle.runner.build_request`), each backend
+adds its part with `dataclasses.replace` (Docker: `secrets`; E2B: `secret_env`, `rlimits`) and ships
 `to_json()` once (stdin, or an uploaded file); the runtime reads that JSON back with
 `parse_request`, which checks every field. Each field names its place in the JSON object
 (`_field`), so the encoding and the decoding follow from this one definition.

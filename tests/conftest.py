@@ -112,7 +112,7 @@ def no_leftovers(docker_client, store_label: str) -> Iterator[Callable[[], list[
 @pytest.fixture
 def example_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """Values for every secret an example payload declares."""
-    from orchestrator.manifest import load_manifest
+    from orchestrator.payloads.manifest import load_manifest
 
     for folder in EXAMPLES:
         for name in load_manifest(folder).secrets:
@@ -143,7 +143,7 @@ def running_sandboxes(docker_client, store_label: str) -> list[dict]:
     or gateways, and no warm sandbox still idle (started ahead for a run id that no run has
     taken yet, so the store has no such run)."""
     from orchestrator.labels import LABEL_RUN_ID
-    from orchestrator.store import Store
+    from orchestrator.records.store import Store
 
     store = Store()
     return [

@@ -27,11 +27,11 @@ from orchestrator.batch import (
     wilson_interval,
 )
 from orchestrator.errors import ConfigError
-from orchestrator.executor import Attempt, AttemptExecutor
+from orchestrator.execution.executor import Attempt, AttemptExecutor
 from orchestrator.labels import LABEL_RUN_ID
-from orchestrator.runner import PreparedRun, RunObservers
+from orchestrator.lifecycle.runner import PreparedRun, RunObservers
+from orchestrator.records.store import Store
 from orchestrator.spec import RunResult, RunSpec
-from orchestrator.store import Store
 
 from .conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
 

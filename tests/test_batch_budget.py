@@ -12,7 +12,7 @@ import pytest
 from orchestrator.batch import BatchProgress, BatchSpec, plan_batch
 from orchestrator.cli.batch import progress_line
 from orchestrator.errors import ConfigError
-from orchestrator.manifest import load_manifest
+from orchestrator.payloads.manifest import load_manifest
 from orchestrator.spec import RunSpec
 
 from .conftest import cli

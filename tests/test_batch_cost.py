@@ -19,10 +19,10 @@ from orchestrator.batch import BatchSpec, plan_batch
 from orchestrator.batch.budget import BUDGET_EXCEEDED, Spend, usd
 from orchestrator.batch.prices import parse_max_cost, parse_price, pricing_for
 from orchestrator.errors import ConfigError
-from orchestrator.manifest import load_manifest
+from orchestrator.lifecycle.outcome import decide_status
+from orchestrator.lifecycle.runner import run
 from orchestrator.models import parse_model
-from orchestrator.outcome import decide_status
-from orchestrator.runner import run
+from orchestrator.payloads.manifest import load_manifest
 from orchestrator.spec import RunResult, RunSpec, StopRequest
 from orchestrator_runtime.gateway.usage import requested_model
 

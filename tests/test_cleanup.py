@@ -7,9 +7,9 @@ import socket
 import time
 from pathlib import Path
 
-from orchestrator.cleanup import close_orphaned_runs
 from orchestrator.labels import owner_label
-from orchestrator.store import Store
+from orchestrator.lifecycle.cleanup import close_orphaned_runs
+from orchestrator.records.store import Store
 
 DEAD_OWNER = f"{socket.gethostname()}:4194301:0"  # above pid_max: never a live process
 

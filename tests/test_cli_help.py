@@ -143,7 +143,7 @@ def test_readme_command_reference_matches_the_parser() -> None:
 
 
 def test_shell_completion_completes_commands_and_choices(tmp_path: Path) -> None:
-    from orchestrator.store import Store
+    from orchestrator.records.store import Store
 
     Store(tmp_path).create_run("r-20260101-000000-abcdef012345", status="succeeded")
 

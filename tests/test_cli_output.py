@@ -267,7 +267,7 @@ def test_runs_stop_ends_one_running_run_cancelled(agent_image: str, no_leftovers
     run's own process ends it `cancelled` (exit 130) and removes its sandbox."""
     import time
 
-    from orchestrator.store import Store
+    from orchestrator.records.store import Store
 
     started = time.time()
     sleeper = str(TEST_PAYLOADS / "sleeper")

@@ -1,5 +1,6 @@
-"""The concurrency controller's rule (orchestrator/concurrency.py), with injected time and host
-measurements: minutes of a batch simulated in milliseconds, no sleeping, no real load."""
+"""The concurrency controller's rule (orchestrator/execution/concurrency.py), with injected
+time and host measurements: minutes of a batch simulated in milliseconds,
+no sleeping, no real load."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 
 from orchestrator.batch import BatchProgress, BatchSpec, run_batch
 from orchestrator.cli.batch import progress_line
-from orchestrator.concurrency import (
+from orchestrator.errors import ConfigError
+from orchestrator.execution.concurrency import (
     HOLD,
     MAX_WINDOW,
     MIN_DONE,
@@ -22,10 +24,15 @@ from orchestrator.concurrency import (
     AdaptiveLimit,
     Slots,
 )
-from orchestrator.errors import ConfigError
-from orchestrator.executor import Attempt, AttemptExecutor
-from orchestrator.hostload import HostLoad, HostSample, cpu_times, memory_mb, procs_running
-from orchestrator.runner import PreparedRun, RunObservers
+from orchestrator.execution.executor import Attempt, AttemptExecutor
+from orchestrator.execution.hostload import (
+    HostLoad,
+    HostSample,
+    cpu_times,
+    memory_mb,
+    procs_running,
+)
+from orchestrator.lifecycle.runner import PreparedRun, RunObservers
 from orchestrator.schedules import Scheduler, ScheduleStore, load_schedules
 from orchestrator.spec import RunResult, RunSpec
 

@@ -25,8 +25,8 @@ from orchestrator import ConfigError, RunSpec, run
 from orchestrator.backends import backend_class
 from orchestrator.backends.e2b.gateway import GATEWAY_PORT, KIND_GATEWAY
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
+from orchestrator.lifecycle.runner import prepare
 from orchestrator.policy import unreachable_from_elsewhere
-from orchestrator.runner import prepare
 
 from . import test_e2b_backend as e2b_tests
 from .conftest import PAYLOADS, TEST_PAYLOADS, cli, events_of, start_cli, wait_for

@@ -23,7 +23,7 @@ from orchestrator import Pool
 from orchestrator.backends import get_backend
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.labels import LABEL_RUN_ID, LABEL_WARM
-from orchestrator.runner import build_request, prepare, sandbox_spec
+from orchestrator.lifecycle.runner import build_request, prepare, sandbox_spec
 from orchestrator.spec import RunSpec
 
 from . import test_e2b_backend as e2b_tests
@@ -201,8 +201,8 @@ def test_taking_an_idle_sandbox_moves_its_e2b_lifetime_to_the_runs(
 
 KILLED_POOL = """
 import sys, time
-from orchestrator.pool import Pool
-from orchestrator.runner import prepare
+from orchestrator.execution.pool import Pool
+from orchestrator.lifecycle.runner import prepare
 from orchestrator.spec import RunSpec
 
 pool = Pool(size=2, ttl=float(sys.argv[2]))
@@ -250,11 +250,11 @@ def test_schedule_serve_warms_the_firings_e2b_sandbox_before_its_time(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from orchestrator.executor import LocalExecutor
+    from orchestrator.execution.executor import LocalExecutor
+    from orchestrator.records.store import Store
     from orchestrator.schedules.file import load_schedules
     from orchestrator.schedules.serve import Scheduler
     from orchestrator.schedules.store import ScheduleStore
-    from orchestrator.store import Store
 
     from .test_schedules import FakeClock, sync, unique, write_schedules
 

@@ -670,7 +670,7 @@ def test_the_proxy_log_gives_every_failed_attempt_its_verdict_and_cause() -> Non
 
 
 def test_a_proxy_attempt_is_tied_to_the_step_running_at_its_time(tmp_path: Path) -> None:
-    from orchestrator.record import RunRecorder
+    from orchestrator.records.record import RunRecorder
     from orchestrator_runtime.masking import Masker
 
     record = RunRecorder(tmp_path, Masker([]), None)

@@ -730,7 +730,7 @@ def test_a_batch_summary_counts_the_tokens_the_gateway_measured(
     agent_image: str, model_key: str, tmp_path: Path, nothing_left: None
 ) -> None:
     from orchestrator.batch import BatchSpec, run_batch
-    from orchestrator.manifest import load_manifest
+    from orchestrator.payloads.manifest import load_manifest
 
     from .test_batch import MATH, math_rows, write_jsonl
 

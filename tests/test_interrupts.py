@@ -15,10 +15,10 @@ import pytest
 from orchestrator.backends.base import Sandbox, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.batch import BatchSpec, run_batch
-from orchestrator.interrupts import stop_on_interrupt
-from orchestrator.runner import run
+from orchestrator.lifecycle.interrupts import stop_on_interrupt
+from orchestrator.lifecycle.runner import run
+from orchestrator.records.store import Store
 from orchestrator.spec import RunSpec
-from orchestrator.store import Store
 
 from .conftest import TEST_PAYLOADS, our_containers
 from .test_batch import MATH, write_jsonl

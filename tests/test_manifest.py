@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError, ManifestError
-from orchestrator.manifest import load_manifest
+from orchestrator.lifecycle.runner import prepare
 from orchestrator.models import parse_model
+from orchestrator.payloads.manifest import load_manifest
 from orchestrator.registry import backend_names
-from orchestrator.runner import prepare
 from orchestrator.spec import RunSpec
 
 from .conftest import PAYLOADS, TEST_PAYLOADS, cli, write_payload
@@ -224,7 +224,7 @@ def test_package_specifications_pass(tmp_path: Path) -> None:
 
 
 def test_a_direct_reference_passes_when_allowed_by_name(tmp_path: Path) -> None:
-    from orchestrator.imagedef import normalize_requirements
+    from orchestrator.images.imagedef import normalize_requirements
     from orchestrator.policy import AllowedRequirement
 
     folder = write_payload(tmp_path, with_requirements(REFERENCE, "tabulate"))

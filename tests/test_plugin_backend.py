@@ -22,8 +22,8 @@ from orchestrator.backends import backend_capabilities, backend_class, get_backe
 from orchestrator.backends.base import Backend, Sandbox
 from orchestrator.cli.parser import build_parser, subcommands
 from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.records.store import Store
 from orchestrator.registry import backend_entries
-from orchestrator.store import Store
 
 from .conftest import (
     REPO,

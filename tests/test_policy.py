@@ -7,9 +7,9 @@ import pytest
 from orchestrator import RunSpec
 from orchestrator.backends.e2b.sandbox import network_options
 from orchestrator.errors import ConfigError
+from orchestrator.lifecycle.runner import prepare
 from orchestrator.models import parse_model
 from orchestrator.policy import HOST_ALIAS, is_docker_host, resolve_policy, sandbox_api_base
-from orchestrator.runner import prepare
 from orchestrator.spec import NetworkPolicy
 
 from .conftest import PAYLOADS

@@ -1,4 +1,4 @@
-"""Warm sandboxes (orchestrator/pool.py): hardened like cold ones, empty until a run takes
+"""Warm sandboxes (orchestrator/execution/pool.py): hardened like cold ones, empty until a run takes
 them, one run each, and stopped by their own keeper when nobody takes them."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from orchestrator.backends.docker.engine import engine_time
 from orchestrator.batch import BatchSpec, run_batch
 from orchestrator.errors import ConfigError
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
-from orchestrator.manifest import load_manifest
-from orchestrator.runner import build_request, prepare, sandbox_spec
+from orchestrator.lifecycle.runner import build_request, prepare, sandbox_spec
+from orchestrator.payloads.manifest import load_manifest
 from orchestrator.spec import RunSpec
 
 from .conftest import REPO, TEST_PAYLOADS, cli, events_of, our_containers, wait_for
@@ -314,8 +314,8 @@ def test_an_idle_keeper_wakes_for_nothing(agent_image: str, docker_client, no_le
 
 KILLED_POOL = """
 import sys, time
-from orchestrator.pool import Pool
-from orchestrator.runner import prepare
+from orchestrator.execution.pool import Pool
+from orchestrator.lifecycle.runner import prepare
 from orchestrator.spec import RunSpec
 
 pool = Pool(size=2, ttl=float(sys.argv[2]))
@@ -399,7 +399,7 @@ def events_of_dir(record: Path) -> list[dict]:
 
 
 def test_record_says_cold(agent_image: str, no_leftovers) -> None:
-    from orchestrator.runner import run
+    from orchestrator.lifecycle.runner import run
 
     result = run(RunSpec(payload=SLEEPER, additional_args={"seconds": 0}))
     assert result.status == "succeeded" and result.warm is False
@@ -413,11 +413,11 @@ def test_schedule_serve_starts_the_firings_sandbox_before_its_time(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from orchestrator.executor import LocalExecutor
+    from orchestrator.execution.executor import LocalExecutor
+    from orchestrator.records.store import Store
     from orchestrator.schedules.file import load_schedules
     from orchestrator.schedules.serve import WARM_AHEAD, Scheduler
     from orchestrator.schedules.store import ScheduleStore
-    from orchestrator.store import Store
 
     from .test_schedules import FakeClock, sync, unique, write_schedules
 

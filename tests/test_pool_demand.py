@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from orchestrator import Pool
-from orchestrator import pool as pool_module
 from orchestrator.backends.base import Sandbox, SandboxSpec
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.batch import BatchSpec, run_batch
-from orchestrator.executor import LocalExecutor
+from orchestrator.execution import pool as pool_module
+from orchestrator.execution.executor import LocalExecutor
+from orchestrator.execution.pool import MAX_SIZE, MIN_BUILDERS
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
-from orchestrator.pool import MAX_SIZE, MIN_BUILDERS
-from orchestrator.runner import prepare, sandbox_spec
+from orchestrator.lifecycle.runner import prepare, sandbox_spec
 from orchestrator.spec import RunResult, RunSpec
 
 from .conftest import wait_for

@@ -19,8 +19,8 @@ import pytest
 
 from orchestrator import RunSpec
 from orchestrator.errors import ConfigError, ManifestError
-from orchestrator.manifest import load_manifest
-from orchestrator.runner import build_request, prepare
+from orchestrator.lifecycle.runner import build_request, prepare
+from orchestrator.payloads.manifest import load_manifest
 
 from .conftest import REPO, cli
 from .model_server import ScriptedModelServer

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.labels import LABEL_STORE, store_id
-from orchestrator.store import Store
+from orchestrator.records.store import Store
 
 from .conftest import REPO, TEST_PAYLOADS, cli, files_holding, start_cli, wait_for
 from .ray_cluster import RayNode, free_port, start_node

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.runner import build_request, prepare
+from orchestrator.lifecycle.runner import build_request, prepare
 from orchestrator.spec import RunSpec
 from orchestrator_runtime.protocol import PROTOCOL_VERSION
 from orchestrator_runtime.request import Request, RequestError, parse_request, wire_fields

@@ -22,9 +22,10 @@ from zoneinfo import ZoneInfo
 import pytest
 from croniter import croniter
 
-from orchestrator.executor import Attempt, AttemptExecutor
+from orchestrator.execution.executor import Attempt, AttemptExecutor
+from orchestrator.lifecycle.runner import RunObservers, prepare
+from orchestrator.records.store import Store
 from orchestrator.registry import backend_names
-from orchestrator.runner import RunObservers, prepare
 from orchestrator.schedules import (
     EXIT_SKIPPED,
     Cron,
@@ -39,7 +40,6 @@ from orchestrator.schedules import (
     run_due,
 )
 from orchestrator.spec import RunResult, RunSpec
-from orchestrator.store import Store
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, wait_for
 
@@ -807,7 +807,7 @@ def test_real_firing_runs_in_a_container_and_links_to_the_schedule(
 def test_serve_shutdown_cancels_a_running_firing(
     tmp_path: Path, agent_image: str, no_leftovers
 ) -> None:
-    from orchestrator.executor import LocalExecutor
+    from orchestrator.execution.executor import LocalExecutor
 
     name = unique("shutdown")
     sf = load_schedules(

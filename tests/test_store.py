@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.store import Store
+from orchestrator.records.store import Store
 from orchestrator.view.queries import RunFilter, list_runs
 
 from .conftest import cli
@@ -126,7 +126,7 @@ def test_runs_stop_refuses_a_run_that_is_not_running(tmp_path: Path) -> None:
     assert "runs list --status running" in out.stderr
     import socket
 
-    from orchestrator.housekeeping import stop_run
+    from orchestrator.records.housekeeping import stop_run
 
     dead = f"{socket.gethostname()}:{2**22 + 7}:0"  # above Linux's pid_max: never a process
     store.create_run("r-20260101-000001-fedcba987654", status="preparing", owner=dead)

@@ -20,8 +20,8 @@ import pytest
 
 from orchestrator import RunSpec, run
 from orchestrator.errors import ConfigError
-from orchestrator.otlp import trace_target
-from orchestrator.spans import SpanCollector, place, trace_ids
+from orchestrator.records.otlp import trace_target
+from orchestrator.records.spans import SpanCollector, place, trace_ids
 from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_ATTRIBUTE_CHARS, MAX_SPAN_BYTES
 
@@ -347,7 +347,7 @@ def test_a_run_without_tracing_never_imports_opentelemetry() -> None:
     import sys
 
     code = (
-        "import sys, orchestrator.runner, orchestrator.cli, orchestrator.batch, "
+        "import sys, orchestrator.lifecycle.runner, orchestrator.cli, orchestrator.batch, "
         "orchestrator.view.runs\n"
         "print([m for m in sys.modules if m.startswith(('opentelemetry', 'openinference', "
         "'google.protobuf'))])"

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from orchestrator import RunSpec, run
-from orchestrator.manifest import load_manifest
-from orchestrator.spans import trace_ids
+from orchestrator.payloads.manifest import load_manifest
+from orchestrator.records.spans import trace_ids
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, events_of, wait_for
 from .model_server import ScriptedModelServer

@@ -151,7 +151,7 @@ def test_runs_list_filters_search_dates_and_pages(tmp_path):
     from datetime import datetime, timezone
 
     from orchestrator.errors import ConfigError
-    from orchestrator.store import Store
+    from orchestrator.records.store import Store
     from orchestrator.view.queries import PAGE_SIZE, RunFilter, list_runs
 
     store = Store(tmp_path)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import Store
+from orchestrator.records.store import Store
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, start_cli, wait_for
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import imagedef, wheelhouse
 from orchestrator.errors import ConfigError, ImageBuildError, ManifestError
+from orchestrator.images import imagedef, wheelhouse
 
 
 def test_extra_requirements_refuse_pip_options():

@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..registry import DEFAULT_BACKEND, backend_entries, backend_names
 
 if TYPE_CHECKING:
-    from ..manifest import Manifest
+    from ..payloads.manifest import Manifest
     from .base import Backend, Capabilities
 
 

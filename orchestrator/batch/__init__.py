@@ -1,8 +1,13 @@
-"""Batch: every task of a tasks file in its own sandbox, scored, resumable; built on the
-single-run API (`runner.prepare` / `runner.execute`).
+"""Batch: every task of a tasks file in its own sandbox, scored, resumable. Each attempt is
+prepared with the single-run API (`lifecycle.runner.prepare`) and handed to an executor
+(`execution.executor`), which decides where it runs.
 
-`tasks.py` the tasks file, `scoring.py` scorers and statistics, `output.py` the output
-folder, `plan.py` the batch as data and its up-front checks, `session.py` the worker session.
+`tasks.py` the tasks file, `plan.py` the batch as data and its up-front checks,
+`session.py` the worker session, `pace.py` how many attempts at once, `output.py` the output
+folder, `ledger.py` what is written there (batch.json, result lines, summary.json),
+`budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
+statistics, `report.py` a batch read back, `rescore.py` recorded answers scored again,
+`compare.py` two batches paired.
 """
 
 from .output import BatchDir, BatchLocked

@@ -12,8 +12,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..errors import ConfigError
+from ..records.store import new_run_id
 from ..spec import RunResult
-from ..store import new_run_id
 from .budget import BUDGET_EXCEEDED, spend_summary
 from .output import FINISHED, BatchDir
 from .plan import BatchPlan, BatchSpec, BatchSummary

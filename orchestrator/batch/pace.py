@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..concurrency import AUTO_CEILING, AdaptiveLimit
-from ..executor import AttemptExecutor
-from ..runner import PreparedRun
+from ..execution.concurrency import AUTO_CEILING, AdaptiveLimit
+from ..execution.executor import AttemptExecutor
+from ..lifecycle.runner import PreparedRun
 from .plan import BatchSpec
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ManifestError, OrchestratorError
-from ..executor import Attempt, AttemptExecutor
-from ..pool import MAX_SIZE
-from ..runner import PreparedRun, RunObservers, prepare
+from ..execution.executor import Attempt, AttemptExecutor
+from ..execution.pool import MAX_SIZE
+from ..lifecycle.runner import PreparedRun, RunObservers, prepare
+from ..records.store import Store
 from ..spec import PAYLOAD_ERROR, RunSpec
-from ..store import Store
 from .prices import Pricing, plan_pricing
 from .scoring import make_scorer
 from .tasks import (
@@ -52,7 +52,7 @@ class BatchSpec:
     #: Stop when this share (< 1) or number (>= 1) of tasks ended in `infra_error`.
     fail_on_error: float | None = None
     on_bad_line: OnBadLine = "fail"
-    #: Warm sandboxes kept ready (orchestrator/pool.py): None = as many as the concurrency
+    #: Warm sandboxes kept ready (orchestrator/execution/pool.py): None = as many as the concurrency
     #: when there are more tasks than that, 0 = none (every run starts cold).
     warm: int | None = None
     #: The batch's token cap (input + output, all attempts, all sessions; `batch/budget.py`):

@@ -40,13 +40,13 @@ from typing import Any
 import tenacity
 
 from ..backends.base import Backend
-from ..concurrency import Slots
-from ..executor import Attempt, AttemptExecutor, LocalExecutor
-from ..interrupts import stop_on_interrupt
-from ..pool import MIN_BUILDERS
-from ..runner import PreparedRun, RunObservers
+from ..execution.concurrency import Slots
+from ..execution.executor import Attempt, AttemptExecutor, LocalExecutor
+from ..execution.pool import MIN_BUILDERS
+from ..lifecycle.interrupts import stop_on_interrupt
+from ..lifecycle.runner import PreparedRun, RunObservers
+from ..records.store import Store
 from ..spec import RunResult, StopRequest
-from ..store import Store
 from .budget import Spend, cap_reached_before
 from .ledger import open_meta, result_row, scored, summarize
 from .output import FINISHED, BatchDir, OutputWriteError

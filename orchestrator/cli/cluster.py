@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..batch.plan import BatchSpec
-from ..executor import AttemptExecutor
+from ..execution.executor import AttemptExecutor
 
 if TYPE_CHECKING:
     from ..cluster import RayExecutor

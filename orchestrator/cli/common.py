@@ -188,7 +188,7 @@ def parse_kv_args(items: list[str]) -> dict[str, Any] | None:
 def tidy_store() -> None:
     """Close runs whose orchestrator process died (see `cleanup.tidy`), saying so on stderr:
     every command that opens the store does this first."""
-    from ..cleanup import closed_line, tidy
+    from ..lifecycle.cleanup import closed_line, tidy
 
     def warn(message: str) -> None:
         print(f"orchestrator: warning: {message}", file=sys.stderr)

@@ -6,7 +6,7 @@ import sys
 from functools import cached_property
 from typing import Any
 
-from ..imagedef import is_detail
+from ..images.imagedef import is_detail
 from .output import PREFIX, is_terminal
 
 #: Show detail progress lines (build tools' output, repeated notices): `-v`, set by `main`.

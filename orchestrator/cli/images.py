@@ -85,7 +85,7 @@ def backend_that_can(name: str, capability: str, what: str) -> Backend:
 
 def cmd_images_build(args: argparse.Namespace) -> int:
     from ..backends import get_backend
-    from ..manifest import load_manifest
+    from ..payloads.manifest import load_manifest
     from .display import RunDisplay
 
     display = RunDisplay()

@@ -40,7 +40,7 @@ def add_examples_parser(sub: Any) -> None:
 
 
 def cmd_new(args: argparse.Namespace) -> int:
-    from ..scaffold import scaffold, scaffold_program
+    from ..payloads.scaffold import scaffold, scaffold_program
 
     folder = (
         scaffold_program(args.name, args.dir) if args.program else scaffold(args.name, args.dir)
@@ -56,7 +56,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_examples(args: argparse.Namespace) -> int:
-    from ..examples import list_examples
+    from ..payloads.examples import list_examples
 
     examples = list_examples()
     if args.json:

@@ -54,7 +54,7 @@ def add_payload_parser(sub: Any) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from ..errors import OrchestratorError
-    from ..manifest import load_manifest
+    from ..payloads.manifest import load_manifest
     from .run import shadow_notice
 
     shadow_notice(args.payload)
@@ -112,7 +112,7 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
     from dataclasses import replace
 
     from ..errors import OrchestratorError
-    from ..runner import prepare
+    from ..lifecycle.runner import prepare
     from ..spec import RunSpec
 
     program = manifest.program is not None
@@ -145,7 +145,7 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
 def load_check(prepared: Any, report: dict) -> int:
     """Load the payload's tree in a sandbox (mock model, no step); fill `report`; exit code."""
     from ..backends import get_backend
-    from ..runner import execute, observers_of
+    from ..lifecycle.runner import execute, observers_of
     from ..spec import PAYLOAD_ERROR
 
     backend = get_backend(prepared.backend, env_file=prepared.spec.env_file)
@@ -190,7 +190,7 @@ def add_cleanup_parser(sub: Any) -> None:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from ..backends import get_backend
-    from ..cleanup import cleanup
+    from ..lifecycle.cleanup import cleanup
 
     report = cleanup(
         get_backend(args.backend),

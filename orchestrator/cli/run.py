@@ -70,7 +70,7 @@ def add_run_parser(sub: Any) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..backends import get_backend
-    from ..runner import execute, observers_of, prepare
+    from ..lifecycle.runner import execute, observers_of, prepare
     from .display import RunDisplay
 
     program = split_task(args)
@@ -110,8 +110,8 @@ def split_task(args: argparse.Namespace) -> tuple[str, ...]:
     """Set `args.task` from the positional arguments and --task; return a program's
     arguments. Raises OrchestratorError for a payload given more than one task."""
     from ..errors import OrchestratorError
-    from ..manifest import payload_path
-    from ..program import is_program
+    from ..payloads.manifest import payload_path
+    from ..payloads.program import is_program
 
     if is_program(payload_path(args.payload)):
         args.task = args.task_option
@@ -129,7 +129,7 @@ def split_task(args: argparse.Namespace) -> tuple[str, ...]:
 def shadow_notice(payload: str) -> None:
     """Say so when a folder here takes the place of the shipped example of the same name
     (a `new research_team` scaffold, say), and how to run the example instead."""
-    from ..manifest import shadowed_example
+    from ..payloads.manifest import shadowed_example
 
     example = shadowed_example(payload)
     if example is not None:

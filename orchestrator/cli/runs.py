@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..handles import resolve_run
-from ..housekeeping import STATUSES
+from ..records.handles import resolve_run
+from ..records.housekeeping import STATUSES
 from .common import tidy_store
 from .output import (
     age,
@@ -163,7 +163,7 @@ def run_argument(p: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
 
 def complete_runs(prefix: str, **_: Any) -> list[str]:
     """Shell completion of a RUN: recent run ids and @latest (argcomplete calls this)."""
-    from ..store import LATEST, Store
+    from ..records.store import LATEST, Store
 
     ids = [r["run_id"] for r in Store().list_runs(limit=200)]
     return [name for name in (LATEST, *ids) if name.startswith(prefix)]
@@ -181,14 +181,14 @@ def count(text: str) -> int:
 
 
 def _store() -> Any:
-    from ..store import Store
+    from ..records.store import Store
 
     tidy_store()
     return Store()
 
 
 def cmd_runs_list(args: argparse.Namespace) -> int:
-    from ..handles import resolve_batch
+    from ..records.handles import resolve_batch
 
     store = _store()
     rows = store.list_runs(
@@ -238,7 +238,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, Any]]:
     """What `runs show` prints, from the index row and result.json (absent ones left out)."""
-    from ..record import describe_isolation, describe_max_steps
+    from ..records.record import describe_isolation, describe_max_steps
 
     r = {**row, **{k: v for k, v in result.items() if v not in (None, "", {}, [])}}
     timings = result.get("timings") or {}
@@ -379,7 +379,7 @@ def read_lines(path: Path) -> Iterator[str]:
 def follow(store: Any, run_id: str, path: Path) -> Iterator[str]:
     """The file's lines as they are written, until the run has ended (or its orchestrator
     process is gone) and all is read."""
-    from ..housekeeping import is_live
+    from ..records.housekeeping import is_live
 
     position, partial = 0, ""
     while True:
@@ -399,7 +399,7 @@ def follow(store: Any, run_id: str, path: Path) -> Iterator[str]:
 
 
 def cmd_runs_stop(args: argparse.Namespace) -> int:
-    from ..housekeeping import stop_run
+    from ..records.housekeeping import stop_run
 
     row = stop_run(_store(), args.run_id, wait=args.wait)
     ended = row.get("ended_at") is not None
@@ -418,7 +418,7 @@ def cmd_runs_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_rm(args: argparse.Namespace) -> int:
-    from ..housekeeping import remove_runs
+    from ..records.housekeeping import remove_runs
 
     ids = remove_runs(_store(), args.run_ids, dry_run=args.dry_run)
     if args.json:
@@ -431,7 +431,7 @@ def cmd_runs_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_prune(args: argparse.Namespace) -> int:
-    from ..housekeeping import parse_age, prune_runs
+    from ..records.housekeeping import parse_age, prune_runs
 
     older = parse_age(args.older_than)
     rows = prune_runs(_store(), older_than=older, statuses=args.status or (), dry_run=args.dry_run)
@@ -446,7 +446,7 @@ def cmd_runs_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_runs_export(args: argparse.Namespace) -> int:
-    from ..housekeeping import export_run
+    from ..records.housekeeping import export_run
 
     store = _store()
     path = export_run(store, args.run_id, args.output, force=args.force)

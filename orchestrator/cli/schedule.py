@@ -219,7 +219,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..runner import RunObservers
+    from ..lifecycle.runner import RunObservers
     from ..schedules.due import run_due
     from ..schedules.file import load_schedules
     from ..schedules.firing import fire
@@ -269,8 +269,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.no_warm:
         Scheduler(sf.schedules, store=ScheduleStore()).serve(signals.STOP, grace=args.grace)
         return 0
-    from ..executor import LocalExecutor
-    from ..pool import MAX_SIZE, Pool
+    from ..execution.executor import LocalExecutor
+    from ..execution.pool import MAX_SIZE, Pool
 
     with Pool(size=min(max(1, len(sf.schedules)), MAX_SIZE)) as pool:
         executor = LocalExecutor(pool=pool)

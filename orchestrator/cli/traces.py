@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..handles import resolve_run
+from ..records.handles import resolve_run
 from .common import tidy_store
 from .output import print_json, say
 
@@ -34,9 +34,9 @@ def add_export_traces_parser(rsub: Any, run_argument: Any, run_help: str) -> Non
 
 
 def cmd_export_traces(args: argparse.Namespace) -> int:
-    from ..otlp import trace_target
-    from ..store import Store
-    from ..traces import export_recorded
+    from ..records.otlp import trace_target
+    from ..records.store import Store
+    from ..records.traces import export_recorded
 
     tidy_store()
     store = Store()

@@ -62,7 +62,7 @@ def schedules_file(args: argparse.Namespace) -> Path | None:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from ..store import Store
+    from ..records.store import Store
     from ..view import Batches, create_app, export, is_loopback, new_token
 
     tidy_store()

@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError, EngineUnavailable
-from ..executor import Attempt, AttemptExecutor
-from ..runner import PreparedRun, RunObservers
+from ..execution.executor import Attempt, AttemptExecutor
+from ..lifecycle.runner import PreparedRun, RunObservers
+from ..records.store import Store, new_run_id
 from ..spec import RunResult
-from ..store import Store, new_run_id
 from .connect import RESOURCE, NodeInfo, connect, import_ray, sandbox_nodes
 from .node import NodeWorker
 from .transfer import import_record, lost_record

@@ -28,12 +28,12 @@ from typing import Any
 
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..cleanup import cleanup
-from ..concurrency import AdaptiveLimit
 from ..config import home_dir
-from ..executor import Attempt, LocalExecutor
-from ..runner import PreparedRun, RunObservers
-from ..store import Store
+from ..execution.concurrency import AdaptiveLimit
+from ..execution.executor import Attempt, LocalExecutor
+from ..lifecycle.cleanup import cleanup
+from ..lifecycle.runner import PreparedRun, RunObservers
+from ..records.store import Store
 from .transfer import pack_record
 
 #: The node's own record store, under its state directory.

@@ -19,10 +19,10 @@ from typing import Any
 
 from orchestrator_runtime.masking import Masker
 
-from ..record import RunRecorder, finish
-from ..runner import PreparedRun
+from ..lifecycle.runner import PreparedRun
+from ..records.record import RunRecorder, finish
+from ..records.store import COLUMNS, Store
 from ..spec import RunResult, host_error
-from ..store import COLUMNS, Store
 
 #: Files of a record folder larger than this are not shipped whole (the logs are capped at
 #: 20 MiB each by the recorder already; this bounds a packed record all the same).

@@ -16,7 +16,7 @@ from orchestrator_runtime.protocol import ENV_NAME_RE
 
 from ..defaults import NETWORK_MODES, SANDBOX_RUNTIMES
 from ..errors import ConfigError, OrchestratorError, Problem
-from ..manifest import decode_utf8, payload_path
+from ..payloads.manifest import decode_utf8, payload_path
 from ..policy import check_host_name
 from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, words
@@ -24,7 +24,7 @@ from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
 
 if TYPE_CHECKING:
-    from ..runner import PreparedRun
+    from ..lifecycle.runner import PreparedRun
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -205,10 +205,10 @@ class Schedule:
         asking for a new credential stops firing instead of silently getting it. Raises
         ConfigError naming who asks for each (`secrets.secret_owners`).
         """
-        from ..secrets import secret_owners
+        from ..payloads.secrets import secret_owners
 
         if prepared is None:
-            from ..runner import prepare
+            from ..lifecycle.runner import prepare
 
             prepared = prepare(self.run_spec(), secret_values=False)
         owners = secret_owners(prepared.manifest, prepared.model)
@@ -447,7 +447,7 @@ def check_schedule(schedule: Schedule) -> list[Problem]:
     """Check a schedule the way a firing will: the runner's own `prepare` (secret values are
     not read), then the schedule's secrets allow-list; problems naming the schedule and the
     field (`field` is the schedule's own: `limits`, `payload`, `secrets`...)."""
-    from ..runner import prepare
+    from ..lifecycle.runner import prepare
 
     label = f'schedule "{schedule.name}"'
     try:

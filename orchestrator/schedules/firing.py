@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from ..errors import OrchestratorError
+from ..records.store import new_run_id
 from ..spec import EXIT_CODES
-from ..store import new_run_id
 from .clock import Clock, SystemClock
 from .cron import local_iso, utc_iso
 from .file import Schedule
@@ -22,8 +22,8 @@ from .notify import Log, maybe_notify
 from .store import Firing, ScheduleStore
 
 if TYPE_CHECKING:
-    from ..executor import AttemptExecutor
-    from ..runner import RunObservers
+    from ..execution.executor import AttemptExecutor
+    from ..lifecycle.runner import RunObservers
 
 #: `schedule run` exit code when the previous run of the schedule still goes (sysexits'
 #: EX_TEMPFAIL: "try again later"), distinct from every run status.
@@ -73,9 +73,9 @@ def fire(
     events, progress and cancel event (the run is recorded in `store`'s run store);
     `run_id`: the run's id when it is chosen already (reserved with `executor`, say for a
     warm sandbox)."""
-    from ..executor import LocalExecutor
+    from ..execution.executor import LocalExecutor
     from ..labels import owner_label
-    from ..runner import RunObservers
+    from ..lifecycle.runner import RunObservers
 
     clock = clock or SystemClock()
     executor = executor or LocalExecutor()
@@ -128,8 +128,8 @@ def _fire_claimed(
     log: Log,
     replace_wait: float,
 ) -> Firing:
-    from ..executor import Attempt
-    from ..runner import prepare
+    from ..execution.executor import Attempt
+    from ..lifecycle.runner import prepare
 
     assert firing.id is not None
     lock = None if schedule.concurrency == "allow" else store.lock(schedule.name)

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from ..cleanup import closed_line
-from ..cleanup import tidy as tidy_store
-from ..concurrency import AdaptiveLimit, Slots
-from ..executor import Attempt, AttemptExecutor, LocalExecutor
-from ..runner import PreparedRun, RunObservers, prepare
+from ..execution.concurrency import AdaptiveLimit, Slots
+from ..execution.executor import Attempt, AttemptExecutor, LocalExecutor
+from ..lifecycle.cleanup import closed_line
+from ..lifecycle.cleanup import tidy as tidy_store
+from ..lifecycle.runner import PreparedRun, RunObservers, prepare
 from ..spec import RunResult
 from .clock import Clock, SystemClock
 from .cron import utc_iso

@@ -9,8 +9,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from ..records.store import Store
 from ..spec import EXIT_CODES, RunResult
-from ..store import Store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS schedule_firings (

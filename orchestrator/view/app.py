@@ -15,7 +15,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..errors import OrchestratorError
-from ..store import Store
+from ..records.store import Store
 from .batches import Batches
 from .queries import RunFilter, list_runs
 from .render import Links, render

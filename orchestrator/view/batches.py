@@ -11,7 +11,7 @@ from typing import Any
 from ..batch.compare import Comparison, compare
 from ..batch.report import BatchReport, build_report, open_batch_dir
 from ..errors import OrchestratorError
-from ..store import Store
+from ..records.store import Store
 from . import charts
 from .queries import batch_runs, store_batches
 

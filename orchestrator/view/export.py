@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..store import Store
+from ..records.store import Store
 from .batches import Batches
 from .queries import RunPage
 from .render import Links, render

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigError
-from ..store import Store
+from ..records.store import Store
 
 PAGE_SIZE = 50
 #: The runs list's columns (the index's long text columns are left out of a list).

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..record import agent_max_steps, describe_max_steps
-from ..store import Store
-from ..traces import read_trace
+from ..records.record import agent_max_steps, describe_max_steps
+from ..records.store import Store
+from ..records.traces import read_trace
 from .tree import AgentNode, build_tree, count_steps
 
 #: The most of stderr a page shows (its end: where tracebacks are).

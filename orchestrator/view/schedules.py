@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..records.store import Store
 from ..schedules.cron import local_iso
 from ..schedules.file import ScheduleFileError, load_schedules
-from ..store import Store
 from .queries import schedule_firings
 
 

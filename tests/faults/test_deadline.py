@@ -15,8 +15,8 @@ import pytest
 from orchestrator.backends.docker.deadline import GRACE_SECONDS
 from orchestrator.backends.docker.engine import engine_time
 from orchestrator.labels import LABEL_RUN_ID
-from orchestrator.manifest import load_manifest
-from orchestrator.store import Store
+from orchestrator.payloads.manifest import load_manifest
+from orchestrator.records.store import Store
 
 from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
 from ..model_server import ScriptedModelServer

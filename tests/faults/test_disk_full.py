@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.batch.output import BatchDir, OutputWriteError
-from orchestrator.store import Store, StoreError
+from orchestrator.records.store import Store, StoreError
 
 from ..conftest import TEST_PAYLOADS, cli
 

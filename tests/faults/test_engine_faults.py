@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import RunSpec, run
-from orchestrator.store import Store
+from orchestrator.records.store import Store
 
 from ..conftest import REPO, TEST_PAYLOADS, running_sandboxes, start_cli, wait_for
 

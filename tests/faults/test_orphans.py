@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.labels import LABEL_RUN_ID, owner_label
+from orchestrator.records.store import Store
 from orchestrator.schedules.store import ScheduleStore
-from orchestrator.store import Store
 
 from ..conftest import TEST_PAYLOADS, cli, our_containers, running_sandboxes, start_cli, wait_for
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from orchestrator.store import Store
+from orchestrator.records.store import Store
 
 from ..conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
 from ..test_batch import API_CALLER, MATH, write_jsonl

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import store as store_module
-from orchestrator.store import Store
+from orchestrator.records import store as store_module
+from orchestrator.records.store import Store
 
 SPAWN = multiprocessing.get_context("spawn")
 #: Every wait in this module is bounded: a deadlock fails the test instead of hanging it.

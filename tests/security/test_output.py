@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.record import MAX_LINE_BYTES
+from orchestrator.records.record import MAX_LINE_BYTES
 
 from ..conftest import REPO, TEST_PAYLOADS
 

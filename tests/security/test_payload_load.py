@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.store import Store
+from orchestrator.records.store import Store
 
 from ..conftest import cli, write_payload
 

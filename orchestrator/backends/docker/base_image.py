@@ -20,7 +20,7 @@ import docker.errors
 
 from ...config import VERSION
 from ...errors import ImageBuildError, OrchestratorError
-from ...imagedef import (
+from ...images.imagedef import (
     BASE_IMAGE_ENV,
     DEFAULT_BASE,
     Progress,

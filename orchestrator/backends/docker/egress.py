@@ -29,7 +29,7 @@ from urllib.parse import unquote
 
 from ...config import VERSION, data_root
 from ...errors import OrchestratorError
-from ...imagedef import RUNTIME_DIR, build_lock, digest, report, sha256
+from ...images.imagedef import RUNTIME_DIR, build_lock, digest, report, sha256
 from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS, describe_allowlist, host_networks
 from ...spec import NetworkPolicy

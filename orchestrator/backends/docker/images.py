@@ -3,7 +3,7 @@
 Everything here is content-addressed and cached:
 
 - the *base* (`base_image.py`) is probed once for its interpreter (cached per image id);
-- a *wheelhouse* (`orchestrator/wheelhouse.py`) is resolved on the host for that interpreter;
+- a *wheelhouse* (`orchestrator/images/wheelhouse.py`) is resolved on the host for that interpreter;
   images are then built offline (`--no-index`);
 - the *agent image* is tagged `orchestrator-agent:<hash>` where the hash covers everything
   that goes into it (Dockerfile, base image id, wheels, runtime code), so unchanged inputs
@@ -29,7 +29,7 @@ import docker.errors
 
 from ...config import VERSION
 from ...errors import ImageBuildError
-from ...imagedef import (
+from ...images.imagedef import (
     AGENT_IMAGE_DIR,
     BASE_IMAGE_ENV,
     ERROR_TAIL_LINES,
@@ -43,7 +43,7 @@ from ...imagedef import (
     runtime_files_of,
     sha256,
 )
-from ...wheelhouse import (
+from ...images.wheelhouse import (
     PythonTarget,
     Wheelhouse,
     ensure_wheelhouse,

@@ -7,7 +7,7 @@ from typing import Any
 
 import docker.errors
 
-from ...imagedef import Progress, report
+from ...images.imagedef import Progress, report
 from ...labels import LABEL_KIND
 from .base_image import BASE_IMAGE, KIND_BASE
 from .egress import EGRESS_IMAGE, KIND_EGRESS_IMAGE, plan_egress_image

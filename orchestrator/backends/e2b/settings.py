@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from ...errors import ConfigError
-from ...imagedef import DEFAULT_BASE
-from ...secrets import resolve_secrets
+from ...images.imagedef import DEFAULT_BASE
+from ...payloads.secrets import resolve_secrets
 from ..base import Progress
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from filelock import FileLock
 
 from ...config import VERSION, home_dir
 from ...errors import ConfigError, EngineUnavailable, ImageBuildError
-from ...wheelhouse import PythonTarget
+from ...images.wheelhouse import PythonTarget
 from ..base import Progress
 from .settings import API_KEY_ENV, BASE_IMAGE_ENV, PYTHON_ENV, E2BSettings, sdk, with_retries
 
@@ -60,8 +60,8 @@ def python_target(settings: E2BSettings, progress: Progress) -> PythonTarget:
     read from `$ORCHESTRATOR_E2B_PYTHON` or from an official `python:3.N` tag (glibc 2.28,
     the floor of current Debian-based images, x86_64 like E2B's hosts).
     """
-    from ...wheelhouse import PythonTarget
-    from ...wheelhouse import python_target as probe
+    from ...images.wheelhouse import PythonTarget
+    from ...images.wheelhouse import python_target as probe
 
     explicit = settings.python
     if explicit is None:
@@ -88,7 +88,7 @@ def plan_template(
 ) -> TemplatePlan:
     """The template for a run: the agent environment plus the payload's extra requirements
     (one template per set; E2B has no cheap derived layers to share)."""
-    from ...imagedef import (
+    from ...images.imagedef import (
         AGENT_IMAGE_DIR,
         RUNTIME_DIR,
         agent_image_definition,
@@ -97,7 +97,7 @@ def plan_template(
         runtime_files_of,
         sha256,
     )
-    from ...wheelhouse import ensure_wheelhouse
+    from ...images.wheelhouse import ensure_wheelhouse
 
     target = python_target(settings, progress)
     requirements = (AGENT_IMAGE_DIR / "requirements.txt").read_text()

@@ -21,15 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .backends import get_backend
-from .backends.base import Backend
+from ..backends import get_backend
+from ..backends.base import Backend
+from ..lifecycle.imagecache import ImageCache
+from ..lifecycle.runner import PreparedRun, RunObservers, execute, sandbox_spec
+from ..records.store import Store, new_run_id
+from ..spec import RunResult
 from .claim import Claim
 from .hostload import HostLoad
-from .imagecache import ImageCache
 from .pool import MAX_SIZE, Pool, starts_per_core
-from .runner import PreparedRun, RunObservers, execute, sandbox_spec
-from .spec import RunResult
-from .store import Store, new_run_id
 
 
 @dataclass(frozen=True)
@@ -228,7 +228,7 @@ class LocalExecutor(AttemptExecutor):
             claim.release()
 
     def reap_orphans(self, template: PreparedRun, store: Store) -> int:
-        from .cleanup import cleanup
+        from ..lifecycle.cleanup import cleanup
 
         return len(cleanup(self.backend_for(template), store=store).removed)
 

@@ -22,33 +22,33 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
 from orchestrator_runtime.request import Request
 
-from .backends import backend_capabilities, backend_name, get_backend
-from .backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
-from .defaults import choose_sandbox_runtime
-from .errors import ConfigError, ManifestError, RecordError, at_field
-from .gateway import (
+from ..backends import backend_capabilities, backend_name, get_backend
+from ..backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
+from ..defaults import choose_sandbox_runtime
+from ..errors import ConfigError, ManifestError, RecordError, at_field
+from ..gateway import (
     GatewaySpec,
     describe_gateway,
     plan_gateway,
     sandbox_network,
     sandbox_secrets,
 )
+from ..labels import owner_label, run_labels
+from ..models import ModelSpec
+from ..payloads.manifest import Manifest, load_manifest
+from ..payloads.payload import ShippedFile, check_task
+from ..payloads.program import choose_model, key_names
+from ..payloads.secrets import needed_secrets, run_secrets
+from ..policy import describe_allowlist, resolve_policy, sandbox_api_base
+from ..records.otlp import TraceTarget, trace_target
+from ..records.record import EventHandler, RunRecorder, finish
+from ..records.store import Store, new_run_id
+from ..records.traces import RunContext, record_trace, trace_request
+from ..spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
 from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
-from .labels import owner_label, run_labels
-from .manifest import Manifest, load_manifest
-from .models import ModelSpec
-from .otlp import TraceTarget, trace_target
 from .outcome import cancelled_error, decide_status, explain_network
-from .payload import ShippedFile, check_task
-from .policy import describe_allowlist, resolve_policy, sandbox_api_base
-from .program import choose_model, key_names
-from .record import EventHandler, RunRecorder, finish
-from .secrets import needed_secrets, run_secrets
-from .spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
-from .store import Store, new_run_id
 from .supervise import record_egress_blocked, record_gateway, supervise
-from .traces import RunContext, record_trace, trace_request
 
 RUNTIME_COMMAND = ("python", "-m", "orchestrator_runtime")
 

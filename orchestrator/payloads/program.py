@@ -25,10 +25,10 @@ from typing import Any, Protocol
 
 from orchestrator_runtime.protocol import ROUTABLE_MODELS
 
-from .errors import ConfigError, ManifestError, Problem
-from .models import PROVIDERS, ModelSpec, parse_model
+from ..errors import ConfigError, ManifestError, Problem
+from ..models import PROVIDERS, ModelSpec, parse_model
+from ..spec import RunSpec
 from .payload import ShippedFile, payload_files, program_file
-from .spec import RunSpec
 
 #: The file a folder program runs, in the order looked for.
 MAIN_FILES = ("__main__.py", "main.py")
@@ -293,7 +293,7 @@ def filter_smolagents(dependencies: list[str], image_version: str) -> tuple[list
 @functools.cache
 def image_smolagents() -> str:
     """The smolagents version the agent image pins (images/agent/requirements.txt)."""
-    from .config import data_root
+    from ..config import data_root
 
     text = (data_root() / "images" / "agent" / "requirements.txt").read_text()
     for line in text.splitlines():
@@ -318,7 +318,7 @@ def check_requires_python(value: Any) -> str | None:
 
 def problems_in_block(problems: list[Problem], toml_text: str, first_line: int) -> list[Problem]:
     """Problems of the metadata block, each with its line in the program file."""
-    from .schema import TomlLines
+    from ..schema import TomlLines
 
     lines = TomlLines(toml_text)
     placed = []

@@ -10,9 +10,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .backends.base import ExitInfo
-from .models import ModelSpec
-from .spec import PAYLOAD_ERROR, NetworkPolicy, RunStatus, cancelled_error, host_error
+from ..backends.base import ExitInfo
+from ..models import ModelSpec
+from ..spec import PAYLOAD_ERROR, NetworkPolicy, RunStatus, cancelled_error, host_error
 
 
 def explain_network(

@@ -23,12 +23,12 @@ from typing import Any
 
 from orchestrator_runtime.protocol import MAX_ATTRIBUTE_CHARS
 
-from .errors import ConfigError
-from .gateway import measured_usage
+from ..errors import ConfigError
+from ..gateway import measured_usage
+from ..spec import RunResult, RunSpec
 from .otlp import TraceTarget, export
 from .record import RunRecorder
 from .spans import FLAGS, place, span_id_of, trace_ids
-from .spec import RunResult, RunSpec
 
 #: The record file that keeps the run's trace.
 TRACE_FILE = "trace.json"
@@ -75,7 +75,7 @@ def root_span(result: RunResult, context: RunContext, tokens: dict[str, Any]) ->
         "openinference.span.kind": "CHAIN",
         "input.value": context.task[:MAX_ATTRIBUTE_CHARS],
         "orchestrator.run_id": result.run_id,
-        "orchestrator.payload": result.payload,
+        "orchestrator.payloads.payload": result.payload,
         "orchestrator.model": result.model,
         "orchestrator.backend": result.backend,
         "orchestrator.network": result.network,

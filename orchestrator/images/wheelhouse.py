@@ -18,8 +18,9 @@ from pathlib import Path
 
 import docker.errors
 
-from .config import VERSION, home_dir
-from .errors import ImageBuildError, ManifestError
+from ..config import VERSION, home_dir
+from ..errors import ImageBuildError, ManifestError
+from ..labels import LABEL_KIND, LABEL_OWNER, LABEL_STORE, LABEL_VERSION, owner_label, store_id
 from .imagedef import (
     BASE_IMAGE_ENV,
     Progress,
@@ -32,7 +33,6 @@ from .imagedef import (
     sha256,
     write_json,
 )
-from .labels import LABEL_KIND, LABEL_OWNER, LABEL_STORE, LABEL_VERSION, owner_label, store_id
 
 WHEELHOUSE_ENV = "ORCHESTRATOR_WHEELHOUSE"
 

@@ -16,9 +16,9 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
 from orchestrator_runtime.request import MAX_STEPS_FROM
 
-from .gateway import measured_usage, usage_mismatch
+from ..gateway import measured_usage, usage_mismatch
+from ..spec import RunResult, host_error
 from .spans import SpanCollector
-from .spec import RunResult, host_error
 from .store import Store
 
 #: Collected logs are capped; the rest is dropped with a note (nothing is unbounded).
@@ -138,7 +138,7 @@ class RunRecorder:
         self.egress_seen = 0
         self._frames = FrameCheck()
         #: The sandbox's `span` events: checked, masked and bounded apart from the others
-        #: (orchestrator/spans.py); they never reach `events` or the run's status.
+        #: (orchestrator/records/spans.py); they never reach `events` or the run's status.
         self.spans = SpanCollector(masker)
 
     def stop_requested(self) -> bool:

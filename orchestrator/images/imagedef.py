@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import data_root, home_dir, repo_root
-from .errors import ConfigError, ImageBuildError
-from .policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
+from ..config import data_root, home_dir, repo_root
+from ..errors import ConfigError, ImageBuildError
+from ..policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
 log = logging.getLogger(__name__)
 

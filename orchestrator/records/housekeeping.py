@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..labels import owner_alive
+from ..spec import EXIT_CODES
 from .handles import resolve_run
-from .labels import owner_alive
-from .spec import EXIT_CODES
 from .store import Store
 
 #: Statuses a run has before it ends.

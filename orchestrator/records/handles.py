@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import OrchestratorError
+from ..errors import OrchestratorError
 from .store import LATEST, Store
 
 

@@ -30,7 +30,7 @@ from orchestrator_runtime.protocol import (
     MAX_SPAN_EVENTS,
 )
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: How many spans of the sandbox one run keeps, and how many MiB of them (the environment
 #: overrides both, within the ranges).

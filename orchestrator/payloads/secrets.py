@@ -11,12 +11,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .manifest import decode_utf8
 
 if TYPE_CHECKING:
+    from ..models import ModelSpec
     from .manifest import Manifest
-    from .models import ModelSpec
 
 
 def needed_secrets(manifest: Manifest, model: ModelSpec) -> list[str]:

@@ -12,8 +12,8 @@ import contextlib
 import threading
 from dataclasses import dataclass, field
 
-from .backends.base import Sandbox
-from .runner import WarmSandbox
+from ..backends.base import Sandbox
+from ..lifecycle.runner import WarmSandbox
 
 
 @dataclass(frozen=True)

@@ -35,15 +35,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .backends import get_backend
-from .backends.base import Backend, Sandbox, SandboxSpec
-from .claim import Claim, remove_later, wait_removals
-from .errors import ConfigError
-from .imagecache import ImageCache
-from .interrupts import stop_on_interrupt
-from .labels import owner_label, pool_marker, run_labels
-from .record import EventHandler
-from .runner import (
+from ..backends import get_backend
+from ..backends.base import Backend, Sandbox, SandboxSpec
+from ..errors import ConfigError
+from ..labels import owner_label, pool_marker, run_labels
+from ..lifecycle.imagecache import ImageCache
+from ..lifecycle.interrupts import stop_on_interrupt
+from ..lifecycle.runner import (
     PreparedRun,
     RunObservers,
     execute,
@@ -51,8 +49,10 @@ from .runner import (
     prepare,
     sandbox_spec,
 )
-from .spec import RunResult, RunSpec
-from .store import Store, new_run_id
+from ..records.record import EventHandler
+from ..records.store import Store, new_run_id
+from ..spec import RunResult, RunSpec
+from .claim import Claim, remove_later, wait_removals
 
 #: Idle sandboxes at most (idle or being made), unless told otherwise.
 DEFAULT_SIZE = 2

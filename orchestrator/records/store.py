@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import home_dir
-from .errors import OrchestratorError
+from ..config import home_dir
+from ..errors import OrchestratorError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

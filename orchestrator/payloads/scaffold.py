@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: What `payload.name` accepts (manifest.py), so the folder name can be the payload name.
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")

@@ -12,17 +12,20 @@ from typing import Any
 
 from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
-from .config import examples_dir
-from .defaults import SANDBOX_RUNTIMES
-from .errors import ManifestError, Problem
-from .payload import ShippedFile, payload_files, program_file
-from .policy import (
+from ..config import examples_dir
+from ..defaults import SANDBOX_RUNTIMES
+from ..errors import ManifestError, Problem
+from ..policy import (
     HOST_NAME_HELP,
     REQUIREMENT_HELP,
     AllowedRequirement,
     check_host_name,
     check_requirement,
 )
+from ..registry import backend_names
+from ..schema import Field, Table, TomlLines, check_table, toml_named
+from ..spec import SETTABLE_LIMITS_TABLE, Limits
+from .payload import ShippedFile, payload_files, program_file
 from .program import (
     ModelUse,
     check_requires_python,
@@ -38,9 +41,6 @@ from .program import (
     shipped_files,
     unknown_script_keys,
 )
-from .registry import backend_names
-from .schema import Field, Table, TomlLines, check_table, toml_named
-from .spec import SETTABLE_LIMITS_TABLE, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -214,7 +214,7 @@ class Manifest:
         )
 
     def payload_files(self) -> dict[str, ShippedFile]:
-        """The payload's files, ready to ship in (see orchestrator/payload.py)."""
+        """The payload's files, ready to ship in (see orchestrator/payloads/payload.py)."""
         if self.single_file:
             return program_file(self.path)
         return payload_files(self.folder)

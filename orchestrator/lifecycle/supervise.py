@@ -7,9 +7,9 @@ from __future__ import annotations
 import threading
 import time
 
-from .backends.base import Sandbox
-from .record import RunRecorder
-from .spec import StopRequest
+from ..backends.base import Sandbox
+from ..records.record import RunRecorder
+from ..spec import StopRequest
 
 #: How often the host checks that a running sandbox still has its egress proxy.
 HEALTH_INTERVAL = 1.0

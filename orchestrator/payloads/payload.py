@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import ConfigError, ManifestError
+from ..errors import ConfigError, ManifestError
 
 #: Limits on what a payload ships (environment variables override them).
 MAX_PAYLOAD_MB_ENV = "ORCHESTRATOR_MAX_PAYLOAD_MB"

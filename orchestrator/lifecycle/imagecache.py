@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from .backends.base import Backend, Progress
+from ..backends.base import Backend, Progress
 
 
 class ImageCache:

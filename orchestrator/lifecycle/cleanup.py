@@ -19,14 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .backends import backend_capabilities, get_backend
-from .backends.base import Backend, SandboxInfo
-from .config import home_dir
-from .errors import OrchestratorError
-from .labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, POOLS_DIR, owner_alive, store_id
-from .record import close_orphan
-from .registry import DEFAULT_BACKEND, backend_names
-from .store import Store
+from ..backends import backend_capabilities, get_backend
+from ..backends.base import Backend, SandboxInfo
+from ..config import home_dir
+from ..errors import OrchestratorError
+from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, POOLS_DIR, owner_alive, store_id
+from ..records.record import close_orphan
+from ..records.store import Store
+from ..registry import DEFAULT_BACKEND, backend_names
 
 
 @dataclass
