@@ -62,15 +62,15 @@ class SameImageBackend(DockerBackend):
     """The Docker backend pinned to the image the floor uses: both sides run the very same
     image, and a runtime edit during the benchmark cannot trigger a build inside a timing."""
 
-    def __init__(self, client, image: str) -> None:  # noqa: ANN001 - a docker client
+    def __init__(self, client, image: str) -> None:  # a docker client
         super().__init__(client)
         self.image = image
 
-    def prepare_image(self, extra_requirements, progress) -> str:  # noqa: ANN001
+    def prepare_image(self, extra_requirements, progress) -> str:
         return self.image
 
 
-def running(client) -> int:  # noqa: ANN001 - a docker client
+def running(client) -> int:  # a docker client
     """Containers running on the engine (anything not ours shows as load on the figures)."""
     return len(client.api.containers(quiet=True))
 

@@ -57,7 +57,7 @@ class SandboxClock:
             wait_idle(sandbox, timeout)
             marks.setdefault(sandbox.id, {})["ready"] = time.monotonic()
 
-        def timed_start(sandbox: DockerSandbox, request, secrets) -> None:  # noqa: ANN001
+        def timed_start(sandbox: DockerSandbox, request, secrets) -> None:
             marks.setdefault(sandbox.id, {})["request"] = time.monotonic()
             start(sandbox, request, secrets)
 

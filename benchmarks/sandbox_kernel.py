@@ -85,7 +85,7 @@ def cold_cli(runtime: str) -> float:
     return took
 
 
-def warm_runs(backend, runtime: str, rounds: int) -> list[float]:  # noqa: ANN001
+def warm_runs(backend, runtime: str, rounds: int) -> list[float]:
     spec = RunSpec(payload=PAYLOAD, task="mul", additional_args=ARGS, sandbox_runtime=runtime)
     ends = []
     with Pool(size=1, ttl=120, backend=backend) as pool:
@@ -103,7 +103,7 @@ def warm_runs(backend, runtime: str, rounds: int) -> list[float]:  # noqa: ANN00
     return ends
 
 
-def batch(backend, runtime: str, n: int, workdir: Path) -> float:  # noqa: ANN001
+def batch(backend, runtime: str, n: int, workdir: Path) -> float:
     path = workdir / f"tasks-{runtime}.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):

@@ -64,7 +64,7 @@ def used_mb() -> int:
     return (total or 0) - (available or 0)
 
 
-def containers_rss_mb(client) -> int:  # noqa: ANN001 - a docker client
+def containers_rss_mb(client) -> int:  # a docker client
     """The resident memory of this process's containers (sandboxes idle or running): the sum
     of their cgroups' total_rss (cgroup v1, as on these machines; 0 where unreadable)."""
     total = 0
@@ -85,7 +85,7 @@ class MemoryWatch:
     (what the sandboxes hold; other work on the host does not count) and the host's used
     memory (total - available) above what it was before (other work counts)."""
 
-    def __init__(self, client) -> None:  # noqa: ANN001 - a docker client
+    def __init__(self, client) -> None:  # a docker client
         self.client = client
         self.base = used_mb()
         self.host: list[int] = []
@@ -115,17 +115,17 @@ class CountingBackend(SameImageBackend):
     """Counts the sandboxes made cold (`create`, in a run's slot) and warm (`create_idle`, by
     the pool's builders): a warm batch whose runs go cold beside the builders shows here."""
 
-    def __init__(self, client, image: str) -> None:  # noqa: ANN001 - a docker client
+    def __init__(self, client, image: str) -> None:  # a docker client
         super().__init__(client, image)
         self.made = {"cold": 0, "warm": 0}
         self._lock = threading.Lock()
 
-    def create(self, spec, progress):  # noqa: ANN001, ANN201
+    def create(self, spec, progress):
         with self._lock:
             self.made["cold"] += 1
         return super().create(spec, progress)
 
-    def create_idle(self, spec, progress, ttl):  # noqa: ANN001, ANN201
+    def create_idle(self, spec, progress, ttl):
         with self._lock:
             self.made["warm"] += 1
         return super().create_idle(spec, progress, ttl)
@@ -470,7 +470,7 @@ def setup() -> tuple[Path, SameImageBackend, str]:
     return workdir, SameImageBackend(client, image), commit
 
 
-def teardown(workdir: Path, client) -> None:  # noqa: ANN001 - a docker client
+def teardown(workdir: Path, client) -> None:  # a docker client
     """Nothing of the benchmark's left behind, also when it was interrupted: its directory
     and any container of this process's."""
     shutil.rmtree(workdir, ignore_errors=True)
@@ -481,7 +481,7 @@ def teardown(workdir: Path, client) -> None:  # noqa: ANN001 - a docker client
             client.api.remove_container(container["Id"], force=True)
 
 
-def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:  # noqa: ANN001
+def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:
     """Every configuration's batches, warm and cold, round-major in mirrored pairs
     (`round_steps`); the report written after each batch."""
     client = backend.client

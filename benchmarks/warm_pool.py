@@ -74,7 +74,7 @@ def docker_run(image: str, a: int = 6, b: int = 7) -> bool:
     return out.returncode == 0 and out.stdout.strip().splitlines()[-1] == str(a * b)
 
 
-def session_pattern(client, image: str) -> bool:  # noqa: ANN001 - a docker client
+def session_pattern(client, image: str) -> bool:  # a docker client
     """llm-sandbox's SandboxSession (docker backend) with init, through the SDK as it does."""
     api = client.api
     container = api.create_container(
@@ -122,7 +122,7 @@ def cold_cli() -> bool:
     return out.returncode == 0 and json.loads(out.stdout)["answer"] == 42
 
 
-def timed(fn) -> float:  # noqa: ANN001
+def timed(fn) -> float:
     started = time.perf_counter()
     ok = fn()
     took = time.perf_counter() - started
@@ -153,7 +153,7 @@ def warm_runs(pool: Pool, rounds: int) -> tuple[list[float], list[float]]:
     return ends, starts
 
 
-def hosted_runs(backend, rounds: int) -> tuple[list[float], list[float]]:  # noqa: ANN001
+def hosted_runs(backend, rounds: int) -> tuple[list[float], list[float]]:
     """End to end with `openai:scripted` through the model gateway: cold runs, then warm."""
     answer = load_manifest(PAYLOAD).mock_scripts["manager"][0]
     os.environ.setdefault("OPENAI_API_KEY", "sk-benchmark")
@@ -166,7 +166,7 @@ def hosted_runs(backend, rounds: int) -> tuple[list[float], list[float]]:  # noq
             api_base=server.api_base(),
         )
 
-        def check(result) -> None:  # noqa: ANN001
+        def check(result) -> None:
             if result.status != "succeeded" or result.answer != 42:
                 raise SystemExit(f"hosted run went wrong: {result.status} {result.error}")
 
@@ -199,7 +199,7 @@ def batch_floor(image: str, n: int, concurrency: int) -> float:
     return n / (time.monotonic() - started) * 60
 
 
-def batch_ours(n: int, concurrency: int, workdir: Path, backend, warm: int | None) -> float:  # noqa: ANN001
+def batch_ours(n: int, concurrency: int, workdir: Path, backend, warm: int | None) -> float:
     path = workdir / f"tasks-{concurrency}-{warm}.jsonl"
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):

@@ -362,5 +362,5 @@ def flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:  # noqa: S110 - a program may have replaced or closed them
+        except Exception:  # a program may have replaced or closed them
             pass

@@ -101,11 +101,11 @@ class ScriptedModelServer:
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True  # as real model servers: no 40 ms ACK stalls
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:  # http.server's naming
                 """Recorded, then 404: only chat completions are served."""
                 self.do_POST()
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 try:

@@ -32,7 +32,7 @@ class OtlpReceiver:
         receiver = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:  # http.server's naming
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)

@@ -581,7 +581,7 @@ def unavailable_model() -> Iterator[dict]:
     hits = {"count": 0}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             hits["count"] += 1
             body = b'{"error": {"message": "overloaded"}}'

@@ -157,7 +157,7 @@ class GatedBackend(DockerBackend):
     """Holds each pooled sandbox's making at its start until the test lets them all go, and
     counts how many were being made at once."""
 
-    def __init__(self, client, per_core: int) -> None:  # noqa: ANN001 - a docker client
+    def __init__(self, client, per_core: int) -> None:  # a docker client
         super().__init__(client)
         self.per_core = per_core
         self.in_flight = self.most = 0

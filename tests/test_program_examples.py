@@ -58,7 +58,7 @@ QUERY_STEP = (
 
 def git_blob_id(data: bytes) -> str:
     """The id git gives a file's bytes (`git hash-object`)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # noqa: S324 - git's id
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's id
 
 
 def test_the_example_is_smolagents_file_byte_for_byte() -> None:

@@ -65,7 +65,7 @@ def request_with_every_field(monkeypatch: pytest.MonkeyPatch) -> Request:
         trace={
             "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
             "parent_span_id": "00f067aa0ba902b7",
-        },  # noqa: E501
+        },
     )
 
 

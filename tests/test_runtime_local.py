@@ -400,7 +400,7 @@ def http_status_server(request: pytest.FixtureRequest) -> Iterator[str]:
     status = request.param
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             body = json.dumps({"error": f"status {status}"}).encode()
             self.send_response(status)
@@ -495,7 +495,7 @@ def test_openai_provider_plays_a_scripted_server_over_http() -> None:
     seen: list[dict[str, Any]] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append({"auth": self.headers.get("Authorization"), "body": body})
             text = outputs[len(seen) - 1]

@@ -517,7 +517,7 @@ def test_webhook_gets_json_and_scheduler_survives_a_crashing_run(tmp_path: Path)
     received: list[dict[str, Any]] = []
 
     class Hook(http.server.BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append(json.loads(body))
             self.send_response(204)

@@ -53,7 +53,7 @@ def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "PHOENIX_WORKING_DIR": str(work),  # its SQLite database
         "PHOENIX_TELEMETRY_ENABLED": "false",
     }
-    log = open(work / "phoenix.log", "wb")  # noqa: SIM115 - closed below
+    log = open(work / "phoenix.log", "wb")  # closed below
     proc = subprocess.Popen(
         [str(PHOENIX), "serve"],
         env=env,

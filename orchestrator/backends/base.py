@@ -167,7 +167,7 @@ class Sandbox(ABC):
     #: What isolates the sandbox from the host, for the run record: its `runtime` (the
     #: kernel its system calls reach) and what filters them (`seccomp`); empty when the
     #: backend does not say.
-    isolation: dict[str, str] = {}  # noqa: RUF012 (read-only default; set per instance)
+    isolation: dict[str, str] = {}  # read-only default; set per instance
 
     @abstractmethod
     def start(self, request: Request, secrets: dict[str, str]) -> None:

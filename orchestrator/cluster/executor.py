@@ -205,7 +205,7 @@ class RayExecutor(AttemptExecutor):
                     self._cond.notify_all()
                 for node in ready:
                     self.message(f"node {node.info.short()}: a new worker takes attempts")
-            except Exception as exc:  # noqa: BLE001 - the batch goes on with the nodes it has
+            except Exception as exc:  # the batch goes on with the nodes it has
                 self.message(f"warning: looking for more nodes failed: {_reason(exc)}")
             finally:
                 with self._cond:
@@ -230,7 +230,7 @@ class RayExecutor(AttemptExecutor):
         )
         try:
             import_ray().kill(node.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - gone already
+        except Exception:  # gone already
             pass
         self._refresh_soon(delay=REVIVE_DELAY)  # its node may live on: a new worker there
 
@@ -434,7 +434,7 @@ class RayExecutor(AttemptExecutor):
         for node in live:
             try:
                 ray.kill(node.actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - gone already
+            except Exception:  # gone already
                 pass
 
 
@@ -472,7 +472,7 @@ def _get_all(ray: Any, refs: list[Any], *, default: Any) -> list[Any]:
     for ref in refs:
         try:
             out.append(ray.get(ref, timeout=READY_TIMEOUT))
-        except Exception:  # noqa: BLE001 - a node gone: the rest still count
+        except Exception:  # a node gone: the rest still count
             out.append(default)
     return out
 

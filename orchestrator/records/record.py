@@ -118,7 +118,7 @@ class RunRecorder:
         #: How many lines were cut to MAX_LINE_BYTES.
         self.cuts = 0
         self._files: dict[str, TextIO] = {
-            name: open(directory / filename, "a", encoding="utf-8")  # noqa: SIM115
+            name: open(directory / filename, "a", encoding="utf-8")
             for name, filename in (
                 ("events", "events.jsonl"),
                 ("stdout", "stdout.log"),

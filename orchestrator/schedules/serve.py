@@ -138,7 +138,7 @@ class Scheduler:
                 record_missed(schedule, p, self.store, now, "serve", self.log)
                 if p.fire_at is not None:
                     self._launch(schedule, p.fire_at, p.trigger)
-            except Exception as exc:  # noqa: BLE001 - the scheduler outlives any one schedule
+            except Exception as exc:  # the scheduler outlives any one schedule
                 self.log(
                     f"{utc_iso(now)} schedule={schedule.name} scheduler_error="
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
@@ -159,7 +159,7 @@ class Scheduler:
                 prepared = prepare(schedule.run_spec(), secret_values=False)
                 self.executor.keep_warm(prepared, 1)
                 self._warmed[schedule.name] = (at, prepared)
-            except Exception as exc:  # noqa: BLE001 - the firing then starts cold (and says why)
+            except Exception as exc:  # the firing then starts cold (and says why)
                 self._warmed.pop(schedule.name, None)
                 self.log(
                     f"{utc_iso(now)} schedule={schedule.name} warm_error="
@@ -196,7 +196,7 @@ class Scheduler:
                     log=self.log,
                     run_id=attempt.run_id if attempt is not None else None,
                 )
-            except BaseException as exc:  # noqa: BLE001 - logged; the loop goes on
+            except BaseException as exc:  # logged; the loop goes on
                 self.log(
                     f"{utc_iso(self.clock.now())} schedule={schedule.name} "
                     f"firing_error={json.dumps(f'{type(exc).__name__}: {exc}')}"

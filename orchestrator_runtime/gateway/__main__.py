@@ -109,9 +109,9 @@ def main() -> int:
     emit = Channel()
     # Imported while the host is still starting the sandbox, before the configuration comes
     # (uvicorn's protocol modules too, which it would import only once serving).
-    import uvicorn  # noqa: F401
-    import uvicorn.lifespan.off  # noqa: F401
-    import uvicorn.protocols.http.h11_impl  # noqa: F401
+    import uvicorn
+    import uvicorn.lifespan.off
+    import uvicorn.protocols.http.h11_impl
     import uvicorn.protocols.websockets.auto  # noqa: F401
 
     from . import app  # noqa: F401

@@ -38,7 +38,7 @@ def docker_ready(image: str | None = None) -> str | None:
         client.images.get(image or base_image())
     except docker.errors.ImageNotFound:
         return f"image {image} is not built"
-    except Exception as e:  # noqa: BLE001 - any failure means no usable engine
+    except Exception as e:  # any failure means no usable engine
         return f"Docker engine not available: {e}"
     return None
 

@@ -674,7 +674,7 @@ class TemplateBuilds:
             self._finalize(build, image_id)
         except BuildFailed as e:
             self._finish(build, e.message, e.step)
-        except Exception as e:  # noqa: BLE001 - a bug here must end the build, not hang the SDK
+        except Exception as e:  # a bug here must end the build, not hang the SDK
             self._finish(build, f"internal error of the E2B test server: {e!r}", None)
 
     def _log(

@@ -46,7 +46,7 @@ def test_eight_concurrent_runs_while_the_index_is_read(
         try:
             spec = RunSpec(payload=SLEEPER, additional_args={"seconds": 1}, model="mock")
             results.append(run(spec))
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     def reader() -> None:
@@ -58,7 +58,7 @@ def test_eight_concurrent_runs_while_the_index_is_read(
                     store.get_run(row["run_id"])
                 store.unfinished_runs()
                 reads += 1
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
                 return
 
