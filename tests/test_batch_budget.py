@@ -1,4 +1,4 @@
-"""A batch-wide spend cap (issue 25 item 2): `batch --max-total-tokens N` counts the tokens the
+"""A batch-wide spend cap: `batch --max-total-tokens N` counts the tokens the
 model gateway measured; at the cap no task starts, running ones are stopped (`budget_exceeded`,
 run again on resume) and the batch exits 5; the same command with a higher cap resumes."""
 

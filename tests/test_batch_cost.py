@@ -1,4 +1,4 @@
-"""The batch's cost cap (issue 25 item 2): `batch --max-cost USD` counts each model call's
+"""The batch's cost cap: `batch --max-cost USD` counts each model call's
 gateway-measured tokens at the model's price (`--price`, else genai-prices' bundled prices,
 offline); a model with no price, or runs whose tokens the host cannot measure, are refused
 before anything starts; at the cap no task starts, running ones are stopped (their own record

@@ -167,7 +167,7 @@ def test_shell_completion_completes_commands_and_choices(tmp_path: Path) -> None
 
     assert {"run", "runs"} <= complete("orchestrator ru")
     assert {"running", "succeeded"} <= complete("orchestrator runs list --status ")
-    # a RUN completes with run ids, not file names (issue 24 item 9)
+    # a RUN completes with run ids, not file names
     assert complete("orchestrator runs logs r-2026") == {"r-20260101-000000-abcdef012345"}
     assert complete("orchestrator runs show @") == {"@latest"}
 

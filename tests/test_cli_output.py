@@ -263,7 +263,7 @@ def test_run_ids_by_prefix_or_suffix_and_ambiguity_named(two_runs: list[str]) ->
 
 
 def test_runs_stop_ends_one_running_run_cancelled(agent_image: str, no_leftovers) -> None:
-    """`runs stop RUN` (issue 24 item 9; before: no such command, exit 2 from argparse): the
+    """`runs stop RUN` (before: no such command, exit 2 from argparse): the
     run's own process ends it `cancelled` (exit 130) and removes its sandbox."""
     import time
 

@@ -1,4 +1,4 @@
-"""The model gateway on E2B (issue 22): fail closed, endpoints checked before anything starts,
+"""The model gateway on E2B: fail closed, endpoints checked before anything starts,
 and the gateway in an E2B sandbox of its own.
 
 Through the real `e2b` SDK against the local E2B test server (`tests/e2b_server`), whose edge

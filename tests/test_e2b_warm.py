@@ -1,4 +1,4 @@
-"""Warm sandboxes on E2B (issue 22, part 3): the real `e2b` SDK against the local E2B test
+"""Warm sandboxes on E2B: the real `e2b` SDK against the local E2B test
 server. Pooled sandboxes hold nothing of any run until one takes them, serve one run each and
 are killed after it, count against ORCHESTRATOR_E2B_MAX_SANDBOXES, and end at their
 time-to-live by E2B's own sandbox timeout when no orchestrator process is left. Counted from

@@ -1,4 +1,4 @@
-"""Per-run egress control (issue 3), against the real Docker engine and real servers.
+"""Per-run egress control, against the real Docker engine and real servers.
 
 The sandbox's way out is a squid egress container on a network private to the run. These
 tests try every way around it from inside a sandbox and check that each fails, is recorded,
@@ -564,7 +564,7 @@ def test_cleanup_removes_a_crashed_runs_proxy_and_network(
     assert not our_networks(docker_client, store_label)
 
 
-# ---- issue 27: every attempt that did not succeed, with its cause and its step ---------------
+# ---- every attempt that did not succeed, with its cause and its step ---------------
 
 #: squid's lines for (in order) a tunnel to an allowed host that cannot be reached, the SNI
 #: hop's own line for it, a plain GET to that host, and two refused tunnels (captured from a

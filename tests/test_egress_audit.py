@@ -1,6 +1,6 @@
 """The in-sandbox egress audit reports what the network blocked, and nothing else: the run's
 own helpers (the egress proxy, the model gateway that NO_PROXY names, loopback) are never
-reported as blocked egress (issue 27). In-process: a real audit hook writing real events to a
+reported as blocked egress. In-process: a real audit hook writing real events to a
 pipe; tests/test_gateway.py checks the same end to end in a sandbox."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-run model gateway (issue 13): model keys never enter the sandbox; the host measures
+"""The per-run model gateway: model keys never enter the sandbox; the host measures
 every model call and keeps the run's budget.
 
 The gateway's own rules are tested on this host against its real process (uvicorn, httpx) and
@@ -665,7 +665,7 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
     ):
         none, why, _ = plan(model, **kwargs)
         assert none is None and reason in str(why), (model, kwargs, why)
-    # Fail closed (issue 22): a backend that declares no gateway refuses a hosted model,
+    # Fail closed: a backend that declares no gateway refuses a hosted model,
     # whatever its name; --no-gateway is the way out, by name.
     with pytest.raises(ConfigError) as closed:
         plan_gateway(

@@ -225,7 +225,7 @@ def test_runtime_change_changes_the_tag(
 
 def test_unavailable_base_falls_back_and_says_so(docker_client, agent_image: str):
     """The fallback is said as what it is on a host without a registry, the designed path
-    (issue 45 item 4; before: "base image ... is not available (pull failed...); falling
+    (before: "base image ... is not available (pull failed...); falling
     back to ...", which read like a failure), with the pull's error last."""
     missing = "orchestrator-test/no-such-base:never"
     progress = Recorder()

@@ -135,7 +135,7 @@ def test_secret_from_dotenv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_network_defaults_to_allowlist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Declared hosts mean `allowlist` by default (issue 3); `open` only when named."""
+    """Declared hosts mean `allowlist` by default; `open` only when named."""
     monkeypatch.setenv("DEMO_TOKEN", "x" * 8)
     folder = write_payload(tmp_path, GOOD)
     assert prepare(RunSpec(payload=folder)).network.mode == "allowlist"
@@ -181,7 +181,7 @@ def test_backend_comes_from_the_run_then_the_manifest_then_docker(
     assert "docker, e2b" in info.value.fix  # the built-in ones first, then any plugin's
 
 
-# ---- issue 12: requirements are package specifications, hosts are DNS names, files UTF-8 ----
+# ---- requirements are package specifications, hosts are DNS names, files UTF-8 ----
 
 REFERENCE = "x @ file:///etc/passwd"
 
@@ -295,7 +295,7 @@ def test_manifest_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
     assert load_manifest(folder).name == "demo"
 
 
-# ---- issue 21: one schema, every problem at once, with its field path and line ---------------
+# ---- one schema, every problem at once, with its field path and line ---------------
 
 THREE_MISTAKES = GOOD.replace("max_steps = 4", 'max_step = 6\nmemory_mb = "lots"').replace(
     "timeout_seconds = 30", "timeout_seconds = 0"

@@ -127,7 +127,7 @@ def test_the_quick_start_works_in_a_fresh_shell_as_written() -> None:
 
 def test_the_quick_start_says_its_scripted_error_is_part_of_the_example() -> None:
     """The quick start's first screen shows an InterpreterError (the example's scripted
-    librarian recovers from it): the script and the README say so (issue 24 item 11)."""
+    librarian recovers from it): the script and the README say so."""
     manifest = (REPO / "agent_payloads" / "research_team" / "manifest.toml").read_text()
     assert 'tower["year"]' in manifest and 'tower["opened"]' in manifest  # the scripted slip
     script = (REPO / "scripts" / "quickstart.sh").read_text()

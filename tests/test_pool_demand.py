@@ -1,4 +1,4 @@
-"""A batch's warm pool makes a sandbox only for an attempt that will take it (issue 28): counted
+"""A batch's warm pool makes a sandbox only for an attempt that will take it: counted
 from the creations the Docker engine saw, not from what the pool says of itself."""
 
 from __future__ import annotations

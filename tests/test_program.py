@@ -1,4 +1,4 @@
-"""Programs as their authors wrote them (issue 40): `orchestrator run program.py`.
+"""Programs as their authors wrote them: `orchestrator run program.py`.
 
 The runtime's part runs here in a local subprocess (fast: the hold, the ends, the answer, the
 record of each agent); the host's part (PEP 723 metadata, the model read from the source,

@@ -1,4 +1,4 @@
-"""smolagents' own examples run as their authors wrote them (issue 40, acceptance 2).
+"""smolagents' own examples run as their authors wrote them.
 
 `tests/programs/text_to_sql.py` is smolagents' `examples/text_to_sql.py`, byte for byte (its
 origin and licence: tests/programs/README.md). It needs `sqlalchemy`, which the agent image

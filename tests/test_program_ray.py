@@ -1,4 +1,4 @@
-"""The guide's program as written (issue 40, item 7) as a batch on a Ray cluster (`batch
+"""The guide's program as written as a batch on a Ray cluster (`batch
 --ray`, a real one-node cluster on this machine). The scripted model server answers with
 `fib_team_answer`, so the batch's tasks may run at once; the program's `HF_TOKEN` stays on
 the host and reaches the server through each run's gateway.

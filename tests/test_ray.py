@@ -1,4 +1,4 @@
-"""Batches on a real Ray cluster (issue 23): a head and a second node on this machine, each
+"""Batches on a real Ray cluster: a head and a second node on this machine, each
 with its own Ray temp dir, node id and orchestrator state directory; the second node killed
 mid-batch (raylet and workers, SIGKILL), then the driver killed mid-batch and resumed."""
 
@@ -95,7 +95,9 @@ def batch_command(tasks: Path, out: Path, address: str) -> list[str]:
 def test_a_killed_node_and_a_killed_driver_lose_nothing(
     cluster: dict, tmp_path: Path, agent_image: str, docker_client, nothing_left
 ) -> None:
-    """Acceptance 1 and 2 of issue 23."""
+    """A node killed mid-batch: every task answered once, its attempts retried on the other
+    node, the records complete in the driver's store; then the driver SIGKILLed mid-batch,
+    and the same command resumes it."""
     head, extra, address = cluster["head"], cluster["extra"], cluster["address"]
     t0 = time.monotonic()
     mark = lambda what: print(f"{time.monotonic() - t0:6.1f}s {what}")  # noqa: E731

@@ -1,5 +1,5 @@
 """Each node of a Ray cluster runs as many attempts at once as its own host carries, under
-what it declares (issue 28, item 3): a node that declares more than two per core of this
+what it declares: a node that declares more than two per core of this
 machine, a batch of CPU-bound mock tasks, and the most attempts that overlapped.
 
 A module of its own: its one-node cluster must not share the machine's Ray ports with

@@ -186,7 +186,7 @@ PROGRAM_FIELDS = ("program", "argv", "requires_python", "model_source")
 def test_a_programs_request_comes_back_equal_from_its_json(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A program's request (issue 40) keeps its own fields on the round trip: the program,
+    """A program's request keeps its own fields on the round trip: the program,
     its arguments, its requires-python and its own models as the model source."""
     monkeypatch.setenv("HF_TOKEN", "hf-in-the-environment")
     program = tmp_path / "team.py"

@@ -611,7 +611,7 @@ def test_plans_in_a_mock_script_are_free_text() -> None:
     assert action_outputs(plain, 5) == [0, 1]
 
 
-# --- the program's own settings (issue 27) -------------------------------------------------
+# --- the program's own settings -------------------------------------------------
 
 
 def test_agents_keep_their_own_max_steps_unless_the_manifest_or_the_run_sets_one() -> None:

@@ -1,4 +1,4 @@
-"""What stands between a payload and the host's kernel (issue 26): gVisor's kernel (runsc),
+"""What stands between a payload and the host's kernel: gVisor's kernel (runsc),
 or the host's behind our own seccomp profile (runc: Docker's default minus io_uring).
 
 Tests marked `gvisor` run in the suite's runtime (runc, `tests/conftest.py`) and again on

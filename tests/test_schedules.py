@@ -560,7 +560,7 @@ def test_a_secret_the_schedule_does_not_allow_stops_the_firing(
     with pytest.raises(Exception) as info:
         load_schedules(path)
     assert f'schedule "{name}" field `secrets`' in str(info.value)
-    # Who asks for it, and only who does (issue 45 item 4; before: "declared by the payload
+    # Who asks for it, and only who does (before: "declared by the payload
     # data_analyst or the model mock", although the mock model needs no key).
     assert "ANALYTICS_TOKEN (the payload data_analyst)" in str(info.value), info.value
     assert "mock" not in str(info.value)
@@ -639,7 +639,7 @@ def test_install_dry_run_prints_valid_crontab_lines(tmp_path: Path) -> None:
 
 def test_a_shipped_example_is_named_as_run_names_it(tmp_path: Path) -> None:
     """`payload = "research_team"` names the shipped example, as `run research_team` does
-    (issue 24 item 8; before: "... does not exist (a payload folder)"); a folder of that
+    (before: "... does not exist (a payload folder)"); a folder of that
     name beside the schedules file comes first; a name that is neither says both ways."""
     path = write_schedules(
         tmp_path, {"name": "daily", "cron": "@daily", "payload": "research_team"}
@@ -855,7 +855,7 @@ def test_serve_shuts_down_cleanly_on_sigterm(tmp_path: Path) -> None:
     assert "serve stopped" in out
 
 
-# --- issue 21: one schema, every problem at once, with its field path and line ---------------
+# --- one schema, every problem at once, with its field path and line ---------------
 
 
 def test_three_mistakes_in_a_schedules_file_are_all_reported_at_once(tmp_path: Path) -> None:

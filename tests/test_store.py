@@ -82,8 +82,8 @@ def test_export_refuses_a_missing_folder_and_never_overwrites(tmp_path: Path) ->
 
 def test_run_and_batch_handles_as_the_docs_say(tmp_path: Path) -> None:
     """A run id by its random tail's start, @latest, ambiguity listing the candidates, a
-    "did you mean" for a typo; `runs list --batch` by folder or id prefix (issue 24 item 9:
-    before, only a suffix or a start of the whole id worked, and --batch only a full id)."""
+    "did you mean" for a typo; `runs list --batch` by folder or id prefix (before,
+    only a suffix or a start of the whole id worked, and --batch only a full id)."""
     home = tmp_path / "home"
     store = Store(home)
     old = "r-20260101-000000-58a6d1e2f3a4"

@@ -1,4 +1,4 @@
-"""Traces of every run, relayed by the host (issue 25): the sandbox's spans are untrusted data
+"""Traces of every run, relayed by the host: the sandbox's spans are untrusted data
 (checked, masked, bounded, flagged, never the run's status), the host adds its root span and
 the gateway's calls, and exports with OTLP; a collector that is down costs nothing but the
 export, which `runs export-traces` makes later.

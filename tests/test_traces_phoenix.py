@@ -1,4 +1,4 @@
-"""Traces in a real Arize Phoenix (issue 25, acceptance 1): Phoenix (`arize-phoenix`, in its
+"""Traces in a real Arize Phoenix: Phoenix (`arize-phoenix`, in its
 own virtualenv `.venv-phoenix`, made by scripts/setup.sh) is started on free ports with its
 SQLite database in a temporary folder; runs export to its OTLP/HTTP endpoint, and its REST API
 (`/v1/projects/default/spans`) is asked what it received. The trace is then opened in

@@ -56,7 +56,7 @@ def get(port: int, path: str, headers: dict[str, str] | None = None) -> http.cli
 def test_other_addresses_need_the_printed_token(viewer: tuple[int, list[str]]):
     port, lines = viewer
     assert len(lines) == 1
-    # an address another machine can open (issue 24 item 13; before: http://0.0.0.0:PORT/)
+    # an address another machine can open (before: http://0.0.0.0:PORT/)
     host = lines[-1].split("://", 1)[1].rsplit(":", 1)[0]
     assert host not in ("0.0.0.0", "localhost") and not host.startswith("127."), lines
     opened = http.client.HTTPConnection(host, port, timeout=10)

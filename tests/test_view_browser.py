@@ -323,7 +323,7 @@ def test_static_export_opens_from_file(browser, world: World):
     console(browser)  # what earlier tests left
     load(browser, (folder / f"run-{world.team_run}.html").as_uri())
     check_run_page(browser, world)
-    assert console(browser) == []  # issue 27: no console error on an exported page
+    assert console(browser) == []  # no console error on an exported page
     load(browser, (folder / f"run-{world.hostile_run}.html").as_uri())
     assert text(browser, "#answer").startswith("<script>")
     assert browser.execute_script("return window.__pwned === undefined")

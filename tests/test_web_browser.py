@@ -1,7 +1,7 @@
 """The shipped port of smolagents' multi-agent tutorial (agent_payloads/web_browser), run as
 its author wrote it: with the mock model, and with a scripted OpenAI-compatible server through
 the model gateway; the record nests the web agent under the manager and holds exactly the
-egress that happened (issue 27)."""
+egress that happened."""
 
 from __future__ import annotations
 

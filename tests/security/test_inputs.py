@@ -1,4 +1,4 @@
-"""Inputs checked before anything starts (issue 12, item 5), through the real CLI.
+"""Inputs checked before anything starts, through the real CLI.
 
 One test per class of bad input: each must exit 2 with the file and the place (field, line)
 named, print no traceback, and create no container (Docker's own event log is asked, so a
