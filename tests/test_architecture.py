@@ -79,6 +79,36 @@ def test_no_file_is_over_500_lines_without_its_reason() -> None:
     assert not long, f"split these, or say at their top why not: {long}"
 
 
+#: The longest function a reader should have to hold in their head.
+MAX_FUNCTION_LINES = 100
+#: Modules directly in orchestrator/ (the core data and rules, __init__ and __main__): the
+#: rest lives in sub-packages by concern.
+MAX_TOP_MODULES = 12
+
+
+def test_few_modules_sit_directly_in_the_package() -> None:
+    top = sorted(path.name for path in (REPO / "orchestrator").glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"move some into a sub-package by concern: {top}"
+
+
+def test_no_test_cites_an_internal_issue_number() -> None:
+    """A newcomer cannot look them up: a test says what it checks."""
+    cited = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bissue\s+[0-9]", line, re.IGNORECASE)
+    ]
+    assert not cited, f"say what the test checks instead: {cited}"
+
+
+def tracked_python_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return [REPO / name for name in listed.stdout.split()]
+
+
 #: The heading of docs/ARCHITECTURE.md's tree; its first fenced block is the tree.
 TREE_HEADING = "## The tree, one line per module"
 #: An entry's indentation is two spaces a level, at most this deep; deeper lines continue the

@@ -143,7 +143,7 @@ def test_csv_unknown_column_and_ragged_row(tmp_path: Path) -> None:
 
 
 def test_every_problem_of_every_line_is_named_before_anything_starts(tmp_path: Path) -> None:
-    """Issue 21: a tasks file with problems on two lines: `batch` exits 2 naming both lines
+    """A tasks file with problems on two lines: `batch` exits 2 naming both lines
     and every field at fault on each (did you mean, the limit's range); --json carries each
     problem with its line and field. No Docker: the file is refused before anything starts."""
     path = write_jsonl(
@@ -718,7 +718,7 @@ class CancellingExecutor(StandInExecutor):
 
 
 def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) -> None:
-    """Issue 24 item 14: attempts cancelled by an interrupted session are run again, not
+    """Attempts cancelled by an interrupted session are run again, not
     retried (before: `retries 3` with no fault); the header's and the summary's concurrency
     agree; another --scorer on resume points to `batch rescore`."""
     rows = math_rows(5)
@@ -741,9 +741,9 @@ def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) 
 
 
 def test_a_tasks_file_not_found_names_the_one_next_to_it(tmp_path: Path) -> None:
-    """Issue 45 item 4 (before: `No tasks file at task.jsonl.`, nothing more, although other
-    handles suggest the nearest): the command names the tasks file beside the path typed,
-    as it was typed, and only a close one."""
+    """The command names the tasks file beside the path typed, as it was typed, and only a
+    close one (before: `No tasks file at task.jsonl.`, nothing more, although other handles
+    suggest the nearest)."""
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"task": "t"}) + "\n")
 
     def batch(tasks: str) -> subprocess.CompletedProcess[str]:

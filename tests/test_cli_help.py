@@ -190,7 +190,7 @@ def test_inputs_a_user_mistypes_are_refused_with_the_fix() -> None:
 def test_every_message_line_has_the_prefix_and_an_empty_prune_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 24 item 13: a log warning (the base image fallback, which `cleanup` and
+    """A log warning (the base image fallback, which `cleanup` and
     `images prune` meet with no progress line) comes out as `orchestrator: ...`, a repeated
     one only with -v; `images prune` with nothing to prune says so (before: a bare `note:
     ...` line, and no output at all)."""

@@ -92,7 +92,7 @@ def recorded(env: dict[str, str]) -> list[dict]:
 def test_a_reader_gone_mid_run_changes_nothing_in_its_record(
     tmp_path: Path, docker_client, agent_image: str, no_leftovers
 ) -> None:
-    """Issue 45 item 1: `run research_team 2>&1 | head -2` (before: the live display died with
+    """`run research_team 2>&1 | head -2` (before: the live display died with
     its reader, the host lost the result and recorded `infra_error`, exit 1 with a traceback).
     The run goes on, is recorded `succeeded` with its answer, and the command exits 141 as a
     writer whose reader went away, without a traceback; with only stderr gone the answer
@@ -116,7 +116,7 @@ def test_a_reader_gone_mid_run_changes_nothing_in_its_record(
 def test_a_reader_gone_mid_batch_changes_no_task(
     tmp_path: Path, docker_client, agent_image: str, no_leftovers
 ) -> None:
-    """Issue 45 item 1, for `batch`: its progress' reader gone after the first line, every
+    """For `batch`: its progress' reader gone after the first line, every
     task is still run and recorded `succeeded` with its answer; exit 141, no traceback
     (stderr holds only the line read)."""
     env = private_store(tmp_path, docker_client, agent_image)
@@ -138,7 +138,7 @@ def test_a_reader_gone_mid_batch_changes_no_task(
 
 
 def test_an_observer_that_fails_never_fails_the_run(agent_image: str, no_leftovers) -> None:
-    """Issue 45 item 1, in the Python API: an `on_event` that raises (a print to a closed
+    """In the Python API: an `on_event` that raises (a print to a closed
     pipe, a bug) is dropped and noted in the record; the run is recorded as it ended."""
     import orchestrator
     from orchestrator.spec import RunSpec
@@ -159,8 +159,9 @@ def test_an_observer_that_fails_never_fails_the_run(agent_image: str, no_leftove
 def test_the_max_steps_shown_are_those_each_agent_had(
     tmp_path: Path, docker_client, agent_image: str, no_leftovers
 ) -> None:
-    """Issue 45 item 2 (before: `run --help` said "manifest, else 10", and `runs show` printed
-    `max_steps 10` for a payload that set none, while each agent kept its own). `runs show`,
+    """The limits shown are those that ran (before: `run --help` said "manifest, else 10",
+    and `runs show` printed `max_steps 10` for a payload that set none, while each agent
+    kept its own). `runs show`,
     its `--json`, the viewer's page and `run --help` say what the record's `run_start` says
     each agent had and who set it: for a manifest that sets none, one that sets 4, and a run
     that sets 3."""
@@ -219,11 +220,11 @@ def test_the_max_steps_shown_are_those_each_agent_had(
 def test_run_refuses_what_validate_refuses_before_the_first_step(
     tmp_path: Path, docker_client, agent_image: str, no_leftovers
 ) -> None:
-    """Issue 45 item 3 (before: `validate` named a mock script keyed for no agent, while
-    `run` started, exhausted the agent's empty script and reported `succeeded`). The run
-    makes the same check (one function, in the sandbox once the tree is loaded) and is
-    refused before any model call: exit 2, `failed` with `payload_error` and the very
-    problems `validate` lists."""
+    """`run` refuses what `validate` refuses (before: `validate` named a mock script keyed
+    for no agent, while `run` started, exhausted the agent's empty script and reported
+    `succeeded`). The run makes the same check (one function, in the sandbox once the tree
+    is loaded) and is refused before any model call: exit 2, `failed` with `payload_error`
+    and the very problems `validate` lists."""
     import shutil
 
     env = private_store(tmp_path, docker_client, agent_image)
@@ -299,7 +300,7 @@ def test_runs_stop_ends_one_running_run_cancelled(agent_image: str, no_leftovers
 def test_a_local_folder_shadowing_an_example_and_a_mock_off_its_task_are_said(
     tmp_path: Path, agent_image: str, no_leftovers
 ) -> None:
-    """Issue 24 items 10, 11: `new research_team` then `run research_team` runs the folder,
+    """`new research_team` then `run research_team` runs the folder,
     saying so and how to run the example; the mock model given another task says that its
     answer is not about it (before: no word, the answer `48`)."""
 

@@ -182,7 +182,7 @@ def test_openai_payload_runs_through_the_allowlist(
 def test_an_http_model_under_network_none_is_refused_before_anything_starts(
     openai_key: str, docker_client, store_label: str, tmp_path: Path
 ) -> None:
-    """Issue 27: it could only fail (once as infra_error after 3 s; a batch retried it), so it
+    """It could only fail (once as infra_error after 3 s; a batch retried it), so it
     is bad input: exit 2 with the cause and the fix, whatever set `none` (here the flag and
     the environment), and no sandbox, no record, no model call."""
     before = our_containers(docker_client, store_label)

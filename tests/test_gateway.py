@@ -712,7 +712,7 @@ def test_hf_models_go_through_the_gateway_too(
         requests = list(server.requests)
         served = dict(server.usage)
     assert result.status == "succeeded", result.error
-    # Issue 45 item 4: the gateway's start is said as a sentence (before: a lone line
+    # The gateway's start is said as a sentence (before: a lone line
     # `orchestrator: model gateway` above `▶ run started`).
     (line,) = [m for m in said if "gateway" in m]
     assert line.startswith("starting the run's model gateway to ") and f":{server.port} " in line
@@ -756,7 +756,7 @@ def test_a_batch_summary_counts_the_tokens_the_gateway_measured(
 def test_the_gateway_is_never_recorded_as_blocked_egress(
     agent_image: str, model_key: str, nothing_left: None
 ) -> None:
-    """Issue 27: with an egress proxy (a listed host) and the model through the gateway, the
+    """With an egress proxy (a listed host) and the model through the gateway, the
     sandbox's calls to the gateway (direct, as NO_PROXY says) are no blocked egress: the record
     has model calls and no `egress_blocked` event at all."""
     steps = [code("print('one')"), code("final_answer('done')")]

@@ -349,7 +349,7 @@ def test_list_and_prune(docker_client, agent_image: str, monkeypatch: pytest.Mon
 def test_a_multi_stage_build_reports_its_steps_and_leaves_no_dangling_image(
     docker_client, agent_image: str
 ) -> None:
-    """Issue 27: the classic builder leaves each earlier stage's last image untagged (a
+    """The classic builder leaves each earlier stage's last image untagged (a
     `<none>` image of hundreds of MB per payload image); build_image removes it. The stage is
     marked with a label of this test, so other builds on the engine cannot blur the count."""
     marker = f"test-{time.time_ns()}"

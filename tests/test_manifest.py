@@ -454,7 +454,7 @@ def test_a_missing_entrypoint_function_lists_the_functions_that_exist(tmp_path: 
 
 
 def test_a_missing_entrypoint_module_names_the_modules_that_exist(tmp_path: Path) -> None:
-    """Issue 24 item 7: not "Fix the name.", but what the name could be."""
+    """Not "Fix the name.", but what the name could be."""
     folder = write_payload(tmp_path, GOOD.replace("agent:build", "agnet:build"))
     with pytest.raises(ManifestError) as info:
         load_manifest(folder)

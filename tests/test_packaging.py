@@ -170,7 +170,7 @@ def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:
 
 
 def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
-    """Issue 45 item 4: the quick start's set-up ran pip and uv quietly for about 110 s
+    """The quick start's set-up ran pip and uv quietly for about 110 s
     without a word. Each quiet install is announced first. The script runs for real, in a
     copy of the checkout whose .venv tools only log their calls (a real install takes
     minutes and would replace the .venv these tests run from)."""

@@ -208,7 +208,7 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
 
 
 def test_without_ray_the_option_exits_2_saying_how_to_install(tmp_path: Path) -> None:
-    """Issue 23 acceptance 4: `ray` is an optional extra."""
+    """`ray` is an optional extra."""
     hide = tmp_path / "no-ray" / "ray"
     hide.mkdir(parents=True)
     (hide / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\")\n")
@@ -263,7 +263,7 @@ def test_a_killed_worker_is_replaced_on_its_node(
 def test_a_secret_reaches_its_node_only_inside_the_call(
     cluster: dict, tmp_path: Path, agent_image: str, orchestrator_home: Path, nothing_left
 ) -> None:
-    """Issue 23 item 4: the run's secret is used on its node (the leaky payload proves it
+    """The run's secret is used on its node (the leaky payload proves it
     saw it) and masked in the record, and no file the nodes, Ray or the driver wrote (Ray's
     session logs and spill folders, the nodes' state directories, the batch) holds it."""
     secret = f"Ray-Secret-{uuid.uuid4().hex}"
@@ -292,7 +292,7 @@ def test_a_secret_reaches_its_node_only_inside_the_call(
 def test_schedule_serve_fires_on_the_cluster(
     cluster: dict, tmp_path: Path, agent_image: str, nothing_left
 ) -> None:
-    """Issue 23 item 5: `schedule serve --ray`: a firing runs on a node (the lock and the
+    """`schedule serve --ray`: a firing runs on a node (the lock and the
     overlap rules stay with serve); its record is in this machine's store, naming the node."""
     import threading
     from datetime import timedelta

@@ -570,7 +570,7 @@ def test_planning_steps_and_tool_calling_managed_agents_are_reported() -> None:
 
 
 def test_a_run_refuses_before_its_first_step_what_a_check_refuses() -> None:
-    """Issue 45 item 3: a run whose loaded tree fails `validate`'s checks (a mock script keyed
+    """A run whose loaded tree fails `validate`'s checks (a mock script keyed
     for no agent, an agent's declared import the run does not grant) ends at once with the
     same problems, exit 2, no step and no model call (before: the run went on)."""
     folder = REPO / "agent_payloads" / "research_team"
@@ -646,7 +646,7 @@ def test_the_record_says_which_imports_an_agent_declared_and_which_it_was_not_gr
 
 
 def test_an_import_the_image_lacks_names_the_line_and_the_requirement(tmp_path: Path) -> None:
-    """Issue 24 item 7: a payload's `import X` of a package not in its image says where and
+    """A payload's `import X` of a package not in its image says where and
     what to do (add it to `[python] requirements`), not a bare ModuleNotFoundError."""
     folder = tmp_path / "needs_a_package"
     shutil.copytree(TEST_PAYLOADS / "forbidden_import", folder)

@@ -214,7 +214,7 @@ def test_tokens_measured_by_the_gateway_are_told_apart_from_the_sandboxs_claim()
 
 
 def test_duration_bins_are_round_and_not_finer_than_a_tenth() -> None:
-    """Issue 24 item 16: bins a person reads at a glance (before: (max - min) / 12, such as
+    """Bins a person reads at a glance (before: (max - min) / 12, such as
     0.0042 s for tasks of 0.14 to 0.19 s)."""
     from orchestrator.view.charts import nice_width
 

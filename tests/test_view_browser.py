@@ -361,7 +361,7 @@ def test_the_policy_alone_stops_markup_that_got_through(browser, tmp_path: Path)
 
 
 def test_pages_read_at_1400_px_without_a_click(browser, server: str, world: World):
-    """Issue 24 item 16 (acceptance 2), in the browser at 1400 px: run ids and dates on one
+    """In the browser at 1400 px: run ids and dates on one
     line each (before: 3-4 lines, about 9 runs a screen); a run's failed step and the agent
     it called visible as the page opens; a failed run shows no empty green answer; the batch
     page shows each task's text and arguments; the comparison names its sides."""

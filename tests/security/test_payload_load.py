@@ -138,7 +138,7 @@ def test_a_requirement_not_on_the_index_is_bad_input(tmp_path: Path, agent_image
 
 
 def test_every_problem_validate_reports_exits_2(tmp_path: Path, agent_image: str) -> None:
-    """Issue 40 item 5: a manifest that grants `os` is reported by the manifest check, then
+    """A manifest that grants `os` is reported by the manifest check, then
     the tree is loaded all the same (to report the rest); before, that load's exit 0 hid the
     problem (`orchestrator: problem: ... os ...`, exit 0) while `--no-load` and `run` exit 2.
     A problem is never exit 0, whichever check found it, text or JSON."""
