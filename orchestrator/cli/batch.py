@@ -69,6 +69,24 @@ def add_batch_parser(sub: Any) -> None:
         "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
     )
     add_run_options(p)
+    _add_pace_options(p)
+    _add_scoring_options(p)
+    _add_retry_options(p)
+    _add_spend_options(p)
+    p.add_argument(
+        "--on-bad-line",
+        choices=["fail", "skip"],
+        default="fail",
+        help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
+    )
+    add_ray_option(p, "the attempts")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
+    p.set_defaults(handler=cmd_batch, watches_stop=True)
+
+
+def _add_pace_options(p: argparse.ArgumentParser) -> None:
+    """How many at once: the ceiling, fixed or adaptive, and the warm sandboxes."""
     p.add_argument(
         "--concurrency",
         "-j",
@@ -101,6 +119,10 @@ def add_batch_parser(sub: Any) -> None:
         const=0,
         help="start every run's sandbox when the run starts",
     )
+
+
+def _add_scoring_options(p: argparse.ArgumentParser) -> None:
+    """How an answer is scored."""
     p.add_argument(
         "--scorer",
         default="exact",
@@ -113,6 +135,10 @@ def add_batch_parser(sub: Any) -> None:
         default=1e-6,
         help="numeric scorer: |answer - expected| <= T * max(1, |expected|) (default 1e-6)",
     )
+
+
+def _add_retry_options(p: argparse.ArgumentParser) -> None:
+    """Retries on infrastructure faults, reruns on resume, and when to give up."""
     p.add_argument(
         "--max-attempts",
         type=int,
@@ -138,6 +164,10 @@ def add_batch_parser(sub: Any) -> None:
         help="stop (exit 5) once more than this share of tasks (< 1), or this many tasks "
         "(>= 1), ended in infra_error after their retries",
     )
+
+
+def _add_spend_options(p: argparse.ArgumentParser) -> None:
+    """The batch's spend caps: tokens, cost, and the prices cost is counted at."""
     p.add_argument(
         "--max-total-tokens",
         type=int,
@@ -165,16 +195,6 @@ def add_batch_parser(sub: Any) -> None:
         f"million input and output tokens, e.g. {PRICE_EXAMPLE}; repeatable; wins over the "
         "bundled prices",
     )
-    p.add_argument(
-        "--on-bad-line",
-        choices=["fail", "skip"],
-        default="fail",
-        help="a malformed tasks line: refuse the file (default) or skip the line with a warning",
-    )
-    add_ray_option(p, "the attempts")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
-    p.set_defaults(handler=cmd_batch, watches_stop=True)
 
 
 def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:

@@ -22,7 +22,38 @@ EPILOG_EXIT = (
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
     """Options shared by `run` and the commands built on it (batch, schedules)."""
-    providers = "; ".join(f"{name}: {p.summary}" for name, p in PROVIDERS.items())
+    _add_model_options(p)
+    _add_sandbox_options(p)
+    _add_limit_options(p)
+    p.add_argument(
+        "--no-gateway",
+        action="store_false",
+        dest="gateway",
+        help="put the model key into the sandbox instead of serving the model through the "
+        "run's gateway (default: a gateway for openai, hf and litellm models; a backend "
+        "without one refuses them unless this is given; no host-measured tokens or budgets "
+        "without it)",
+    )
+    p.add_argument(
+        "--traces-to",
+        metavar="URL",
+        help="export each run's OpenTelemetry trace (the run, its agents' spans, its model "
+        "calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:6006 (Phoenix); `off` for "
+        "none. Default: OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT (and _HEADERS, "
+        "_PROTOCOL) when set, else no traces",
+    )
+    p.add_argument("--env-file", help="dotenv file to read secrets from (default: ./.env)")
+    p.add_argument(
+        "--i-understand-dangerous-imports",
+        action="store_true",
+        dest="allow_dangerous_imports",
+        help="allow authorized_imports such as os or subprocess in the inner executor",
+    )
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """Which model, at which endpoint, with which key."""
+    providers = "; ".join(f"{name}: {spec.summary}" for name, spec in PROVIDERS.items())
     p.add_argument(
         "--model",
         help=f"provider[:model_id] ({providers}). Default: $ORCHESTRATOR_MODEL, the config "
@@ -30,6 +61,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--api-base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)")
     p.add_argument("--model-key-env", help="environment variable holding the model's API key")
+
+
+def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
+    """Where the sandbox runs, on which kernel, and what it may reach or install."""
     p.add_argument(
         "--backend",
         choices=backend_names(),
@@ -71,6 +106,10 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         "package specification, e.g. a `name @ file:///...` or `name @ https://...` reference "
         "(pip on this machine fetches or opens it); repeat for each",
     )
+
+
+def _add_limit_options(p: argparse.ArgumentParser) -> None:
+    """The run's limits (each: the flag, else the manifest, else the default)."""
     p.add_argument(
         "--max-steps",
         type=int,
@@ -105,30 +144,6 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="input + output tokens the run may spend, as the gateway measures them "
         "(default: manifest, else 2000000)",
-    )
-    p.add_argument(
-        "--no-gateway",
-        action="store_false",
-        dest="gateway",
-        help="put the model key into the sandbox instead of serving the model through the "
-        "run's gateway (default: a gateway for openai, hf and litellm models; a backend "
-        "without one refuses them unless this is given; no host-measured tokens or budgets "
-        "without it)",
-    )
-    p.add_argument(
-        "--traces-to",
-        metavar="URL",
-        help="export each run's OpenTelemetry trace (the run, its agents' spans, its model "
-        "calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:6006 (Phoenix); `off` for "
-        "none. Default: OpenTelemetry's OTEL_EXPORTER_OTLP_ENDPOINT (and _HEADERS, "
-        "_PROTOCOL) when set, else no traces",
-    )
-    p.add_argument("--env-file", help="dotenv file to read secrets from (default: ./.env)")
-    p.add_argument(
-        "--i-understand-dangerous-imports",
-        action="store_true",
-        dest="allow_dangerous_imports",
-        help="allow authorized_imports such as os or subprocess in the inner executor",
     )
 
 

@@ -38,6 +38,19 @@ def add_runs_parser(sub: Any) -> None:
         "its random tail, or @latest (the newest run).",
     )
     rsub = p.add_subparsers(title="runs commands", metavar="ACTION")
+    _add_runs_list(rsub)
+    _add_runs_show(rsub)
+    _add_runs_logs(rsub)
+    _add_runs_stop(rsub)
+    _add_runs_rm(rsub)
+    _add_runs_prune(rsub)
+    _add_runs_export(rsub)
+    add_export_traces_parser(rsub, run_argument, RUN_HELP)
+    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
+
+
+def _add_runs_list(rsub: Any) -> None:
+    """`runs list`."""
     ls = rsub.add_parser("list", help="recent runs, newest first")
     ls.add_argument("--limit", type=count, default=20, help="at most this many runs (0: all)")
     ls.add_argument(
@@ -62,11 +75,17 @@ def add_runs_parser(sub: Any) -> None:
     ls.add_argument("--json", action="store_true", help="print the rows as a JSON array")
     ls.set_defaults(handler=cmd_runs_list)
 
+
+def _add_runs_show(rsub: Any) -> None:
+    """`runs show`."""
     show = rsub.add_parser("show", help="a run's result: status, answer, error, usage, limits")
     run_argument(show, "run_id", help=RUN_HELP)
     show.add_argument("--json", action="store_true", help="print result.json as it is")
     show.set_defaults(handler=cmd_runs_show)
 
+
+def _add_runs_logs(rsub: Any) -> None:
+    """`runs logs`."""
     logs = rsub.add_parser("logs", help="a run's events (one line each) or its raw logs")
     run_argument(logs, "run_id", help=RUN_HELP)
     logs.add_argument(
@@ -89,6 +108,9 @@ def add_runs_parser(sub: Any) -> None:
     )
     logs.set_defaults(handler=cmd_runs_logs)
 
+
+def _add_runs_stop(rsub: Any) -> None:
+    """`runs stop`."""
     stop = rsub.add_parser(
         "stop",
         help="stop a running run (recorded cancelled, its sandbox removed)",
@@ -107,12 +129,18 @@ def add_runs_parser(sub: Any) -> None:
     stop.add_argument("--json", action="store_true", help="print the run's row as JSON")
     stop.set_defaults(handler=cmd_runs_stop)
 
+
+def _add_runs_rm(rsub: Any) -> None:
+    """`runs rm`."""
     rm = rsub.add_parser("rm", help="remove runs (their records and index rows)")
     run_argument(rm, "run_ids", nargs="+", help="run ids, prefixes or suffixes")
     rm.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     rm.add_argument("--json", action="store_true", help="print the removed ids as JSON")
     rm.set_defaults(handler=cmd_runs_rm)
 
+
+def _add_runs_prune(rsub: Any) -> None:
+    """`runs prune`."""
     pr = rsub.add_parser(
         "prune",
         help="remove ended runs older than an age",
@@ -136,6 +164,9 @@ def add_runs_parser(sub: Any) -> None:
     pr.add_argument("--json", action="store_true", help="print the removed runs as JSON")
     pr.set_defaults(handler=cmd_runs_prune)
 
+
+def _add_runs_export(rsub: Any) -> None:
+    """`runs export`."""
     ex = rsub.add_parser("export", help="write a run's record as a .tar.gz archive")
     run_argument(ex, "run_id", help=RUN_HELP)
     ex.add_argument(
@@ -148,8 +179,6 @@ def add_runs_parser(sub: Any) -> None:
     ex.add_argument("--force", action="store_true", help="replace an archive that exists")
     ex.add_argument("--json", action="store_true", help="print {run_id, path} as JSON")
     ex.set_defaults(handler=cmd_runs_export)
-    add_export_traces_parser(rsub, run_argument, RUN_HELP)
-    p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
 
 RUN_HELP = "run id, a unique prefix or suffix of one (or of its random tail), or @latest"
