@@ -2,7 +2,7 @@
 
 `images/` and `agent_payloads/` stay at the top of the repository (the design fixes the top
 level); a wheel has no top level, so the build copies them into the package as
-`orchestrator/share/`, where `orchestrator.config.data_root()` finds them once installed.
+`orchestrator/share/`, where `orchestrator.paths.data_root()` finds them once installed.
 Everything else is declared in pyproject.toml.
 """
 

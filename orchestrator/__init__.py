@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .config import VERSION as __version__
+from .paths import VERSION as __version__
 
 if TYPE_CHECKING:
     from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .config import home_dir
 from .errors import ConfigError, Problem
+from .paths import home_dir
 from .registry import backend_names
 from .schema import Field, Table, TomlLines, check_table, check_value, toml_named
 

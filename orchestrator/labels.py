@@ -10,7 +10,7 @@ import os
 import socket
 from pathlib import Path
 
-from .config import VERSION, home_dir
+from .paths import VERSION, home_dir
 
 LABEL_RUN_ID = "orchestrator.run-id"
 

@@ -15,10 +15,10 @@ import pytest
 
 from orchestrator.backends.docker import base_image, egress, prune
 from orchestrator.backends.docker import images as docker_images
-from orchestrator.config import VERSION
 from orchestrator.errors import ImageBuildError, OrchestratorError
 from orchestrator.images import imagedef, wheelhouse
 from orchestrator.labels import LABEL_KIND, LABEL_VERSION
+from orchestrator.paths import VERSION
 
 pytestmark = pytest.mark.docker
 

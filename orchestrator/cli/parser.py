@@ -9,7 +9,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from ..config import VERSION
+from ..paths import VERSION
 from .common import EPILOG_EXIT
 
 

@@ -28,11 +28,11 @@ from typing import Any
 
 from ..backends import get_backend
 from ..backends.base import Backend
-from ..config import home_dir
 from ..execution.concurrency import AdaptiveLimit
 from ..execution.executor import Attempt, LocalExecutor
 from ..lifecycle.cleanup import cleanup
 from ..lifecycle.runner import PreparedRun, RunObservers
+from ..paths import home_dir
 from ..records.store import Store
 from .transfer import pack_record
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import data_root, home_dir, repo_root
 from ..errors import ConfigError, ImageBuildError
+from ..paths import data_root, home_dir, repo_root
 from ..policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
 log = logging.getLogger(__name__)

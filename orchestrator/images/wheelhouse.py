@@ -18,9 +18,9 @@ from pathlib import Path
 
 import docker.errors
 
-from ..config import VERSION, home_dir
 from ..errors import ImageBuildError, ManifestError
 from ..labels import LABEL_KIND, LABEL_OWNER, LABEL_STORE, LABEL_VERSION, owner_label, store_id
+from ..paths import VERSION, home_dir
 from .imagedef import (
     BASE_IMAGE_ENV,
     Progress,

@@ -21,9 +21,9 @@ from typing import Any
 
 from ..backends import backend_capabilities, get_backend
 from ..backends.base import Backend, SandboxInfo
-from ..config import home_dir
 from ..errors import OrchestratorError
 from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, POOLS_DIR, owner_alive, store_id
+from ..paths import home_dir
 from ..records.record import close_orphan
 from ..records.store import Store
 from ..registry import DEFAULT_BACKEND, backend_names

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import examples_dir
 from ..errors import OrchestratorError
+from ..paths import examples_dir
 from .manifest import MANIFEST_NAME, load_manifest
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
-from ..config import examples_dir
 from ..defaults import SANDBOX_RUNTIMES
 from ..errors import ManifestError, Problem
+from ..paths import examples_dir
 from ..policy import (
     HOST_NAME_HELP,
     REQUIREMENT_HELP,

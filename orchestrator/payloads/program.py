@@ -293,7 +293,7 @@ def filter_smolagents(dependencies: list[str], image_version: str) -> tuple[list
 @functools.cache
 def image_smolagents() -> str:
     """The smolagents version the agent image pins (images/agent/requirements.txt)."""
-    from ..config import data_root
+    from ..paths import data_root
 
     text = (data_root() / "images" / "agent" / "requirements.txt").read_text()
     for line in text.splitlines():

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..config import VERSION
 from ..errors import ConfigError
+from ..paths import VERSION
 from .spans import (
     MAX_SPANS_DEFAULT,
     MAX_SPANS_ENV,

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import home_dir
 from ..errors import OrchestratorError
+from ..paths import home_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

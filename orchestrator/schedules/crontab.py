@@ -77,7 +77,7 @@ def crontab_block(
     (time zone, DST rule, dedupe) and the overlap lock are ours, so the result does not
     depend on which cron daemon reads it, and no `flock` binary is needed.
     """
-    from ..config import home_dir, repo_root
+    from ..paths import home_dir, repo_root
 
     now = now or datetime.now(timezone.utc)
     zone = zone if zone is not None else host_zone()
@@ -113,7 +113,7 @@ def crontab_block(
 
 
 def resolve_log_dir(log_dir: Path | None) -> Path:
-    from ..config import home_dir
+    from ..paths import home_dir
 
     return (log_dir or home_dir() / "schedules" / "logs").absolute()
 

@@ -18,7 +18,6 @@ from typing import IO
 
 import docker.errors
 
-from ...config import VERSION
 from ...errors import ImageBuildError, OrchestratorError
 from ...images.imagedef import (
     BASE_IMAGE_ENV,
@@ -31,6 +30,7 @@ from ...images.imagedef import (
     write_json,
 )
 from ...labels import LABEL_KIND, LABEL_VERSION
+from ...paths import VERSION
 from .engine import inspect_image
 
 log = logging.getLogger(__name__)

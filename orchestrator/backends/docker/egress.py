@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ...config import VERSION, data_root
 from ...errors import OrchestratorError
 from ...images.imagedef import RUNTIME_DIR, build_lock, digest, report, sha256
 from ...labels import LABEL_KIND
+from ...paths import VERSION, data_root
 from ...policy import HOST_ALIAS, describe_allowlist, host_networks
 from ...spec import NetworkPolicy
 from .base_image import resolve_base

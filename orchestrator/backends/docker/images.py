@@ -27,7 +27,6 @@ from typing import IO
 
 import docker.errors
 
-from ...config import VERSION
 from ...errors import ImageBuildError
 from ...images.imagedef import (
     AGENT_IMAGE_DIR,
@@ -50,6 +49,7 @@ from ...images.wheelhouse import (
     python_target,
     wheelhouse_root,
 )
+from ...paths import VERSION
 from .base_image import resolve_base
 from .engine import inspect_image
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from ...config import VERSION, home_dir
 from ...errors import ConfigError, EngineUnavailable, ImageBuildError
 from ...images.wheelhouse import PythonTarget
+from ...paths import VERSION, home_dir
 from ..base import Progress
 from .settings import API_KEY_ENV, BASE_IMAGE_ENV, PYTHON_ENV, E2BSettings, sdk, with_retries
 
