@@ -22,17 +22,12 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
 from orchestrator_runtime.request import Request
 
+from .agentnames import check_mock_scripts
 from .backends import backend_capabilities, backend_name, get_backend
 from .backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
 from .defaults import choose_sandbox_runtime
 from .errors import ConfigError, ManifestError, RecordError, at_field
-from .gateway import (
-    GatewaySpec,
-    describe_gateway,
-    plan_gateway,
-    sandbox_network,
-    sandbox_secrets,
-)
+from .gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network, sandbox_secrets
 from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
 from .labels import owner_label, run_labels
@@ -159,6 +154,9 @@ def prepare(
         files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
     with at_field("model"):
         model, own_model = choose_model(spec, manifest)
+    if not spec.check_only:  # `validate` reports it with what its load finds (cli/payload.py)
+        with at_field("payload"):  # a mock script for no agent, when the source tells
+            check_mock_scripts(manifest, files, model.provider)
     task = spec.task if spec.task is not None else manifest.example_task
     if manifest.program is not None:  # a program's own tasks stand unless the run gives one
         task = spec.task or ""

@@ -111,6 +111,7 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
     added to `report`. A dangerous import is reported and the other checks still made."""
     from dataclasses import replace
 
+    from ..agentnames import known_scripts
     from ..errors import OrchestratorError
     from ..runner import prepare
     from ..spec import RunSpec
@@ -132,13 +133,22 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
     code = 0
     for _ in range(2):
         try:
-            return prepare(spec), code
+            prepared = prepare(spec)
         except OrchestratorError as exc:
             report["problems"] += exc.problem_lines()
             code = max(code, exc.exit_code)
             if spec.allow_dangerous_imports or exc.field != "payload":
                 return None, code
             spec = replace(spec, allow_dangerous_imports=True)  # the other checks still run
+            continue
+        # A mock script for no agent, as `run` refuses it before any sandbox; the load then
+        # checks the other scripts (every problem at once, each said once).
+        scripts, error = known_scripts(prepared.manifest, prepared.files, prepared.model.provider)
+        if error is not None:
+            report["problems"] += error.problem_lines()
+            code = max(code, error.exit_code)
+            prepared = replace(prepared, manifest=replace(prepared.manifest, mock_scripts=scripts))
+        return prepared, code
     return None, code
 
 
