@@ -29,7 +29,13 @@ from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
 from .masking import Masker
 from .payload import PayloadError, load_manager, payload_root, write_payload
-from .protocol import POOLED_ENV, PRELOAD_TRACES, PRELOADABLE, READY_LINE
+from .protocol import (
+    POOLED_ENV,
+    PRELOAD_TRACES,
+    PRELOADABLE,
+    READY_LINE,
+    unknown_script_problem,
+)
 from .relay import Relay, make_undumpable
 from .request import Request, RequestError, load_json, parse_request, secrets_of
 
@@ -272,11 +278,7 @@ class Run:
         unknown = sorted(set(request.mock_scripts) - set(names))
         if request.program is not None:  # agents it makes later may have scripts too
             unknown = [n for n in unknown if difflib.get_close_matches(n, names, n=1)]
-        problems += [
-            f"mock script for {name!r}, which is not an agent of the tree (agents: "
-            f"{', '.join(names)})"
-            for name in unknown
-        ]
+        problems += [unknown_script_problem(name, names) for name in unknown]
         if request.mock_scripts:
             from .models import script_problems
 

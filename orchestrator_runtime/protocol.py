@@ -33,6 +33,16 @@ LIMIT_RANGES: dict[str, tuple[float, float, str]] = {
     "max_tokens": (1, 1_000_000_000, "1 to 1000000000 tokens"),
 }
 
+
+def unknown_script_problem(name: str, agents: list[str]) -> str:
+    """The words for a mock script keyed by no agent: the runtime says them of the tree it
+    loaded (`tree_problems`), the host of the agent names it read in the payload's source
+    (`orchestrator.payloads.agentnames`), before any sandbox. One function, so both say the same."""
+    return (
+        f"mock script for {name!r}, which is not an agent of the tree (agents: {', '.join(agents)})"
+    )
+
+
 #: Model providers the runtime can build (`provider:model_id` on the host's command line).
 PROVIDERS = ("mock", "openai", "hf", "litellm")
 #: smolagents' model classes whose calls a run's model gateway can serve (one OpenAI-compatible

@@ -80,6 +80,23 @@ def our_networks(docker_client, store_label: str) -> list[dict]:
 
 
 @pytest.fixture
+def nothing_starts(docker_client, store_label: str) -> Iterator[None]:
+    """Fails the test if a container of this test session was created while it ran (Docker's
+    own event log is asked, so one created and removed again still counts)."""
+    start = time.time()
+    yield
+    created = docker_client.api.events(
+        since=f"{start:.9f}",
+        until=f"{time.time():.9f}",
+        decode=True,
+        filters={"type": "container", "event": "create", "label": store_label},
+    )
+    names = [event.get("Actor", {}).get("Attributes", {}).get("name") for event in created]
+    assert names == [], f"containers were created: {names}"
+    assert our_containers(docker_client, store_label) == []
+
+
+@pytest.fixture
 def nothing_left(docker_client, store_label: str) -> Iterator[None]:
     """Like `no_leftovers`, for the runs' networks too: fails the test if any container
     (sandbox, gateway, proxy) or network of this test session is left when it ends, and

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.batch import BatchProgress, BatchSpec, plan_batch
-from orchestrator.cli.batch import progress_line
+from orchestrator.cli.batch_display import progress_line
 from orchestrator.errors import ConfigError
 from orchestrator.payloads.manifest import load_manifest
 from orchestrator.spec import RunSpec

@@ -224,14 +224,20 @@ def test_run_refuses_what_validate_refuses_before_the_first_step(
     for no agent, while `run` started, exhausted the agent's empty script and reported
     `succeeded`). The run makes the same check (one function, in the sandbox once the tree
     is loaded) and is refused before any model call: exit 2, `failed` with `payload_error`
-    and the very problems `validate` lists."""
+    and the very problems `validate` lists. Here the librarian's name is not a literal of
+    the source, so the check is the sandbox's; with a literal, the host refuses before any
+    sandbox (test_program.py, test_run_refuses_a_mock_script_for_no_agent_before_any_sandbox)."""
     import shutil
 
     env = private_store(tmp_path, docker_client, agent_image)
     folder = shutil.copytree(PAYLOADS / "research_team", tmp_path / "misspelled")
-    manifest = folder / "manifest.toml"
+    manifest, team = folder / "manifest.toml", folder / "team.py"
     assert manifest.read_text().count("\nlibrarian = [") == 1
     manifest.write_text(manifest.read_text().replace("\nlibrarian = [", "\nlibrarain = ["))
+    assert team.read_text().count('name="librarian"') == 1
+    team.write_text(
+        team.read_text().replace('name="librarian"', "name=NAME") + 'NAME = "librarian"\n'
+    )
     checked = cli("validate", str(folder), "--json", env=env)
     assert checked.returncode == 2, checked.stderr
     problems = json.loads(checked.stdout)["problems"]

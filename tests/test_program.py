@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -392,18 +393,146 @@ def test_validate_loads_a_program_up_to_its_first_agent_run(tmp_path: Path) -> N
     assert "program fib_team.py" in ok.stdout and "agents manager, coder_agent" in ok.stdout
     missing = cli("validate", str(FIB_TEAM), env={"HF_TOKEN": ""})
     assert missing.returncode == 2 and "HF_TOKEN" in missing.stderr
+    program = typo_program(tmp_path)
+    typo = cli("validate", str(program), env={"HF_TOKEN": "hf_for_validation"})
+    assert typo.returncode == 2
+    assert "mock script for 'reseacher', which is not an agent of the tree" in typo.stderr
+
+
+def typo_program(tmp_path: Path, scripts: str = "reseacher = ['x']") -> Path:
+    """A program of a `researcher` managed by an unnamed manager, with these mock scripts."""
     program = tmp_path / "typo.py"
     program.write_text(
-        "# /// script\n# [tool.orchestrator.mock.scripts]\n# reseacher = ['x']\n# ///\n"
+        f"# /// script\n# [tool.orchestrator.mock.scripts]\n# {scripts}\n# ///\n"
         "from smolagents import CodeAgent, InferenceClientModel\n"
         "researcher = CodeAgent(tools=[], model=InferenceClientModel(), name='researcher',\n"
         "                       description='looks things up')\n"
         "manager = CodeAgent(tools=[], model=InferenceClientModel(), managed_agents=[researcher])\n"
         "print('built')\nmanager.run('Who wrote Dune?')\nprint('never printed in a check')\n"
     )
-    typo = cli("validate", str(program), env={"HF_TOKEN": "hf_for_validation"})
-    assert typo.returncode == 2
-    assert "mock script for 'reseacher', which is not an agent of the tree" in typo.stderr
+    return program
+
+
+def misspelled_team(tmp_path: Path, name: str = '"librarian"') -> Path:
+    """research_team with its librarian's mock script keyed `librarain`, the librarian made
+    with `name=` this expression (a literal, or a name the source binds later)."""
+    folder = tmp_path / "team"
+    shutil.copytree(REPO / "agent_payloads" / "research_team", folder)
+    manifest, team = folder / "manifest.toml", folder / "team.py"
+    text, code = manifest.read_text(), team.read_text()
+    assert "\nlibrarian = [" in text and 'name="librarian"' in code
+    manifest.write_text(text.replace("\nlibrarian = [", "\nlibrarain = ["))
+    team.write_text(code.replace('name="librarian"', f"name={name}") + 'LIBRARIAN = "librarian"\n')
+    return folder
+
+
+#: The runtime's words for the misspelled script (`protocol.unknown_script_problem`), with the
+#: names the host reads from team.py (in the order they are made).
+LIBRARAIN = (
+    "mock script for 'librarain', which is not an agent of the tree (agents: librarian, manager)"
+)
+
+
+@pytest.mark.docker
+def test_run_refuses_a_mock_script_for_no_agent_before_any_sandbox(
+    tmp_path: Path, nothing_starts: None
+) -> None:
+    """The agent names are read from the source (literal `name=`), so `run`,
+    `batch` and a program's `run` refuse a script keyed for no agent with exit 2 before any
+    sandbox (no container, no record), in the runtime's words, naming the file and line, the
+    field, the agents found and the closest (before: the run started in a sandbox)."""
+    from orchestrator.records.store import Store
+
+    before = {r["run_id"] for r in Store().list_runs(limit=0, kind=None)}
+    folder = misspelled_team(tmp_path)
+    manifest = folder / "manifest.toml"
+    line = manifest.read_text().splitlines().index("librarain = [") + 1
+    where = f"orchestrator: error: {manifest}:{line}: field `mock.scripts.librarain`: "
+    ran = cli("run", str(folder))
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.startswith(where + LIBRARAIN), ran.stderr
+    assert "did you mean `librarian`?" in ran.stderr and "Traceback" not in ran.stderr
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"task": "t1"}\n{"task": "t2"}\n')
+    batch = cli("batch", str(folder), str(tasks), "-o", str(tmp_path / "out"), "-q")
+    assert batch.returncode == 2 and batch.stderr.startswith(where + LIBRARAIN), batch.stderr
+    program = typo_program(tmp_path)
+    typo = cli("run", str(program), "--model", "mock")
+    assert typo.returncode == 2, typo.stderr
+    assert typo.stderr.startswith(
+        f"orchestrator: error: {program}:3: field `tool.orchestrator.mock.scripts.reseacher`: "
+        "mock script for 'reseacher', which is not an agent of the tree (agents: researcher, "
+        "manager), as read from typo.py; did you mean `researcher`?"
+    ), typo.stderr
+    assert [r for r in Store().list_runs(limit=0, kind=None) if r["run_id"] not in before] == []
+
+
+@pytest.mark.docker
+def test_validate_says_what_run_refuses_and_the_sandbox_checks_names_the_source_hides(
+    tmp_path: Path, agent_image: str
+) -> None:
+    """`validate` gives the same refusal as `run` (the same function), and still loads the
+    tree for the other problems, each said once. A name the source does not spell out
+    (`name=LIBRARIAN`) leaves the check to the sandbox's load: exit 2 still, in its words."""
+    folder = misspelled_team(tmp_path)
+    cause, fix = cli("run", str(folder)).stderr.splitlines()[:2]
+    refusal = cause.removeprefix("orchestrator: error: ") + " " + fix.strip().removeprefix("fix: ")
+    assert LIBRARAIN in refusal
+    checked = cli("validate", str(folder))
+    assert checked.returncode == 2, checked.stderr
+    assert f"orchestrator: problem: {refusal}" in checked.stderr.splitlines()
+    assert checked.stderr.count("mock script for 'librarain'") == 1
+    assert "no mock script for agent 'librarian'" in checked.stderr  # found by the load
+    hidden = misspelled_team(tmp_path / "hidden", name="LIBRARIAN")
+    in_sandbox = "mock script for 'librarain', which is not an agent of the tree (agents: manager, "
+    ran = cli("run", str(hidden))
+    assert ran.returncode == 2 and in_sandbox in ran.stderr, ran.stderr
+    assert "payload_error" in ran.stderr and "record:" in ran.stderr  # it ran in a sandbox
+    checked = cli("validate", str(hidden))
+    assert checked.returncode == 2 and in_sandbox in checked.stderr, checked.stderr
+    assert "field `mock.scripts" not in ran.stderr + checked.stderr
+
+
+def test_agent_names_are_read_from_the_source_only_where_it_tells_them(tmp_path: Path) -> None:
+    """Literal `name=` of smolagents' agent classes and of the payload's subclasses; `manager`
+    for one made without a name; None (the sandbox decides) wherever the source cannot tell."""
+    from orchestrator.payloads.agentnames import agent_names
+
+    def names(source: str, requirements: tuple[str, ...] = ()) -> list[str] | None:
+        head = "from smolagents import CodeAgent, ToolCallingAgent\n"
+        return agent_names({"agent.py": head + source, "data.txt": "x"}, requirements)
+
+    made = "a = ToolCallingAgent(tools=[], model=m, name='web', description='d')\n"
+    assert names(made + "CodeAgent(tools=[], model=m, managed_agents=[a])") == ["web", "manager"]
+    assert names("CodeAgent(tools=[], model=m, name=None)") == ["manager"]
+    assert names("class Mine(CodeAgent):\n    x = 1\n\nMine(tools=[], model=m, name='mine')") == [
+        "mine"
+    ]
+    annotated = "def build(m) -> CodeAgent:\n    return CodeAgent(tools=[], model=m, name='c')\n"
+    assert names(annotated) == ["c"]
+    assert names("import requests\nCodeAgent(tools=[], model=m, name='c')") == ["c"]
+    hidden = [
+        "CodeAgent(tools=[], model=m, name=NAME)",
+        "CodeAgent(tools=[], model=m, **options)",
+        "class Mine(CodeAgent):\n    def __init__(self, **kw):\n        super().__init__(**kw)",
+        "make = CodeAgent\nmake(tools=[], model=m, name='x')",
+        "a = CodeAgent(tools=[], model=m, name='x')\na.name = other",
+        "a = CodeAgent.from_hub('someone/agent')",
+        "exec(open('more.txt').read())",
+    ]
+    for source in hidden:
+        assert names(source) is None, source
+    # A requirement's code may make agents: with requirements, an import of none of the
+    # standard library, smolagents or the payload's own modules hides the names.
+    assert names("import vendor\nCodeAgent(tools=[], model=m, name='c')", ("vendor",)) is None
+    assert names("import json\nCodeAgent(tools=[], model=m, name='c')", ("vendor",)) == ["c"]
+    assert names("x = 1\n") is None and names("def f(:\n") is None  # no agent, a bad file
+    # A program may make agents later: only a misspelling of a known name is refused, and
+    # its later unnamed top levels are manager_2, manager_3...
+    fine = typo_program(tmp_path, "manager_2 = ['x']\n# summarizer = ['x']")
+    prepare(RunSpec(payload=fine, model="mock"))
+    with pytest.raises(ManifestError, match="reseacher.*did you mean `researcher`"):
+        prepare(RunSpec(payload=typo_program(tmp_path), model="mock"))
 
 
 def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:

@@ -113,6 +113,7 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
 
     from ..errors import OrchestratorError
     from ..lifecycle.runner import prepare
+    from ..payloads.agentnames import known_scripts
     from ..spec import RunSpec
 
     program = manifest.program is not None
@@ -132,13 +133,22 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
     code = 0
     for _ in range(2):
         try:
-            return prepare(spec), code
+            prepared = prepare(spec)
         except OrchestratorError as exc:
             report["problems"] += exc.problem_lines()
             code = max(code, exc.exit_code)
             if spec.allow_dangerous_imports or exc.field != "payload":
                 return None, code
             spec = replace(spec, allow_dangerous_imports=True)  # the other checks still run
+            continue
+        # A mock script for no agent, as `run` refuses it before any sandbox; the load then
+        # checks the other scripts (every problem at once, each said once).
+        scripts, error = known_scripts(prepared.manifest, prepared.files, prepared.model.provider)
+        if error is not None:
+            report["problems"] += error.problem_lines()
+            code = max(code, error.exit_code)
+            prepared = replace(prepared, manifest=replace(prepared.manifest, mock_scripts=scripts))
+        return prepared, code
     return None, code
 
 

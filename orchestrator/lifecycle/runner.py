@@ -26,15 +26,10 @@ from ..backends import backend_capabilities, backend_name, get_backend
 from ..backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
 from ..defaults import choose_sandbox_runtime
 from ..errors import ConfigError, ManifestError, RecordError, at_field
-from ..gateway import (
-    GatewaySpec,
-    describe_gateway,
-    plan_gateway,
-    sandbox_network,
-    sandbox_secrets,
-)
+from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network, sandbox_secrets
 from ..labels import owner_label, run_labels
 from ..models import ModelSpec
+from ..payloads.agentnames import check_mock_scripts
 from ..payloads.manifest import Manifest, load_manifest
 from ..payloads.payload import ShippedFile, check_task
 from ..payloads.program import choose_model, key_names
@@ -159,6 +154,9 @@ def prepare(
         files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
     with at_field("model"):
         model, own_model = choose_model(spec, manifest)
+    if not spec.check_only:  # `validate` reports it with what its load finds (cli/payload.py)
+        with at_field("payload"):  # a mock script for no agent, when the source tells
+            check_mock_scripts(manifest, files, model.provider)
     task = spec.task if spec.task is not None else manifest.example_task
     if manifest.program is not None:  # a program's own tasks stand unless the run gives one
         task = spec.task or ""
