@@ -46,7 +46,7 @@ from ..execution.pool import MIN_BUILDERS
 from ..lifecycle.interrupts import stop_on_interrupt
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store
-from ..spec import RunResult, StopRequest
+from ..spec import RunError, RunResult, StopRequest
 from .budget import Spend, cap_reached_before
 from .ledger import open_meta, result_row, scored, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
@@ -402,7 +402,7 @@ class _BatchRun:
             result = RunResult(
                 run_id=run_id,
                 status="infra_error",
-                error={"type": type(exc).__name__, "message": str(exc), "kind": "infra"},
+                error=RunError.of(exc, kind="infra").to_dict(),
                 timings={"duration": 0.0},
             )
         finally:

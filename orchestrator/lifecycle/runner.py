@@ -44,7 +44,7 @@ from ..records.otlp import TraceTarget, trace_target
 from ..records.record import EventHandler, RunRecorder, finish
 from ..records.store import Store, new_run_id
 from ..records.traces import RunContext, record_trace, trace_request
-from ..spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
+from ..spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunError, RunResult, RunSpec
 from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
 from .outcome import cancelled_error, decide_status, explain_network
@@ -402,11 +402,10 @@ def execute(
     except ManifestError as exc:  # the payload asks for what cannot be had (a requirement)
         result.status = "failed"
         message = f"{prepared.manifest.path}: {exc.cause} {exc.fix}"
-        result.error = {"type": PAYLOAD_ERROR, "message": message, "problems": [message],
-                        "field": exc.field}  # fmt: skip
+        result.error = RunError.payload(message, exc.field).to_dict()
     except Exception as exc:  # engine errors, image build failures, vanished sandboxes
         result.status = "infra_error"
-        result.error = {"type": type(exc).__name__, "message": masker(str(exc))}
+        result.error = RunError.of(exc, masker(str(exc))).to_dict()
     finally:
         if sandbox is not None:
             record_egress_blocked(sandbox, record)
