@@ -46,9 +46,48 @@ EXIT_CODES: dict[RunStatus, int] = {
 }
 
 
+@dataclass(frozen=True)
+class RunError:
+    """A run's error (`RunResult.error`), built one way wherever the host writes one, so the
+    dicts in records, result lines and attempt logs keep one shape and one key order.
+
+    `type`: a `HostErrorType`, or the class name of the exception that ended the run on the
+    host (open-ended); `kind`: a class of error readers branch on (`infra`: raised before
+    the run record existed); `problems`: bad input, each problem once (a payload error),
+    always with `field`, the RunSpec field at fault (None when unknown).
+    """
+
+    type: str
+    message: str
+    kind: str | None = None
+    problems: tuple[str, ...] | None = None
+    field: str | None = None
+
+    @classmethod
+    def of(
+        cls, exc: BaseException, message: str | None = None, *, kind: str | None = None
+    ) -> RunError:
+        """The error of a run an exception ended on the host: its class name, and `message`
+        (the exception's text, masked by the caller) or its text."""
+        return cls(type(exc).__name__, str(exc) if message is None else message, kind=kind)
+
+    @classmethod
+    def payload(cls, message: str, field: str | None) -> RunError:
+        """A payload that asks for what cannot be had: bad input (exit 2), never retried."""
+        return cls(PAYLOAD_ERROR, message, problems=(message,), field=field)
+
+    def to_dict(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.problems is not None:
+            error.update(problems=list(self.problems), field=self.field)
+        if self.kind is not None:
+            error["kind"] = self.kind
+        return error
+
+
 def host_error(type_: HostErrorType, message: str) -> dict[str, Any]:
     """A run's error as the host decided it (`RunResult.error`)."""
-    return {"type": type_, "message": message}
+    return RunError(type_, message).to_dict()
 
 
 class StopRequest(threading.Event):

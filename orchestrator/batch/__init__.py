@@ -3,8 +3,9 @@ prepared with the single-run API (`lifecycle.runner.prepare`) and handed to an e
 (`execution.executor`), which decides where it runs.
 
 `tasks.py` the tasks file, `plan.py` the batch as data and its up-front checks,
-`session.py` the worker session, `pace.py` how many attempts at once, `output.py` the output
-folder, `ledger.py` what is written there (batch.json, result lines, summary.json),
+`session.py` the worker session, `attempts.py` its attempts counted and logged (and the retry
+rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
+is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
 statistics, `report.py` a batch read back, `rescore.py` recorded answers scored again,
 `compare.py` two batches paired.

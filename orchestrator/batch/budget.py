@@ -25,13 +25,13 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..spec import RunResult, StopRequest
+from ..spec import HostErrorType, RunResult, StopRequest, host_error
 from .output import BatchDir
 from .plan import BatchPlan, BatchSpec
 from .prices import CallPrices, Pricing, check_prices, model_key, parse_max_cost
 
 #: The stop reason, and the status of an attempt the cap stopped (it runs again on resume).
-BUDGET_EXCEEDED = "budget_exceeded"
+BUDGET_EXCEEDED: HostErrorType = "budget_exceeded"
 
 
 def tokens_of(usage: dict[str, Any] | None) -> int:
@@ -260,10 +260,7 @@ class Spend:
         why = self.over()
         if why is None:
             return False
-        error = {
-            "type": BUDGET_EXCEEDED,
-            "message": f"{why}; the run was stopped and runs again on resume",
-        }
+        error = host_error(BUDGET_EXCEEDED, f"{why}; the run was stopped and runs again on resume")
         with self._lock:
             first, self.error = self.error is None, self.error or error
         if first:

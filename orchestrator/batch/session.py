@@ -47,6 +47,7 @@ from ..lifecycle.interrupts import stop_on_interrupt
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store
 from ..spec import RunResult, StopRequest
+from .attempts import AttemptLog, infra_result, retrying
 from .budget import Spend, cap_reached_before
 from .ledger import open_meta, result_row, scored, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
@@ -106,9 +107,16 @@ def run_batch(
             check_payload_loads(plan, executor, store, cancel)
         with out.locked():
             return _BatchRun(
-                spec, plan, out, executor=executor, store=store, cancel=cancel,
-                monitor=monitor, on_message=on_message, on_result=on_result,
-            )()  # fmt: skip
+                spec,
+                plan,
+                out,
+                executor=executor,
+                store=store,
+                cancel=cancel,
+                monitor=monitor,
+                on_message=on_message,
+                on_result=on_result,
+            )()
 
 
 class _BatchRun:
@@ -146,9 +154,7 @@ class _BatchRun:
         self.scorer = make_scorer(spec.scorer, tolerance=spec.tolerance)
         self.lock = threading.Lock()
         self.results: dict[str, dict[str, Any]] = {}
-        self.attempt_counts: Counter[str] = Counter()
-        #: Earlier sessions' attempts per task; "lost" when the process died during one.
-        self.history: dict[str, list[dict[str, Any]]] = {}
+        self.attempts = AttemptLog(out, self.lock)  # counts and history, attempts.jsonl
         self.running = 0
         self.ran = 0
         self.retries = 0
@@ -156,8 +162,14 @@ class _BatchRun:
         self.session = 1
         self.slots: Slots  # how many attempts at once (`pace.py`), from the session's start
         self.started = time.time()
-        self.spend = Spend(spec, plan, out.load_attempts(), stop=self.stop,
-                           on_reached=self.halt, message=self.message)  # fmt: skip
+        self.spend = Spend(
+            spec,
+            plan,
+            out.load_attempts(),
+            stop=self.stop,
+            on_reached=self.halt,
+            message=self.message,
+        )
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -168,8 +180,13 @@ class _BatchRun:
         todo = self.resume()
         todo = [] if self.spend.check() else todo  # earlier sessions spent the cap already
         self.first = self.plan.prepared[todo[0].id] if todo else self.template
-        control = batch_limit(self.spec, list(self.plan.prepared.values()), self.executor,
-                              todo=len(todo), message=self.message)  # fmt: skip
+        control = batch_limit(
+            self.spec,
+            list(self.plan.prepared.values()),
+            self.executor,
+            todo=len(todo),
+            message=self.message,
+        )
         self.slots = Slots(control, on_change=self.pace)
         interrupted: BaseException | None = None
         try:
@@ -212,17 +229,7 @@ class _BatchRun:
     def resume(self) -> list[Task]:
         """Keep results with an agent outcome; drop the lines of tasks to run again."""
         previous = self.out.load_results()
-        for row in self.out.load_attempts():
-            task_id, run_id = str(row.get("id")), row.get("run_id")
-            if row.get("event") == "start":
-                self.attempt_counts[task_id] += 1
-                entry = {"attempt": row.get("attempt"), "run_id": run_id, "status": "lost",
-                         "session": row.get("session")}  # fmt: skip
-                self.history.setdefault(task_id, []).append(entry)
-            elif row.get("event") == "end":
-                for entry in self.history.get(task_id, []):
-                    if entry["run_id"] == run_id:
-                        entry["status"] = row.get("status")
+        self.attempts.load()
         rerun = set(FINISHED) - {"succeeded"} if self.spec.rerun_failed else set()
         keep = {}
         for task_id, row in previous.items():
@@ -320,7 +327,7 @@ class _BatchRun:
     def run_task(self, task: Task) -> None:
         prepared = self.plan.prepared[task.id]
         first_start = time.time()
-        history = list(self.history.get(task.id, []))
+        history = list(self.attempts.history.get(task.id, []))
 
         def attempt() -> RunResult:
             if self.stop.is_set() or not self.slots.acquire(self.stop):
@@ -342,20 +349,7 @@ class _BatchRun:
                 f"({error.get('type')}: {error.get('message')}); retrying in {wait:.1f}s"
             )
 
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_result(lambda r: r.status == "infra_error"),
-            stop=tenacity.stop_after_attempt(self.spec.max_attempts)
-            | tenacity.stop_when_event_set(self.stop),
-            wait=tenacity.wait_exponential_jitter(
-                multiplier=self.spec.backoff_seconds,
-                max=self.spec.backoff_max_seconds,
-                jitter=self.spec.backoff_seconds,
-            ),
-            sleep=self.sit_out,
-            before_sleep=before_sleep,
-            retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
-        )
-        result: RunResult = retrying(attempt)
+        result: RunResult = retrying(self.spec, self.stop, self.sit_out, before_sleep)(attempt)
         if result.status == "cancelled":
             return  # stopped mid-run: no result; the next session runs it again
         self.record(task, result, history, first_start)
@@ -365,15 +359,12 @@ class _BatchRun:
     ) -> RunResult:
         """One attempt of the task, handed to the executor and logged before and after; its
         run id is the executor's (a warm sandbox's, say)."""
-        with self.lock:
-            self.attempt_counts[task.id] += 1
-            number = self.attempt_counts[task.id]
+        number = self.attempts.count(task.id)
         this = replace(prepared, spec=replace(prepared.spec, batch=self.batch_id, task_id=task.id))
         try:
             attempt = self.executor.reserve(this, number=number, cancel=self.stop)
         except BaseException:
-            with self.lock:
-                self.attempt_counts[task.id] -= 1
+            self.attempts.uncount(task.id)
             raise
         try:
             return self.run_attempt(task, attempt, history)
@@ -381,15 +372,10 @@ class _BatchRun:
             self.executor.release(attempt)  # one run per sandbox (the run removed it already)
 
     def run_attempt(self, task: Task, attempt: Attempt, history: list[dict[str, Any]]) -> RunResult:
-        run_id, number = attempt.run_id, attempt.number
+        run_id = attempt.run_id
         try:
-            self.out.append_attempt(
-                {"event": "start", "id": task.id, "attempt": number, "run_id": run_id,
-                 "session": self.session, "ts": time.time()}
-            )  # fmt: skip
-        except OutputWriteError as exc:  # not started: the next session runs it
-            with self.lock:
-                self.attempt_counts[task.id] -= 1
+            self.attempts.started(task.id, attempt, self.session)
+        except OutputWriteError as exc:  # not started (uncounted): the next session runs it
             self.write_failed(exc)
             raise _Stopped from None
         with self.lock:
@@ -399,29 +385,15 @@ class _BatchRun:
             observers = RunObservers(store=self.store, on_event=watch, cancel=self.stop)
             result = self.executor.run(attempt, observers)
         except Exception as exc:  # before the run record existed (store, engine)
-            result = RunResult(
-                run_id=run_id,
-                status="infra_error",
-                error={"type": type(exc).__name__, "message": str(exc), "kind": "infra"},
-                timings={"duration": 0.0},
-            )
+            result = infra_result(run_id, exc)
         finally:
             with self.lock:
                 self.running -= 1
-        entry = {
-            "event": "end", "id": task.id, "attempt": number, "run_id": run_id,
-            "session": self.session, "status": result.status, "error": result.error,
-            "duration": result.timings.get("duration"), "tokens": result.token_usage,
-            "record_dir": result.record_dir, "ts": time.time(),
-            "tokens_source": result.token_usage_source,
-        }  # fmt: skip
-        entry.update(self.spend.ended(run_id, result))  # its cost; stopped by a cap?
         try:
-            self.out.append_attempt(entry)
+            self.attempts.ended(task.id, attempt, self.session, result, self.spend, history)
         except OutputWriteError as exc:  # its result could not be kept either: run it again
             self.write_failed(exc)
             raise _Stopped from None
-        history.append({k: entry[k] for k in ("attempt", "run_id", "status", "session")})
         return result
 
     def record(
@@ -429,9 +401,14 @@ class _BatchRun:
     ) -> None:
         score, score_error = scored(self.scorer, task, result, self.message)
         row = result_row(
-            task, result, score=score, attempts=self.attempt_counts[task.id], history=history,
-            first_start=first_start, session=self.session,
-        )  # fmt: skip
+            task,
+            result,
+            score=score,
+            attempts=self.attempts.counts[task.id],
+            history=history,
+            first_start=first_start,
+            session=self.session,
+        )
         if score_error:
             row["score_error"] = score_error
         with self.lock:
@@ -492,9 +469,15 @@ class _BatchRun:
         with self.lock:
             rows = [self.results[t.id] for t in self.plan.file.tasks if t.id in self.results]
         return summarize(
-            self.plan, self.spec, self.out, rows, batch_id=self.batch_id,
+            self.plan,
+            self.spec,
+            self.out,
+            rows,
+            batch_id=self.batch_id,
             stop_reason=self.stop_reason,
             write_error=self.write_error.cause if self.write_error is not None else None,
-            session=self.session, started=self.started, ran=self.ran,
+            session=self.session,
+            started=self.started,
+            ran=self.ran,
             concurrency=self.slots.control.describe(),
-        )  # fmt: skip
+        )

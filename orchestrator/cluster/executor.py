@@ -33,7 +33,7 @@ from ..errors import ConfigError, EngineUnavailable
 from ..execution.executor import Attempt, AttemptExecutor
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store, new_run_id
-from ..spec import RunResult
+from ..spec import RunResult, host_error
 from .connect import RESOURCE, NodeInfo, connect, import_ray, sandbox_nodes
 from .node import NodeWorker
 from .transfer import import_record, lost_record
@@ -365,7 +365,7 @@ class RayExecutor(AttemptExecutor):
                 return RunResult(
                     attempt.run_id,
                     "cancelled",
-                    error={"type": "cancelled", "message": "cancelled before a node took it"},
+                    error=host_error("cancelled", "cancelled before a node took it"),
                 )
             message = f"no node of the Ray cluster with {RESOURCE} is left"
             return lost_record(store, prepared, {}, message, started)

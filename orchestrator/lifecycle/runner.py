@@ -1,13 +1,15 @@
 """The life of one run, top to bottom.
 
-prepare (manifest, model, secrets, network, limits: fail before anything starts)
-  → image (build or reuse)  → sandbox (create, start, ship the request through stdin;
-    an `allowlist` run's sandbox comes with its private network and egress proxy)
-  → stream (events and logs, masked, written as they come; a lost egress proxy ends the run:
-    supervise.py)
-  → collect (exit, OOM, timeout, cancel → status; result recovered if the stream broke;
-    what the egress proxy refused)
+prepare (manifest, model, secrets, network, limits: fail before anything starts; prepared.py)
+  → image (build or reuse)  → sandbox (create or take a warm one, start, ship the request
+    through stdin: request.py; an `allowlist` run's sandbox comes with its private network
+    and egress proxy)
+  → supervise (events and logs, masked, written as they come; a lost egress proxy ends the
+    run: supervise.py)
+  → decide (exit, OOM, timeout, cancel → status; result recovered if the stream broke;
+    outcome.py)
   → clean up (the sandbox, its proxy and network are removed whatever happens)
+  → finish (what the egress proxy refused, the trace, result.json and the index row)
 """
 
 from __future__ import annotations
@@ -16,36 +18,43 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from orchestrator_runtime.masking import Masker
-from orchestrator_runtime.protocol import PRELOAD_TRACES, RESULT_PATH, model_client_module
-from orchestrator_runtime.request import Request
 
-from ..backends import backend_capabilities, backend_name, get_backend
-from ..backends.base import Backend, Progress, Sandbox, SandboxSpec, endpoint_on_host
-from ..defaults import choose_sandbox_runtime
-from ..errors import ConfigError, ManifestError, RecordError, at_field
-from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network, sandbox_secrets
-from ..labels import owner_label, run_labels
-from ..models import ModelSpec
-from ..payloads.agentnames import check_mock_scripts
-from ..payloads.manifest import Manifest, load_manifest
-from ..payloads.payload import ShippedFile, check_task
-from ..payloads.program import choose_model, key_names
-from ..payloads.secrets import needed_secrets, run_secrets
-from ..policy import describe_allowlist, resolve_policy, sandbox_api_base
-from ..records.otlp import TraceTarget, trace_target
+from ..backends import get_backend
+from ..backends.base import Backend, ExitInfo, Progress, Sandbox
+from ..errors import ManifestError, RecordError, at_field
+from ..gateway import sandbox_secrets
+from ..labels import owner_label
 from ..records.record import EventHandler, RunRecorder, finish
-from ..records.store import Store, new_run_id
-from ..records.traces import RunContext, record_trace, trace_request
-from ..spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
+from ..records.store import Store
+from ..records.traces import RunContext, record_trace
+from ..spec import RunError, RunResult, RunSpec
 from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
 from .outcome import cancelled_error, decide_status, explain_network
+from .prepared import PreparedRun, prepare
+from .request import RUNTIME_COMMAND, build_request, program_argv, runtime_command, sandbox_spec
 from .supervise import record_egress_blocked, record_gateway, supervise
 
-RUNTIME_COMMAND = ("python", "-m", "orchestrator_runtime")
+#: What callers import from here; a run's checks and its request live in prepared.py and
+#: request.py, re-exported so `runner` stays the one door to a run's life.
+__all__ = [
+    "RUNTIME_COMMAND",
+    "PreparedRun",
+    "RunObservers",
+    "WarmSandbox",
+    "build_request",
+    "execute",
+    "observers_of",
+    "prepare",
+    "program_argv",
+    "run",
+    "runtime_command",
+    "sandbox_spec",
+]
 
 
 def _quiet(_message: str) -> None:
@@ -79,142 +88,6 @@ class WarmSandbox:
     run_id: str
     sandbox: Sandbox
     waited: float = 0.0
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    """A run whose inputs are all checked; nothing has been started yet."""
-
-    run_id: str
-    spec: RunSpec
-    manifest: Manifest
-    model: ModelSpec
-    task: str
-    limits: Limits
-    network: NetworkPolicy
-    secrets: dict[str, str]
-    backend: str = "docker"
-    #: The names of the secrets the run gets (the payload's and the model's credential).
-    secret_names: tuple[str, ...] = ()
-    #: The payload folder's files as they will be shipped (read and checked by `prepare`).
-    files: dict[str, ShippedFile] = field(default_factory=dict)
-    #: The run's model gateway (None: no gateway, and `gateway_off` says why).
-    gateway: GatewaySpec | None = None
-    gateway_off: str | None = None
-    #: The sandbox runtime asked for: the run's, else the payload's, else auto.
-    sandbox_runtime: str = "auto"
-    trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
-    model_source: str = "run"  # "run": `model` replaces the agents' models; "program": theirs
-
-    @property
-    def sandbox_network(self) -> NetworkPolicy:
-        """What the sandbox itself may reach (with a gateway, not the model's endpoint)."""
-        hosts = (*self.manifest.hosts, *self.spec.allow_hosts)
-        return sandbox_network(self.network, self.gateway, hosts)
-
-    @property
-    def allowlist(self) -> list[str]:
-        """The effective allowlist as the record shows it."""
-        items = describe_allowlist(self.sandbox_network)
-        return items + ([describe_gateway(self.gateway)] if self.gateway else [])
-
-    @property
-    def max_steps_from(self) -> str:
-        """Who sets the run's `max_steps` (`RunSpec.max_steps_from`)."""
-        return self.spec.max_steps_from(self.manifest.limits_set)
-
-    @property
-    def image_requirements(self) -> tuple[str, ...]:
-        """What the image must hold beyond the agent image: the payload's requirements and
-        the model provider's client (litellm)."""
-        return self.manifest.requirements + self.model.extra_requirements
-
-
-def prepare(
-    spec: RunSpec, *, secret_values: bool = True, limits_from: str = "command line"
-) -> PreparedRun:
-    """Check everything that can be checked before a sandbox exists; raise on any problem.
-
-    Raises ManifestError or ConfigError (nothing has started), with `field` naming the
-    RunSpec field at fault. With `secret_values=False` (schedule validation) the secrets'
-    values are not read: the result's `secrets` is empty, `secret_names` still complete.
-    `limits_from` says where the spec's limits came from, for the error message.
-    """
-    with at_field("payload"):
-        manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
-        dangerous = manifest.dangerous_imports()
-        if dangerous and not spec.allow_dangerous_imports:
-            raise ManifestError(
-                f"{manifest.path}: field `python.authorized_imports` lists "
-                f"{', '.join(dangerous)}, which would let agent-written code escape the inner "
-                "executor's import allowlist.",
-                "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
-                "(the container stays the boundary).",
-            )
-        files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
-    with at_field("model"):
-        model, own_model = choose_model(spec, manifest)
-    if not spec.check_only:  # `validate` reports it with what its load finds (cli/payload.py)
-        with at_field("payload"):  # a mock script for no agent, when the source tells
-            check_mock_scripts(manifest, files, model.provider)
-    task = spec.task if spec.task is not None else manifest.example_task
-    if manifest.program is not None:  # a program's own tasks stand unless the run gives one
-        task = spec.task or ""
-    elif not task:
-        error = ConfigError(
-            f"No task given, and {manifest.path} has no `payload.example_task`.",
-            'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
-        )
-        error.field = "task"
-        raise error
-    with at_field("task"):
-        check_task(task)
-    with at_field("limits"):
-        overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
-        limits = replace(manifest.limits, **overrides)
-        limits.validate(limits_from)
-    with at_field("backend"):
-        backend = backend_name(spec.backend, manifest)
-        capabilities = backend_capabilities(backend)
-    with at_field("model"):  # an endpoint the backend's sandboxes cannot reach: refused here
-        host_alias = endpoint_on_host(capabilities, model, backend)
-    with at_field("network"):
-        network = resolve_policy(spec.network, model=model, hosts=manifest.hosts,
-                                 allow_hosts=spec.allow_hosts, host_alias=host_alias)  # fmt: skip
-    with at_field("model"):
-        gateway, gateway_off = plan_gateway(
-            enabled=spec.gateway, model=model, network=network, backend=backend,
-            provision=capabilities.model_gateway, limits=limits,
-        )  # fmt: skip
-    with at_field("sandbox_runtime"):
-        sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
-    with at_field("traces_to"):
-        trace = None if spec.check_only else trace_target(spec.traces_to)
-    needed = needed_secrets(manifest, own_model or model)
-    with at_field("secrets"):
-        secrets = run_secrets(
-            needed, check_only=spec.check_only, values=secret_values, env_file=spec.env_file,
-            placeholders=key_names(manifest.model_uses) if own_model is None or spec.check_only
-            else (),
-        )  # fmt: skip
-    return PreparedRun(
-        backend=backend,
-        secret_names=tuple(needed),
-        files=files,
-        run_id=spec.run_id or new_run_id(),
-        spec=spec,
-        manifest=manifest,
-        model=model,
-        task=task,
-        limits=limits,
-        network=network,
-        secrets=secrets,
-        gateway=gateway,
-        gateway_off=gateway_off,
-        sandbox_runtime=sandbox_runtime,
-        trace=trace,
-        model_source="program" if manifest.program is not None and own_model else "run",
-    )
 
 
 class _Stopped(Exception):
@@ -280,25 +153,23 @@ def execute(
         raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {warm.run_id}")
     observers = observers or RunObservers()
     store = observers.store or Store()
-    cancel = observers.cancel
-    user_progress = observers.on_progress
-
-    record: RunRecorder | None = None
-
-    def checkpoint() -> None:
-        """A safe point to stop at: nothing is half-made here (see `_Stopped`); the user's
-        cancel, or `orchestrator runs stop` for this run."""
-        if cancel.is_set() or (record is not None and record.stop_requested()):
-            raise _Stopped
-
-    def progress(message: str) -> None:  # long image builds stop at their next line
-        checkpoint()
-        user_progress(message)
-
     masker = Masker(prepared.secrets.values())
-    run_id = prepared.run_id
     with at_field("sandbox_runtime"):  # nothing has started yet
         backend.check_runtime(prepared.sandbox_runtime, asked=bool(prepared.spec.sandbox_runtime))
+    record = open_record(prepared, backend, store, masker, observers.on_event)
+    return _Execution(prepared, backend, observers, store, record, images, warm).run()
+
+
+def open_record(
+    prepared: PreparedRun,
+    backend: Backend,
+    store: Store,
+    masker: Masker,
+    on_event: EventHandler | None,
+) -> RunRecorder:
+    """The run's record and index row (status `preparing`), before anything is started.
+    Raises RecordError when the state directory cannot hold it."""
+    run_id = prepared.run_id
     try:
         record_dir = store.create_run(
             run_id,
@@ -313,15 +184,19 @@ def execute(
             owner=owner_label(),
             kind="check" if prepared.spec.check_only else "run",
         )
-        record = RunRecorder(record_dir, masker, observers.on_event)
+        return RunRecorder(record_dir, masker, on_event)
     except (OSError, sqlite3.Error) as exc:
         raise RecordError(
             f"Cannot create the record of run {run_id} under {store.root}: {exc}.",
             "Free space (or fix permissions) in the state directory ($ORCHESTRATOR_HOME); "
             "nothing was started.",
         ) from exc
-    result = RunResult(
-        run_id=run_id,
+
+
+def first_result(prepared: PreparedRun, backend: Backend, record_dir: Path) -> RunResult:
+    """The run's result before anything is decided: `infra_error` until a phase says else."""
+    return RunResult(
+        run_id=prepared.run_id,
         status="infra_error",
         record_dir=str(record_dir),
         payload=prepared.manifest.name,
@@ -334,31 +209,101 @@ def execute(
         if prepared.gateway
         else {"enabled": False, "reason": prepared.gateway_off},
     )
-    timings: dict[str, float] = {"created": time.time()}
-    sandbox: Sandbox | None = None
-    interrupted: BaseException | None = None
-    try:
-        checkpoint()
+
+
+class _Execution:
+    """One recorded run, phase by phase (`run` tells them in order): what the phases share
+    is the record, the result being decided, the sandbox once made and the timings."""
+
+    def __init__(
+        self,
+        prepared: PreparedRun,
+        backend: Backend,
+        observers: RunObservers,
+        store: Store,
+        record: RunRecorder,
+        images: ImageCache | None,
+        warm: WarmSandbox | None,
+    ) -> None:
+        self.prepared = prepared
+        self.backend = backend
+        self.observers = observers
+        self.cancel = observers.cancel
+        self.store = store
+        self.record = record
+        self.images = images
+        self.warm = warm
+        self.masker = record.masker
+        self.result = first_result(prepared, backend, record.directory)
+        self.timings: dict[str, float] = {"created": time.time()}
+        self.sandbox: Sandbox | None = None
+
+    def run(self) -> RunResult:
+        """The phases in order; every outcome recorded, the sandbox removed whatever happened,
+        and the caller's own interrupt (KeyboardInterrupt) raised once all is cleaned up."""
+        interrupted: BaseException | None = None
+        try:
+            self.prepare_image()
+            sandbox = self.make_sandbox()
+            deadline = self.start(sandbox)
+            self.decide(*self.watch(sandbox, deadline))
+        except (_Stopped, KeyboardInterrupt) as exc:
+            if not isinstance(exc, _Stopped):
+                interrupted = exc  # the caller's own interrupt: re-raised once all is cleaned up
+            self.stopped()
+        except ManifestError as exc:  # the payload asks for what cannot be had (a requirement)
+            self.result.status = "failed"
+            message = f"{self.prepared.manifest.path}: {exc.cause} {exc.fix}"
+            self.result.error = RunError.payload(message, exc.field).to_dict()
+        except Exception as exc:  # engine errors, image build failures, vanished sandboxes
+            self.result.status = "infra_error"
+            self.result.error = RunError.of(exc, self.masker(str(exc))).to_dict()
+        finally:
+            self.clean_up()
+            self.finish()
+        if interrupted is not None:
+            raise interrupted
+        return self.result
+
+    def checkpoint(self) -> None:
+        """A safe point to stop at: nothing is half-made here (see `_Stopped`); the user's
+        cancel, or `orchestrator runs stop` for this run. Raises _Stopped."""
+        if self.cancel.is_set() or self.record.stop_requested():
+            raise _Stopped
+
+    def progress(self, message: str) -> None:
+        """The backend's progress to the caller; long image builds stop at their next line."""
+        self.checkpoint()
+        self.observers.on_progress(message)
+
+    def prepare_image(self) -> None:
+        """The run's image: from the caller's cache, else prepared by the backend."""
+        self.checkpoint()
         t0 = time.monotonic()
-        needs = prepared.image_requirements
-        if images is not None:
-            result.image = images.prepare(backend, needs, progress)
+        needs = self.prepared.image_requirements
+        if self.images is not None:
+            self.result.image = self.images.prepare(self.backend, needs, self.progress)
         else:
-            result.image = backend.prepare_image(needs, progress)
-        timings["image_seconds"] = round(time.monotonic() - t0, 3)
-        checkpoint()
-        store.update_run(run_id, status="starting")
-        if warm is None:
-            sandbox = backend.create(sandbox_spec(prepared, result.image), progress)
+            self.result.image = self.backend.prepare_image(needs, self.progress)
+        self.timings["image_seconds"] = round(time.monotonic() - t0, 3)
+
+    def make_sandbox(self) -> Sandbox:
+        """The run's sandbox, created or (warm) taken, recorded as `sandbox_created`."""
+        self.checkpoint()
+        prepared, result = self.prepared, self.result
+        self.store.update_run(prepared.run_id, status="starting")
+        if self.warm is None:
+            spec = sandbox_spec(prepared, result.image)
+            self.sandbox = sandbox = self.backend.create(spec, self.progress)
         else:
-            warm.sandbox.take(sandbox_spec(prepared, result.image))
-            sandbox = warm.sandbox
+            self.warm.sandbox.take(sandbox_spec(prepared, result.image))
+            self.sandbox = sandbox = self.warm.sandbox
             result.warm = True
-            timings["sandbox_wait"] = warm.waited
+            self.timings["sandbox_wait"] = self.warm.waited
         result.sandbox = dict(sandbox.isolation)
-        record.host_event(
+        self.record.host_event(
             "sandbox_created",
-            backend=backend.name,
+            backend=self.backend.name,
             sandbox_id=sandbox.id,
             warm=result.warm,
             network=prepared.network.mode,
@@ -366,56 +311,80 @@ def execute(
             gateway=prepared.gateway is not None,
             isolation=result.sandbox,
         )
-        timings["started"] = time.time()
+        return sandbox
+
+    def start(self, sandbox: Sandbox) -> float:
+        """Start the runtime with its request and secrets (the model's key goes to the
+        gateway only); returns the run's deadline. Raises RuntimeError when the backend made
+        no gateway for a run that has one."""
+        prepared = self.prepared
+        self.timings["started"] = time.time()
         # The limit counts from here, before the start (which may wait for the egress proxy):
         # the containers' own deadline (created just before) comes a grace period later.
         deadline = time.monotonic() + prepared.limits.timeout_seconds
-        checkpoint()
+        self.checkpoint()
         secrets, model_key = sandbox_secrets(prepared.secrets, prepared.gateway)
         if sandbox.gateway is not None:
             sandbox.gateway.open(model_key)
         elif prepared.gateway is not None:
-            raise RuntimeError(f"the {backend.name} backend made no model gateway for the run")
+            raise RuntimeError(f"the {self.backend.name} backend made no model gateway for the run")
         api_base = sandbox.gateway.api_base if sandbox.gateway is not None else None
         request = build_request(prepared, api_base=api_base)
         sandbox.start(request, secrets)
-        store.update_run(run_id, status="running")
-        outcome = supervise(sandbox, record, deadline, prepared.limits.timeout_seconds, cancel)
+        self.store.update_run(prepared.run_id, status="running")
+        return deadline
+
+    def watch(self, sandbox: Sandbox, deadline: float) -> tuple[str, ExitInfo]:
+        """Watch the run to its end (supervise.py), then wait for the sandbox's exit and
+        recover the result from its stdout when the event stream broke."""
+        timeout = self.prepared.limits.timeout_seconds
+        outcome = supervise(sandbox, self.record, deadline, timeout, self.cancel)
         exit_info = sandbox.wait(timeout=30)
-        if record.run_end is None and outcome != "cancelled":
-            record.recover(sandbox.recover_stdout())
+        if self.record.run_end is None and outcome != "cancelled":
+            self.record.recover(sandbox.recover_stdout())
+        return outcome, exit_info
+
+    def decide(self, outcome: str, exit_info: ExitInfo) -> None:
+        """The run's status and error from what the host saw (outcome.py), and its exit."""
+        record, result = self.record, self.result
         result.status, result.error = decide_status(
-            outcome, exit_info, record.run_end, record.violations, reason=record.stop_reason,
-            cancel=cancel,
-        )  # fmt: skip
+            outcome,
+            exit_info,
+            record.run_end,
+            record.violations,
+            reason=record.stop_reason,
+            cancel=self.cancel,
+        )
         result.exit_code = exit_info.exit_code
         result.oom_killed = exit_info.oom_killed
-    except (_Stopped, KeyboardInterrupt) as exc:
-        if not isinstance(exc, _Stopped):
-            interrupted = exc  # the caller's own interrupt: re-raised once all is cleaned up
-        if sandbox is not None:
-            sandbox.kill()
-        result.status = "cancelled"
-        result.error = cancelled_error(cancel)
-    except ManifestError as exc:  # the payload asks for what cannot be had (a requirement)
-        result.status = "failed"
-        message = f"{prepared.manifest.path}: {exc.cause} {exc.fix}"
-        result.error = {"type": PAYLOAD_ERROR, "message": message, "problems": [message],
-                        "field": exc.field}  # fmt: skip
-    except Exception as exc:  # engine errors, image build failures, vanished sandboxes
-        result.status = "infra_error"
-        result.error = {"type": type(exc).__name__, "message": masker(str(exc))}
-    finally:
-        if sandbox is not None:
-            record_egress_blocked(sandbox, record)
-            record_gateway(sandbox, record, close=True)
-            try:
-                if warm is not None:  # its pool removes the helpers in the background
-                    sandbox.remove_sandbox_only()
-                else:
-                    sandbox.remove()
-            except Exception as exc:  # never mask the run's own outcome
-                record.host_event("cleanup_failed", error=str(exc))
+
+    def stopped(self) -> None:
+        """Cancelled (the caller's cancel, a stop request, Ctrl-C): the sandbox is killed."""
+        if self.sandbox is not None:
+            self.sandbox.kill()
+        self.result.status = "cancelled"
+        self.result.error = cancelled_error(self.cancel)
+
+    def clean_up(self) -> None:
+        """What the egress proxy refused and the gateway's last reports recorded, then the
+        sandbox removed (a warm one's helpers by its pool); a failed removal is only noted."""
+        sandbox = self.sandbox
+        if sandbox is None:
+            return
+        record_egress_blocked(sandbox, self.record)
+        record_gateway(sandbox, self.record, close=True)
+        try:
+            if self.warm is not None:  # its pool removes the helpers in the background
+                sandbox.remove_sandbox_only()
+            else:
+                sandbox.remove()
+        except Exception as exc:  # never mask the run's own outcome
+            self.record.host_event("cleanup_failed", error=str(exc))
+
+    def finish(self) -> None:
+        """The timings, a program's output and the trace into the result, then result.json
+        and the index row written (`record.finish`)."""
+        prepared, result, timings = self.prepared, self.result, self.timings
         timings["ended"] = time.time()
         timings["duration"] = round(
             timings["ended"] - timings.get("started", timings["created"]), 3
@@ -424,74 +393,8 @@ def execute(
         if result.status == "infra_error":
             result.error = explain_network(prepared.network, prepared.model, result.error)
         if prepared.manifest.program is not None:
-            result.output = record.log_tail()
+            result.output = self.record.log_tail()
         if prepared.trace is not None:  # never fails: what was not exported is recorded
             context = RunContext.of(prepared.spec, prepared.task)
-            result.traces = record_trace(result, record, context, prepared.trace)
-        finish(result, record, store)
-    if interrupted is not None:
-        raise interrupted
-    return result
-
-
-def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
-    return SandboxSpec(
-        run_id=prepared.run_id,
-        image=image,
-        command=runtime_command(prepared),
-        limits=prepared.limits,
-        network=prepared.sandbox_network,
-        labels=run_labels(prepared.run_id),
-        gateway=prepared.gateway,
-        runtime=prepared.sandbox_runtime,
-    )
-
-
-def runtime_command(prepared: PreparedRun) -> tuple[str, ...]:
-    """The runtime's command line: it imports the model's client library ahead when there
-    is one (a pooled sandbox does so while it idles; pools are keyed by command)."""
-    has_api_base = prepared.model.api_base is not None or prepared.gateway is not None
-    client = model_client_module(prepared.model.provider, has_api_base=has_api_base)
-    preloads = [client] if client else []
-    preloads += [PRELOAD_TRACES] if prepared.trace is not None else []
-    return (*RUNTIME_COMMAND, *(arg for name in preloads for arg in ("--preload", name)))
-
-
-def program_argv(prepared: PreparedRun) -> list[str]:
-    """A program's arguments; one given a task and no arguments finds the task there too."""
-    if prepared.manifest.program is None:
-        return []
-    return list(prepared.spec.program_args or ((prepared.task,) if prepared.task else ()))
-
-
-def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Request:
-    """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
-    adds those its own way (`Sandbox.start`) and ships the request. `api_base`: the run's
-    model gateway, which then stands in for the model's endpoint."""
-    manifest, model = prepared.manifest, prepared.model
-    return Request(
-        run_id=prepared.run_id,
-        task=prepared.task,
-        additional_args=prepared.spec.additional_args,
-        payload_name=manifest.name,
-        entrypoint=manifest.entrypoint,
-        program=manifest.program,
-        argv=program_argv(prepared),
-        requires_python=manifest.requires_python,
-        files=prepared.files,
-        authorized_imports=list(manifest.authorized_imports),
-        allow_dangerous_imports=prepared.spec.allow_dangerous_imports,
-        max_steps=prepared.limits.max_steps,
-        max_steps_from=prepared.max_steps_from,
-        network=prepared.network.mode,
-        provider=model.provider,
-        model_id=model.model_id,
-        api_base=api_base or sandbox_api_base(model.api_base, prepared.network),
-        credential_env=model.credential_env,
-        options=dict(model.options),
-        model_source=prepared.model_source,
-        mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
-        result_path=RESULT_PATH,
-        check_only=prepared.spec.check_only,
-        trace=trace_request(prepared.run_id, prepared.trace),
-    )
+            result.traces = record_trace(result, self.record, context, prepared.trace)
+        finish(result, self.record, self.store)

@@ -1,0 +1,172 @@
+"""A run checked before anything starts: `prepare` reads and checks every input of a
+`RunSpec` (manifest, model, task, limits, network, backend, gateway, secrets) into a
+`PreparedRun`, or raises with the field at fault; nothing exists yet either way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..backends import backend_capabilities, backend_name
+from ..backends.base import endpoint_on_host
+from ..defaults import choose_sandbox_runtime
+from ..errors import ConfigError, ManifestError, at_field
+from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network
+from ..models import ModelSpec
+from ..payloads.agentnames import check_mock_scripts
+from ..payloads.manifest import Manifest, load_manifest
+from ..payloads.payload import ShippedFile, check_task
+from ..payloads.program import choose_model, key_names
+from ..payloads.secrets import needed_secrets, run_secrets
+from ..policy import describe_allowlist, resolve_policy
+from ..records.otlp import TraceTarget, trace_target
+from ..records.store import new_run_id
+from ..spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunSpec
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run whose inputs are all checked; nothing has been started yet."""
+
+    run_id: str
+    spec: RunSpec
+    manifest: Manifest
+    model: ModelSpec
+    task: str
+    limits: Limits
+    network: NetworkPolicy
+    secrets: dict[str, str]
+    backend: str = "docker"
+    #: The names of the secrets the run gets (the payload's and the model's credential).
+    secret_names: tuple[str, ...] = ()
+    #: The payload folder's files as they will be shipped (read and checked by `prepare`).
+    files: dict[str, ShippedFile] = field(default_factory=dict)
+    #: The run's model gateway (None: no gateway, and `gateway_off` says why).
+    gateway: GatewaySpec | None = None
+    gateway_off: str | None = None
+    #: The sandbox runtime asked for: the run's, else the payload's, else auto.
+    sandbox_runtime: str = "auto"
+    trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
+    model_source: str = "run"  # "run": `model` replaces the agents' models; "program": theirs
+
+    @property
+    def sandbox_network(self) -> NetworkPolicy:
+        """What the sandbox itself may reach (with a gateway, not the model's endpoint)."""
+        hosts = (*self.manifest.hosts, *self.spec.allow_hosts)
+        return sandbox_network(self.network, self.gateway, hosts)
+
+    @property
+    def allowlist(self) -> list[str]:
+        """The effective allowlist as the record shows it."""
+        items = describe_allowlist(self.sandbox_network)
+        return items + ([describe_gateway(self.gateway)] if self.gateway else [])
+
+    @property
+    def max_steps_from(self) -> str:
+        """Who sets the run's `max_steps` (`RunSpec.max_steps_from`)."""
+        return self.spec.max_steps_from(self.manifest.limits_set)
+
+    @property
+    def image_requirements(self) -> tuple[str, ...]:
+        """What the image must hold beyond the agent image: the payload's requirements and
+        the model provider's client (litellm)."""
+        return self.manifest.requirements + self.model.extra_requirements
+
+
+def prepare(
+    spec: RunSpec, *, secret_values: bool = True, limits_from: str = "command line"
+) -> PreparedRun:
+    """Check everything that can be checked before a sandbox exists; raise on any problem.
+
+    Raises ManifestError or ConfigError (nothing has started), with `field` naming the
+    RunSpec field at fault. With `secret_values=False` (schedule validation) the secrets'
+    values are not read: the result's `secrets` is empty, `secret_names` still complete.
+    `limits_from` says where the spec's limits came from, for the error message.
+    """
+    with at_field("payload"):
+        manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
+        dangerous = manifest.dangerous_imports()
+        if dangerous and not spec.allow_dangerous_imports:
+            raise ManifestError(
+                f"{manifest.path}: field `python.authorized_imports` lists "
+                f"{', '.join(dangerous)}, which would let agent-written code escape the inner "
+                "executor's import allowlist.",
+                "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
+                "(the container stays the boundary).",
+            )
+        files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
+    with at_field("model"):
+        model, own_model = choose_model(spec, manifest)
+    if not spec.check_only:  # `validate` reports it with what its load finds (cli/payload.py)
+        with at_field("payload"):  # a mock script for no agent, when the source tells
+            check_mock_scripts(manifest, files, model.provider)
+    task = spec.task if spec.task is not None else manifest.example_task
+    if manifest.program is not None:  # a program's own tasks stand unless the run gives one
+        task = spec.task or ""
+    elif not task:
+        error = ConfigError(
+            f"No task given, and {manifest.path} has no `payload.example_task`.",
+            'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
+        )
+        error.field = "task"
+        raise error
+    with at_field("task"):
+        check_task(task)
+    with at_field("limits"):
+        overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
+        limits = replace(manifest.limits, **overrides)
+        limits.validate(limits_from)
+    with at_field("backend"):
+        backend = backend_name(spec.backend, manifest)
+        capabilities = backend_capabilities(backend)
+    with at_field("model"):  # an endpoint the backend's sandboxes cannot reach: refused here
+        host_alias = endpoint_on_host(capabilities, model, backend)
+    with at_field("network"):
+        network = resolve_policy(
+            spec.network,
+            model=model,
+            hosts=manifest.hosts,
+            allow_hosts=spec.allow_hosts,
+            host_alias=host_alias,
+        )
+    with at_field("model"):
+        gateway, gateway_off = plan_gateway(
+            enabled=spec.gateway,
+            model=model,
+            network=network,
+            backend=backend,
+            provision=capabilities.model_gateway,
+            limits=limits,
+        )
+    with at_field("sandbox_runtime"):
+        sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
+    with at_field("traces_to"):
+        trace = None if spec.check_only else trace_target(spec.traces_to)
+    needed = needed_secrets(manifest, own_model or model)
+    with at_field("secrets"):
+        secrets = run_secrets(
+            needed,
+            check_only=spec.check_only,
+            values=secret_values,
+            env_file=spec.env_file,
+            placeholders=key_names(manifest.model_uses)
+            if own_model is None or spec.check_only
+            else (),
+        )
+    return PreparedRun(
+        backend=backend,
+        secret_names=tuple(needed),
+        files=files,
+        run_id=spec.run_id or new_run_id(),
+        spec=spec,
+        manifest=manifest,
+        model=model,
+        task=task,
+        limits=limits,
+        network=network,
+        secrets=secrets,
+        gateway=gateway,
+        gateway_off=gateway_off,
+        sandbox_runtime=sandbox_runtime,
+        trace=trace,
+        model_source="program" if manifest.program is not None and own_model else "run",
+    )
