@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.batch import BatchProgress, BatchSpec, run_batch
-from orchestrator.cli.batch import progress_line
+from orchestrator.cli.batch_display import progress_line
 from orchestrator.errors import ConfigError
 from orchestrator.execution.concurrency import (
     HOLD,
