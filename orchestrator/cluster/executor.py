@@ -36,7 +36,7 @@ from ..records.store import Store, new_run_id
 from ..spec import RunResult
 from .connect import RESOURCE, NodeInfo, connect, import_ray, sandbox_nodes
 from .node import NodeWorker
-from .transfer import import_record, lost_record
+from .transfer import driver_record, import_record, lost_record
 
 #: Seconds a node's worker has to start and reach its engine before the node is left out.
 READY_TIMEOUT = 120.0
@@ -363,12 +363,9 @@ class RayExecutor(AttemptExecutor, Capacity):
         if node is None:  # a firing's run, or no node was free at `reserve`
             node = self._take_slot(observers.cancel)
         if node is None:
-            if observers.cancel.is_set():
-                return RunResult(
-                    attempt.run_id,
-                    "cancelled",
-                    error={"type": "cancelled", "message": "cancelled before a node took it"},
-                )
+            if observers.cancel.is_set():  # recorded like any attempt, with no node to name
+                error = {"type": "cancelled", "message": "cancelled before a node took it"}
+                return driver_record(store, prepared, {}, "cancelled", error, started)
             message = f"no node of the Ray cluster with {RESOURCE} is left"
             return lost_record(store, prepared, {}, message, started)
         try:
