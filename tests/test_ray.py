@@ -345,3 +345,40 @@ def test_schedule_serve_fires_on_the_cluster(
         "schedule", "serve", "--file", str(path), "--ray", f"127.0.0.1:{free_port()}", timeout=120
     )
     assert wrong.returncode == 2 and "Cannot join the Ray cluster" in wrong.stderr, wrong.stderr
+
+
+@pytest.mark.docker
+def test_an_attempt_cancelled_before_any_node_takes_it_is_recorded(
+    cluster: dict, nothing_left
+) -> None:
+    """Every node's room taken and the attempt's cancel set: it never reaches a node, and
+    its record is in this machine's store all the same, `cancelled`, as any attempt's is."""
+    import threading
+
+    import ray
+
+    from orchestrator.cluster import RayExecutor
+    from orchestrator.execution.executor import Attempt
+    from orchestrator.lifecycle.runner import RunObservers, prepare
+    from orchestrator.spec import RunSpec
+
+    args = {"op": "mul", "a": 6, "b": 7}
+    prepared = prepare(RunSpec(payload=MATH, task="6*7", additional_args=args))
+    store, cancel = Store(), threading.Event()
+    cancel.set()
+    executor = RayExecutor(cluster["address"])
+    held = []
+    try:
+        room = executor.max_concurrency(prepared) or 0
+        held = [executor.reserve(prepared) for _ in range(room)]  # every node full
+        result = executor.run(Attempt(prepared), RunObservers(store=store, cancel=cancel))
+    finally:
+        for attempt in held:
+            executor.release(attempt)
+        executor.close()
+        ray.shutdown()
+    assert room >= 1 and result.status == "cancelled" and result.run_id == prepared.run_id
+    row = store.get_run(prepared.run_id)
+    assert row is not None and row["status"] == "cancelled", row
+    recorded = Store.read_result(row["record_dir"])
+    assert recorded["status"] == "cancelled" and recorded["error"]["type"] == "cancelled"

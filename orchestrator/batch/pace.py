@@ -1,17 +1,18 @@
 """A batch's pace: how many of its attempts run at once, and how that is said.
 
-The number is `concurrency.AdaptiveLimit`'s (the rule is in that module's docstring): it
-starts from the host (cores, memory against the runs' memory limit) and adapts while the
-batch runs. `--concurrency N` is its ceiling (the backend's cap lowers it, and so does the
-number of tasks to run); `--fixed-concurrency` holds it at exactly that.
+The limit is made where every such limit is (`executor.attempt_limit`), and the number is
+`concurrency.AdaptiveLimit`'s (the rule is in that module's docstring): it starts from the
+host (cores, memory against the runs' memory limit) and adapts while the batch runs.
+`--concurrency N` is its ceiling (the backend's cap lowers it, and so does the number of
+tasks to run); `--fixed-concurrency` holds it at exactly that.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..execution.concurrency import AUTO_CEILING, AdaptiveLimit
-from ..execution.executor import AttemptExecutor
+from ..execution.concurrency import AdaptiveLimit
+from ..execution.executor import AttemptExecutor, attempt_limit
 from ..lifecycle.runner import PreparedRun
 from .plan import BatchSpec
 
@@ -24,19 +25,20 @@ def batch_limit(
     todo: int,
     message: Callable[[str], None],
 ) -> AdaptiveLimit:
-    """The limit of a session with `todo` tasks to run: the spec's ceiling (None: auto),
-    lowered to the executor's cap and to `todo`, starting from the executor's runs per core
-    (fewer for warm sandboxes); each run's memory limit is the largest of `prepared`'s."""
-    requested = spec.concurrency
-    cap = executor.max_concurrency(prepared[0]) if prepared else None
-    if cap is not None and cap < (requested or AUTO_CEILING):
-        if requested is not None:
-            message(f"concurrency {requested} lowered to {cap}, the backend's limit")
-        requested = cap
+    """The limit of a session with `todo` tasks to run (`executor.attempt_limit`): the
+    spec's ceiling (None: auto), lowered to the executor's cap and to `todo`, starting from
+    the executor's runs per core (fewer for warm sandboxes); each run's memory limit is the
+    largest of `prepared`'s."""
     memory = max((p.limits.memory_mb for p in prepared), default=None)
-    per_core = executor.runs_per_core(prepared[0]) if prepared else None
-    ceiling = min(requested or AUTO_CEILING, max(1, todo))
-    limit = AdaptiveLimit(ceiling, memory_mb=memory, per_core=per_core, adapt=spec.adapt)
+    limit = attempt_limit(
+        executor,
+        prepared[0] if prepared else None,
+        requested=spec.concurrency,
+        most=todo,
+        memory_mb=memory,
+        adapt=spec.adapt,
+        message=message,
+    )
     limit.requested = spec.concurrency  # what the user asked for (None: auto), for the summary
     return limit
 

@@ -41,7 +41,7 @@ import tenacity
 
 from ..backends.base import Backend
 from ..execution.concurrency import Slots
-from ..execution.executor import Attempt, AttemptExecutor, LocalExecutor
+from ..execution.executor import Attempt, AttemptExecutor, DelegatingExecutor, LocalExecutor
 from ..execution.pool import MIN_BUILDERS
 from ..lifecycle.interrupts import stop_on_interrupt
 from ..lifecycle.runner import PreparedRun, RunObservers
@@ -139,7 +139,7 @@ class _BatchRun:
         self.plan = plan
         self.tasks = {t.id: t for t in plan.file.tasks}
         self.out = out
-        self.executor = executor
+        self.executor = DelegatingExecutor(executor)  # the optional parts answer if it lacks them
         #: The batch's run template: what the executor gets ready for.
         self.template = next(iter(plan.prepared.values()))
         self.store = store

@@ -30,13 +30,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError, EngineUnavailable
-from ..execution.executor import Attempt, AttemptExecutor
+from ..execution.executor import Attempt, AttemptExecutor, Capacity
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store, new_run_id
 from ..spec import RunResult, host_error
 from .connect import RESOURCE, NodeInfo, connect, import_ray, sandbox_nodes
 from .node import NodeWorker
-from .transfer import import_record, lost_record
+from .transfer import driver_record, import_record, lost_record
 
 #: Seconds a node's worker has to start and reach its engine before the node is left out.
 READY_TIMEOUT = 120.0
@@ -73,7 +73,7 @@ class _Node:
         return self.capacity if self.limit is None else min(self.capacity, self.limit)
 
 
-class RayExecutor(AttemptExecutor):
+class RayExecutor(AttemptExecutor, Capacity):
     """Attempts on the nodes of the Ray cluster at `address` (None: $RAY_ADDRESS, else a
     cluster started on this machine). `warm`: each node's pool size for a batch (as
     `LocalExecutor`'s: None = that node's share of the concurrency when there are more
@@ -278,6 +278,11 @@ class RayExecutor(AttemptExecutor):
         self._ensure(template)
         return sum(n.capacity for n in self._live()) or None
 
+    def runs_per_core(self, template: PreparedRun) -> int | None:
+        """None: the driver's cores are not where the runs are (each node starts its own
+        limit from its own)."""
+        return None
+
     def reap_orphans(self, template: PreparedRun, store: Store) -> int:
         self._ensure(template)
         ray = import_ray()
@@ -313,9 +318,6 @@ class RayExecutor(AttemptExecutor):
                 "No node of the Ray cluster could get ready: " + "; ".join(problems),
                 "Fix what the nodes report above, then run the same command again.",
             )
-
-    def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
-        """A retry: one more attempt; the node that takes it is told when it reserves."""
 
     def reserve(
         self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
@@ -361,12 +363,9 @@ class RayExecutor(AttemptExecutor):
         if node is None:  # a firing's run, or no node was free at `reserve`
             node = self._take_slot(observers.cancel)
         if node is None:
-            if observers.cancel.is_set():
-                return RunResult(
-                    attempt.run_id,
-                    "cancelled",
-                    error=host_error("cancelled", "cancelled before a node took it"),
-                )
+            if observers.cancel.is_set():  # recorded like any attempt, with no node to name
+                error = host_error("cancelled", "cancelled before a node took it")
+                return driver_record(store, prepared, {}, "cancelled", error, started)
             message = f"no node of the Ray cluster with {RESOURCE} is left"
             return lost_record(store, prepared, {}, message, started)
         try:

@@ -2,10 +2,11 @@
 single-run API with this node's own Docker engine, image and warm pool (`LocalExecutor`).
 
 How many attempts it runs at once is the node's own (`concurrency.AdaptiveLimit` on this
-host, under the `orchestrator_sandboxes` it declares): a batch's `open` starts the measure,
-and every finished attempt tells the driver the node's limit now, which the driver holds to
-(a node declaring 8 on a 2-core machine runs about 4; one whose runs wait on a hosted model
-climbs to its 8). Without a batch (a schedule's firings) the node runs as many as it declares.
+host, made by `executor.attempt_limit` as every such limit is, under the
+`orchestrator_sandboxes` it declares): a batch's `open` starts the measure, and every
+finished attempt tells the driver the node's limit now, which the driver holds to (a node
+declaring 8 on a 2-core machine runs about 4; one whose runs wait on a hosted model climbs
+to its 8). Without a batch (a schedule's firings) the node runs as many as it declares.
 
 It records each run in the node's own state directory (`$ORCHESTRATOR_HOME/ray-node`, a
 store apart from any driver's on the same machine) and hands the record back packed; the
@@ -29,7 +30,7 @@ from typing import Any
 from ..backends import get_backend
 from ..backends.base import Backend
 from ..execution.concurrency import AdaptiveLimit
-from ..execution.executor import Attempt, LocalExecutor
+from ..execution.executor import Attempt, LocalExecutor, attempt_limit
 from ..lifecycle.cleanup import cleanup
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..paths import home_dir
@@ -100,9 +101,8 @@ class NodeWorker:
         with self._lock:
             if self._pace is None:
                 memory = template.limits.memory_mb
-                per_core = local.runs_per_core(template)
-                self._pace = AdaptiveLimit(
-                    concurrency, memory_mb=memory, per_core=per_core, adapt=adapt
+                self._pace = attempt_limit(
+                    local, template, requested=concurrency, memory_mb=memory, adapt=adapt
                 )
                 threading.Thread(target=self._measure, name="node-pace", daemon=True).start()
             pace = self._pace

@@ -1,6 +1,7 @@
 """Run records crossing the cluster: a node packs the record it wrote to its own state
 directory, the driver writes it whole into its store; an attempt whose node was lost gets a
-record of its own in the driver's store, naming the node.
+record of its own in the driver's store, naming the node, and so does one cancelled before a
+node took it.
 
 An attempt is finished only once its record is in the driver's store: the files are written
 to a hidden folder, moved into place, and the index row (already ended) is inserted last. A
@@ -22,7 +23,7 @@ from orchestrator_runtime.masking import Masker
 from ..lifecycle.runner import PreparedRun
 from ..records.record import RunRecorder, finish
 from ..records.store import COLUMNS, Store
-from ..spec import RunResult, host_error
+from ..spec import RunResult, RunStatus, host_error
 
 #: Files of a record folder larger than this are not shipped whole (the logs are capped at
 #: 20 MiB each by the recorder already; this bounds a packed record all the same).
@@ -86,10 +87,25 @@ def lost_record(
     """The record, in the driver's store, of an attempt whose node (or its worker, or the
     object holding its result) was lost: `infra_error` of type `node_lost`, naming the node;
     the batch's rules decide whether it is run again."""
+    error = host_error("node_lost", message)
+    return driver_record(store, prepared, node, "infra_error", error, started)
+
+
+def driver_record(
+    store: Store,
+    prepared: PreparedRun,
+    node: dict[str, Any],
+    status: RunStatus,
+    error: dict[str, Any],
+    started: float,
+) -> RunResult:
+    """The record, in the driver's store, of an attempt that no node recorded (lost with
+    its node, or cancelled before a node took it): ended `status` with `error`, whose type
+    names the host event that says why (naming the node when there was one)."""
     run_id = prepared.run_id
     directory = store.create_run(
         run_id,
-        status="infra_error",
+        status=status,
         created_at=started,
         payload=prepared.manifest.name,
         model=prepared.model.describe(),
@@ -101,12 +117,12 @@ def lost_record(
         kind="check" if prepared.spec.check_only else "run",
     )
     record = RunRecorder(directory, Masker(prepared.secrets.values()), None)
-    record.host_event("node_lost", **node, message=message)
+    record.host_event(str(error.get("type")), **node, message=error.get("message"))
     ended = time.time()
     result = RunResult(
         run_id=run_id,
-        status="infra_error",
-        error=host_error("node_lost", message),
+        status=status,
+        error=error,
         record_dir=str(directory),
         payload=prepared.manifest.name,
         model=prepared.model.describe(),

@@ -22,7 +22,7 @@ The rule (a hill climb on throughput, the CPU as its fast path; AIMD-like):
   overlap those waits (on 2 cores, 64 mock tasks ran at about 123 tasks/min at 4 at once,
   110 at 8, 100 at 32). A warm batch whose sandboxes a pool makes on this host needs fewer:
   the pool's builders overlap the starts beside the runs, and a warm run is mostly CPU, so
-  its executor says how many per core (`AttemptExecutor.runs_per_core`: the backend's
+  its executor says how many per core (`executor.Capacity.runs_per_core`: the backend's
   `starts_per_core`, one under runc, two under gVisor, where a run also waits on its gofer).
   On 2 cores under runc, 64 warm mock tasks (four rotated rounds) ran at 72.9 tasks/min at
   a fixed 2, 69.6 at a fixed 4, and 66.8 at auto starting from 4 (70.0 starting from 2).

@@ -2,12 +2,27 @@
 
 A batch decides what to run, how often to try again and what a result means; a schedule's
 firing decides when and whether (its lock). Both hand each attempt to an `AttemptExecutor`,
-which decides where it runs, how many run at once and which sandboxes are kept warm.
+which decides where it runs.
 
 An attempt is plain data (`Attempt`: the prepared run, whose run id is the attempt's, and
 its number), and its outcome a `RunResult`, so that an executor may ship it elsewhere (a
 cluster's node) and bring the result back. Executors never retry: an attempt that cannot run
-comes back `infra_error`, and the caller's rules decide.
+comes back `infra_error`, and the caller's rules decide. Every attempt handed to `run` ends
+with a record in the caller's store, whatever happened to it.
+
+The seam is narrow so that a newcomer's executor (or a decorator) has little to get right:
+`AttemptExecutor` is what every executor does (open, reserve, run, release, reap_orphans,
+close; only `run` has no default). What only some executors have is an interface of its
+own, asked for with `isinstance` where it is used: `Capacity` (how many attempts it carries
+at once: its cap, its runs per core) and `WarmCapacity` (sandboxes started ahead of runs:
+warms, keep_warm, expect). A decorator derives from `DelegatingExecutor`, which forwards
+every member of all three, so that none falls back to a default unseen.
+
+How many attempts run at once is the caller's, not the executor's: the batch's session, the
+scheduler of `schedule serve` and a cluster node's worker each hold their attempts to one
+`concurrency.AdaptiveLimit` behind `concurrency.Slots`, and every one of those limits is made
+by `attempt_limit` here, from what the executor says it carries (`Capacity`). An executor only
+waits for room where it runs (a cluster's node that is full).
 
 `LocalExecutor` runs attempts on this host, in the caller's threads, through
 `runner.execute`, in warm sandboxes from a `pool.Pool` when it has them.
@@ -20,6 +35,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from ..backends import get_backend
 from ..backends.base import Backend
@@ -28,6 +44,7 @@ from ..lifecycle.runner import PreparedRun, RunObservers, execute, sandbox_spec
 from ..records.store import Store, new_run_id
 from ..spec import RunResult
 from .claim import Claim
+from .concurrency import AUTO_CEILING, AdaptiveLimit
 from .hostload import HostLoad
 from .pool import MAX_SIZE, Pool, starts_per_core
 
@@ -46,65 +63,47 @@ class Attempt:
 
 
 class AttemptExecutor(ABC):
-    """Runs attempts somewhere. Thread-safe: callers run attempts from several threads.
+    """Runs attempts somewhere: what every executor does. Thread-safe: callers run attempts
+    from several threads.
 
     The life of an executor in a batch: `open` (get ready), then per attempt `reserve` (its
     run id, before anything of it exists) and `run` (or `release`, if the caller gives up
     before running it), then `close`. A firing may `run` an attempt it did not reserve.
+    Only `run` must be written; the others' defaults suit an executor that gets nothing
+    ready, holds nothing between calls and leaves nothing behind.
     """
 
-    @property
-    def warms(self) -> bool:
-        """Whether `keep_warm` starts sandboxes ahead of runs (a scheduler then wakes early)."""
-        return False
-
-    def max_concurrency(self, template: PreparedRun) -> int | None:
-        """The most attempts like `template` it can run at once (None: no limit of its own)."""
-        return None
-
-    def runs_per_core(self, template: PreparedRun) -> int | None:
-        """Attempts like `template` at once per core that keep this host's CPU full, for an
-        adaptive limit to start from (None: the limit's own default, for runs that start
-        their sandboxes themselves)."""
-        return None
-
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:  # noqa: B027
-        """Get ready for `attempts` attempts like `template`, `concurrency` at once (image,
-        warm sandboxes, no more of them than `attempts`: each `reserve` counts one down).
-        Raises `ImageBuildError` when the image cannot be had."""
-
-    def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:  # noqa: B027
-        """`attempts` more attempts like `prepared` will be reserved than `open` said (a
-        retry), so that a warm sandbox may be made for each."""
-
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:  # noqa: B027
-        """Keep `count` sandboxes ready for runs like `prepared` (0: make no more)."""
+        """Get ready for `attempts` attempts like `template`, at most `concurrency` at once
+        (an image, say). Raises `ImageBuildError` when the image cannot be had. Default:
+        nothing to get ready."""
 
     def reserve(
         self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
     ) -> Attempt:
-        """The next attempt of `prepared`, with its own run id: one of a warm sandbox when
-        one is ready or coming (waiting for it, unless `cancel` is set), else a new one.
-        It must then be `run` or `release`d."""
+        """The next attempt of `prepared`, with its own run id, before anything of it exists
+        (an executor may have one ready for it; it may wait for that, unless `cancel` is set).
+        It must then be `run` or `release`d. Default: a new run id."""
         return Attempt(replace(prepared, run_id=new_run_id()), number)
 
     @abstractmethod
     def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
-        """Run the attempt to its end and return its result (recorded in `observers.store`
-        under `attempt.run_id`); releases its reservation whatever happens. Raises
-        OrchestratorError when it cannot even start (bad input, no engine, no record)."""
+        """Run the attempt to its end and return its result, recorded in `observers.store`
+        under `attempt.run_id` whatever happened (cancelled before it started too); releases
+        its reservation whatever happens. Raises OrchestratorError when it cannot even start
+        (bad input, no engine, no record)."""
 
     def release(self, attempt: Attempt) -> None:  # noqa: B027
-        """Give up a reserved attempt that will not run (its warm sandbox is removed);
-        idempotent."""
+        """Give up a reserved attempt that will not run (what `reserve` held for it goes);
+        idempotent. Default: nothing was held."""
 
     def reap_orphans(self, template: PreparedRun, store: Store) -> int:
-        """Remove the sandboxes that dead orchestrators left where runs like `template` go,
-        close their runs; how many were removed."""
+        """Remove what dead orchestrators left where runs like `template` go, close their
+        runs; how many sandboxes were removed. Default: nothing is ever left."""
         return 0
 
     def close(self) -> None:  # noqa: B027
-        """Release what `open` and `keep_warm` made (warm sandboxes); idempotent."""
+        """Release what `open` made; idempotent. Default: nothing was made."""
 
     def __enter__(self) -> AttemptExecutor:
         return self
@@ -113,7 +112,121 @@ class AttemptExecutor(ABC):
         self.close()
 
 
-class LocalExecutor(AttemptExecutor):
+@runtime_checkable
+class Capacity(Protocol):
+    """An executor's word on how many attempts it carries at once, for `attempt_limit`
+    (an executor without it: no cap of its own, the limit's default start)."""
+
+    def max_concurrency(self, template: PreparedRun) -> int | None:
+        """The most attempts like `template` it can run at once (None: no limit of its own)."""
+        ...
+
+    def runs_per_core(self, template: PreparedRun) -> int | None:
+        """Attempts like `template` at once per core that keep this host's CPU full, for an
+        adaptive limit to start from (None: the limit's own default)."""
+        ...
+
+
+@runtime_checkable
+class WarmCapacity(Protocol):
+    """An executor that may start sandboxes ahead of the runs that take them (`reserve` then
+    hands one out): the caller says how many to keep and how many runs are still to come."""
+
+    @property
+    def warms(self) -> bool:
+        """Whether `keep_warm` starts sandboxes ahead of runs now (a scheduler then wakes
+        early)."""
+        ...
+
+    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+        """Keep `count` sandboxes ready for runs like `prepared` (0: make no more)."""
+        ...
+
+    def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
+        """`attempts` more attempts like `prepared` will be reserved than `open` said (a
+        retry), so that a sandbox may be made for each (never one no attempt takes)."""
+        ...
+
+
+class DelegatingExecutor(AttemptExecutor):
+    """The base of a decorator: forwards every member of `AttemptExecutor`, `Capacity` and
+    `WarmCapacity` to `executor`, so a subclass overrides only what it changes and none
+    falls back to a default unseen. Those the wrapped executor lacks answer as it would
+    without them (no cap, nothing warm)."""
+
+    def __init__(self, executor: AttemptExecutor) -> None:
+        self.executor = executor
+        # Asked once: a runtime-checked Protocol reads the members it checks for (a property).
+        self._capacity = executor if isinstance(executor, Capacity) else None
+        self._warm = executor if isinstance(executor, WarmCapacity) else None
+
+    def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
+        self.executor.open(template, attempts=attempts, concurrency=concurrency)
+
+    def reserve(
+        self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
+    ) -> Attempt:
+        return self.executor.reserve(prepared, number=number, cancel=cancel)
+
+    def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
+        return self.executor.run(attempt, observers)
+
+    def release(self, attempt: Attempt) -> None:
+        self.executor.release(attempt)
+
+    def reap_orphans(self, template: PreparedRun, store: Store) -> int:
+        return self.executor.reap_orphans(template, store)
+
+    def close(self) -> None:
+        self.executor.close()
+
+    def max_concurrency(self, template: PreparedRun) -> int | None:
+        return self._capacity.max_concurrency(template) if self._capacity is not None else None
+
+    def runs_per_core(self, template: PreparedRun) -> int | None:
+        return self._capacity.runs_per_core(template) if self._capacity is not None else None
+
+    @property
+    def warms(self) -> bool:
+        return self._warm.warms if self._warm is not None else False
+
+    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+        if self._warm is not None:
+            self._warm.keep_warm(prepared, count)
+
+    def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
+        if self._warm is not None:
+            self._warm.expect(prepared, attempts)
+
+
+def attempt_limit(
+    executor: AttemptExecutor,
+    template: PreparedRun | None,
+    *,
+    requested: int | None,
+    most: int | None = None,
+    memory_mb: int | None = None,
+    adapt: bool = True,
+    message: Callable[[str], None] | None = None,
+) -> AdaptiveLimit:
+    """How many attempts like `template` run at once on `executor`: the one place that
+    limit is made (a batch's session, `schedule serve`, a cluster node's worker). `requested`
+    (None: auto) is lowered to the executor's cap (said through `message` when it was
+    asked for) and to `most` (the attempts to run, when known); the limit starts from the
+    executor's runs per core. Without a `template` (firings of several schedules) the
+    executor is not asked."""
+    cap = per_core = None
+    if template is not None and isinstance(executor, Capacity):
+        cap, per_core = executor.max_concurrency(template), executor.runs_per_core(template)
+    if cap is not None and cap < (requested or AUTO_CEILING):
+        if requested is not None and message is not None:
+            message(f"concurrency {requested} lowered to {cap}, the backend's limit")
+        requested = cap
+    ceiling = requested if most is None else min(requested or AUTO_CEILING, max(1, most))
+    return AdaptiveLimit(ceiling, memory_mb=memory_mb, per_core=per_core, adapt=adapt)
+
+
+class LocalExecutor(AttemptExecutor, Capacity, WarmCapacity):
     """Attempts on this host, each in the calling thread, in a sandbox of the run's backend
     (`backend` when given, else found by the run's backend name): a warm one when the pool
     has one for it, else cold.

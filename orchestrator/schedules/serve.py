@@ -1,8 +1,9 @@
 """The foreground scheduler (`schedule serve`): fires due schedules until stopped, each
 through its executor; with one that keeps sandboxes warm, each firing's sandbox is started
 shortly before its time. Firings that overlap run as many at once as the host carries
-(`concurrency.AdaptiveLimit`, as a batch's tasks): a run past the limit waits for a slot
-(its firing has its schedule's lock already, so `forbid` and `replace` hold as before)."""
+(`concurrency.AdaptiveLimit`, made by `executor.attempt_limit` as a batch's is): a run past
+the limit waits for a slot (its firing has its schedule's lock already, so `forbid` and
+`replace` hold as before)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from collections.abc import Callable
 from datetime import datetime
 
 from ..execution.concurrency import AdaptiveLimit, Slots
-from ..execution.executor import Attempt, AttemptExecutor, LocalExecutor
+from ..execution.executor import (
+    Attempt,
+    AttemptExecutor,
+    DelegatingExecutor,
+    LocalExecutor,
+    attempt_limit,
+)
 from ..lifecycle.cleanup import closed_line
 from ..lifecycle.cleanup import tidy as tidy_store
 from ..lifecycle.runner import PreparedRun, RunObservers, prepare
@@ -31,27 +38,14 @@ TIDY_INTERVAL = 60.0
 WARM_AHEAD = 20.0
 
 
-class Paced(AttemptExecutor):
+class Paced(DelegatingExecutor):
     """`executor`, with at most `slots.limit` runs at once (the others wait for a slot; one
-    whose cancel is set meanwhile goes on at once, to be recorded cancelled)."""
+    whose cancel is set meanwhile goes on at once, to be recorded cancelled). Everything
+    but `run` is the wrapped executor's (`DelegatingExecutor`)."""
 
     def __init__(self, executor: AttemptExecutor, slots: Slots, log: Log) -> None:
-        self.executor, self.slots, self.log = executor, slots, log
-
-    @property
-    def warms(self) -> bool:
-        return self.executor.warms
-
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
-        self.executor.keep_warm(prepared, count)
-
-    def reserve(
-        self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None
-    ) -> Attempt:
-        return self.executor.reserve(prepared, number=number, cancel=cancel)
-
-    def release(self, attempt: Attempt) -> None:
-        self.executor.release(attempt)
+        super().__init__(executor)
+        self.slots, self.log = slots, log
 
     def run(self, attempt: Attempt, observers: RunObservers) -> RunResult:
         if self.slots.in_use >= self.slots.limit:
@@ -91,8 +85,10 @@ class Scheduler:
         self.store = store or ScheduleStore()
         self.clock = clock or SystemClock()
         self.log = log
-        self.slots = Slots(pace or AdaptiveLimit(concurrency))
-        self.executor = Paced(executor or LocalExecutor(), self.slots, log)
+        executor = executor or LocalExecutor()
+        # Several schedules' runs, no one template: the executor's capacity is not asked.
+        self.slots = Slots(pace or attempt_limit(executor, None, requested=concurrency))
+        self.executor = Paced(executor, self.slots, log)
         self.late_tolerance = late_tolerance
         self.max_sleep = max_sleep
         #: Closes runs whose orchestrator died (another process's, or ours before a restart).
