@@ -44,6 +44,7 @@ from ..records.otlp import TraceTarget, trace_target
 from ..records.record import EventHandler, RunRecorder, finish
 from ..records.store import Store, new_run_id
 from ..records.traces import RunContext, record_trace, trace_request
+from ..registry import DEFAULT_BACKEND
 from ..spec import PAYLOAD_ERROR, SETTABLE_LIMITS, Limits, NetworkPolicy, RunResult, RunSpec
 from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
@@ -98,7 +99,7 @@ class PreparedRun:
     limits: Limits
     network: NetworkPolicy
     secrets: dict[str, str]
-    backend: str = "docker"
+    backend: str = DEFAULT_BACKEND
     #: The names of the secrets the run gets (the payload's and the model's credential).
     secret_names: tuple[str, ...] = ()
     #: The payload folder's files as they will be shipped (read and checked by `prepare`).

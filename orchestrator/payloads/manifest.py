@@ -152,7 +152,8 @@ class Manifest:
     #: own `max_steps` unless the manifest or the run's options set one.
     limits_set: tuple[str, ...] = ()
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
-    #: Where runs of this payload go unless the run names a backend (None: docker).
+    #: Where runs of this payload go unless the run names a backend (None: the registry's
+    #: default).
     backend: str | None = None
     #: The sandbox runtime runs of this payload ask for unless the run names one (None: auto).
     sandbox_runtime: str | None = None

@@ -90,7 +90,7 @@ SCHEDULE = Table({
     "model": Field(str),
     "api_base": Field(str),
     "model_key_env": Field(str),
-    "backend": Field(str, choices=backend_names),  # None: the payload's, else docker
+    "backend": Field(str, choices=backend_names),  # None: the payload's, else the default
     "network": Field(str, choices=NETWORK_MODES),
     "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),  # None: the payload's, else auto
     "allow_hosts": Field(list, items=Field(str, check=check_host_name, fix=(

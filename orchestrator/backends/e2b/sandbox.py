@@ -13,6 +13,7 @@ from orchestrator_runtime.request import Request
 
 from ...errors import ConfigError
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
+from ...registry import DEFAULT_BACKEND
 from ...spec import NetworkPolicy
 from ..base import (
     Backend,
@@ -45,7 +46,7 @@ def network_options(policy: NetworkPolicy, gateway_host: str | None = None) -> d
         raise ConfigError(
             f"The model endpoint {endpoints} is on this host, which E2B's cloud cannot reach.",
             "Use a model endpoint reachable from the internet with --backend e2b, or run on "
-            "this host with --backend docker.",
+            f"this host with --backend {DEFAULT_BACKEND}.",
         )
     if policy.mode == "none":
         return {"allow_internet_access": False}
