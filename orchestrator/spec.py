@@ -94,7 +94,8 @@ class RunSpec:
     #: else the registry's default.
     backend: str | None = None
     network: str | None = None
-    #: `SANDBOX_RUNTIMES`; None: the payload's `payload.sandbox_runtime`, else auto.
+    #: `auto` or one of the backend's `Capabilities.sandbox_runtimes`; None: the payload's
+    #: `payload.sandbox_runtime`, else auto.
     sandbox_runtime: str | None = None
     allow_hosts: tuple[str, ...] = ()
     #: Requirement strings (`name @ URL` references) the payload may install although they are

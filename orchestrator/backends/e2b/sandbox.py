@@ -204,6 +204,7 @@ class E2BBackend(Backend):
         orphans_end="its E2B sandbox ends with its E2B lifetime",
         sandboxes_run="elsewhere",
         local_endpoints_env=ALLOW_LOCAL_ENDPOINTS_ENV,
+        sandbox_runtimes=(),  # microVMs: E2B's own isolation, no choice (`auto` only)
     )
 
     def __init__(self, settings: E2BSettings | None = None) -> None:
