@@ -22,6 +22,7 @@ The config file is `$ORCHESTRATOR_CONFIG`, else `config.toml` in the state direc
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,15 @@ else:  # pragma: no cover - Python 3.10
 CONFIG_ENV = "ORCHESTRATOR_CONFIG"
 #: What `network` may be (`spec.NetworkPolicy.mode`), in the config file and a schedule.
 NETWORK_MODES = ("none", "allowlist", "open")
-#: What `sandbox_runtime` may be: `auto` (gVisor when the engine has it, else runc), `runsc`
-#: (gVisor: the sandbox's system calls reach gVisor's kernel, not the host's) or `runc`.
-SANDBOX_RUNTIMES = ("auto", "runsc", "runc")
+#: What `sandbox_runtime` may be in a file or a variable: `auto` or a runtime's name. Which
+#: names exist is the run's backend's (`Capabilities.sandbox_runtimes`, checked by
+#: `Backend.check_runtime` with the allowed names), so a plugin can offer its own.
+SANDBOX_RUNTIME = Field(
+    str,
+    pattern=re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$"),
+    fix="Use auto or a sandbox runtime the run's backend offers (lowercase letters, digits, "
+    "., _ and -).",
+)
 #: Option name -> the environment variable that sets it.
 OPTIONS: dict[str, str] = {
     "model": "ORCHESTRATOR_MODEL",
@@ -58,7 +65,7 @@ DEFAULTS = Table(
         "backend": Field(str, choices=backend_names),
         "network": Field(str, choices=NETWORK_MODES),
         "concurrency": Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
-        "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),
+        "sandbox_runtime": SANDBOX_RUNTIME,
     },
     noun="option",
 )

@@ -1,7 +1,7 @@
 """The model gateway, backend-neutral: when a run gets one, what the sandbox then holds, and
 what the host makes of the gateway's account.
 
-A run whose model talks HTTP gets a per-run gateway by default (Docker: a sidecar container;
+A run whose model talks HTTP gets a per-run gateway by default (a sidecar container;
 E2B: a sandbox of its own), and a backend that provides none refuses such a run unless it
 says --no-gateway: the sandbox holds a random run token in place of the key and reaches the
 model only through the gateway, which swaps the token for the key, forwards, measures every
@@ -19,7 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .models import ModelSpec
-from .policy import HOST_ALIAS, is_docker_host
+from .policy import HOST_ALIAS, is_this_host
+from .registry import DEFAULT_BACKEND
 from .spec import Limits, NetworkPolicy
 
 #: Where Hugging Face's router serves its OpenAI-compatible API (the `hf` provider's upstream
@@ -37,7 +38,7 @@ GatewayProvision = Literal["none", "sidecar", "sandbox"]
 class GatewaySpec:
     """One run's gateway, as a backend starts it (the key goes in only at start)."""
 
-    #: The real endpoint, as the gateway reaches it (a server on the Docker host under
+    #: The real endpoint, as the gateway reaches it (a server on this host under
     #: `HOST_ALIAS`, which the backend maps to the host).
     upstream: str
     token: str
@@ -45,7 +46,9 @@ class GatewaySpec:
     max_tokens: int
     #: The credential's environment variable (its value is the key the gateway holds).
     credential_env: str | None
-    on_docker_host: bool = False
+    #: The endpoint is a server on this machine, the host the sandboxes run on (`upstream`
+    #: names it as `HOST_ALIAS`): the backend lets the gateway reach the host.
+    on_this_host: bool = False
 
     def describe(self) -> dict[str, Any]:
         """For the run record (no token, no key: the key's variable by name only)."""
@@ -85,8 +88,8 @@ def plan_gateway(
             f"The {backend} backend cannot give the run a model gateway, so the key of the "
             f"{model.provider} model would go into the sandbox, where any code the agents run "
             "can read it. Nothing was started.",
-            "Run on a backend with a gateway (--backend docker), or put the key into the "
-            "sandbox knowingly with --no-gateway (no host-measured tokens, no budget).",
+            f"Run on a backend with a gateway (--backend {DEFAULT_BACKEND}), or put the key "
+            "into the sandbox knowingly with --no-gateway (no host-measured tokens, no budget).",
         )
     upstream = model.api_base or (HF_ROUTER if model.provider == "hf" else None)
     if upstream is None:
@@ -97,7 +100,7 @@ def plan_gateway(
             "run with --no-gateway to put the key into the sandbox as before.",
         )
     parts = urlsplit(upstream)
-    on_host = bool(network.host_endpoints) and is_docker_host(parts.hostname or "")
+    on_host = bool(network.host_endpoints) and is_this_host(parts.hostname or "")
     if on_host:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         upstream = urlunsplit(parts._replace(netloc=f"{HOST_ALIAS}:{port}"))
@@ -107,7 +110,7 @@ def plan_gateway(
         max_calls=limits.max_model_calls,
         max_tokens=limits.max_tokens,
         credential_env=model.credential_env,
-        on_docker_host=on_host,
+        on_this_host=on_host,
     )
     return gateway, None
 
@@ -138,7 +141,7 @@ def describe_gateway(gateway: GatewaySpec) -> str:
     """The model endpoint as an allowlist entry of the record."""
     parts = urlsplit(gateway.upstream)
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    where = " on the Docker host" if gateway.on_docker_host else ""
+    where = " on the Docker host" if gateway.on_this_host else ""
     return f"{parts.hostname}:{port} (the model, through the run's gateway{where})"
 
 

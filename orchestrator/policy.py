@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
+from .registry import DEFAULT_BACKEND
 from .spec import NetworkPolicy
 
 if TYPE_CHECKING:
@@ -36,7 +37,8 @@ HOST_NAME_HELP = (
 )
 
 
-#: The name under which a sandbox reaches a model endpoint on the Docker host.
+#: The name under which a sandbox reaches a model endpoint on the host its sandboxes run on
+#: (this machine, `Capabilities.sandboxes_run == "this_host"`).
 HOST_ALIAS = "host.orchestrator.internal"
 
 
@@ -50,7 +52,7 @@ def check_host_name(host: str) -> str | None:
     Refused: anything that is not a name (schemes, ports, paths), IP literals (v4, v6, with or
     without brackets, and names whose last label starts with a digit, which resolvers read as
     an address: `127.1`, `2130706433`, `0x7f000001`), and names of this machine (`localhost`,
-    `*.localhost`, the Docker host's aliases, or a wildcard covering one of them).
+    `*.localhost`, the sandbox host's aliases, or a wildcard covering one of them).
     """
     name = host.lower()
     try:
@@ -156,7 +158,7 @@ def resolve_policy(
     `open` only when asked for by name.
 
     The allowlist is the model provider's host, the payload's `hosts` and `allow_hosts`
-    (`--allow-host`, checked here). A model endpoint on the Docker host becomes
+    (`--allow-host`, checked here). A model endpoint on this host becomes
     `HOST_ALIAS:port`, the only way to it (with `host_alias`: sandboxes on this host; a
     backend whose sandboxes run elsewhere takes the endpoint as given, see
     `check_remote_endpoint`). Raises ConfigError for a bad `--allow-host`, an
@@ -191,7 +193,7 @@ def resolve_policy(
     endpoint = model.endpoint if model.needs_network else None
     if endpoint is not None:
         name, port = endpoint
-        if host_alias and is_docker_host(name):
+        if host_alias and is_this_host(name):
             host_endpoints = ((HOST_ALIAS, port),)
         else:
             hosts = tuple(dict.fromkeys([name.lower(), *hosts]))
@@ -216,12 +218,12 @@ def describe_allowlist(policy: NetworkPolicy) -> list[str]:
 
 
 def sandbox_api_base(api_base: str | None, policy: NetworkPolicy) -> str | None:
-    """`api_base` as the sandbox must use it: a model server on the Docker host is reached as
+    """`api_base` as the sandbox must use it: a model server on this host is reached as
     `HOST_ALIAS` (the sandbox's own localhost is not the host's)."""
     if not api_base or not policy.host_endpoints or policy.mode == "none":
         return api_base
     parts = urlsplit(api_base)
-    if not is_docker_host(parts.hostname or ""):
+    if not is_this_host(parts.hostname or ""):
         return api_base
     port = parts.port or (443 if parts.scheme == "https" else 80)
     userinfo = parts.netloc.rpartition("@")[0]
@@ -229,8 +231,9 @@ def sandbox_api_base(api_base: str | None, policy: NetworkPolicy) -> str | None:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def is_docker_host(name: str) -> bool:
-    """True for names and addresses that mean the machine Docker runs on (this machine)."""
+def is_this_host(name: str) -> bool:
+    """True for names and addresses that mean this machine, the one sandboxes on this host
+    run on (its names, loopback, its own addresses, its bridges)."""
     name = name.lower().strip("[]").rstrip(".")
     if name in LOCAL_NAMES:
         return True
@@ -256,7 +259,7 @@ def unreachable_from_elsewhere(name: str) -> str | None:
     name that resolves to a private address is found out by the run.
     """
     name = name.lower().strip("[]").rstrip(".")
-    if is_docker_host(name):
+    if is_this_host(name):
         return "is this host (a loopback address, one of its own, or its Docker bridge)"
     try:
         address = ipaddress.ip_address(name)
@@ -286,7 +289,7 @@ def check_remote_endpoint(model: ModelSpec, *, backend: str, opt_in_env: str | N
         f"The model endpoint {model.api_base} {problem}, which the {backend} backend's "
         "sandboxes cannot reach: they run elsewhere. Nothing was built or started.",
         f"Use an endpoint reachable from the internet with --api-base, or run on this host "
-        f"with --backend docker{opt_in}.",
+        f"with --backend {DEFAULT_BACKEND}{opt_in}.",
     )
 
 

@@ -129,10 +129,12 @@ class RunSpec:
     model_key_env: str | None = None
     model_options: dict[str, Any] = field(default_factory=dict)
     additional_args: dict[str, Any] | None = None
-    #: `docker` or `e2b`; None: the manifest's `payload.backend`, else docker.
+    #: A backend's name (`registry.backend_names`); None: the manifest's `payload.backend`,
+    #: else the registry's default.
     backend: str | None = None
     network: str | None = None
-    #: `SANDBOX_RUNTIMES`; None: the payload's `payload.sandbox_runtime`, else auto.
+    #: `auto` or one of the backend's `Capabilities.sandbox_runtimes`; None: the payload's
+    #: `payload.sandbox_runtime`, else auto.
     sandbox_runtime: str | None = None
     allow_hosts: tuple[str, ...] = ()
     #: Requirement strings (`name @ URL` references) the payload may install although they are

@@ -1,5 +1,6 @@
 """The house rules, checked: layer contracts (import-linter), no private names across modules,
-no file over about 500 lines without its reason, every module in docs/ARCHITECTURE.md's tree.
+no file over about 500 lines without its reason, every module in docs/ARCHITECTURE.md's tree,
+no Docker vocabulary outside the Docker backend and the CLI.
 docs/ARCHITECTURE.md explains them."""
 
 from __future__ import annotations
@@ -197,3 +198,75 @@ def test_every_status_has_its_exit_code() -> None:
     from orchestrator.spec import EXIT_CODES, RunStatus
 
     assert set(EXIT_CODES) == set(get_args(RunStatus))
+
+
+# ---- no Docker vocabulary in backend-neutral code ------------------------------------------
+
+#: Where Docker may be named: its backend, and the CLI (whose help names it as one choice).
+DOCKER_PLACES = ("orchestrator/backends/docker/", "orchestrator/cli/")
+#: What must name Docker outside those places (file -> its words), and why.
+DOCKER_ALLOWED = {
+    # E2B asks the local engine for its base image's Python when this machine has one
+    # (imported there only, any failure means "cannot tell": E2B never needs Docker).
+    "orchestrator/backends/e2b/templates.py": {"import docker", "docker"},
+}
+
+
+def docker_words(source: str) -> list[str]:
+    """Identifiers that contain `docker` (names, attributes, definitions, arguments) and
+    imports of `docker`, as `what` strings; string values (the registry's entry "docker",
+    an environment variable's name) are data, not vocabulary."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] == "docker"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "docker":
+            found.append(f"from {node.module} import")
+        names: list[str] = []
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        elif isinstance(node, ast.keyword) and node.arg:
+            names = [node.arg]
+        elif isinstance(node, ast.alias) and node.asname:  # the imported name: above
+            names = [node.asname]
+        found += [f"line {node.lineno}: {n}" for n in names if "docker" in n.lower()]
+    return found
+
+
+def test_backend_neutral_code_has_no_docker_vocabulary() -> None:
+    """Docker is one backend: code outside its package says what it means ("this host", a
+    capability, the registry's default backend), so a newcomer's backend fits in."""
+    bad = "import docker.errors\nfrom docker import types\ndef f(on_docker_host): x.is_docker()"
+    assert len(docker_words(bad)) == 4  # the scan sees what it looks for
+    assert docker_words('DEFAULT = "docker"\nenv = "DOCKER_HOST"\n') == []
+    found = {}
+    for path in sorted((REPO / "orchestrator").rglob("*.py")):
+        relative = path.relative_to(REPO).as_posix()
+        if relative.startswith(DOCKER_PLACES):
+            continue
+        words = [
+            w
+            for w in docker_words(path.read_text())
+            if (w.partition(": ")[2] or w) not in DOCKER_ALLOWED.get(relative, set())
+        ]
+        if words:
+            found[relative] = words
+    assert not found, f"Docker vocabulary in backend-neutral code: {found}"
+
+
+def test_the_wheelhouse_and_e2b_need_no_docker_sdk() -> None:
+    """Resolving wheels (and the E2B backend, which uses it) must not need the Docker SDK."""
+    code = (
+        "import sys; import orchestrator.images.wheelhouse, orchestrator.backends.e2b; "
+        "assert 'docker' not in sys.modules, 'docker imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

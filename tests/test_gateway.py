@@ -647,12 +647,12 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
 
     gateway, _, policy = plan("openai:gpt-4o-mini", hosts=("api.example.com",))
     assert gateway is not None and gateway.upstream == "https://api.openai.com/v1"
-    assert gateway.max_calls == 7 and len(gateway.token) >= 40 and not gateway.on_docker_host
+    assert gateway.max_calls == 7 and len(gateway.token) >= 40 and not gateway.on_this_host
     assert policy.hosts == ("api.openai.com", "api.example.com")
     # The sandbox keeps the payload's hosts; the model's host is the gateway's business.
     assert sandbox_network(policy, gateway, ("api.example.com",)).hosts == ("api.example.com",)
     local, _, _ = plan("openai:llama", api_base="http://127.0.0.1:8080/v1")
-    assert local is not None and local.on_docker_host
+    assert local is not None and local.on_this_host
     assert local.upstream == f"http://{HOST_ALIAS}:8080/v1"
     hf, _, _ = plan("hf:Qwen/Qwen2.5-Coder-32B-Instruct")
     assert hf is not None and hf.upstream == HF_ROUTER

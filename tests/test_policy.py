@@ -9,7 +9,7 @@ from orchestrator.backends.e2b.sandbox import network_options
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle.runner import prepare
 from orchestrator.models import parse_model
-from orchestrator.policy import HOST_ALIAS, is_docker_host, resolve_policy, sandbox_api_base
+from orchestrator.policy import HOST_ALIAS, is_this_host, resolve_policy, sandbox_api_base
 from orchestrator.spec import NetworkPolicy
 
 from .conftest import PAYLOADS
@@ -50,9 +50,9 @@ def test_open_is_never_a_default(openai_key: str) -> None:
 
 def test_docker_host_addresses() -> None:
     for name in ("localhost", "127.0.0.1", "0.0.0.0", "[::1]", docker_bridge_address()):
-        assert is_docker_host(name), name
-    assert is_docker_host(host_address())
-    assert not is_docker_host("api.openai.com") and not is_docker_host("203.0.113.80")
+        assert is_this_host(name), name
+    assert is_this_host(host_address())
+    assert not is_this_host("api.openai.com") and not is_this_host("203.0.113.80")
 
 
 def test_network_policies_map_onto_e2b_controls() -> None:

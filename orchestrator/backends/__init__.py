@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def backend_name(requested: str | None, manifest: Manifest | None = None) -> str:
-    """The backend of a run: the one asked for, else the payload's, else docker.
+    """The backend of a run: the one asked for, else the payload's, else the default.
 
     Raises ConfigError for a name that is not a backend."""
     name = requested or (manifest.backend if manifest else None) or DEFAULT_BACKEND

@@ -22,6 +22,7 @@ from ..gateway import GatewayProvision, GatewaySpec
 from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_WARM
 from ..models import ModelSpec
 from ..policy import check_remote_endpoint
+from ..schema import did_you_mean, words
 from ..spec import Limits, NetworkPolicy
 
 if TYPE_CHECKING:
@@ -72,6 +73,40 @@ class Capabilities:
     #: The most sandboxes this backend may have alive at once (None: no cap of its own);
     #: batch lowers its concurrency to it.
     max_concurrency: int | None = None
+    #: The sandbox runtimes a run may ask for besides `auto` (`--sandbox-runtime`, the config
+    #: file, a manifest, a schedule), each a kernel or isolation the backend can place a
+    #: sandbox on (Docker: runsc, runc; a Kubernetes RuntimeClass such as kata). Empty: the
+    #: backend's own isolation only, and a machine's or payload's choice does not apply.
+    sandbox_runtimes: tuple[str, ...] = ()
+
+
+#: The sandbox runtime every backend accepts: its best isolation.
+AUTO_RUNTIME = "auto"
+
+
+def check_sandbox_runtime(
+    backend: str, capabilities: Capabilities, runtime: str, *, asked: bool = True
+) -> None:
+    """Raise ConfigError (exit 2) unless `runtime` is `auto` or one the backend offers
+    (`Capabilities.sandbox_runtimes`), naming the allowed ones: the names belong to the
+    backend, so only it can tell a typo. `asked`: the run named it; a machine's or a
+    payload's choice is ignored by a backend without a choice (it was meant for another)."""
+    offered = capabilities.sandbox_runtimes
+    if runtime == AUTO_RUNTIME or runtime in offered:
+        return
+    if not offered:
+        if asked:
+            raise ConfigError(
+                f"The {backend} backend has no choice of sandbox runtime (asked for {runtime}).",
+                "Leave the sandbox runtime at auto for this backend (--sandbox-runtime auto).",
+            )
+        return
+    allowed = (AUTO_RUNTIME, *offered)
+    hint = did_you_mean(runtime, allowed) or "."
+    raise ConfigError(
+        f"Unknown sandbox runtime {runtime!r} for the {backend} backend{hint}",
+        f"Use one of {words(allowed)}.",
+    )
 
 
 def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str) -> bool:
@@ -124,8 +159,8 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     #: The run's model gateway, for backends that provide one; None: no gateway.
     gateway: GatewaySpec | None = None
-    #: The sandbox runtime asked for (`spec.SANDBOX_RUNTIMES`), checked by
-    #: `Backend.check_runtime`; `auto`: the backend's best.
+    #: The sandbox runtime asked for (`auto` or one of `Capabilities.sandbox_runtimes`),
+    #: checked by `Backend.check_runtime`; `auto`: the backend's best.
     runtime: str = "auto"
 
 
@@ -251,16 +286,12 @@ class Backend(ABC):
         self.capabilities = replace(self.capabilities, max_concurrency=value)
 
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
-        """Raise ConfigError unless this backend's sandboxes can run on `runtime`
-        (`defaults.SANDBOX_RUNTIMES`; called before anything of a run starts). `asked`: the
-        run named it (not the machine's default or the payload's). By default a run may ask
-        only for `auto`: the backend's own isolation, which it cannot change (E2B: microVMs);
-        a machine's or a payload's choice is for backends that have one."""
-        if asked and runtime != "auto":
-            raise ConfigError(
-                f"The {self.name} backend has no choice of sandbox runtime (asked for {runtime}).",
-                "Leave the sandbox runtime at auto for this backend (--sandbox-runtime auto).",
-            )
+        """Raise ConfigError unless this backend's sandboxes can run on `runtime` (called
+        before anything of a run starts). `asked`: the run named it (not the machine's
+        default or the payload's). By default: `auto` or one of
+        `Capabilities.sandbox_runtimes` (`check_sandbox_runtime`); a backend whose runtimes
+        depend on its engine checks that too."""
+        check_sandbox_runtime(self.name, self.capabilities, runtime, asked=asked)
 
     def starts_per_core(self, spec: SandboxSpec) -> int:
         """How many of `spec`'s sandboxes a pool makes at once per core, so that its makings

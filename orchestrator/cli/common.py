@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..defaults import SANDBOX_RUNTIMES, fill
+from ..defaults import fill
 from ..errors import OrchestratorError
 from ..models import PROVIDERS
 from ..registry import backend_names, backends_help
@@ -81,12 +81,13 @@ def _add_sandbox_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sandbox-runtime",
-        choices=SANDBOX_RUNTIMES,
-        help="the sandbox's kernel on Docker: runsc (gVisor's; set it up with "
-        "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile) or auto "
-        "(default: runsc when the engine has it, else runc); $ORCHESTRATOR_SANDBOX_RUNTIME, "
-        "the config file's sandbox_runtime, then the payload's `payload.sandbox_runtime` "
-        "come first when set (other backends: only auto)",
+        metavar="RUNTIME",
+        help="the sandbox's kernel: auto (default: the backend's best) or one the backend "
+        "offers (refused otherwise, naming them); on docker: runsc (gVisor's; set it up with "
+        "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile), auto: runsc "
+        "when the engine has it, else runc; $ORCHESTRATOR_SANDBOX_RUNTIME, the config file's "
+        "sandbox_runtime, then the payload's `payload.sandbox_runtime` come first when set "
+        "(e2b: only auto)",
     )
     p.add_argument(
         "--allow-host",

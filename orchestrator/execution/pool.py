@@ -100,7 +100,7 @@ def starts_per_core(backend: Backend, spec: SandboxSpec) -> int:
 def pool_key(spec: SandboxSpec) -> Key:
     """What makes two runs' sandboxes interchangeable before either has its request."""
     gateway = spec.gateway
-    gateway_key = (gateway.upstream, gateway.on_docker_host) if gateway is not None else None
+    gateway_key = (gateway.upstream, gateway.on_this_host) if gateway is not None else None
     return (spec.image, spec.command, spec.limits, spec.network, gateway_key, spec.runtime)
 
 

@@ -13,10 +13,9 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-import docker.errors
 
 from ..errors import ImageBuildError, ManifestError
 from ..labels import LABEL_KIND, LABEL_OWNER, LABEL_STORE, LABEL_VERSION, owner_label, store_id
@@ -46,6 +45,11 @@ _PROBE = (
 
 #: How long the interpreter probe of a base image may run.
 PROBE_SECONDS = 60
+#: The probe's command (its entrypoint): coreutils' timeout (in every Debian-like base), so
+#: that it cannot outlive its deadline even if its owner dies.
+PROBE_COMMAND = ("timeout", "-s", "KILL", str(PROBE_SECONDS), "python3", "-c", _PROBE)
+#: The probe runs as nobody.
+PROBE_USER = "65534:65534"
 _WHEELHOUSE_MANIFEST = "wheelhouse.json"  # written last: its presence marks completion
 
 
@@ -84,32 +88,32 @@ class PythonTarget:
         return f"CPython {self.version}, glibc {self.glibc}, {self.machine}"
 
 
-def python_target(client: docker.DockerClient, image: str) -> PythonTarget:
-    """The interpreter of `image`: asked once by running it, then cached per image id."""
-    image_id = client.api.inspect_image(image)["Id"]
+class ProbeFailed(Exception):
+    """The interpreter probe could not run in an image (the backend's engine says why)."""
+
+
+def probe_labels() -> dict[str, str]:
+    """The labels of a probe's container, so that cleanup finds one whose owner died."""
+    return {
+        LABEL_KIND: "image-probe",
+        LABEL_VERSION: VERSION,
+        LABEL_OWNER: owner_label(),
+        LABEL_STORE: store_id(home_dir()),
+    }
+
+
+def python_target(image: str, image_id: str, run_probe: Callable[[], bytes]) -> PythonTarget:
+    """The interpreter of `image` (whose engine id is `image_id`): asked once, then cached
+    per image id. `run_probe` is the backend's: it runs `PROBE_COMMAND` in the image as
+    `PROBE_USER`, without network, and returns its output (raises ProbeFailed); so this
+    module needs no engine's SDK."""
     cache_file = images_state_dir() / "python-versions.json"
     cache = read_json(cache_file)
     info = cache.get(image_id)
     if info is None:
         try:
-            output = client.containers.run(
-                image,
-                # coreutils' timeout (in every Debian-like base): the probe cannot outlive
-                # its deadline even if its owner dies; the labels let cleanup find it.
-                entrypoint=["timeout", "-s", "KILL", str(PROBE_SECONDS), "python3", "-c", _PROBE],
-                command=[],
-                user="65534:65534",
-                network_disabled=True,
-                remove=True,
-                labels={
-                    LABEL_KIND: "image-probe",
-                    LABEL_VERSION: VERSION,
-                    LABEL_OWNER: owner_label(),
-                    LABEL_STORE: store_id(home_dir()),
-                },
-            )
-            info = json.loads(output.decode().strip().splitlines()[-1])
-        except (docker.errors.DockerException, ValueError, IndexError) as exc:
+            info = json.loads(run_probe().decode().strip().splitlines()[-1])
+        except (ProbeFailed, ValueError, IndexError) as exc:
             raise ImageBuildError(
                 f"Could not find the Python version of the base image {image} "
                 f"(`python3 -c ...` in it failed: {exc}).",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..backends import backend_capabilities, backend_name
-from ..backends.base import endpoint_on_host
+from ..backends.base import check_sandbox_runtime, endpoint_on_host
 from ..defaults import choose_sandbox_runtime
 from ..errors import ConfigError, ManifestError, at_field
 from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network
@@ -20,6 +20,7 @@ from ..payloads.secrets import needed_secrets, run_secrets
 from ..policy import describe_allowlist, resolve_policy
 from ..records.otlp import TraceTarget, trace_target
 from ..records.store import new_run_id
+from ..registry import DEFAULT_BACKEND
 from ..spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunSpec
 
 
@@ -35,7 +36,7 @@ class PreparedRun:
     limits: Limits
     network: NetworkPolicy
     secrets: dict[str, str]
-    backend: str = "docker"
+    backend: str = DEFAULT_BACKEND
     #: The names of the secrets the run gets (the payload's and the model's credential).
     secret_names: tuple[str, ...] = ()
     #: The payload folder's files as they will be shipped (read and checked by `prepare`).
@@ -139,6 +140,11 @@ def prepare(
         )
     with at_field("sandbox_runtime"):
         sandbox_runtime = choose_sandbox_runtime(spec.sandbox_runtime, manifest.sandbox_runtime)
+        # a name the chosen backend does not offer: refused here, so schedule validation (which
+        # only prepares) refuses it too; an engine without it is found when the run starts
+        check_sandbox_runtime(
+            backend, capabilities, sandbox_runtime, asked=bool(spec.sandbox_runtime)
+        )
     with at_field("traces_to"):
         trace = None if spec.check_only else trace_target(spec.traces_to)
     needed = needed_secrets(manifest, own_model or model)

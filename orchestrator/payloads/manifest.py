@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
-from ..defaults import SANDBOX_RUNTIMES
+from ..defaults import SANDBOX_RUNTIME
 from ..errors import ManifestError, Problem
 from ..paths import examples_dir
 from ..policy import (
@@ -74,7 +74,7 @@ SCHEMA = Table(
             "example_task": Field(str),
             "example_answer": Field(str),
             "backend": Field(str, choices=backend_names),
-            "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),
+            "sandbox_runtime": SANDBOX_RUNTIME,
         })),
         "python": Field(dict, table=Table({
             "requirements": _strings(what="a pip requirement string"),
@@ -152,7 +152,8 @@ class Manifest:
     #: own `max_steps` unless the manifest or the run's options set one.
     limits_set: tuple[str, ...] = ()
     mock_scripts: dict[str, list[str]] = field(default_factory=dict)
-    #: Where runs of this payload go unless the run names a backend (None: docker).
+    #: Where runs of this payload go unless the run names a backend (None: the registry's
+    #: default).
     backend: str | None = None
     #: The sandbox runtime runs of this payload ask for unless the run names one (None: auto).
     sandbox_runtime: str | None = None

@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from orchestrator_runtime.protocol import ENV_NAME_RE
 
-from ..defaults import NETWORK_MODES, SANDBOX_RUNTIMES
+from ..defaults import NETWORK_MODES, SANDBOX_RUNTIME
 from ..errors import ConfigError, OrchestratorError, Problem
 from ..payloads.manifest import decode_utf8, payload_path
 from ..policy import check_host_name
@@ -90,9 +90,9 @@ SCHEDULE = Table({
     "model": Field(str),
     "api_base": Field(str),
     "model_key_env": Field(str),
-    "backend": Field(str, choices=backend_names),  # None: the payload's, else docker
+    "backend": Field(str, choices=backend_names),  # None: the payload's, else the default
     "network": Field(str, choices=NETWORK_MODES),
-    "sandbox_runtime": Field(str, choices=SANDBOX_RUNTIMES),  # None: the payload's, else auto
+    "sandbox_runtime": SANDBOX_RUNTIME,  # None: the payload's, else auto
     "allow_hosts": Field(list, items=Field(str, check=check_host_name, fix=(
         "List DNS names (api.example.com, *.example.com); for a model server on this "
         'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'

@@ -115,7 +115,7 @@ class Gateway(GatewayHandle):
             pids_limit=GATEWAY_PIDS,
             ipc_mode="private",
             init=False,  # PID 1 is the deadline keeper
-            extra_hosts={HOST_ALIAS: "host-gateway"} if spec.on_docker_host else None,
+            extra_hosts={HOST_ALIAS: "host-gateway"} if spec.on_this_host else None,
             log_config=LogConfig(type="none"),  # the key and the calls stay off the disk
         )
         container = api.create_container(

@@ -43,12 +43,16 @@ from ...images.imagedef import (
     sha256,
 )
 from ...images.wheelhouse import (
+    PROBE_COMMAND,
+    PROBE_USER,
+    ProbeFailed,
     PythonTarget,
     Wheelhouse,
     ensure_wheelhouse,
-    python_target,
+    probe_labels,
     wheelhouse_root,
 )
+from ...images.wheelhouse import python_target as probed_target
 from ...paths import VERSION
 from .base_image import resolve_base
 from .engine import inspect_image
@@ -103,6 +107,28 @@ class AgentImagePlan:
     definition: dict[str, bytes]
     requirements: str
     runtime_files: dict[str, bytes]
+
+
+def python_target(client: docker.DockerClient, image: str) -> PythonTarget:
+    """The interpreter of `image`, probed in a container of it (`wheelhouse.python_target`
+    keeps the rule and the cache; running a container is this engine's part)."""
+
+    def run_probe() -> bytes:
+        try:
+            output: bytes = client.containers.run(
+                image,
+                entrypoint=list(PROBE_COMMAND),
+                command=[],
+                user=PROBE_USER,
+                network_disabled=True,
+                remove=True,
+                labels=probe_labels(),
+            )
+        except docker.errors.DockerException as exc:
+            raise ProbeFailed(str(exc)) from exc
+        return output
+
+    return probed_target(image, client.api.inspect_image(image)["Id"], run_probe)
 
 
 def plan_agent_image(

@@ -22,12 +22,13 @@ from pathlib import Path
 import docker
 from docker.types import Ulimit
 
-from ...defaults import SANDBOX_RUNTIMES
 from ...errors import ConfigError
 from .seccomp import PROFILE_NAME, security_options
 
 #: The engine's names for gVisor, without network and with the container's own network.
 RUNSC, RUNSC_NET = "runsc", "runsc-net"
+#: The engine's default runtime (with our seccomp profile).
+RUNC = "runc"
 #: Under gVisor, the container's pids cgroup holds gVisor's own host threads (the sentry's Go
 #: threads, which grow with blocking network calls, and the gofer's), not the sandbox's
 #: processes: a sandbox's 64 would starve gVisor itself ("failed to create new OS thread",
@@ -85,12 +86,9 @@ def gvisor_missing(names: set[str]) -> ConfigError:
 
 
 def check_requested(runtime: str, runtimes: EngineRuntimes) -> None:
-    """Raise ConfigError for a runtime that is not one of ours, or runsc on an engine
-    without it; `auto` starts asking the engine in the background."""
-    if runtime not in SANDBOX_RUNTIMES:
-        raise ConfigError(
-            f"Unknown sandbox runtime {runtime!r}.", f"Use one of {', '.join(SANDBOX_RUNTIMES)}."
-        )
+    """Raise ConfigError for runsc on an engine without it (the name itself is checked
+    against `DockerBackend.capabilities` first); `auto` starts asking the engine in the
+    background."""
     if runtime == "runsc" and not runtimes.has_gvisor():
         raise gvisor_missing(runtimes.names())
     if runtime == "auto":

@@ -37,7 +37,7 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
 from .gateway import Gateway
-from .runtimes import EngineRuntimes, Placement, check_requested, place
+from .runtimes import RUNC, RUNSC, EngineRuntimes, Placement, check_requested, place
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
 IDLE_READY_TIMEOUT = 60.0
@@ -227,8 +227,7 @@ class DockerSandbox(Sandbox):
             self.api.kill(self.id)
 
     def health(self) -> str | None:
-        """None while the sandbox can work; else why not (its egress proxy or its model
-        gateway is gone)."""
+        """None while the sandbox can work; else why not (its egress proxy or gateway is gone)."""
         lost = self.egress.alive() if self.egress else None
         if lost is None and self.gateway is not None:
             lost = self.gateway.alive()
@@ -265,8 +264,7 @@ class DockerSandbox(Sandbox):
 
 
 class DockerBackend(Backend):
-    """Runs sandboxes as containers on the local Docker engine (made with `connect`:
-    EngineUnavailable when it cannot be reached)."""
+    """Sandboxes as containers on the local Docker engine (`connect`: EngineUnavailable)."""
 
     name = "docker"
     capabilities = Capabilities(
@@ -278,6 +276,7 @@ class DockerBackend(Backend):
         orphans_end="its containers stop at their deadline",
         image_listing=True,
         base_bootstrap=True,
+        sandbox_runtimes=(RUNSC, RUNC),
     )
 
     def __init__(self, client: docker.DockerClient | None = None, *, base_image: str | None = None):
@@ -286,7 +285,8 @@ class DockerBackend(Backend):
         self.runtimes = EngineRuntimes(self.client)
 
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
-        """runc is always there; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
+        """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
+        super().check_runtime(runtime, asked=asked)
         check_requested(runtime, self.runtimes)
 
     def starts_per_core(self, spec: SandboxSpec) -> int:

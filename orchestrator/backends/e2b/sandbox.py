@@ -13,6 +13,7 @@ from orchestrator_runtime.request import Request
 
 from ...errors import ConfigError
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
+from ...registry import DEFAULT_BACKEND
 from ...spec import NetworkPolicy
 from ..base import (
     Backend,
@@ -45,7 +46,7 @@ def network_options(policy: NetworkPolicy, gateway_host: str | None = None) -> d
         raise ConfigError(
             f"The model endpoint {endpoints} is on this host, which E2B's cloud cannot reach.",
             "Use a model endpoint reachable from the internet with --backend e2b, or run on "
-            "this host with --backend docker.",
+            f"this host with --backend {DEFAULT_BACKEND}.",
         )
     if policy.mode == "none":
         return {"allow_internet_access": False}
@@ -203,6 +204,7 @@ class E2BBackend(Backend):
         orphans_end="its E2B sandbox ends with its E2B lifetime",
         sandboxes_run="elsewhere",
         local_endpoints_env=ALLOW_LOCAL_ENDPOINTS_ENV,
+        sandbox_runtimes=(),  # microVMs: E2B's own isolation, no choice (`auto` only)
     )
 
     def __init__(self, settings: E2BSettings | None = None) -> None:

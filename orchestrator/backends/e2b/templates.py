@@ -53,6 +53,32 @@ class TemplatePlan:
     runtime_files: dict[str, bytes]
 
 
+def local_engine_target(image: str) -> PythonTarget:
+    """The interpreter of `image` probed on the local Docker engine, when this machine has
+    one with the image: optional (the SDK is imported only here; any failure means "cannot
+    tell"), so E2B never needs Docker."""
+    import docker  # optional: see above
+
+    from ...images.wheelhouse import PROBE_COMMAND, PROBE_USER, probe_labels
+    from ...images.wheelhouse import python_target as probed_target
+
+    client = docker.from_env(timeout=30)
+    image_id = client.api.inspect_image(image)["Id"]
+    return probed_target(
+        image,
+        image_id,
+        lambda: client.containers.run(
+            image,
+            entrypoint=list(PROBE_COMMAND),
+            command=[],
+            user=PROBE_USER,
+            network_disabled=True,
+            remove=True,
+            labels=probe_labels(),
+        ),
+    )
+
+
 def python_target(settings: E2BSettings, progress: Progress) -> PythonTarget:
     """The interpreter of the template's base, which the wheels must fit.
 
@@ -60,17 +86,10 @@ def python_target(settings: E2BSettings, progress: Progress) -> PythonTarget:
     read from `$ORCHESTRATOR_E2B_PYTHON` or from an official `python:3.N` tag (glibc 2.28,
     the floor of current Debian-based images, x86_64 like E2B's hosts).
     """
-    from ...images.wheelhouse import PythonTarget
-    from ...images.wheelhouse import python_target as probe
-
     explicit = settings.python
     if explicit is None:
-        with contextlib.suppress(Exception):  # no engine, or no such image here: fall through
-            import docker
-
-            client = docker.from_env(timeout=30)
-            client.api.inspect_image(settings.base_image)
-            return probe(client, settings.base_image)
+        with contextlib.suppress(Exception):  # no SDK, no engine, no such image: fall through
+            return local_engine_target(settings.base_image)
         match = re.match(r"^(?:docker\.io/)?(?:library/)?python:(3\.\d+)", settings.base_image)
         explicit = match.group(1) if match else None
     if explicit is None or not re.match(r"^3\.\d+(\.\d+)?$", explicit):
