@@ -87,6 +87,18 @@ MAX_FUNCTION_LINES = 100
 MAX_TOP_MODULES = 12
 
 
+def test_no_function_is_over_100_lines() -> None:
+    long = [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({length} lines)"
+        for path in source_files()
+        if path.is_relative_to(REPO / "orchestrator")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"tell these in named steps: {long}"
+
+
 def test_few_modules_sit_directly_in_the_package() -> None:
     top = sorted(path.name for path in (REPO / "orchestrator").glob("*.py"))
     assert len(top) <= MAX_TOP_MODULES, f"move some into a sub-package by concern: {top}"

@@ -73,6 +73,42 @@ class PreparedRun:
         return self.manifest.requirements + self.model.extra_requirements
 
 
+def load_payload(spec: RunSpec) -> tuple[Manifest, dict[str, ShippedFile]]:
+    """The payload's manifest and the files it ships. Raises ManifestError for a manifest
+    that grants imports which escape the inner executor (unless accepted by name), and for
+    files that cannot be shipped (links out, devices, FIFOs, sizes)."""
+    manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
+    dangerous = manifest.dangerous_imports()
+    if dangerous and not spec.allow_dangerous_imports:
+        raise ManifestError(
+            f"{manifest.path}: field `python.authorized_imports` lists "
+            f"{', '.join(dangerous)}, which would let agent-written code escape the inner "
+            "executor's import allowlist.",
+            "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
+            "(the container stays the boundary).",
+        )
+    return manifest, manifest.payload_files()
+
+
+def choose_task(spec: RunSpec, manifest: Manifest) -> str:
+    """The run's task: the spec's, else the payload's example (a program's own tasks stand
+    unless the run gives one). Raises ConfigError (field `task`) when there is none, or
+    when it breaks the task's limits."""
+    task = spec.task if spec.task is not None else manifest.example_task
+    if manifest.program is not None:
+        task = spec.task or ""
+    elif not task:
+        error = ConfigError(
+            f"No task given, and {manifest.path} has no `payload.example_task`.",
+            'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
+        )
+        error.field = "task"
+        raise error
+    with at_field("task"):
+        check_task(task)
+    return task
+
+
 def prepare(
     spec: RunSpec, *, secret_values: bool = True, limits_from: str = "command line"
 ) -> PreparedRun:
@@ -84,34 +120,13 @@ def prepare(
     `limits_from` says where the spec's limits came from, for the error message.
     """
     with at_field("payload"):
-        manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
-        dangerous = manifest.dangerous_imports()
-        if dangerous and not spec.allow_dangerous_imports:
-            raise ManifestError(
-                f"{manifest.path}: field `python.authorized_imports` lists "
-                f"{', '.join(dangerous)}, which would let agent-written code escape the inner "
-                "executor's import allowlist.",
-                "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
-                "(the container stays the boundary).",
-            )
-        files = manifest.payload_files()  # refuses links out, devices, FIFOs; limits
+        manifest, files = load_payload(spec)
     with at_field("model"):
         model, own_model = choose_model(spec, manifest)
     if not spec.check_only:  # `validate` reports it with what its load finds (cli/payload.py)
         with at_field("payload"):  # a mock script for no agent, when the source tells
             check_mock_scripts(manifest, files, model.provider)
-    task = spec.task if spec.task is not None else manifest.example_task
-    if manifest.program is not None:  # a program's own tasks stand unless the run gives one
-        task = spec.task or ""
-    elif not task:
-        error = ConfigError(
-            f"No task given, and {manifest.path} has no `payload.example_task`.",
-            'Pass the task as an argument (orchestrator run PAYLOAD "your task").',
-        )
-        error.field = "task"
-        raise error
-    with at_field("task"):
-        check_task(task)
+    task = choose_task(spec, manifest)
     with at_field("limits"):
         overrides = {k: getattr(spec, k) for k in SETTABLE_LIMITS if getattr(spec, k) is not None}
         limits = replace(manifest.limits, **overrides)
