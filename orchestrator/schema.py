@@ -357,3 +357,20 @@ def _resolve(parts: list[str], arrays: dict[str, int]) -> str:
         if path in arrays:
             path = f"{path}[{arrays[path]}]"
     return path
+
+
+def decode_utf8(data: bytes) -> str:
+    """A user's file as text (a leading byte-order mark dropped). Raises ValueError naming
+    the line and column of the first byte that is not UTF-8, for an error message.
+
+    Shared by every reader of a user's file (manifest, schedules, `.env`)."""
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_start = data.rfind(b"\n", 0, exc.start) + 1
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = len(data[line_start : exc.start].decode()) + 1  # characters, as editors count
+        raise ValueError(
+            f"line {line}, column {column}: byte 0x{data[exc.start]:02x} is not valid UTF-8"
+        ) from None

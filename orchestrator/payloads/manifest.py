@@ -23,7 +23,7 @@ from ..policy import (
     check_requirement,
 )
 from ..registry import backend_names
-from ..schema import Field, Table, TomlLines, check_table, toml_named
+from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_named
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
 from .payload import ShippedFile, payload_files, program_file
 from .program import (
@@ -66,34 +66,67 @@ def _strings(pattern: re.Pattern[str] | None = None, what: str = "a string") -> 
 #: module file, --allow-requirement) are checked by `_parse` after it, into the same list.
 SCHEMA = Table(
     {
-        "payload": Field(dict, table=Table({
-            "name": Field(str, required=True, pattern=_NAME_RE,
-                          fix="It is required: lowercase letters, digits, _ and -."),
-            "description": Field(str),
-            "entrypoint": Field(str, required=True, pattern=ENTRYPOINT_RE, fix=_ENTRYPOINT_FIX),
-            "example_task": Field(str),
-            "example_answer": Field(str),
-            "backend": Field(str, choices=backend_names),
-            "sandbox_runtime": SANDBOX_RUNTIME,
-        })),
-        "python": Field(dict, table=Table({
-            "requirements": _strings(what="a pip requirement string"),
-            "authorized_imports": _strings(MODULE_RE, "a module name"),
-        })),
-        "secrets": Field(dict, table=Table({
-            "required": _strings(ENV_NAME_RE, "an environment variable name"),
-        })),
-        "network": Field(dict, table=Table({
-            "hosts": Field(list, items=Field(str, check=check_host_name, fix=HOST_NAME_HELP)),
-        })),
+        "payload": Field(
+            dict,
+            table=Table(
+                {
+                    "name": Field(
+                        str,
+                        required=True,
+                        pattern=_NAME_RE,
+                        fix="It is required: lowercase letters, digits, _ and -.",
+                    ),
+                    "description": Field(str),
+                    "entrypoint": Field(
+                        str, required=True, pattern=ENTRYPOINT_RE, fix=_ENTRYPOINT_FIX
+                    ),
+                    "example_task": Field(str),
+                    "example_answer": Field(str),
+                    "backend": Field(str, choices=backend_names),
+                    "sandbox_runtime": SANDBOX_RUNTIME,
+                }
+            ),
+        ),
+        "python": Field(
+            dict,
+            table=Table(
+                {
+                    "requirements": _strings(what="a pip requirement string"),
+                    "authorized_imports": _strings(MODULE_RE, "a module name"),
+                }
+            ),
+        ),
+        "secrets": Field(
+            dict,
+            table=Table(
+                {
+                    "required": _strings(ENV_NAME_RE, "an environment variable name"),
+                }
+            ),
+        ),
+        "network": Field(
+            dict,
+            table=Table(
+                {
+                    "hosts": Field(
+                        list, items=Field(str, check=check_host_name, fix=HOST_NAME_HELP)
+                    ),
+                }
+            ),
+        ),
         "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
-        "mock": Field(dict, table=Table({
-            "scripts": Field(dict, values=_strings(what="one model output")),
-        })),
+        "mock": Field(
+            dict,
+            table=Table(
+                {
+                    "scripts": Field(dict, values=_strings(what="one model output")),
+                }
+            ),
+        ),
     },
     noun="section",
     brackets=True,
-)  # fmt: skip
+)
 
 
 def _program_schema() -> Table:
@@ -101,11 +134,11 @@ def _program_schema() -> Table:
     program says otherwise (it runs as `__main__`: no entrypoint; its requirements are PEP
     723's `dependencies`), plus `payload.model`, the model its runs use by default."""
     payload_fields = {
-        k: v for k, v in SCHEMA.fields["payload"].table.fields.items()  # type: ignore[union-attr]
+        k: v
+        for k, v in SCHEMA.fields["payload"].table.fields.items()  # type: ignore[union-attr]
         if k not in ("entrypoint", "name")
-    }  # fmt: skip
-    payload_fields["name"] = Field(str, pattern=_NAME_RE,
-                                   fix="Lowercase letters, digits, _ and -.")  # fmt: skip
+    }
+    payload_fields["name"] = Field(str, pattern=_NAME_RE, fix="Lowercase letters, digits, _ and -.")
     payload_fields["model"] = Field(
         str, fix="`mock`, or `provider:model_id` as --model takes it (e.g. `openai:gpt-4o`)."
     )
@@ -123,7 +156,7 @@ def _program_schema() -> Table:
                         "script` block."
                     ),
                 ),
-            ),  # fmt: skip
+            ),
         },
         noun="section",
         brackets=True,
@@ -295,8 +328,13 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
     sections: dict[str, dict[str, Any]] = {k: values.get(k, {}) for k in PROGRAM_SCHEMA.fields}
     dependencies = data.get("dependencies", [])
     if not isinstance(dependencies, list) or not all(isinstance(d, str) for d in dependencies):
-        found.append(Problem("dependencies", "must be a list of requirement strings",
-                             'For example dependencies = ["sqlalchemy>=2"].'))  # fmt: skip
+        found.append(
+            Problem(
+                "dependencies",
+                "must be a list of requirement strings",
+                'For example dependencies = ["sqlalchemy>=2"].',
+            )
+        )
         dependencies = []
     dependencies, too_new = filter_smolagents(dependencies, image_smolagents())
     if too_new:
@@ -345,23 +383,6 @@ def _did_you_mean(payload: str) -> str:
     return f" Did you mean {' or '.join(close)}?" if close else ""
 
 
-def decode_utf8(data: bytes) -> str:
-    """A user's file as text (a leading byte-order mark dropped). Raises ValueError naming
-    the line and column of the first byte that is not UTF-8, for an error message.
-
-    Shared by every reader of a user's file (manifest, schedules, `.env`)."""
-    data = data.removeprefix(b"\xef\xbb\xbf")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line_start = data.rfind(b"\n", 0, exc.start) + 1
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = len(data[line_start : exc.start].decode()) + 1  # characters, as editors count
-        raise ValueError(
-            f"line {line}, column {column}: byte 0x{data[exc.start]:02x} is not valid UTF-8"
-        ) from None
-
-
 def _parse(
     path: Path, text: str, data: dict[str, Any], allowed_requirements: Collection[str]
 ) -> Manifest:
@@ -374,14 +395,19 @@ def _parse(
     if entrypoint is not None:
         module_file = path.parent / (entrypoint.split(":")[0].replace(".", "/") + ".py")
         if not module_file.is_file():
-            found.append(Problem(
-                "payload.entrypoint", f"names a module with no file {module_file}",
-                _module_fix(path.parent, entrypoint),
-            ))  # fmt: skip
+            found.append(
+                Problem(
+                    "payload.entrypoint",
+                    f"names a module with no file {module_file}",
+                    _module_fix(path.parent, entrypoint),
+                )
+            )
     requirements = _requirements(
-        sections["python"].get("requirements", []), "python.requirements", allowed_requirements,
+        sections["python"].get("requirements", []),
+        "python.requirements",
+        allowed_requirements,
         found,
-    )  # fmt: skip
+    )
     if found:
         lines = TomlLines(text)
         raise ManifestError.of_problems(

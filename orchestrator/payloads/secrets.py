@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .manifest import decode_utf8
+from ..schema import decode_utf8
 
 if TYPE_CHECKING:
     from ..models import ModelSpec

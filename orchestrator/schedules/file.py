@@ -16,10 +16,10 @@ from orchestrator_runtime.protocol import ENV_NAME_RE
 
 from ..defaults import NETWORK_MODES, SANDBOX_RUNTIME
 from ..errors import ConfigError, OrchestratorError, Problem
-from ..payloads.manifest import decode_utf8, payload_path
+from ..payloads.manifest import payload_path
 from ..policy import check_host_name
 from ..registry import backend_names
-from ..schema import Field, Table, TomlLines, check_table, words
+from ..schema import Field, Table, TomlLines, check_table, decode_utf8, words
 from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
 
