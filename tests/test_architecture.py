@@ -99,6 +99,17 @@ def test_no_function_is_over_100_lines() -> None:
     assert not long, f"tell these in named steps: {long}"
 
 
+def test_every_formatter_exception_says_why() -> None:
+    """`ruff format` runs in CI; a line kept out of it says on the same line why."""
+    bare = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in tracked_python_files()
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"#\s*fmt:\s*(skip|off)\s*$", line)
+    ]
+    assert not bare, f"add the reason after the marker (`# fmt: skip - why`): {bare}"
+
+
 def test_few_modules_sit_directly_in_the_package() -> None:
     top = sorted(path.name for path in (REPO / "orchestrator").glob("*.py"))
     assert len(top) <= MAX_TOP_MODULES, f"move some into a sub-package by concern: {top}"

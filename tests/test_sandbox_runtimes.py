@@ -104,8 +104,10 @@ def test_a_run_on_docker_naming_another_backends_runtime_is_refused_before_anyth
     from orchestrator.backends.docker import DockerBackend
 
     with pytest.raises(ConfigError) as refused:
-        run(RunSpec(payload=TEST_PAYLOADS / "kernel_probe", sandbox_runtime="kata"),
-            backend=DockerBackend())  # fmt: skip
+        run(
+            RunSpec(payload=TEST_PAYLOADS / "kernel_probe", sandbox_runtime="kata"),
+            backend=DockerBackend(),
+        )
     assert refused.value.exit_code == 2 and refused.value.field == "sandbox_runtime"
     assert "Use one of auto, runsc, runc." in refused.value.fix
     done = cli("run", str(TEST_PAYLOADS / "kernel_probe"), "--sandbox-runtime", "runs")

@@ -41,14 +41,9 @@ from ..errors import ConfigError
 from ..labels import owner_label, pool_marker, run_labels
 from ..lifecycle.imagecache import ImageCache
 from ..lifecycle.interrupts import stop_on_interrupt
-from ..lifecycle.runner import (
-    PreparedRun,
-    RunObservers,
-    execute,
-    observers_of,
-    prepare,
-    sandbox_spec,
-)
+from ..lifecycle.prepared import PreparedRun, prepare
+from ..lifecycle.request import sandbox_spec
+from ..lifecycle.runner import RunObservers, execute, observers_of
 from ..records.record import EventHandler
 from ..records.store import Store, new_run_id
 from ..spec import RunResult, RunSpec
@@ -272,9 +267,13 @@ class Pool:
         self._update(prepared, more=more)
 
     def _update(
-        self, prepared: PreparedRun, *, wanted: int | None = None, runs: int | None = None,
+        self,
+        prepared: PreparedRun,
+        *,
+        wanted: int | None = None,
+        runs: int | None = None,
         more: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         backend = self._backend_for(prepared)
         if prepared.backend != backend.name or not _supports_pool(backend):
             return

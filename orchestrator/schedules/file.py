@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,9 +18,10 @@ from ..errors import ConfigError, OrchestratorError, Problem
 from ..payloads.manifest import payload_path
 from ..policy import check_host_name
 from ..registry import backend_names
-from ..schema import Field, Table, TomlLines, check_table, decode_utf8, words
+from ..schema import Field, Table, TomlLines, check_table, decode_utf8
 from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
 from .cron import Cron, describe_next_times, parse_duration
+from .notify_table import NOTIFY_TABLE, Notify, parse_notify
 
 if TYPE_CHECKING:
     from ..lifecycle.runner import PreparedRun
@@ -40,12 +40,6 @@ CONCURRENCY = ("forbid", "allow", "replace")
 MISSED = ("skip", "run-once")
 
 
-NOTIFY_ON = ("failure", "skip", "success")
-
-
-NOTIFY_TIMEOUT = 30.0
-
-
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
@@ -57,58 +51,64 @@ def _time_zone_problem(name: str) -> str | None:
     return None
 
 
-def _webhook_problem(url: str) -> str | None:
-    return None if url.startswith(("http://", "https://")) else "is not an http:// or https:// URL"
-
-
-def _notify_timeout_problem(seconds: float) -> str | None:
-    return None if 0 < seconds <= 600 else "is out of range"
-
-
-_NOTIFY = Table({
-    "command": Field((str, list), fix="Give a command line or a non-empty list of strings."),
-    "webhook": Field(str, check=_webhook_problem, fix="Give an http:// or https:// URL."),
-    "timeout_seconds": Field(float, check=_notify_timeout_problem,
-                             fix="Use a number of seconds from 1 to 600."),
-    "on": Field((str, list), fix=f"List some of {words(NOTIFY_ON)}."),
-})  # fmt: skip
-
 #: A `[[schedule]]` table. Rules that need context (paths relative to the file, the cron line
 #: in its time zone, a duration, what `notify` must hold) are checked by `_parse_schedule`
 #: after it, into the same list; the payload's own checks run as a firing's would.
-SCHEDULE = Table({
-    "name": Field(str, required=True, pattern=_NAME_RE,
-                  fix="Use letters, digits, `_`, `.` or `-` (up to 63), unique in the file."),
-    "cron": Field(str, required=True,
-                  fix="It is required: 5 fields, e.g. `*/15 * * * *`, or @hourly/@daily/..."),
-    "timezone": Field(str, check=_time_zone_problem,
-                      fix="Use an IANA time zone name (Europe/Berlin, America/New_York, UTC)."),
-    "payload": Field(str, required=True,
-                     fix="It is required: a payload folder holding manifest.toml."),
-    "task": Field(str),
-    "task_file": Field(str),
-    "model": Field(str),
-    "api_base": Field(str),
-    "model_key_env": Field(str),
-    "backend": Field(str, choices=backend_names),  # None: the payload's, else the default
-    "network": Field(str, choices=NETWORK_MODES),
-    "sandbox_runtime": SANDBOX_RUNTIME,  # None: the payload's, else auto
-    "allow_hosts": Field(list, items=Field(str, check=check_host_name, fix=(
-        "List DNS names (api.example.com, *.example.com); for a model server on this "
-        'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
-    ))),
-    "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
-    "secrets": Field(list, items=Field(str, pattern=ENV_NAME_RE,
-                                       fix="Each must be an environment variable name.")),
-    "env_file": Field(str),
-    "additional_args": Field(dict),
-    "concurrency": Field(str, choices=CONCURRENCY),
-    "missed": Field(str, choices=MISSED),
-    "missed_deadline": Field((str, int, float)),
-    "notify": Field(dict, table=_NOTIFY),
-    "enabled": Field(bool),
-    "gateway": Field(bool),
-})  # fmt: skip
+SCHEDULE = Table(
+    {
+        "name": Field(
+            str,
+            required=True,
+            pattern=_NAME_RE,
+            fix="Use letters, digits, `_`, `.` or `-` (up to 63), unique in the file.",
+        ),
+        "cron": Field(
+            str,
+            required=True,
+            fix="It is required: 5 fields, e.g. `*/15 * * * *`, or @hourly/@daily/...",
+        ),
+        "timezone": Field(
+            str,
+            check=_time_zone_problem,
+            fix="Use an IANA time zone name (Europe/Berlin, America/New_York, UTC).",
+        ),
+        "payload": Field(
+            str, required=True, fix="It is required: a payload folder holding manifest.toml."
+        ),
+        "task": Field(str),
+        "task_file": Field(str),
+        "model": Field(str),
+        "api_base": Field(str),
+        "model_key_env": Field(str),
+        "backend": Field(str, choices=backend_names),  # None: the payload's, else the default
+        "network": Field(str, choices=NETWORK_MODES),
+        "sandbox_runtime": SANDBOX_RUNTIME,  # None: the payload's, else auto
+        "allow_hosts": Field(
+            list,
+            items=Field(
+                str,
+                check=check_host_name,
+                fix=(
+                    "List DNS names (api.example.com, *.example.com); for a model server on this "
+                    'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
+                ),
+            ),
+        ),
+        "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
+        "secrets": Field(
+            list,
+            items=Field(str, pattern=ENV_NAME_RE, fix="Each must be an environment variable name."),
+        ),
+        "env_file": Field(str),
+        "additional_args": Field(dict),
+        "concurrency": Field(str, choices=CONCURRENCY),
+        "missed": Field(str, choices=MISSED),
+        "missed_deadline": Field((str, int, float)),
+        "notify": Field(dict, table=NOTIFY_TABLE),
+        "enabled": Field(bool),
+        "gateway": Field(bool),
+    }
+)
 
 #: The file: `[[schedule]]` tables and nothing else.
 FILE = Table(
@@ -117,16 +117,6 @@ FILE = Table(
     brackets=True,
     unknown_fix="Schedules are [[schedule]] tables.",
 )
-
-
-@dataclass(frozen=True)
-class Notify:
-    """Where to report a firing: a command (argv, no shell), a webhook URL, or both."""
-
-    command: tuple[str, ...] = ()
-    webhook: str | None = None
-    timeout_seconds: float = NOTIFY_TIMEOUT
-    on: frozenset[str] = frozenset({"failure"})
 
 
 @dataclass(frozen=True)
@@ -317,10 +307,12 @@ def load_schedules(
             notes.append(f"{label}: next five fire times: {describe_next_times(cron, now)}")
         name = table.get("name")
         if isinstance(name, str) and name in seen:
-            errors.append(Problem(
-                f"schedule[{index}].name",
-                f'schedule "{name}" field `name`: used twice; names must be unique',
-            ))  # fmt: skip
+            errors.append(
+                Problem(
+                    f"schedule[{index}].name",
+                    f'schedule "{name}" field `name`: used twice; names must be unique',
+                )
+            )
         if isinstance(name, str):
             seen.add(name)
         problems.extend(p.replace(line=lines.line(p.field)) for p in errors)
@@ -343,9 +335,11 @@ def _parse_schedule(
     errors: list[Problem] = []
 
     def bad(field_name: str, phrase: str, fix: str = "") -> None:
-        errors.append(Problem(
-            f"schedule[{index}].{field_name}", f"{label} field `{field_name}`: {phrase}", fix
-        ))  # fmt: skip
+        errors.append(
+            Problem(
+                f"schedule[{index}].{field_name}", f"{label} field `{field_name}`: {phrase}", fix
+            )
+        )
 
     for problem in found:
         bad(problem.field, problem.message, problem.fix)
@@ -390,7 +384,7 @@ def _parse_schedule(
             deadline = parse_duration(values["missed_deadline"])
         except ValueError as exc:
             bad("missed_deadline", str(exc))
-    notify = _parse_notify(values["notify"], bad) if "notify" in values else None
+    notify = parse_notify(values["notify"], bad) if "notify" in values else None
 
     if errors or name is None or cron is None or payload is None:
         return None, errors
@@ -462,34 +456,3 @@ def check_schedule(schedule: Schedule) -> list[Problem]:
         where = f"{label} field `{exc.field}`" if exc.field else label
         return [Problem(field_name, f"{where}: {message}")]
     return []
-
-
-def _parse_notify(table: dict[str, Any], bad: Callable[[str, str, str], None]) -> Notify | None:
-    """The `notify` table (its keys' types and ranges already checked by `_NOTIFY`)."""
-    command: tuple[str, ...] = ()
-    raw = table.get("command")
-    if isinstance(raw, str):
-        try:
-            command = tuple(shlex.split(raw))
-        except ValueError as exc:
-            bad("notify.command", f"cannot be split into arguments ({exc})", "")
-    elif isinstance(raw, list):
-        if raw and all(isinstance(a, str) for a in raw):
-            command = tuple(raw)
-        else:
-            bad("notify.command", "must be a string or a non-empty list of strings", "")
-    webhook = table.get("webhook")
-    if not command and not webhook and raw is None and "webhook" not in table:
-        bad("notify", "needs `command` or `webhook`", "")
-    on = table.get("on", ["failure"])
-    if isinstance(on, str):
-        on = [on]
-    if any(o not in NOTIFY_ON for o in on):
-        bad("notify.on", f"{on!r} must list some of {words(NOTIFY_ON)}", "")
-        on = ["failure"]
-    return Notify(
-        command=command,
-        webhook=webhook,
-        timeout_seconds=float(table.get("timeout_seconds", NOTIFY_TIMEOUT)),
-        on=frozenset(on),
-    )
