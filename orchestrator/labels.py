@@ -18,7 +18,7 @@ LABEL_RUN_ID = "orchestrator.run-id"
 LABEL_VERSION = "orchestrator.version"
 
 
-LABEL_STORE = "orchestrator.records.store"
+LABEL_STORE = "orchestrator.store"
 
 
 LABEL_OWNER = "orchestrator.owner"  # "<hostname>:<pid>:<process start time>"

@@ -75,7 +75,7 @@ def root_span(result: RunResult, context: RunContext, tokens: dict[str, Any]) ->
         "openinference.span.kind": "CHAIN",
         "input.value": context.task[:MAX_ATTRIBUTE_CHARS],
         "orchestrator.run_id": result.run_id,
-        "orchestrator.payloads.payload": result.payload,
+        "orchestrator.payload": result.payload,
         "orchestrator.model": result.model,
         "orchestrator.backend": result.backend,
         "orchestrator.network": result.network,
