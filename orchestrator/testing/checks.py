@@ -1,0 +1,462 @@
+"""The conformance kit's checks: one named check per promise every backend must keep.
+
+Each check is real: a run through the public API (`orchestrator.run`) of the kit's probe
+payload (`probe.py`) on the backend under test, or its sandboxes listed through the backend
+interface. A check a backend's `Capabilities` honestly declare absent is NOT APPLICABLE,
+and says which capability; nothing else is skipped. The pytest plugin (`plugin.py`) and
+`orchestrator doctor` run this same list: one list, two front doors.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from ..backends.base import SandboxInfo
+from ..lifecycle.cleanup import cleanup
+from ..records.store import Store, new_run_id
+from ..spec import RunResult
+from .kit import SHORT_LIMIT, Check, CheckFailed, Kit
+
+#: The link-local address cloud metadata services answer on (AWS, GCP, Azure, ...).
+METADATA_ADDRESS = "169.254.169.254"
+#: A public name the sandbox must not resolve under `none` (Debian's mirror: this project's
+#: machines resolve it, so a sandbox with the host's DNS would too).
+OUTSIDE_NAME = "deb.debian.org"
+#: The deadline keeper's grace after the time limit (docs/ARCHITECTURE.md: containers stop
+#: at the time limit + 10 s on their own).
+DEADLINE_GRACE = 10
+
+
+# ---- lifecycle ---------------------------------------------------------------------------
+
+
+def _two_runs(kit: Kit) -> tuple[RunResult, RunResult]:
+    return kit.run("ok-1", "ok"), kit.run("ok-2", "ok")
+
+
+def check_one_sandbox_per_run(kit: Kit) -> str:
+    results = _two_runs(kit)
+    ids = []
+    for result in results:
+        if result.status != "succeeded" or json.loads(str(result.answer)) != "ok":
+            raise CheckFailed(f"run {result.run_id} ended {result.status}: {result.error}")
+        made = [e for e in kit.events[result.run_id] if e.get("type") == "sandbox_created"]
+        if len(made) != 1:
+            raise CheckFailed(f"run {result.run_id} made {len(made)} sandboxes, not one")
+        ids.append(made[0].get("sandbox_id"))
+    if ids[0] == ids[1]:
+        raise CheckFailed(f"two runs shared the sandbox {ids[0]}")
+    return f"two runs, two sandboxes ({', '.join(str(i)[:12] for i in ids)})"
+
+
+def check_sandbox_removed(kit: Kit) -> str:
+    left = [(r.run_id, info) for r in _two_runs(kit) for info in kit.left_of(r.run_id)]
+    if left:
+        named = ", ".join(f"{info.kind} {info.name} ({info.state})" for _, info in left)
+        raise CheckFailed(
+            f"after their runs ended the backend still has: {named}",
+            "Remove the sandbox and everything made for it in Sandbox.remove.",
+        )
+    return "nothing of either run is left on the backend"
+
+
+# ---- limits ------------------------------------------------------------------------------
+
+
+def check_time_limit(kit: Kit) -> str:
+    result = kit.run("sleep", "sleep", {"seconds": 60}, timeout_seconds=SHORT_LIMIT)
+    took = result.timings.get("duration", 0.0)
+    if result.status != "timed_out":
+        raise CheckFailed(f"a run sleeping past its {SHORT_LIMIT} s limit ended {result.status}")
+    if took > SHORT_LIMIT + 5:
+        raise CheckFailed(f"timed out, but only after {took:.1f} s (limit {SHORT_LIMIT} s)")
+    return f"timed_out after {took:.1f} s"
+
+
+def check_memory_limit(kit: Kit) -> str:
+    result = kit.run("memory", "memory", {"mb": 768}, memory_mb=128, timeout_seconds=60)
+    if result.status != "oom_killed" or not result.oom_killed:
+        raise CheckFailed(
+            f"a run holding 768 MiB under a 128 MiB limit ended {result.status} "
+            f"(answer {result.answer!r})",
+            "Render SandboxSpec.limits.memory_mb as the sandbox's memory limit, and report an "
+            "OOM kill in ExitInfo.oom_killed (or declare resource_limits=False).",
+        )
+    return "oom_killed under 128 MiB"
+
+
+def check_pids_limit(kit: Kit) -> str:
+    pids = 32
+    result = kit.run("forks", "forks", {"count": 4 * pids}, pids=pids, timeout_seconds=60)
+    if result.status == "oom_killed":  # gVisor's processes cost memory: contained either way
+        return f"contained by the memory limit before {pids} processes (gVisor)"
+    said = str(kit.answer(result))
+    if not said.startswith("fork refused after"):
+        raise CheckFailed(
+            f"{4 * pids} processes started under a limit of {pids}: {said}",
+            "Render SandboxSpec.limits.pids as the sandbox's process limit.",
+        )
+    children = int(said.rsplit("after ", 1)[1].split()[0])
+    if children >= pids:
+        raise CheckFailed(f"{children} children started under a limit of {pids}")
+    return f"{said} (limit {pids})"
+
+
+# ---- the host decides the end ------------------------------------------------------------
+
+
+def check_forged_end(kit: Kit) -> str:
+    result = kit.run("forge", "forge")
+    if result.status == "succeeded" or result.answer == "forged":
+        raise CheckFailed(
+            f"a forged run_end counted: status {result.status}, answer {result.answer!r}",
+            "Decide a run's end on the host from what the host saw (runner/outcome), never "
+            "from a frame the sandbox wrote.",
+        )
+    return f"a forged success was not believed: {result.status}"
+
+
+# ---- the sandbox itself ------------------------------------------------------------------
+
+
+def _inspected(kit: Kit) -> dict[str, Any]:
+    found: dict[str, Any] = kit.answer(kit.run("inspect", "inspect"))
+    return found
+
+
+def check_unprivileged(kit: Kit) -> str:
+    seen = _inspected(kit)
+    problems = []
+    if seen["uid"] == 0 or seen["euid"] == 0:
+        problems.append(f"runs as root (uid {seen['uid']})")
+    if seen.get("cap_eff") and int(seen["cap_eff"], 16) != 0:
+        problems.append(f"holds capabilities (CapEff {seen['cap_eff']})")
+    if seen.get("no_new_privs") not in (None, "1"):
+        problems.append("may gain privileges (NoNewPrivs 0)")
+    if problems:
+        raise CheckFailed(
+            "; ".join(problems),
+            "Run the sandbox as a non-root user, drop every capability, set no-new-privileges.",
+        )
+    return f"uid {seen['uid']}, CapEff {seen.get('cap_eff')}, NoNewPrivs {seen.get('no_new_privs')}"
+
+
+def check_read_only_root(kit: Kit) -> str:
+    if _inspected(kit)["root_writable"]:
+        raise CheckFailed("the sandbox wrote a file at /", "Make the root filesystem read-only.")
+    return "writing at / was refused"
+
+
+def check_no_engine_socket(kit: Kit) -> str:
+    seen = _inspected(kit)
+    found = list(seen["engine_sockets"]) + (
+        [f"DOCKER_HOST={seen['docker_host']}"] if seen.get("docker_host") else []
+    )
+    if found:
+        raise CheckFailed(
+            f"the sandbox can reach an engine: {', '.join(found)}",
+            "Mount no engine socket into the sandbox and pass no DOCKER_HOST.",
+        )
+    others = seen.get("sockets") or []
+    return "no engine socket" + (f" (other sockets: {', '.join(others)})" if others else "")
+
+
+def check_kernel_filtered(kit: Kit) -> str:
+    result = kit.run("inspect", "inspect")
+    seen = _inspected(kit)
+    if seen["io_uring"]["allowed"]:
+        raise CheckFailed(
+            "io_uring_setup succeeded in the sandbox (the interface behind most recent "
+            "container escapes)",
+            "Apply orchestrator's seccomp profile (runc) or run on gVisor.",
+        )
+    where = ", ".join(f"{k} {v}" for k, v in result.sandbox.items()) or "not said"
+    return f"io_uring_setup refused ({seen['io_uring']['errno']}); isolation: {where}"
+
+
+# ---- egress under `none` -----------------------------------------------------------------
+
+
+def host_addresses(limit: int = 8) -> list[str]:
+    """This host's IPv4 addresses, loopback left out (the sandbox's own loopback is its own):
+    the bridge's gateway among them, which a Docker `--internal` network still reaches."""
+    found: list[str] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(sock.fileno(), 0x8915, request)  # SIOCGIFADDR
+            except OSError:
+                continue
+            address = socket.inet_ntoa(reply[20:24])
+            if not address.startswith("127.") and address not in found:
+                found.append(address)
+    docker_first = sorted(found, key=lambda a: (not a.startswith("172.17."), a))
+    return docker_first[:limit]
+
+
+class Listener:
+    """A TCP listener on every host address, counting connections (the host's side of
+    "cannot reach the host": the probe's failure alone could be the probe's own)."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("0.0.0.0", 0))
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            client.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.server.close()
+
+
+def _egress_none(kit: Kit) -> dict[str, Any]:
+    def make() -> dict[str, Any]:
+        listener = Listener()
+        addresses = host_addresses()
+        try:
+            attempts = [{"kind": "tcp", "host": a, "port": listener.port} for a in addresses]
+            attempts += [
+                {"kind": "tcp", "host": METADATA_ADDRESS, "port": 80},
+                {"kind": "dns", "name": OUTSIDE_NAME},
+            ]
+            answer = kit.answer(kit.run("egress-none", "net", {"attempts": attempts}))
+        finally:
+            listener.close()
+        return {"outcomes": answer, "connections": listener.connections, "port": listener.port}
+
+    found: dict[str, Any] = kit.memo("egress-none-outcomes", make)
+    return found
+
+
+def _reached(kit: Kit, kind: str, host: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    seen = _egress_none(kit)
+    rows = [o for o in seen["outcomes"] if o["kind"] == kind]
+    if host == METADATA_ADDRESS:
+        rows = [o for o in rows if o["host"] == METADATA_ADDRESS]
+    elif kind == "tcp":
+        rows = [o for o in rows if o["host"] != METADATA_ADDRESS]
+    return rows, seen["connections"]
+
+
+EGRESS_FIX = "Give a `none` sandbox no network at all (no bridge, no host route, no DNS)."
+
+
+def check_egress_host(kit: Kit) -> str:
+    rows, connections = _reached(kit, "tcp")
+    reached = [o["host"] for o in rows if o["ok"]]
+    if reached or connections:
+        raise CheckFailed(
+            f"under `none` the sandbox reached the host at {', '.join(reached) or '?'} "
+            f"({connections} connections arrived at the host's listener)",
+            EGRESS_FIX,
+        )
+    return f"{len(rows)} host addresses unreachable, no connection arrived"
+
+
+def check_egress_metadata(kit: Kit) -> str:
+    rows, _ = _reached(kit, "tcp", METADATA_ADDRESS)
+    if any(o["ok"] for o in rows):
+        raise CheckFailed(f"under `none` the sandbox reached {METADATA_ADDRESS}:80", EGRESS_FIX)
+    return f"{METADATA_ADDRESS}: {rows[0].get('error', 'refused') if rows else 'not tried'}"
+
+
+def check_egress_dns(kit: Kit) -> str:
+    rows, _ = _reached(kit, "dns")
+    if any(o["ok"] for o in rows):
+        raise CheckFailed(
+            f"under `none` the sandbox resolved {OUTSIDE_NAME}: {rows[0].get('addresses')}",
+            EGRESS_FIX,
+        )
+    return f"{OUTSIDE_NAME} did not resolve"
+
+
+# ---- a dead orchestrator -----------------------------------------------------------------
+
+#: The orchestrator process a check kills: one run, in a process of its own.
+ORPHAN_SCRIPT = """
+import sys
+from orchestrator import RunSpec, run
+from orchestrator.testing.probe import action
+folder, backend, runtime, run_id, limit = sys.argv[1:]
+run(RunSpec(payload=folder, model="mock", backend=backend, network="none",
+            sandbox_runtime=runtime or None, run_id=run_id, timeout_seconds=float(limit),
+            additional_args=action("sleep", seconds=600)))
+"""
+
+
+def _orphan(kit: Kit, timeout: float) -> tuple[str, SandboxInfo]:
+    """A run whose orchestrator process was SIGKILLed while its sandbox ran: its run id and
+    its sandbox as found then."""
+    run_id = new_run_id()
+    kit.run_ids.append(run_id)
+    argv = [str(kit.folder), kit.backend_name, kit.runtime or "", run_id, str(timeout)]
+    said = tempfile.TemporaryFile(mode="w+")  # its stderr, never a pipe left unread
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_SCRIPT, *argv], stdout=subprocess.DEVNULL, stderr=said
+    )
+    try:
+        deadline = time.monotonic() + 300  # the first run may build the probe's image
+        while time.monotonic() < deadline:
+            running = [
+                i for i in kit.left_of(run_id) if i.kind == "sandbox" and i.state == "running"
+            ]
+            if running:
+                break
+            if proc.poll() is not None:
+                said.seek(0)
+                raise CheckFailed(f"the run ended before it could be killed: {said.read()}")
+            time.sleep(0.2)
+        else:
+            raise CheckFailed("the run's sandbox never showed up as running")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        said.close()
+    return run_id, running[0]
+
+
+def check_deadline(kit: Kit) -> str:
+    run_id, _ = _orphan(kit, SHORT_LIMIT)
+    allowed = SHORT_LIMIT + DEADLINE_GRACE + 20
+    until = time.monotonic() + allowed
+    while time.monotonic() < until:
+        alive = [i for i in kit.left_of(run_id) if i.kind == "sandbox" and i.state == "running"]
+        if not alive:
+            return (
+                f"the sandbox stopped on its own with its orchestrator dead (limit {SHORT_LIMIT} s)"
+            )
+        time.sleep(0.5)
+    raise CheckFailed(
+        f"with its orchestrator SIGKILLed, the sandbox still ran {allowed} s later",
+        "Give every sandbox its own absolute stop time (time limit + grace) that holds "
+        "without the host process.",
+    )
+
+
+def check_orphans_removed(kit: Kit) -> str:
+    run_id, found = _orphan(kit, 120)
+    cleanup(kit.backend)
+    left = kit.left_of(run_id)
+    if left:
+        raise CheckFailed(
+            f"after `cleanup` the dead run still has: "
+            f"{', '.join(f'{i.kind} {i.name}' for i in left)}",
+            "List everything of a run by its labels (list_sandboxes) and remove "
+            "it in remove_sandbox.",
+        )
+    row = Store().get_run(run_id) or {}
+    if row.get("status") in (None, "running", "starting", "preparing"):
+        raise CheckFailed(f"the dead run's record stays {row.get('status')!r} after cleanup")
+    return f"sandbox {found.name} removed, the run closed as {row.get('status')}"
+
+
+CHECKS: tuple[Check, ...] = (
+    Check(
+        "lifecycle.one_sandbox_per_run",
+        "each run gets a fresh sandbox of its own",
+        None,
+        check_one_sandbox_per_run,
+    ),
+    Check(
+        "lifecycle.sandbox_removed",
+        "nothing of a run is left once it ended",
+        None,
+        check_sandbox_removed,
+    ),
+    Check(
+        "limits.time",
+        "the time limit stops the run and removes its sandbox",
+        None,
+        check_time_limit,
+    ),
+    Check(
+        "limits.memory",
+        "the memory limit holds: over it the run is oom_killed",
+        "resource_limits",
+        check_memory_limit,
+    ),
+    Check("limits.pids", "the process limit holds (no fork bomb)", None, check_pids_limit),
+    Check(
+        "ends.forged_end",
+        "the host decides the end: a forged success does not count",
+        None,
+        check_forged_end,
+    ),
+    Check(
+        "sandbox.unprivileged",
+        "not root, no capabilities, no privilege gain",
+        None,
+        check_unprivileged,
+    ),
+    Check(
+        "sandbox.read_only_root",
+        "the sandbox's root filesystem is read-only",
+        None,
+        check_read_only_root,
+    ),
+    Check(
+        "sandbox.no_engine_socket",
+        "no engine socket or DOCKER_HOST in the sandbox",
+        None,
+        check_no_engine_socket,
+    ),
+    Check(
+        "sandbox.kernel_filtered",
+        "io_uring refused (seccomp profile or gVisor)",
+        None,
+        check_kernel_filtered,
+    ),
+    Check(
+        "egress.none.host",
+        "under `none` the host's addresses are unreachable",
+        None,
+        check_egress_host,
+    ),
+    Check(
+        "egress.none.metadata",
+        f"under `none` {METADATA_ADDRESS} is unreachable",
+        None,
+        check_egress_metadata,
+    ),
+    Check("egress.none.dns", "under `none` no outside name resolves", None, check_egress_dns),
+    Check(
+        "deadline.orchestrator_killed",
+        "a sandbox stops by itself when its orchestrator is SIGKILLed",
+        None,
+        check_deadline,
+    ),
+    Check(
+        "cleanup.orphans_removed",
+        "`cleanup` removes a dead run's sandbox and closes its record",
+        None,
+        check_orphans_removed,
+    ),
+)
+
+
+def check_named(name: str) -> Check:
+    return next(c for c in CHECKS if c.name == name)

@@ -1,0 +1,221 @@
+"""The kit's one payload, written out as a folder when a check needs it: a CodeAgent whose one
+tool does what the check asks (sleep, hoard memory, fork, forge the event channel, look
+around the sandbox, try the network) and reports it as JSON.
+
+Why as text here and not a folder of package data: the kit must work from an installed wheel
+(`orchestrator doctor` on a user's host) with nothing but this package, and the payload's code
+must not be linted, typed or imported as host code (it runs only inside the sandbox).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MANIFEST = '''# Written by orchestrator.testing: the conformance kit's probe.
+[payload]
+name = "conformance_probe"
+description = "The conformance kit's probe: does what a check asks and reports it."
+entrypoint = "probe:build"
+example_task = "Do what the action says and report it."
+
+[python]
+authorized_imports = []
+
+[limits]
+max_steps = 1
+timeout_seconds = 60
+memory_mb = 256
+pids = 64
+
+[mock.scripts]
+manager = ["""Thought: I will do what the action says.
+<code>
+final_answer(probe(action=action))
+</code>"""]
+'''
+
+CODE = r'''"""The conformance kit's probe (see orchestrator/testing/probe.py on the host)."""
+
+import ctypes
+import errno
+import gc
+import json
+import os
+import socket
+import time
+
+from smolagents import CodeAgent, tool
+
+#: Where an engine's control socket would be if one were mounted in.
+ENGINE_SOCKETS = (
+    "/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock",
+    "/var/run/containerd/containerd.sock", "/run/podman/podman.sock", "/run/crio/crio.sock",
+)
+IO_URING_SETUP = 425  # x86-64 and arm64 alike
+
+
+def status_fields():
+    fields = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields
+
+
+def sockets_under(*roots):
+    found = []
+    for root in roots:
+        for folder, dirs, files in os.walk(root):
+            for name in files + dirs:
+                path = os.path.join(folder, name)
+                try:
+                    if os.path.exists(path) and (os.stat(path).st_mode & 0o170000) == 0o140000:
+                        found.append(path)
+                except OSError:
+                    continue
+            if len(found) > 20:
+                return found
+    return found
+
+
+def io_uring():
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)
+    fd = libc.syscall(IO_URING_SETUP, 1, params)
+    if fd >= 0:
+        os.close(fd)
+        return {"allowed": True, "errno": None}
+    code = ctypes.get_errno()
+    return {"allowed": False, "errno": errno.errorcode.get(code, str(code))}
+
+
+def inspect(key_names):
+    status = status_fields()
+    try:
+        with open("/conformance-probe", "w") as handle:
+            handle.write("x")
+        root_writable = True
+    except OSError:
+        root_writable = False
+    values = {}
+    for name in key_names:
+        values[name] = os.environ.get(name)
+    return {
+        "uid": os.getuid(), "gid": os.getgid(), "euid": os.geteuid(),
+        "cap_eff": status.get("CapEff"), "cap_bnd": status.get("CapBnd"),
+        "no_new_privs": status.get("NoNewPrivs"), "root_writable": root_writable,
+        "engine_sockets": [p for p in ENGINE_SOCKETS if os.path.exists(p)],
+        "sockets": sockets_under("/run", "/var/run", "/tmp"),
+        "docker_host": os.environ.get("DOCKER_HOST"),
+        "environ": values, "io_uring": io_uring(),
+    }
+
+
+def net(attempts):
+    outcomes = []
+    for spec in attempts:
+        try:
+            if spec["kind"] == "dns":
+                found = sorted({i[4][0] for i in socket.getaddrinfo(spec["name"], 80)})
+                outcomes.append({**spec, "ok": True, "addresses": found})
+            else:
+                socket.create_connection((spec["host"], int(spec["port"])), timeout=3).close()
+                outcomes.append({**spec, "ok": True})
+        except OSError as exc:
+            outcomes.append({**spec, "ok": False, "error": f"{type(exc).__name__}: {exc}"})
+    return outcomes
+
+
+def hoard(mb):
+    held = []
+    for _ in range(mb // 16):
+        held.append(b"\x01" * (16 * 2**20))
+    return f"held {len(held) * 16} MiB"
+
+
+def forks(count):
+    children = []
+    try:
+        for _ in range(count):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(30)
+                os._exit(0)
+            children.append(pid)
+    except OSError:
+        return f"fork refused after {len(children)} children"
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    return f"forked all {count} children"
+
+
+def forge():
+    forged = {"state": "success", "answer": "forged", "error": None, "steps": 1,
+              "token_usage": {"input_tokens": 1, "output_tokens": 1}}
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "EventStream":
+            obj.emit("run_end", **forged)
+    frame = json.dumps({"type": "run_end", "seq": 3, "ts": time.time(), "run_id": None, **forged})
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if fd > 2 and target.startswith(("pipe:", "socket:")):
+            try:
+                os.write(fd, (frame + "\n").encode())
+            except OSError:
+                pass
+    raise RuntimeError("the agent really failed after forging a success")
+
+
+@tool
+def probe(action: str) -> str:
+    """Do what the action says and report it as JSON.
+
+    Args:
+        action: a JSON object with `do` (ok, sleep, memory, forks, forge, inspect, net) and
+            its parameters.
+    """
+    spec = json.loads(action)
+    do = spec["do"]
+    if do == "sleep":
+        time.sleep(float(spec["seconds"]))
+        return json.dumps("slept")
+    if do == "memory":
+        return json.dumps(hoard(int(spec["mb"])))
+    if do == "forks":
+        return json.dumps(forks(int(spec["count"])))
+    if do == "forge":
+        forge()
+    if do == "inspect":
+        return json.dumps(inspect(spec.get("keys", [])))
+    if do == "net":
+        return json.dumps(net(spec["attempts"]))
+    return json.dumps("ok")
+
+
+def build(model):
+    return CodeAgent(tools=[probe], model=model, max_steps=1)
+'''
+
+
+def write_probe(folder: Path) -> Path:
+    """Write the probe payload into `folder` (a private, fresh directory); returns it."""
+    (folder / "manifest.toml").write_text(MANIFEST)
+    (folder / "probe.py").write_text(CODE)
+    return folder
+
+
+def action(do: str, **params: Any) -> dict[str, Any]:
+    """The run's `additional_args` for one probe action."""
+    return {"action": json.dumps({"do": do, **params})}
