@@ -77,7 +77,7 @@ def line(outcome: Any) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from ..testing.doctor import CHECK_NAMES, doctor, passed
+    from ..testing.doctor import CHECK_NAMES, doctor
 
     unknown = [name for name in args.check if name not in CHECK_NAMES]
     if unknown:
@@ -92,18 +92,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     if not args.json:
         say(f"doctor: checking the {args.backend} backend on this host (a few minutes)")
-    outcomes = doctor(args.backend, runtime=args.sandbox_runtime, only=args.check, on_outcome=show)
-    ok = passed(outcomes)
+    report = doctor(args.backend, runtime=args.sandbox_runtime, only=args.check, on_outcome=show)
+    outcomes, ok = report.outcomes, report.passed
     counts = {s: sum(o.status == s for o in outcomes) for s in STATUS}
     if args.json:
-        report = {
+        data = {
             "backend": args.backend,
             "ok": ok,
             "counts": counts,
             "seconds": round(time.monotonic() - started, 1),
             "checks": [o.to_dict() for o in outcomes],
+            "runs": report.run_ids,  # every one removed again; listed for an audit
         }
-        print(json.dumps(report, indent=2))
+        print(json.dumps(data, indent=2))
     else:
         print(
             f"{len(outcomes)} checks: {counts['pass']} passed, {counts['fail']} failed, "

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,19 @@ def host_outcome(check: HostCheck, info: dict[str, Any] | None, backend: str) ->
     return Outcome(check.name, "pass", check.promise, detail, None, time.monotonic() - started)
 
 
+@dataclass
+class Report:
+    """What the doctor found, and the runs it made (all of them removed again)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        """True when every applicable check passed."""
+        return all(o.status != "fail" for o in self.outcomes)
+
+
 def doctor(
     backend: str,
     *,
@@ -72,12 +86,13 @@ def doctor(
     only: Collection[str] = (),
     info: dict[str, Any] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
-) -> list[Outcome]:
+) -> Report:
     """Every check (or those named in `only`) against `backend` on this host, each reported
     to `on_outcome` as it ends. `info`: the engine's description to judge instead of the
     live engine's (a test's double). Raises OrchestratorError when the backend cannot be
     made (its engine unreachable, say)."""
-    outcomes: list[Outcome] = []
+    found = Report()
+    outcomes = found.outcomes
 
     def report(outcome: Outcome) -> None:
         outcomes.append(outcome)
@@ -100,9 +115,5 @@ def doctor(
                     report(run_check(kit, check))
         finally:
             kit.close()
-    return outcomes
-
-
-def passed(outcomes: list[Outcome]) -> bool:
-    """True when every applicable check passed."""
-    return all(o.status != "fail" for o in outcomes)
+            found.run_ids = list(kit.run_ids)
+    return found
