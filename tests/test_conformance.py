@@ -104,3 +104,32 @@ def test_the_pytest_plugin_runs_the_kit_for_a_named_backend(
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 passed" in out.stdout, out.stdout
+
+
+@pytest.mark.docker
+def test_the_key_check_would_see_a_key_put_into_the_sandbox(
+    agent_image: str, nothing_left: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control of `gateway.key_absent`: the same probe, on a run whose key goes into the
+    sandbox (--no-gateway), finds it; so its finding nothing through the gateway means it."""
+    from orchestrator.testing.checks import KEY_ENV
+    from orchestrator.testing.model_stub import ModelStub
+
+    key = "sk-conformance-control-0123456789abcdef"
+    monkeypatch.setenv(KEY_ENV, key)
+    stub = ModelStub()
+    try:
+        with open_kit("docker") as kit:
+            result = kit.run(
+                "control",
+                "find",
+                {"reversed": key[::-1]},
+                model="openai:conformance",
+                api_base=stub.api_base(),
+                network=None,
+                gateway=False,
+            )
+            found = kit.answer(result)["found"]
+    finally:
+        stub.close()
+    assert any(place.startswith("/proc/") for place in found), found

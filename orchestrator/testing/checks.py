@@ -9,15 +9,13 @@ and says which capability; nothing else is skipped. The pytest plugin (`plugin.p
 
 from __future__ import annotations
 
-import fcntl
 import json
+import os
+import secrets
 import signal
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -25,7 +23,9 @@ from ..backends.base import SandboxInfo
 from ..lifecycle.cleanup import cleanup
 from ..records.store import Store, new_run_id
 from ..spec import RunResult
+from .hostnet import Listener, host_addresses
 from .kit import SHORT_LIMIT, Check, CheckFailed, Kit
+from .model_stub import ModelStub
 
 #: The link-local address cloud metadata services answer on (AWS, GCP, Azure, ...).
 METADATA_ADDRESS = "169.254.169.254"
@@ -187,52 +187,6 @@ def check_kernel_filtered(kit: Kit) -> str:
 # ---- egress under `none` -----------------------------------------------------------------
 
 
-def host_addresses(limit: int = 8) -> list[str]:
-    """This host's IPv4 addresses, loopback left out (the sandbox's own loopback is its own):
-    the bridge's gateway among them, which a Docker `--internal` network still reaches."""
-    found: list[str] = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _, name in socket.if_nameindex():
-            request = struct.pack("256s", name.encode()[:15])
-            try:
-                reply = fcntl.ioctl(sock.fileno(), 0x8915, request)  # SIOCGIFADDR
-            except OSError:
-                continue
-            address = socket.inet_ntoa(reply[20:24])
-            if not address.startswith("127.") and address not in found:
-                found.append(address)
-    docker_first = sorted(found, key=lambda a: (not a.startswith("172.17."), a))
-    return docker_first[:limit]
-
-
-class Listener:
-    """A TCP listener on every host address, counting connections (the host's side of
-    "cannot reach the host": the probe's failure alone could be the probe's own)."""
-
-    def __init__(self) -> None:
-        self.server = socket.create_server(("0.0.0.0", 0))
-        self.server.settimeout(0.2)
-        self.port = self.server.getsockname()[1]
-        self.connections = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                continue
-            self.connections += 1
-            client.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self.server.close()
-
-
 def _egress_none(kit: Kit) -> dict[str, Any]:
     def make() -> dict[str, Any]:
         listener = Listener()
@@ -292,6 +246,52 @@ def check_egress_dns(kit: Kit) -> str:
             EGRESS_FIX,
         )
     return f"{OUTSIDE_NAME} did not resolve"
+
+
+# ---- the model gateway --------------------------------------------------------------------
+
+#: The variable a hosted model's key is read from (the `openai` provider's).
+KEY_ENV = "OPENAI_API_KEY"
+
+
+def check_gateway_key_absent(kit: Kit) -> str:
+    key = f"sk-conformance-{secrets.token_hex(16)}"
+    stub = ModelStub()
+    saved = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = key  # the run's key, for this run only
+    try:
+        result = kit.run(
+            "gateway",
+            "find",
+            {"reversed": key[::-1]},
+            model="openai:conformance",
+            api_base=stub.api_base(),
+            network=None,  # the default for a hosted model: its endpoint, through the gateway
+        )
+    finally:
+        stub.close()
+        if saved is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = saved
+    seen = kit.answer(result)
+    if seen["found"]:
+        raise CheckFailed(
+            f"the model key is readable in the sandbox: {', '.join(seen['found'])}",
+            "Give the key to the run's gateway only (GatewayHandle.open) and the sandbox a "
+            "run token.",
+        )
+    if f"Bearer {key}" not in stub.authorizations:
+        raise CheckFailed(
+            f"the model endpoint never got the key ({len(stub.authorizations)} calls): the "
+            "gateway did not forward it",
+        )
+    if not result.gateway.get("enabled"):
+        raise CheckFailed("the run had no gateway although the backend offers one")
+    return (
+        f"the key is in none of {seen['files']} files nor any process's environment; the "
+        f"gateway forwarded it on {len(stub.authorizations)} call(s)"
+    )
 
 
 # ---- a dead orchestrator -----------------------------------------------------------------
@@ -443,6 +443,12 @@ CHECKS: tuple[Check, ...] = (
         check_egress_metadata,
     ),
     Check("egress.none.dns", "under `none` no outside name resolves", None, check_egress_dns),
+    Check(
+        "gateway.key_absent",
+        "with a model gateway the model key is nowhere in the sandbox",
+        "model_gateway",
+        check_gateway_key_absent,
+    ),
     Check(
         "deadline.orchestrator_killed",
         "a sandbox stops by itself when its orchestrator is SIGKILLed",

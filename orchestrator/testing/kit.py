@@ -102,18 +102,18 @@ class Kit:
         self.backend = get_backend(self.backend_name, env_file=self.env_file)
         self.folder = write_probe(Path(tempfile.mkdtemp(prefix="orchestrator-conformance-")))
 
-    def spec(self, do: str, params: dict[str, Any] | None = None, **limits: Any) -> RunSpec:
-        """A run of the probe doing `do`, with no network unless said, on the backend."""
+    def spec(self, do: str, params: dict[str, Any] | None = None, **options: Any) -> RunSpec:
+        """A run of the probe doing `do` on the backend: the mock model and no network unless
+        `options` (RunSpec's fields: limits, model, network) say otherwise."""
+        fields: dict[str, Any] = {"model": "mock", "network": "none", **options}
         return RunSpec(
             payload=self.folder,
-            model="mock",
             backend=self.backend_name,
-            network=limits.pop("network", "none"),
             sandbox_runtime=self.runtime,
             env_file=self.env_file,
             additional_args=action(do, **(params or {})),
             run_id=new_run_id(),
-            **limits,
+            **fields,
         )
 
     def run(self, key: str, do: str, params: dict[str, Any] | None = None, **kw: Any) -> RunResult:

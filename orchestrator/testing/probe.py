@@ -129,6 +129,38 @@ def net(attempts):
     return outcomes
 
 
+def find(reversed_marker):
+    """Where a marker is readable: every process's environment and command line, files under
+    /tmp and /work. It comes reversed (the request holds it, and may be on disk)."""
+    needle = reversed_marker[::-1].encode()
+    places = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        for part in ("environ", "cmdline"):
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as handle:
+                    data = handle.read()
+            except OSError:
+                continue
+            if needle in data:
+                places.append(f"/proc/{pid}/{part}")
+    files = 0
+    for root in ("/tmp", "/work"):
+        for folder, _, names in os.walk(root):
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    with open(path, "rb") as handle:
+                        data = handle.read(4 * 2**20)
+                except OSError:
+                    continue
+                files += 1
+                if needle in data:
+                    places.append(path)
+    return {"found": places, "files": files}
+
+
 def hoard(mb):
     held = []
     for _ in range(mb // 16):
@@ -183,7 +215,7 @@ def probe(action: str) -> str:
     """Do what the action says and report it as JSON.
 
     Args:
-        action: a JSON object with `do` (ok, sleep, memory, forks, forge, inspect, net) and
+        action: a JSON object with `do` (ok, sleep, memory, forks, forge, inspect, find, net) and
             its parameters.
     """
     spec = json.loads(action)
@@ -199,6 +231,8 @@ def probe(action: str) -> str:
         forge()
     if do == "inspect":
         return json.dumps(inspect(spec.get("keys", [])))
+    if do == "find":
+        return json.dumps(find(spec["reversed"]))
     if do == "net":
         return json.dumps(net(spec["attempts"]))
     return json.dumps("ok")
