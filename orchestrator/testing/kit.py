@@ -42,8 +42,9 @@ class NotApplicable(Exception):
 
 @dataclass(frozen=True)
 class Check:
-    """One promise: its name, what it promises, the capability it needs (None: every backend
-    keeps it), and the function that checks it (returns what it saw; raises CheckFailed)."""
+    """One promise: its name, what it promises, the capability it needs (a `Capabilities`
+    field that must be set, or `field=value`; None: every backend keeps it), and the function
+    that checks it (returns what it saw; raises CheckFailed, or NotApplicable saying why)."""
 
     name: str
     promise: str
@@ -76,8 +77,12 @@ class Outcome:
 
 
 def declared(capabilities: Capabilities, needs: str) -> bool:
-    """Whether a capability is present: set, and not `none`."""
-    return getattr(capabilities, needs) not in (False, None, "none", 0)
+    """Whether a capability is present: `field` set and not `none`, or `field=value`."""
+    name, _, wanted = needs.partition("=")
+    value = getattr(capabilities, name)
+    if wanted:
+        return bool(str(value) == wanted)
+    return value not in (False, None, "none", 0)
 
 
 @dataclass
@@ -175,9 +180,11 @@ def run_check(kit: Kit, check: Check) -> Outcome:
         return Outcome(check.name, status, check.promise, detail, fix, took)
 
     if check.needs and not declared(kit.capabilities, check.needs):
-        value = getattr(kit.capabilities, check.needs)
+        name = check.needs.partition("=")[0]
+        value = getattr(kit.capabilities, name)
         return outcome(
-            "not_applicable", f"the {kit.backend_name} backend declares {check.needs}={value!r}"
+            "not_applicable",
+            f"needs {check.needs}; the {kit.backend_name} backend declares {name}={value!r}",
         )
     try:
         return outcome("pass", check.function(kit))

@@ -46,8 +46,9 @@ class ModelStub:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+    def api_base(self, host: str = "127.0.0.1") -> str:
+        """Its URL as reached at `host` (it listens on every address of this host)."""
+        return f"http://{host}:{self.port}/v1"
 
     @staticmethod
     def completion() -> dict[str, Any]:

@@ -45,8 +45,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_KITS] = {}
-    if config.getoption("backend_under_test", None) and str(SUITE) not in config.args:
-        config.args.append(str(SUITE))
+    if config.getoption("backend_under_test", None):
+        # Alone unless paths were named: pytest drops a path that lies under another one it
+        # collects (and would collect the caller's whole folder besides).
+        named = config.args_source == pytest.Config.ArgsSource.ARGS
+        config.args[:] = [*config.args, str(SUITE)] if named else [str(SUITE)]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
