@@ -92,6 +92,11 @@ def io_uring():
     return {"allowed": False, "errno": errno.errorcode.get(code, str(code))}
 
 
+def proc_version():
+    with open("/proc/version") as version:
+        return version.read().strip()
+
+
 def inspect(key_names):
     status = status_fields()
     try:
@@ -110,7 +115,7 @@ def inspect(key_names):
         "engine_sockets": [p for p in ENGINE_SOCKETS if os.path.exists(p)],
         "sockets": sockets_under("/run", "/var/run", "/tmp"),
         "docker_host": os.environ.get("DOCKER_HOST"),
-        "environ": values, "io_uring": io_uring(),
+        "environ": values, "io_uring": io_uring(), "proc_version": proc_version(),
     }
 
 
