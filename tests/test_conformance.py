@@ -112,10 +112,10 @@ def test_the_key_check_would_see_a_key_put_into_the_sandbox(
 ) -> None:
     """The control of `gateway.key_absent`: the same probe, on a run whose key goes into the
     sandbox (--no-gateway), finds it; so its finding nothing through the gateway means it."""
-    from orchestrator.testing.checks import KEY_ENV
+    from orchestrator.testing.checks import KEY_ENV, KEY_PREFIX, secret_sought
     from orchestrator.testing.model_stub import ModelStub
 
-    key = "sk-conformance-control-0123456789abcdef"
+    key = f"{KEY_PREFIX}control-0123456789abcdef"
     monkeypatch.setenv(KEY_ENV, key)
     stub = ModelStub()
     try:
@@ -123,7 +123,7 @@ def test_the_key_check_would_see_a_key_put_into_the_sandbox(
             result = kit.run(
                 "control",
                 "find",
-                {"reversed": key[::-1]},
+                secret_sought(key),
                 model="openai:conformance",
                 api_base=stub.api_base(),
                 network=None,
@@ -132,4 +132,4 @@ def test_the_key_check_would_see_a_key_put_into_the_sandbox(
             found = kit.answer(result)["found"]
     finally:
         stub.close()
-    assert any(place.startswith("/proc/") for place in found), found
+    assert any(place.endswith("/mem") for place in found), found  # the model holds it

@@ -9,6 +9,7 @@ and says which capability; nothing else is skipped. The pytest plugin (`plugin.p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -271,6 +272,19 @@ def check_egress_dns(kit: Kit) -> str:
 KEY_ENV = "OPENAI_API_KEY"
 
 
+#: How the kit's model keys start (what the probe looks for before it compares hashes).
+KEY_PREFIX = "sk-conformance-"
+
+
+def secret_sought(key: str) -> dict[str, Any]:
+    """The probe's `find` parameters for `key`: its prefix, length and hash, never the key."""
+    return {
+        "prefix": KEY_PREFIX,
+        "length": len(key),
+        "sha256": hashlib.sha256(key.encode()).hexdigest(),
+    }
+
+
 def check_gateway_key_absent(kit: Kit) -> str:
     caps = kit.capabilities
     env = caps.local_endpoints_env
@@ -280,7 +294,7 @@ def check_gateway_key_absent(kit: Kit) -> str:
             f"kit's model endpoint on this host (set {env or 'its local-endpoints variable'}=1 "
             "where they can)"
         )
-    key = f"sk-conformance-{secrets.token_hex(16)}"
+    key = f"{KEY_PREFIX}{secrets.token_hex(16)}"
     # Sandboxes on this host reach its loopback (as the host alias); those elsewhere that
     # may reach this host do so at one of its own addresses (the bridge's first).
     host = "127.0.0.1" if caps.sandboxes_run == "this_host" else host_addresses()[0]
@@ -291,7 +305,7 @@ def check_gateway_key_absent(kit: Kit) -> str:
         result = kit.run(
             "gateway",
             "find",
-            {"reversed": key[::-1]},
+            secret_sought(key),
             model="openai:conformance",
             api_base=stub.api_base(host),
             network=None,  # the default for a hosted model: its endpoint, through the gateway
@@ -317,7 +331,8 @@ def check_gateway_key_absent(kit: Kit) -> str:
     if not result.gateway.get("enabled"):
         raise CheckFailed("the run had no gateway although the backend offers one")
     return (
-        f"the key is in none of {seen['files']} files nor any process's environment; the "
+        f"the key is in no process's environment or command line, none of "
+        f"{seen['memories']} readable process memories, none of {seen['files']} files; the "
         f"gateway forwarded it on {len(stub.authorizations)} call(s)"
     )
 

@@ -41,6 +41,7 @@ CODE = r'''"""The conformance kit's probe (see orchestrator/testing/probe.py on 
 import ctypes
 import errno
 import gc
+import hashlib
 import json
 import os
 import socket
@@ -134,11 +135,41 @@ def net(attempts):
     return outcomes
 
 
-def find(reversed_marker):
-    """Where a marker is readable: every process's environment and command line, files under
-    /tmp and /work. It comes reversed (the request holds it, and may be on disk)."""
-    needle = reversed_marker[::-1].encode()
-    places = []
+def matches(data, prefix, length, digest):
+    """How often the secret is in `data`: found by its prefix, told by its hash (the probe
+    never holds the secret itself, so it cannot find its own copy)."""
+    count, at = 0, data.find(prefix)
+    while at != -1:
+        if hashlib.sha256(data[at:at + length]).hexdigest() == digest:
+            count += 1
+        at = data.find(prefix, at + 1)
+    return count
+
+
+def memory_of(pid):
+    """Every readable region of a process's memory (its own always; others' where the
+    kernel lets it read them)."""
+    with open(f"/proc/{pid}/maps") as maps:
+        regions = []
+        for line in maps:
+            span, perms = line.split()[:2]
+            start, end = (int(x, 16) for x in span.split("-"))
+            if perms.startswith("r") and end - start <= 2**28:
+                regions.append((start, end))
+    with open(f"/proc/{pid}/mem", "rb", 0) as mem:
+        for start, end in regions:
+            try:
+                mem.seek(start)
+                yield mem.read(end - start)
+            except (OSError, ValueError, OverflowError):
+                continue
+
+
+def find(prefix, length, digest):
+    """Where a secret is readable: every process's environment, command line and (where
+    readable) memory, and the files under /tmp and /work."""
+    prefix = prefix.encode()
+    places, memories = [], 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -148,8 +179,14 @@ def find(reversed_marker):
                     data = handle.read()
             except OSError:
                 continue
-            if needle in data:
+            if matches(data, prefix, length, digest):
                 places.append(f"/proc/{pid}/{part}")
+        try:
+            if any(matches(chunk, prefix, length, digest) for chunk in memory_of(pid)):
+                places.append(f"/proc/{pid}/mem")
+            memories += 1
+        except OSError:
+            continue
     files = 0
     for root in ("/tmp", "/work"):
         for folder, _, names in os.walk(root):
@@ -161,9 +198,9 @@ def find(reversed_marker):
                 except OSError:
                     continue
                 files += 1
-                if needle in data:
+                if matches(data, prefix, length, digest):
                     places.append(path)
-    return {"found": places, "files": files}
+    return {"found": places, "files": files, "memories": memories}
 
 
 def hoard(mb):
@@ -237,7 +274,7 @@ def probe(action: str) -> str:
     if do == "inspect":
         return json.dumps(inspect(spec.get("keys", [])))
     if do == "find":
-        return json.dumps(find(spec["reversed"]))
+        return json.dumps(find(spec["prefix"], int(spec["length"]), spec["sha256"]))
     if do == "net":
         return json.dumps(net(spec["attempts"]))
     return json.dumps("ok")
