@@ -133,3 +133,15 @@ def test_the_key_check_would_see_a_key_put_into_the_sandbox(
     finally:
         stub.close()
     assert any(place.endswith("/mem") for place in found), found  # the model holds it
+
+
+@pytest.mark.docker
+def test_a_kit_removes_what_a_leaky_backend_left_and_its_probe(
+    agent_image: str, nothing_left: None
+) -> None:
+    with open_kit("mirror-leaky") as kit:
+        result = kit.run("ok", "ok")
+        assert kit.left_of(result.run_id)  # the broken backend left its sandbox...
+        folder = kit.folder
+    assert not kit.left_of(result.run_id)  # ...and the kit removed it
+    assert not folder.exists()

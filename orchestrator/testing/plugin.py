@@ -52,17 +52,13 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args[:] = [*config.args, str(SUITE)] if named else [str(SUITE)]
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    for kit in config.stash.get(_KITS, {}).values():
-        kit.close()
-
-
 def kit_for(config: pytest.Config, backend: str, runtime: str | None) -> Kit:
     """One kit per backend and runtime for the session (runs shared by its checks), closed
     when the session ends."""
     kits = config.stash.setdefault(_KITS, {})
     if (backend, runtime) not in kits:
-        kits[(backend, runtime)] = Kit(backend, runtime=runtime)
+        kit = kits[(backend, runtime)] = Kit(backend, runtime=runtime)
+        config.add_cleanup(kit.close)  # also where this module is imported, not a plugin
     return kits[(backend, runtime)]
 
 
