@@ -23,7 +23,7 @@ PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev,ra
 # Backends defined outside the project, registered through the entry point as a third party's
 # would be (tests/plugins/README.md); the tests use them.
 PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet --no-deps \
-    -e tests/plugins/orchestrator_mirror
+    -e tests/plugins/orchestrator_mirror -e tests/plugins/orchestrator_broken
 
 # Arize Phoenix, the tracing UI smolagents' docs point to, for tests/test_traces_phoenix.py: in
 # a virtualenv of its own (.venv-phoenix), since its ~150 dependencies (pandas, grpcio,

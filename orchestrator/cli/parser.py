@@ -43,6 +43,11 @@ COMMANDS = (
         ("payload:add_cleanup_parser",),
     ),
     Command(
+        "doctor",
+        "check that this host and backend keep the sandbox promises (PASS/FAIL per check)",
+        ("doctor:add_doctor_parser",),
+    ),
+    Command(
         "batch",
         "run every task of a JSONL/CSV file in its own sandbox, scored and resumable",
         ("batch:add_batch_parser", "report:add_batch_verbs"),

@@ -1,0 +1,91 @@
+"""The host's configuration, read without a run: what a Docker engine says of itself
+(`docker info`), for backends whose sandboxes run on this host's engine.
+
+Each check takes the engine's info as data, so that a test can hand it a double (an engine
+without gVisor, one without seccomp) instead of changing the real daemon.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..backends.base import Backend
+from ..backends.docker import DockerBackend
+from ..backends.docker.runtimes import RUNSC, RUNSC_NET, SETUP_SCRIPT
+from ..backends.docker.seccomp import PROFILE_NAME
+from .kit import CheckFailed
+
+#: How a user registers gVisor: the script the package ships, and its checkout's way in.
+GVISOR_FIX = (
+    f"Register gVisor with the engine, as root: `bash scripts/setup-gvisor.sh` in a checkout "
+    f"(installed: `bash {SETUP_SCRIPT}`); it reloads dockerd without restarting containers. "
+    "Then `orchestrator doctor` again."
+)
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """A promise of the host's configuration: checked from the engine's info, no run."""
+
+    name: str
+    promise: str
+    function: Callable[[dict[str, Any]], str]
+
+
+def engine_info(backend: Backend) -> dict[str, Any] | None:
+    """The engine's own description (`docker info`) for a backend on this host's Docker
+    engine (the built-in one and those built on it); None for any other backend."""
+    if not isinstance(backend, DockerBackend):
+        return None
+    info: dict[str, Any] = backend.client.api.info()
+    return info
+
+
+def check_sandbox_kernel(info: dict[str, Any]) -> str:
+    runtimes = sorted(info.get("Runtimes") or {})
+    if {RUNSC, RUNSC_NET} <= set(runtimes):
+        return f"gVisor is registered ({RUNSC}, {RUNSC_NET}): runs on `auto` get gVisor's kernel"
+    raise CheckFailed(
+        f"the engine has no gVisor (its runtimes: {', '.join(runtimes) or 'none'}): runs on "
+        "`auto` get runc, whose sandboxes' system calls reach the host's kernel (behind "
+        f"the seccomp profile {PROFILE_NAME})",
+        GVISOR_FIX,
+    )
+
+
+def check_seccomp(info: dict[str, Any]) -> str:
+    options = [str(o) for o in info.get("SecurityOptions") or []]
+    seccomp = [o for o in options if o.startswith("name=seccomp")]
+    if not seccomp:
+        raise CheckFailed(
+            "the engine applies no seccomp filter (`docker info` lists no name=seccomp "
+            f"under Security Options: {', '.join(options) or 'none'}): sandboxes on runc "
+            "would reach every system call of the host's kernel",
+            "Use a Docker engine built with seccomp on a kernel with CONFIG_SECCOMP_FILTER "
+            "(Debian's docker.io is), or run every sandbox on gVisor "
+            "(--sandbox-runtime runsc).",
+        )
+    return f"seccomp available ({seccomp[0]}); runc sandboxes get {PROFILE_NAME}"
+
+
+def check_cgroup_limits(info: dict[str, Any]) -> str:
+    missing = [name for name in ("MemoryLimit", "PidsLimit") if info.get(name) is False]
+    if missing:
+        raise CheckFailed(
+            f"the engine cannot enforce {' and '.join(missing)} (its cgroups lack them): a "
+            "sandbox's memory or process limit would not hold",
+            "Enable the memory and pids cgroup controllers (kernel command line "
+            "`cgroup_enable=memory swapaccount=1`, then reboot).",
+        )
+    return f"memory and pids limits enforceable (cgroup v{info.get('CgroupVersion', '?')})"
+
+
+HOST_CHECKS: tuple[HostCheck, ...] = (
+    HostCheck("host.sandbox_kernel", "runs on `auto` get gVisor's kernel", check_sandbox_kernel),
+    HostCheck("host.seccomp", "the engine applies seccomp filters", check_seccomp),
+    HostCheck(
+        "host.cgroup_limits", "the engine can enforce memory and pids limits", check_cgroup_limits
+    ),
+)

@@ -1,0 +1,147 @@
+"""The conformance kit (`orchestrator.testing`) against the backends we ship and register:
+docker (runc; gVisor in CI's gvisor pass), the `mirror` plugin, and deliberately broken
+copies of the mirror, each of which must fail exactly the check of the promise it breaks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from orchestrator.backends.base import Capabilities
+from orchestrator.testing import CHECKS, Kit, open_kit, run_check
+from orchestrator.testing.plugin import conformance_tests
+
+from .conftest import REPO
+
+# ---- the list itself ---------------------------------------------------------------------
+
+
+def test_each_check_is_named_once_and_needs_a_real_capability() -> None:
+    names = [c.name for c in CHECKS]
+    assert len(names) == len(set(names)), names
+    capability_names = {f.name for f in fields(Capabilities)}
+    for check in CHECKS:
+        assert check.promise and callable(check.function), check.name
+        assert check.needs is None or check.needs.partition("=")[0] in capability_names
+
+
+def test_a_check_is_not_applicable_only_where_the_capability_is_declared_absent() -> None:
+    (memory,) = [c for c in CHECKS if c.needs == "resource_limits"]
+    ran: list[str] = []
+    check = memory.__class__(
+        memory.name, memory.promise, memory.needs, lambda k: ran.append("x") or "ok"
+    )
+
+    def kit(**declared: Any) -> Kit:
+        return cast(Kit, SimpleNamespace(capabilities=Capabilities(**declared), backend_name="x"))
+
+    absent = run_check(kit(resource_limits=False), check)
+    assert absent.status == "not_applicable" and not ran
+    assert "resource_limits=False" in absent.detail  # says which capability, not just "skip"
+    present = run_check(kit(resource_limits=True), check)
+    assert present.status == "pass" and ran == ["x"]
+
+
+# ---- real backends -----------------------------------------------------------------------
+
+test_docker = pytest.mark.docker(pytest.mark.gvisor(conformance_tests("docker")))
+test_mirror = pytest.mark.docker(conformance_tests("mirror"))
+
+#: Each broken copy of the mirror (tests/plugins/orchestrator_broken) and the checks it fails.
+BROKEN = {
+    "mirror-nomemory": {"limits.memory"},
+    "mirror-leaky": {"lifecycle.sandbox_removed"},
+    # on the default bridge: the host, the metadata address (this machine answers there) and DNS
+    "mirror-open": {"egress.none.host", "egress.none.metadata", "egress.none.dns"},
+}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("backend", sorted(BROKEN))
+def test_a_broken_backend_fails_exactly_the_check_of_its_promise(
+    backend: str, agent_image: str, nothing_left: None
+) -> None:
+    with open_kit(backend) as kit:
+        outcomes = [run_check(kit, check) for check in CHECKS]
+    for o in outcomes:  # the report, shown when the test fails (and in -s runs)
+        print(f"{o.status.upper():15} {o.name:30} {o.detail}")
+    failed = {o.name for o in outcomes if o.status == "fail"}
+    assert failed == BROKEN[backend]
+    assert all(o.status == "pass" for o in outcomes if o.name not in failed)
+    for o in outcomes:
+        if o.status == "fail":
+            assert o.fix, o.name  # every failure says what to do
+
+
+@pytest.mark.docker
+def test_the_pytest_plugin_runs_the_kit_for_a_named_backend(
+    agent_image: str, nothing_left: None
+) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "orchestrator.testing.plugin",
+            "-q",
+            "--backend-under-test",
+            "mirror",
+            "-k",
+            "forged_end or read_only_root",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=REPO / "orchestrator",  # no tests/conftest.py: the plugin alone
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "2 passed" in out.stdout, out.stdout
+
+
+@pytest.mark.docker
+def test_the_key_check_would_see_a_key_put_into_the_sandbox(
+    agent_image: str, nothing_left: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control of `gateway.key_absent`: the same probe, on a run whose key goes into the
+    sandbox (--no-gateway), finds it; so its finding nothing through the gateway means it."""
+    from orchestrator.testing.checks import KEY_ENV, KEY_PREFIX, secret_sought
+    from orchestrator.testing.model_stub import ModelStub
+
+    key = f"{KEY_PREFIX}control-0123456789abcdef"
+    monkeypatch.setenv(KEY_ENV, key)
+    stub = ModelStub()
+    try:
+        with open_kit("docker") as kit:
+            result = kit.run(
+                "control",
+                "find",
+                secret_sought(key),
+                model="openai:conformance",
+                api_base=stub.api_base(),
+                network=None,
+                gateway=False,
+            )
+            found = kit.answer(result)["found"]
+    finally:
+        stub.close()
+    assert any(place.endswith("/mem") for place in found), found  # the model holds it
+
+
+@pytest.mark.docker
+def test_a_kit_removes_what_a_leaky_backend_left_and_its_probe(
+    agent_image: str, nothing_left: None
+) -> None:
+    with open_kit("mirror-leaky") as kit:
+        result = kit.run("ok", "ok")
+        assert kit.left_of(result.run_id)  # the broken backend left its sandbox...
+        folder = kit.folder
+    assert not kit.left_of(result.run_id)  # ...and the kit removed it
+    assert not folder.exists()

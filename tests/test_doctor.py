@@ -1,0 +1,115 @@
+"""`orchestrator doctor`: the kit's checks and the engine's configuration on this machine,
+and what it says when the engine's info (a double: the real daemon is never changed) lacks
+gVisor or seccomp."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.testing.doctor import CHECK_NAMES, doctor
+from orchestrator.testing.host import HOST_CHECKS
+
+from .conftest import cli
+
+pytestmark = pytest.mark.docker
+
+HOST = [c.name for c in HOST_CHECKS]
+
+
+@pytest.fixture(scope="module")
+def live_info(docker_client) -> dict[str, Any]:
+    info: dict[str, Any] = docker_client.api.info()
+    return info
+
+
+def without_gvisor(info: dict[str, Any]) -> dict[str, Any]:
+    double = copy.deepcopy(info)
+    double["Runtimes"] = {k: v for k, v in (info.get("Runtimes") or {}).items() if "runsc" not in k}
+    return double
+
+
+def without_seccomp(info: dict[str, Any]) -> dict[str, Any]:
+    double = copy.deepcopy(info)
+    double["SecurityOptions"] = [o for o in info["SecurityOptions"] if "seccomp" not in o]
+    return double
+
+
+def by_name(outcomes: list[Any]) -> dict[str, Any]:
+    return {o.name: o for o in outcomes}
+
+
+def test_doctor_json_passes_on_this_machine_and_leaves_nothing(
+    agent_image: str, docker_client, nothing_left: None
+) -> None:
+    out = cli("doctor", "--json", timeout=1200)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    assert report["ok"] is True and report["counts"]["fail"] == 0
+    assert [c["name"] for c in report["checks"]] == list(CHECK_NAMES)
+    assert all(c["status"] == "pass" for c in report["checks"]), report["checks"]  # all apply
+    assert len(report["runs"]) >= 8  # real runs, each one removed again:
+    for run_id in report["runs"]:
+        label = {"label": [f"{LABEL_RUN_ID}={run_id}"]}
+        assert not docker_client.api.containers(all=True, filters=label), run_id
+        assert not docker_client.api.networks(filters=label), run_id
+
+
+def test_without_gvisor_the_kernel_check_fails_and_names_the_setup_script(
+    live_info: dict[str, Any],
+) -> None:
+    live = by_name(doctor("docker", only=HOST, info=live_info).outcomes)
+    report = doctor("docker", only=HOST, info=without_gvisor(live_info))
+    weakened = by_name(report.outcomes)
+    changed = sorted(n for n in HOST if live[n].status != weakened[n].status)
+    assert changed == ["host.sandbox_kernel"], changed
+    kernel = weakened["host.sandbox_kernel"]
+    assert live["host.sandbox_kernel"].status == "pass"
+    assert kernel.status == "fail" and "runc" in kernel.detail
+    assert "scripts/setup-gvisor.sh" in (kernel.fix or ""), kernel.fix
+    assert not report.passed and not report.run_ids  # host checks need no run
+
+
+def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
+    live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import orchestrator.testing.doctor as doctor_module
+
+    monkeypatch.setattr(doctor_module, "engine_info", lambda backend: without_seccomp(live_info))
+    code = main(["doctor", "--json", *(f"--check={name}" for name in HOST)])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["ok"] is False
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert statuses == {
+        "host.sandbox_kernel": "pass",
+        "host.seccomp": "fail",
+        "host.cgroup_limits": "pass",
+    }
+    (seccomp,) = [c for c in report["checks"] if c["name"] == "host.seccomp"]
+    assert seccomp["fix"] and "seccomp" in seccomp["detail"]
+
+
+def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
+    live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import orchestrator.testing.doctor as doctor_module
+
+    monkeypatch.setattr(doctor_module, "engine_info", lambda backend: without_gvisor(live_info))
+    code = main(["doctor", *(f"--check={name}" for name in HOST)])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert lines[0].startswith("FAIL") and "host.sandbox_kernel" in lines[0]
+    assert lines[1].lstrip().startswith("fix:") and "setup-gvisor.sh" in lines[1]
+    assert [line.split()[0] for line in lines[2:4]] == ["PASS", "PASS"]
+    assert lines[-1].startswith("3 checks: 2 passed, 1 failed, 0 not applicable")
+
+
+def test_an_unknown_check_is_refused_before_anything_runs(capsys) -> None:
+    code = main(["doctor", "--check", "limits.memroy"])
+    assert code == 2
+    assert "limits.memory" in capsys.readouterr().err  # the fix lists the names
