@@ -88,6 +88,7 @@ def work_unit(nodeid: str) -> str:
     return "e2b-server" if module in E2B_SERVER_MODULES else module
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`pytest -n N` (.ci/run) hands each worker whole work units (`work_unit`): a module runs
     in one worker, in order, its module-scoped fixtures set up once. Workers share nothing
