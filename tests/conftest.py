@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,14 @@ PAYLOADS = REPO / "agent_payloads"
 TEST_PAYLOADS = REPO / "tests" / "payloads"
 #: The example payloads a new user runs first (every folder of agent_payloads/).
 EXAMPLES = sorted(p for p in PAYLOADS.iterdir() if (p / "manifest.toml").is_file())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker starts with SIGINT ignored (Ctrl-C is its controller's), and
+    every process it starts inherits that: Python then raises no KeyboardInterrupt. The
+    Ctrl-C tests (tests/test_interrupts.py, test_batch.py) need Python's own handler."""
+    if hasattr(config, "workerinput"):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
