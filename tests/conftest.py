@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,14 @@ PAYLOADS = REPO / "agent_payloads"
 TEST_PAYLOADS = REPO / "tests" / "payloads"
 #: The example payloads a new user runs first (every folder of agent_payloads/).
 EXAMPLES = sorted(p for p in PAYLOADS.iterdir() if (p / "manifest.toml").is_file())
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A pytest-xdist worker starts with SIGINT ignored (Ctrl-C is its controller's), and
+    every process it starts inherits that: Python then raises no KeyboardInterrupt. The
+    Ctrl-C tests (tests/test_interrupts.py, test_batch.py) need Python's own handler."""
+    if hasattr(config, "workerinput"):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -48,6 +57,71 @@ def sandbox_runtime() -> Iterator[str]:
     yield chosen
     if saved is None:
         os.environ.pop("ORCHESTRATOR_SANDBOX_RUNTIME", None)
+
+
+#: Fixtures that reach the Docker engine themselves; every fixture that needs the engine
+#: depends on one of them (agent_image, nothing_left, no_leftovers, e2b_env, fake_e2b, ...).
+ENGINE_FIXTURES = frozenset({"docker_client", "e2b_test_server"})
+
+#: The modules that use the session's E2B test server (`e2b_test_server` below): under
+#: pytest-xdist one worker runs them all, so their templates are built once. Checked at
+#: collection (`pytest_itemcollected`), so a new module cannot be left out unnoticed.
+E2B_SERVER_MODULES = frozenset(
+    {
+        "tests/test_e2b_backend.py",
+        "tests/test_e2b_backend_program.py",
+        "tests/test_e2b_gateway.py",
+        "tests/test_e2b_warm.py",
+    }
+)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark `docker` every test whose fixtures reach the engine, so that `-m "not docker"`
+    (the fast tier, .ci/run's first step) leaves out exactly the tests that need it. Tests
+    that reach it without such a fixture (through the CLI, say) carry the mark themselves.
+    Done as each test is collected, before `-m` selects."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if ENGINE_FIXTURES & fixtures:
+        item.add_marker(pytest.mark.docker)
+    module = item.location[0]
+    own_server = hasattr(getattr(item, "module", None), "e2b_test_server")  # test_e2b_server
+    if "e2b_test_server" in fixtures and not own_server and module not in E2B_SERVER_MODULES:
+        raise pytest.UsageError(f"{module} uses e2b_test_server: add it to E2B_SERVER_MODULES")
+
+
+def work_unit(nodeid: str) -> str:
+    """What one pytest-xdist worker runs whole: a test's module, or every module of the
+    session's E2B test server together."""
+    module = nodeid.split("::", 1)[0]
+    return "e2b-server" if module in E2B_SERVER_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest -n N` (.ci/run) hands each worker whole work units (`work_unit`): a module runs
+    in one worker, in order, its module-scoped fixtures set up once. Workers share nothing
+    else: each has its own store (`orchestrator_home`), and its containers, networks and
+    `cleanup` carry that store's label. (Not `--dist loadgroup`: pytest-xdist 3.8 marks the
+    groups on an attribute pytest 9.2 no longer reads, so every test goes its own way.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return WorkUnitScheduling(config, log)
+
+
+@pytest.fixture(scope="session")
+def e2b_test_server() -> Iterator[Any]:
+    """One E2B test server for the whole session (tests/e2b_server/), so a template built by
+    one module is still there for the next: the build takes a minute or two. Imported when a
+    test needs it, so the tests that do not pay nothing for it."""
+    from tests.e2b_server.fixtures import session_server
+
+    with session_server() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

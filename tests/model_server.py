@@ -49,7 +49,10 @@ class ScriptedModelServer:
         self._server = http.server.ThreadingHTTPServer((host, 0), self._handler())
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s idle by default, on every stop.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def api_base(self, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}/v1"
@@ -200,7 +203,10 @@ class SinkServer:
         self._server = socketserver.ThreadingTCPServer((host, 0), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s idle by default, on every stop.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def __enter__(self) -> SinkServer:
         self._thread.start()

@@ -51,7 +51,9 @@ class OtlpReceiver:
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(  # a quick shutdown(): see tests/model_server.py
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     def take(self, request: ExportTraceServiceRequest) -> None:
         spans = []

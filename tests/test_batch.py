@@ -671,10 +671,15 @@ class StandInExecutor(AttemptExecutor):
         record = str(store.create_run(attempt.run_id, status="running", batch=prepared.spec.batch))
         if attempt.number == 1 and prepared.task in self.flaky:
             error = {"type": "NodeLost", "message": "the node went away"}
-            return RunResult(attempt.run_id, "infra_error", error=error, record_dir=record)
-        args = prepared.spec.additional_args or {}
-        answer = args["a"] * args["b"] if args["op"] == "mul" else args["a"] + args["b"]
-        return RunResult(attempt.run_id, "succeeded", answer=answer, record_dir=record)
+            result = RunResult(attempt.run_id, "infra_error", error=error, record_dir=record)
+        else:
+            args = prepared.spec.additional_args or {}
+            answer = args["a"] * args["b"] if args["op"] == "mul" else args["a"] + args["b"]
+            result = RunResult(attempt.run_id, "succeeded", answer=answer, record_dir=record)
+        # Ended in the store as a runner ends its run: one left `running` is an orphan, which
+        # the session's next command reaps, saying so on its stderr (the test it serves reads).
+        store.update_run(attempt.run_id, status=result.status, ended_at=time.time())
+        return result
 
 
 def test_a_batch_hands_its_attempts_to_an_executor_and_keeps_retries(tmp_path: Path) -> None:

@@ -29,12 +29,9 @@ from orchestrator.labels import LABEL_RUN_ID
 
 from .conftest import EXAMPLES, PAYLOADS, REPO, TEST_PAYLOADS, cli, events_of, wait_for
 from .e2b_server import E2BTestServer
-from .e2b_server import fixtures as e2b_fixtures
 from .e2b_server.fixtures import base_image
 
 pytestmark = pytest.mark.docker
-
-e2b_test_server = e2b_fixtures.e2b_test_server
 
 SLEEPER = TEST_PAYLOADS / "sleeper"
 MATH = TEST_PAYLOADS / "batch_math"

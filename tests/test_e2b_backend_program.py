@@ -18,7 +18,7 @@ import pytest
 from .conftest import cli
 from .e2b_server import E2BTestServer
 from .model_server import ScriptedModelServer, docker_bridge_address
-from .test_e2b_backend import e2b_env, e2b_test_server  # noqa: F401 - fixtures
+from .test_e2b_backend import e2b_env  # noqa: F401 - fixture
 from .test_e2b_gateway import ALLOW_LOCAL
 from .test_program import FIB_TEAM, FIB_TEAM_TRACE, agent_trace, events_in, fib_team_answer
 

@@ -34,7 +34,6 @@ from .e2b_server import E2BTestServer
 from .model_server import ScriptedModelServer, docker_bridge_address
 from .test_gateway import code, gateway_events
 
-e2b_test_server = e2b_tests.e2b_test_server
 e2b_env = e2b_tests.e2b_env
 
 PROBE = TEST_PAYLOADS / "gateway_probe"

@@ -36,7 +36,6 @@ from .test_gateway import code
 
 pytestmark = pytest.mark.docker
 
-e2b_test_server = e2b_tests.e2b_test_server
 e2b_env = e2b_tests.e2b_env
 e2b_model = gateway_tests.e2b_model
 api_base = gateway_tests.api_base

@@ -48,6 +48,7 @@ def test_open_is_never_a_default(openai_key: str) -> None:
         prepare(RunSpec(payload=RESEARCH, allow_hosts=("http://x.example.com/",)))
 
 
+@pytest.mark.docker
 def test_docker_host_addresses() -> None:
     for name in ("localhost", "127.0.0.1", "0.0.0.0", "[::1]", docker_bridge_address()):
         assert is_this_host(name), name

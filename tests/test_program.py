@@ -234,6 +234,7 @@ def test_a_declared_secret_unset_on_the_host_starts_nothing(tmp_path: Path) -> N
 # ---- the whole path: the guide's program through the gateway, on the real engine -------------
 
 
+@pytest.mark.docker
 def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     token = f"hf_{secrets.token_hex(16)}"
     outputs = [
@@ -284,6 +285,7 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     assert models["coder_agent"]["routed_to"] == "gateway"
 
 
+@pytest.mark.docker
 def test_no_process_in_the_sandbox_holds_the_key() -> None:
     token = f"hf_{secrets.token_hex(16)}"
     with ScriptedModelServer([code("final_answer('done')")]) as server:
@@ -346,6 +348,7 @@ def fib_tasks(path: Path, numbers: list[int]) -> Path:
     return path
 
 
+@pytest.mark.docker
 def test_a_batch_gives_each_task_to_the_program(tmp_path: Path) -> None:
     numbers = [5, 8, 11, 13, 17, 19, 22, 25, 27, 30]  # not 20, the program's own
     tasks = fib_tasks(tmp_path / "tasks.jsonl", numbers)
@@ -387,6 +390,7 @@ def test_a_batch_gives_each_task_to_the_program(tmp_path: Path) -> None:
 # ---- validate ----------------------------------------------------------------------------------
 
 
+@pytest.mark.docker
 def test_validate_loads_a_program_up_to_its_first_agent_run(tmp_path: Path) -> None:
     ok = cli("validate", str(FIB_TEAM), env={"HF_TOKEN": "hf_for_validation"})
     assert ok.returncode == 0, ok.stderr
@@ -535,6 +539,7 @@ def test_agent_names_are_read_from_the_source_only_where_it_tells_them(tmp_path:
         prepare(RunSpec(payload=typo_program(tmp_path), model="mock"))
 
 
+@pytest.mark.docker
 def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:
     made = cli("new", "--program", "facts", "--dir", str(tmp_path))
     assert made.returncode == 0, made.stderr
@@ -549,6 +554,7 @@ def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:
     assert own.returncode == 2 and "HF_TOKEN" in own.stderr
 
 
+@pytest.mark.docker
 def test_a_schedule_fires_a_program_with_its_task(tmp_path: Path) -> None:
     """A schedule names a program like a payload; its task replaces the first agent run's,
     and the program's own models are the default (here replaced by `model = "mock"`)."""

@@ -7,6 +7,7 @@ Wire them into tests/conftest.py with:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Iterator
 
@@ -56,14 +57,20 @@ def require_docker(image: str | None = None) -> None:
         )
 
 
-@pytest.fixture(scope="session")
-def e2b_test_server() -> Iterator[E2BTestServer]:
-    """One E2B test server for the session; templates "base" and "orchestrator-test"
-    both map to `base_image()` until a test maps them elsewhere."""
+@contextlib.contextmanager
+def session_server() -> Iterator[E2BTestServer]:
+    """A running E2B test server whose templates "base" and "orchestrator-test" both map to
+    `base_image()` until a test maps them elsewhere; shut down (its images removed) on exit."""
     require_docker()
     base = base_image()
-    server = E2BTestServer(templates={"base": base, TEST_TEMPLATE: base})
-    with server:
+    with E2BTestServer(templates={"base": base, TEST_TEMPLATE: base}) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def e2b_test_server() -> Iterator[E2BTestServer]:
+    """One E2B test server for the session (see `session_server`)."""
+    with session_server() as server:
         yield server
 
 
