@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ImageBuildError, ManifestError
 from ..labels import LABEL_KIND, LABEL_OWNER, LABEL_STORE, LABEL_VERSION, owner_label, store_id
@@ -90,6 +91,21 @@ class PythonTarget:
 
 class ProbeFailed(Exception):
     """The interpreter probe could not run in an image (the backend's engine says why)."""
+
+
+def run_probe_container(client: Any, image: str) -> bytes:
+    """The probe's output from a container of `image` on a Docker engine's `client` (the
+    caller's, so that this module needs no Docker SDK); the engine's errors pass through."""
+    output: bytes = client.containers.run(
+        image,
+        entrypoint=list(PROBE_COMMAND),
+        command=[],
+        user=PROBE_USER,
+        network_disabled=True,
+        remove=True,
+        labels=probe_labels(),
+    )
+    return output
 
 
 def probe_labels() -> dict[str, str]:

@@ -43,13 +43,11 @@ from ...images.imagedef import (
     sha256,
 )
 from ...images.wheelhouse import (
-    PROBE_COMMAND,
-    PROBE_USER,
     ProbeFailed,
     PythonTarget,
     Wheelhouse,
     ensure_wheelhouse,
-    probe_labels,
+    run_probe_container,
     wheelhouse_root,
 )
 from ...images.wheelhouse import python_target as probed_target
@@ -115,18 +113,9 @@ def python_target(client: docker.DockerClient, image: str) -> PythonTarget:
 
     def run_probe() -> bytes:
         try:
-            output: bytes = client.containers.run(
-                image,
-                entrypoint=list(PROBE_COMMAND),
-                command=[],
-                user=PROBE_USER,
-                network_disabled=True,
-                remove=True,
-                labels=probe_labels(),
-            )
+            return run_probe_container(client, image)
         except docker.errors.DockerException as exc:
             raise ProbeFailed(str(exc)) from exc
-        return output
 
     return probed_target(image, client.api.inspect_image(image)["Id"], run_probe)
 

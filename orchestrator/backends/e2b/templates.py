@@ -59,23 +59,15 @@ def local_engine_target(image: str) -> PythonTarget:
     tell"), so E2B never needs Docker."""
     import docker  # optional: see above
 
-    from ...images.wheelhouse import PROBE_COMMAND, PROBE_USER, probe_labels
     from ...images.wheelhouse import python_target as probed_target
+    from ...images.wheelhouse import run_probe_container
 
     client = docker.from_env(timeout=30)
     image_id = client.api.inspect_image(image)["Id"]
     return probed_target(
         image,
         image_id,
-        lambda: client.containers.run(
-            image,
-            entrypoint=list(PROBE_COMMAND),
-            command=[],
-            user=PROBE_USER,
-            network_disabled=True,
-            remove=True,
-            labels=probe_labels(),
-        ),
+        lambda: run_probe_container(client, image),
     )
 
 
