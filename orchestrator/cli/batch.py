@@ -13,7 +13,7 @@ from ..batch.output import OutputWriteError
 from ..batch.plan import BatchSpec
 from ..batch.prices import PRICE_EXAMPLE, parse_price
 from ..batch.scoring import BUILTIN_SCORERS
-from ..batch.session import run_batch
+from ..batch.session import BatchObservers, run_batch
 from ..defaults import fill
 from . import signals
 from .batch_display import BatchDisplay
@@ -237,10 +237,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
         executor, spec = ray_batch(args, spec, display.message)
         summary = run_batch(
             spec,
-            cancel=signals.STOP,
-            monitor=display.update,
-            on_message=display.message,
             executor=executor,
+            observers=BatchObservers(
+                cancel=signals.STOP, monitor=display.update, on_message=display.message
+            ),
         )
     except OutputWriteError as exc:  # before any task started (batch.json, the lock)
         say(f"{exc.cause}. {write_advice(command)}", kind="error")
