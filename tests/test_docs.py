@@ -270,3 +270,16 @@ def test_the_readmes_links_reach_files_of_the_repository() -> None:
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README):
         if not target.startswith(("http://", "https://")):
             assert (REPO / target).exists(), target
+
+
+def test_every_commands_help_names_the_guide_that_explains_it() -> None:
+    from orchestrator.cli.parser import COMMANDS
+
+    parser = build_parser()
+    assert "Documentation: docs/" in parser.format_help()
+    by_name = {c.name: c.guide for c in COMMANDS}
+    for child in subcommands(parser):
+        command = child.prog.split()[1]
+        guide = by_name[command]
+        assert (REPO / guide).is_file(), guide
+        assert child.format_help().rstrip().endswith(f"Explained in {guide}."), child.prog

@@ -28,20 +28,12 @@ REPO = Path(__file__).resolve().parents[2]
 #: The pages this hook writes (relative to docs/); no hand-written page may take these paths.
 GENERATED = ("reference/cli.md", "reference/files.md", "performance.md", "changelog.md")
 
-#: Where each command is explained (a guide under docs/); the CLI reference links to it.
-GUIDES = {
-    "run": "guides/running.md",
-    "validate": "guides/writing.md",
-    "new": "guides/writing.md",
-    "examples": "guides/running.md",
-    "images": "guides/images.md",
-    "runs": "guides/records.md",
-    "cleanup": "guides/failures.md",
-    "doctor": "guides/kernel.md",
-    "batch": "guides/batch.md",
-    "schedule": "guides/schedules.md",
-    "view": "guides/viewer.md",
-}
+
+def guides() -> dict[str, str]:
+    """Where each command is explained (a guide under docs/), as its --help names it."""
+    from orchestrator.cli.parser import COMMANDS
+
+    return {c.name: c.guide.removeprefix("docs/") for c in COMMANDS}
 
 
 def _cell(text: object) -> str:
@@ -165,7 +157,7 @@ def cli_reference() -> str:
         "",
     ]
     for path, child, help_line in _walk(parser):
-        guide = GUIDES.get(path[0])
+        guide = guides().get(path[0])
         lines += [
             f"## orchestrator {' '.join(path)}",
             "",
