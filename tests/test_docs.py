@@ -283,3 +283,24 @@ def test_every_commands_help_names_the_guide_that_explains_it() -> None:
         guide = by_name[command]
         assert (REPO / guide).is_file(), guide
         assert child.format_help().rstrip().endswith(f"Explained in {guide}."), child.prog
+
+
+def test_the_failures_guide_explains_every_exit_code() -> None:
+    from orchestrator.schedules.firing import EXIT_SKIPPED
+    from orchestrator.spec import EXIT_CODES
+
+    page = (DOCS / "guides" / "failures.md").read_text()
+    for status, code in EXIT_CODES.items():
+        assert f"| `{code}` | `{status}` |" in page, status
+    assert f"| `{EXIT_SKIPPED}` | skipped |" in page and "| `2` | bad input |" in page
+
+
+def test_every_test_a_page_names_exists() -> None:
+    """A page that says where a promise is tested names a test file that is there."""
+    named = {
+        (page, path)
+        for page in hand_written_pages()
+        for path in re.findall(r"`(tests/[\w/.]+?)/?`", page.read_text())
+    }
+    missing = [f"{p.relative_to(REPO)}: {path}" for p, path in named if not (REPO / path).exists()]
+    assert not missing, missing
