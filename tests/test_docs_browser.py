@@ -148,14 +148,17 @@ def test_search_finds_a_page_and_opens_it(browser: Any, site: str) -> None:
     browser.find_element(By.CSS_SELECTOR, "label.md-search__icon, .md-search__input").click()
     field = browser.find_element(By.CSS_SELECTOR, "input.md-search__input")
     field.send_keys("max-cost")
-    results = until(
-        lambda: browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item a"),
-        "search results",
-    )
+
+    def batch_guide_found() -> list[str] | None:
+        """The results' links once the batch guide is among them (the list re-renders as
+        the index answers, so links are read afresh each time)."""
+        links = browser.find_elements(By.CSS_SELECTOR, ".md-search-result__item a")
+        targets = [a.get_attribute("href") for a in links]
+        return targets if any("guides/batch/" in t for t in targets) else None
+
+    targets = until(batch_guide_found, "the batch guide among the search results")
     browser.save_screenshot(str(SHOTS / "search.png"))
-    targets = [r.get_attribute("href") for r in results]
-    assert any("guides/batch/" in t for t in targets), targets
-    first = results[0].get_attribute("href")
+    first = targets[0]
     browser.get(first)
     until(lambda: browser.current_url.split("#")[0] == first.split("#")[0], "the result's page")
     assert errors(browser) == []
