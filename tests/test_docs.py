@@ -304,3 +304,17 @@ def test_every_test_a_page_names_exists() -> None:
     }
     missing = [f"{p.relative_to(REPO)}: {path}" for p, path in named if not (REPO / path).exists()]
     assert not missing, missing
+
+
+def test_every_per_task_limit_is_named_where_a_tasks_file_is_explained() -> None:
+    """The batch help's list of a tasks row's limits is made from the code, and the batch
+    guide names each of them too."""
+    from orchestrator.spec import SETTABLE_LIMITS
+
+    parser = build_parser()
+    (batch,) = [p for p in subcommands(parser) if p.prog == "orchestrator batch"]
+    help_text = batch.format_help()
+    guide = (DOCS / "guides" / "batch.md").read_text().split("## Output directory")[0]
+    for limit in SETTABLE_LIMITS:
+        assert limit in help_text, limit
+        assert f"`{limit}`" in guide, limit
