@@ -81,7 +81,8 @@ def test_every_command_and_option_is_in_the_cli_reference() -> None:
                 continue
             names = action.option_strings or [action.metavar or action.dest]
             for name in names:
-                if f"`{name}`" not in page[heading]:
+                shown = REFERENCE._name(name)
+                if shown not in page[heading]:
                     missing.append(f"{heading} {name}")
     assert not missing, f"not in the CLI reference: {missing}"
     assert "ORCHESTRATOR_MODEL" in page["Environment variables"]
@@ -107,7 +108,7 @@ def test_every_schema_field_is_in_the_files_reference() -> None:
     assert not missing, f"not in the files reference: {missing}"
     # the limits' defaults come from the code (spec.Limits), not from a copy
     assert "| `limits.max_tokens` | integer |" in page["The manifest"]
-    assert "`2000000`" in page["The manifest"]
+    assert "<code>2000000</code>" in page["The manifest"]
 
 
 def test_the_performance_page_has_each_benchmarks_newest_result_with_date_and_rerun() -> None:

@@ -18,6 +18,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import html
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +43,19 @@ def _cell(text: object) -> str:
 
 
 def _code(text: object) -> str:
-    return f"`{_cell(text)}`" if text not in (None, "") else ""
+    """Text as code in a table cell: an HTML element, since a `|` inside backticks would
+    still end the cell (and an escaped one shows its backslash)."""
+    if text in (None, ""):
+        return ""
+    escaped = html.escape(str(text))
+    for char in "|[]()*_\\`":  # nothing in it is read as markdown (links, emphasis, cells)
+        escaped = escaped.replace(char, f"&#{ord(char)};")
+    return f"<code>{escaped}</code>"
+
+
+def _name(text: str) -> str:
+    """An option's or a field's name as code: backticks, unless it holds a `|`."""
+    return _code(text) if "|" in text else f"`{text}`"
 
 
 # ---------------------------------------------------------------------------------- the CLI
@@ -79,12 +92,12 @@ def _option_rows(parser: argparse.ArgumentParser, env: dict[str, str]) -> list[s
         if isinstance(action, argparse._SubParsersAction) or action.help == argparse.SUPPRESS:
             continue
         if action.option_strings:
-            names = ", ".join(f"`{o}`" for o in action.option_strings)
+            names = ", ".join(_name(o) for o in action.option_strings)
             if action.nargs != 0 and action.metavar != "":
                 metavar = action.metavar or action.dest.upper()
-                names += f" `{metavar}`"
+                names += f" {_name(str(metavar))}"
         else:
-            names = f"`{action.metavar or action.dest}`"
+            names = _name(str(action.metavar or action.dest))
         help_text = (action.help or "") % {
             "default": action.default,
             "prog": parser.prog,
@@ -94,7 +107,7 @@ def _option_rows(parser: argparse.ArgumentParser, env: dict[str, str]) -> list[s
         default = ""
         if "%(default)s" in shown and action.default not in (None, False, [], argparse.SUPPRESS):
             default = _code(action.default)
-        choices = ", ".join(f"`{c}`" for c in action.choices) if action.choices else ""
+        choices = ", ".join(_code(c) for c in action.choices) if action.choices else ""
         variable = env.get(action.dest, "")
         rows.append(
             f"| {names} | {_cell(help_text)} | {default} | {choices} | "
@@ -221,7 +234,7 @@ def _rule(field: Any) -> str:
         high = "" if field.maximum is None else f"{field.maximum:g}"
         parts.append(f"{low} to {high}" if low and high else (f">= {low}" if low else f"<= {high}"))
     if field.pattern is not None:
-        parts.append(f"matches `{field.pattern.pattern}`")
+        parts.append(f"matches {_code(field.pattern.pattern)}")
     if field.items is not None:
         item = _type_name(field.items.kind)
         inner = _rule(field.items)
@@ -251,7 +264,7 @@ def _show_default(value: Any) -> str:
         value = sorted(value)
     if isinstance(value, bool):
         value = str(value).lower()
-    return f"`{value}`"
+    return _code(value)
 
 
 def _table_rows(table: Any, defaults: dict[str, dict[str, Any]], prefix: str = "") -> list[str]:
