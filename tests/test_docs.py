@@ -178,6 +178,9 @@ def resolves(module_name: str, rest: list[str]) -> bool:
     return True
 
 
+#: The last part of a file's name (`run.png`), not an attribute.
+FILE_SUFFIXES = {"py", "toml", "json", "jsonl", "html", "md", "png", "svg", "csv", "sh", "log"}
+FILE_SUFFIXES |= {"txt", "gz", "yml", "yaml", "sqlite3", "env", "lock", "whl", "css", "js"}
 #: Dotted names in docs that are data, not code: record fields, span attributes, labels.
 NOT_CODE = {"payload", "events", "traces", "session", "attempts", "schedules", "batches"}
 
@@ -192,7 +195,7 @@ def test_docs_name_only_code_that_exists() -> None:
         text = page.read_text()
         for ref in set(re.findall(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`", text)):
             parts = ref.split(".")
-            if parts[-1] in ("py", "toml", "json", "jsonl", "html", "md") or parts[0] in NOT_CODE:
+            if parts[-1] in FILE_SUFFIXES or parts[0] in NOT_CODE:
                 continue
             if parts[0] == "orchestrator" and not resolves("orchestrator", parts[1:2]):
                 continue  # a label or span attribute (`orchestrator.store`, ...)
