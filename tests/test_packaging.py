@@ -132,8 +132,9 @@ def test_the_quick_start_says_its_scripted_error_is_part_of_the_example() -> Non
     assert 'tower["year"]' in manifest and 'tower["opened"]' in manifest  # the scripted slip
     script = (REPO / "scripts" / "quickstart.sh").read_text()
     assert "InterpreterError above is part of the example" in script
-    readme = (REPO / "README.md").read_text().split("## Running payloads", 1)[0]
-    assert "The `InterpreterError` among them is part of the example" in readme
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "The `InterpreterError` among them is part of the example" in quick_start
 
 
 def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:

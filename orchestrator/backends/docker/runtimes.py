@@ -106,7 +106,7 @@ def gvisor_missing(names: set[str]) -> ConfigError:
         "The Docker engine has no gVisor runtime (runsc and runsc-net); it has: "
         f"{', '.join(sorted(names)) or 'none it would name'}.",
         f"Set gVisor up once, as root: `bash {SETUP_SCRIPT}` (installs Debian's runsc and "
-        "registers it with the engine without restarting it; README, 'gVisor'), or run on "
+        "registers it with the engine without restarting it; docs/guides/kernel.md), or run on "
         "runc with --sandbox-runtime runc (or auto).",
     )
 
