@@ -1,0 +1,118 @@
+"""Secrets bound to hosts (`[secrets.bind]`): the manifest's rules, checked on the host.
+
+A bound secret is meant never to enter the sandbox: the sandbox holds a placeholder, and an
+intercepting proxy on the egress path puts the value into a request only for the hosts and
+places it is bound to. This module is the manifest side only: what a binding may say, and
+whether it says it consistently with the rest of the manifest. Whether a backend can keep
+the promise is `Capabilities.bound_secrets`, asked by `runner.prepare`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import Problem
+from ..policy import HOST_NAME_HELP, check_host_name, host_covered
+from ..schema import INVALID, Field, Table, check_value
+
+#: Where in a request a placeholder may be replaced by its value. `header` covers every
+#: header, Authorization's Basic credentials included; `query` and `body` must be asked for.
+PLACES = ("header", "query", "body")
+DEFAULT_PLACES = ("header",)
+
+BIND_FIX = (
+    'For example [secrets.bind] ANALYTICS_TOKEN = { hosts = ["api.example.com"], in = '
+    '["header"] }: a secret of `[secrets] required`, bound to hosts of `[network] hosts`.'
+)
+
+#: One binding's table (`secrets.bind.NAME`).
+BINDING = Field(
+    dict,
+    table=Table(
+        {
+            "hosts": Field(
+                list,
+                required=True,
+                items=Field(str, check=check_host_name, fix=HOST_NAME_HELP),
+                fix="It is required: the hosts (from `[network] hosts`) the secret goes to.",
+            ),
+            "in": Field(
+                list,
+                items=Field(str, choices=PLACES),
+                fix=f"Each must be one of {', '.join(PLACES)} (default: header).",
+            ),
+        }
+    ),
+)
+
+#: The `bind` field of a manifest's `[secrets]`: secret names to their bindings, each checked
+#: by `check_bindings` (with the rest of the manifest: every problem of every binding at once).
+BIND_FIELD = Field(dict)
+
+
+@dataclass(frozen=True)
+class SecretBinding:
+    """One secret bound to hosts: the value goes on the wire only to `hosts` (exact names or
+    `*.` patterns, lower case), only in `places` (of `PLACES`)."""
+
+    name: str
+    hosts: tuple[str, ...]
+    places: tuple[str, ...] = DEFAULT_PLACES
+
+    def describe(self) -> str:
+        """`NAME -> api.example.com (header)`, for messages and the record."""
+        return f"{self.name} -> {', '.join(self.hosts)} ({', '.join(self.places)})"
+
+
+def check_bindings(
+    sections: dict[str, dict[str, Any]], problems: list[Problem]
+) -> tuple[SecretBinding, ...]:
+    """The bindings of a manifest's `[secrets.bind]`, each checked against `BINDING` and
+    against the rest of the manifest (a name not in `[secrets] required`, a host that
+    `[network] hosts` does not cover), every problem added to `problems`."""
+    required = tuple(sections["secrets"].get("required", ()))
+    allowlist = tuple(h.lower() for h in sections["network"].get("hosts", ()))
+    bindings: list[SecretBinding] = []
+    for name, table in sections["secrets"].get("bind", {}).items():
+        where = f"secrets.bind.{name}"
+        found: list[Problem] = []
+        if name not in required:
+            found.append(
+                Problem(
+                    where,
+                    f"binds {name!r}, which is not a secret of `[secrets] required` "
+                    f"(declared: {', '.join(required) or 'none'})",
+                    f"Add {name} to `[secrets] required`, or fix the name.",
+                )
+            )
+        checked = check_value(BINDING, table, where, found)
+        hosts = table.get("hosts") if isinstance(table, dict) else None
+        for host in hosts if isinstance(hosts, list) else ():
+            if isinstance(host, str) and not check_host_name(host):
+                if not host_covered(host, allowlist):
+                    found.append(_not_listed(f"{where}.hosts", host.lower()))
+        for place in ("hosts", "in"):
+            if checked is not INVALID and checked.get(place) == []:
+                found.append(Problem(f"{where}.{place}", "is empty", _EMPTY_FIX[place]))
+        problems += found
+        if not found:
+            places = tuple(dict.fromkeys(checked.get("in", DEFAULT_PLACES)))
+            bound = tuple(dict.fromkeys(h.lower() for h in checked["hosts"]))
+            bindings.append(SecretBinding(name=name, hosts=bound, places=places))
+    return tuple(bindings)
+
+
+_EMPTY_FIX = {
+    "hosts": "List the hosts the secret goes to, or remove the binding.",
+    "in": f"Leave it out (header) or name places: {', '.join(PLACES)}.",
+}
+
+
+def _not_listed(field: str, host: str) -> Problem:
+    return Problem(
+        field,
+        f"has an entry {host!r} that is not on the allowlist of `[network] hosts`",
+        f"Add {host} to `[network] hosts` (a secret is bound only to hosts the run may "
+        "reach), or bind the secret to a listed host.",
+    )
