@@ -1,0 +1,329 @@
+"""The secret interceptor (images/interceptor/interceptor.py): a real mitmproxy, run as a
+process of its own on 127.0.0.1 from its own interpreter (.venv-mitmproxy, as in its image),
+between real clients (requests, httpx over HTTP/1.1 and HTTP/2, urllib) and a real HTTPS
+server with its own CA. The value goes only to its bound host in its declared places;
+everything else is refused with 403 and never arrives at the server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import ssl
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import requests
+
+from .conftest import REPO, wait_for
+from .https_upstream import Upstream, https_upstream, make_ca
+
+MITMPROXY_PYTHON = REPO / ".venv-mitmproxy" / "bin" / "python"
+VALUE = "real-secret-value-7f3a9c"
+PLACEHOLDER = "orchestrator-placeholder-ANALYTICS_TOKEN-5b1e0d2c9a"
+QUERY_VALUE = "query-secret-value-11aa22"
+QUERY_PLACEHOLDER = "orchestrator-placeholder-QUERY_TOKEN-8c7d6e5f4a"
+NAMES = ["api.example.com", "other.example.net", "q.example.org"]
+
+pytestmark = pytest.mark.skipif(
+    not MITMPROXY_PYTHON.exists(), reason="mitmproxy's virtualenv: run scripts/setup.sh"
+)
+
+
+@dataclass
+class Interceptor:
+    """The running proxy: its URL, the CA its clients must trust, what it logged."""
+
+    url: str
+    ca_cert: Path
+    upstream: Upstream
+    process: subprocess.Popen[str]
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def decisions(self, verdict: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["verdict"] == verdict]
+
+
+def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> Interceptor:
+    """The interceptor's files as its image lays them out (itself and masking.py side by
+    side), started with its configuration on stdin; returns once it says it listens."""
+    app = folder / "app"
+    app.mkdir()
+    shutil.copy(REPO / "images" / "interceptor" / "interceptor.py", app)
+    shutil.copy(REPO / "orchestrator_runtime" / "masking.py", app)
+    ca_key, ca_cert = make_ca(folder, "run-ca")
+    config = {
+        "listen": ["127.0.0.1", 0],
+        "confdir": str(folder / "confdir"),
+        "ca_pem": ca_key.read_text() + ca_cert.read_text(),
+        "upstream_proxy": f"http://127.0.0.1:{upstream.proxy_port}",
+        "upstream_ca": str(upstream_ca),
+        "bindings": [
+            {
+                "name": "ANALYTICS_TOKEN",
+                "placeholder": PLACEHOLDER,
+                "value": VALUE,
+                "hosts": ["api.example.com"],
+                "in": ["header"],
+            },
+            {
+                "name": "QUERY_TOKEN",
+                "placeholder": QUERY_PLACEHOLDER,
+                "value": QUERY_VALUE,
+                "hosts": ["*.example.org"],
+                "in": ["query", "body"],
+            },
+        ],
+    }
+    ca_key.unlink()  # the key lives on only in the proxy (its tmpfs confdir in the image)
+    process = subprocess.Popen(
+        [str(MITMPROXY_PYTHON), "-I", str(app / "interceptor.py")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdin and process.stdout
+    process.stdin.write(json.dumps(config))
+    process.stdin.close()
+    lines: list[str] = []
+    for line in process.stdout:  # until it listens (or ends: then its output says why)
+        lines.append(line)
+        if line.startswith("ORCH-INTERCEPTOR-READY\t"):
+            break
+    else:
+        raise AssertionError("the interceptor ended before listening:\n" + "".join(lines))
+    address = line.split("\t", 1)[1].strip()
+    proxy = Interceptor(f"http://{address}", ca_cert, upstream, process)
+
+    def read() -> None:
+        assert process.stdout
+        for line in process.stdout:
+            if line.startswith("ORCH-SECRET\t"):
+                proxy.records.append(json.loads(line.split("\t", 1)[1]))
+
+    threading.Thread(target=read, daemon=True).start()
+    return proxy
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interceptor]:
+    folder = tmp_path_factory.mktemp("interceptor")
+    with https_upstream(folder, NAMES) as (upstream, upstream_ca):
+        interceptor = start_interceptor(folder, upstream, upstream_ca)
+        try:
+            yield interceptor
+        finally:
+            interceptor.process.terminate()
+            interceptor.process.wait(timeout=30)
+
+
+@pytest.fixture
+def fresh(proxy: Interceptor) -> Interceptor:
+    """The proxy with nothing recorded yet by this test."""
+    proxy.records.clear()
+    proxy.upstream.requests.clear()
+    proxy.upstream.tunnels.clear()
+    return proxy
+
+
+def session(proxy: Interceptor) -> requests.Session:
+    s = requests.Session()
+    s.proxies = {"https": proxy.url, "http": proxy.url}
+    s.verify = str(proxy.ca_cert)
+    s.trust_env = False
+    return s
+
+
+def refused(proxy: Interceptor, response: Any, name: str, place: str) -> None:
+    """`response` is the interceptor's 403, logged as `secret_not_bound`, and nothing of the
+    request reached the server."""
+    assert response.status_code == 403, response.text
+    assert response.headers["x-orchestrator-refused"] == "secret_not_bound"
+    assert VALUE not in response.text and QUERY_VALUE not in response.text
+    (record,) = wait_for(lambda: proxy.decisions("refused"), timeout=10)
+    assert record["reason"] == "secret_not_bound" and record["name"] == name
+    assert record["place"] == place, record
+    assert proxy.upstream.requests == [] and proxy.upstream.tunnels == []  # not even a tunnel
+
+
+# ---- the value goes where it is bound --------------------------------------------------------
+
+
+def test_requests_gets_the_value_to_its_host_in_a_header(fresh: Interceptor) -> None:
+    response = session(fresh).get(
+        "https://api.example.com/v1/track", headers={"X-Api-Key": PLACEHOLDER}
+    )
+    assert response.status_code == 200, response.text
+    (arrived,) = fresh.upstream.requests
+    assert arrived["headers"]["X-Api-Key"] == VALUE and arrived["host"] == "api.example.com"
+    assert VALUE not in response.text and PLACEHOLDER in response.text  # the echo, scrubbed
+    (record,) = wait_for(lambda: fresh.decisions("injected"), timeout=10)
+    assert record == {
+        "ts": record["ts"],
+        "verdict": "injected",
+        "name": "ANALYTICS_TOKEN",
+        "host": "api.example.com",
+        "place": "header:X-Api-Key",
+    }
+
+
+def test_bearer_and_basic_credentials_are_headers(fresh: Interceptor) -> None:
+    s = session(fresh)
+    bearer = s.get("https://api.example.com/a", headers={"Authorization": f"Bearer {PLACEHOLDER}"})
+    basic = s.get("https://api.example.com/b", auth=("user", PLACEHOLDER))
+    assert bearer.status_code == basic.status_code == 200
+    first, second = fresh.upstream.requests
+    assert first["headers"]["Authorization"] == f"Bearer {VALUE}"
+    assert (
+        second["headers"]["Authorization"]
+        == "Basic " + base64.b64encode(f"user:{VALUE}".encode()).decode()
+    )
+    assert VALUE not in bearer.headers["x-echo-authorization"]  # response headers scrubbed
+    assert PLACEHOLDER in bearer.headers["x-echo-authorization"]
+
+
+def test_a_declared_query_and_body_under_a_wildcard(fresh: Interceptor) -> None:
+    s = session(fresh)
+    got = s.get(f"https://q.example.org/s?key={QUERY_PLACEHOLDER}")
+    posted = s.post("https://q.example.org/p", data={"key": QUERY_PLACEHOLDER})
+    assert got.status_code == posted.status_code == 200
+    first, second = fresh.upstream.requests
+    assert first["path"] == f"/s?key={QUERY_VALUE}" and second["body"] == f"key={QUERY_VALUE}"
+    assert QUERY_VALUE not in got.text + posted.text
+
+
+@pytest.mark.parametrize("http2", [False, True])
+def test_httpx_over_http1_and_http2(fresh: Interceptor, http2: bool) -> None:
+    context = ssl.create_default_context(cafile=str(fresh.ca_cert))
+    with httpx.Client(proxy=fresh.url, verify=context, http2=http2, trust_env=False) as client:
+        response = client.get("https://api.example.com/h", headers={"x-api-key": PLACEHOLDER})
+        assert response.http_version == ("HTTP/2" if http2 else "HTTP/1.1")
+        assert response.status_code == 200, response.text
+        assert VALUE not in response.text
+        elsewhere = client.get("https://other.example.net/h", headers={"x-api-key": PLACEHOLDER})
+    assert elsewhere.status_code == 403
+    (arrived,) = fresh.upstream.requests
+    assert arrived["headers"]["x-api-key"] == VALUE
+
+
+def test_urllib(fresh: Interceptor) -> None:
+    context = ssl.create_default_context(cafile=str(fresh.ca_cert))
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({"https": fresh.url}),
+        urllib.request.HTTPSHandler(context=context),
+    )
+    request = urllib.request.Request(
+        "https://api.example.com/u", headers={"X-Api-Key": PLACEHOLDER}
+    )
+    with opener.open(request, timeout=30) as response:
+        assert VALUE not in response.read().decode()
+    assert fresh.upstream.requests[0]["headers"]["X-Api-Key"] == VALUE
+    with pytest.raises(urllib.error.HTTPError) as info:
+        opener.open(f"https://other.example.net/u?k={PLACEHOLDER}", timeout=30)
+    assert info.value.code == 403 and len(fresh.upstream.requests) == 1
+
+
+def test_a_request_without_placeholder_goes_through_untouched(fresh: Interceptor) -> None:
+    response = session(fresh).get("https://other.example.net/plain", headers={"X-A": "b"})
+    assert response.status_code == 200 and fresh.upstream.requests[0]["headers"]["X-A"] == "b"
+    assert fresh.records == []
+
+
+# ---- everywhere else it is refused, and nothing arrives ---------------------------------------
+
+B64 = base64.b64encode(PLACEHOLDER.encode()).decode()
+PERCENT = "".join(f"%{b:02X}" for b in PLACEHOLDER.encode())
+
+
+@pytest.mark.parametrize(
+    ("url", "kwargs", "place"),
+    [
+        (
+            "https://other.example.net/x",
+            {"headers": {"X-Api-Key": PLACEHOLDER}},
+            "header:X-Api-Key",
+        ),
+        ("https://other.example.net/x", {"auth": ("u", PLACEHOLDER)}, "header:Authorization"),
+        (f"https://other.example.net/x?k={PLACEHOLDER}", {}, "query"),
+        ("https://other.example.net/x", {"data": {"k": PLACEHOLDER}}, "body"),
+        (f"https://other.example.net/x?k={PERCENT}", {}, "query"),
+        ("https://other.example.net/x", {"data": B64}, "body"),
+        (
+            "https://other.example.net/x",
+            {"headers": {"X-B": PLACEHOLDER.encode().hex()}},
+            "header:X-B",
+        ),
+        (f"https://api.example.com/x?k={PLACEHOLDER}", {}, "query"),  # bound, not in the query
+        ("https://api.example.com/x", {"json": {"k": PLACEHOLDER}}, "body"),
+        (f"https://api.example.com/{PLACEHOLDER}", {}, "path"),
+        ("http://api.example.com/x", {"headers": {"X-Api-Key": PLACEHOLDER}}, "header:X-Api-Key"),
+        ("https://api.example.com/x", {"headers": {"X-Api-Key": B64}}, "header:X-Api-Key"),
+    ],
+)
+def test_the_placeholder_anywhere_else_is_refused(
+    fresh: Interceptor, url: str, kwargs: dict[str, Any], place: str
+) -> None:
+    response = (
+        session(fresh).post(url, **kwargs)
+        if "data" in kwargs or "json" in kwargs
+        else (session(fresh).get(url, **kwargs))
+    )
+    name = "ANALYTICS_TOKEN"
+    refused(fresh, response, name, place)
+
+
+def test_a_host_header_that_differs_from_the_sni_is_refused(fresh: Interceptor) -> None:
+    """The tunnel and the TLS name say api.example.com, the Host header another host."""
+    response = session(fresh).get(
+        "https://api.example.com/x",
+        headers={"Host": "other.example.net", "X-Api-Key": PLACEHOLDER},
+    )
+    refused(fresh, response, "ANALYTICS_TOKEN", "header:X-Api-Key")
+    assert "differ" in fresh.decisions("refused")[0]["why"]
+
+
+def test_a_redirect_to_another_host_does_not_carry_the_value(fresh: Interceptor) -> None:
+    """requests keeps a custom header across hosts: the placeholder, not the value, goes
+    there, and is refused."""
+    response = session(fresh).get(
+        "https://api.example.com/redirect?to=https://other.example.net/landing",
+        headers={"X-Api-Key": PLACEHOLDER},
+    )
+    assert response.status_code == 403
+    (first,) = fresh.upstream.requests  # only the bound host's, with the value
+    assert first["host"] == "api.example.com" and first["headers"]["X-Api-Key"] == VALUE
+    refusals = wait_for(lambda: fresh.decisions("refused"), timeout=10)
+    assert [(r["host"], r["place"]) for r in refusals] == [
+        ("other.example.net", "header:X-Api-Key")
+    ]
+
+
+def test_a_client_that_does_not_trust_the_run_ca_fails_closed(fresh: Interceptor) -> None:
+    """A client with its own CA store (as a pinning client) refuses the interception's
+    certificate: no request reaches the server, and the proxy says why."""
+    with pytest.raises(requests.exceptions.SSLError):
+        s = session(fresh)
+        s.verify = True  # certifi's bundle: not the run's CA
+        s.get("https://api.example.com/x", headers={"X-Api-Key": PLACEHOLDER})
+    assert fresh.upstream.requests == []
+    (failed,) = wait_for(lambda: fresh.decisions("tls_failed"), timeout=10)
+    assert failed["host"] == "api.example.com"
+
+
+def test_an_upstream_certificate_that_does_not_verify_is_refused(
+    fresh: Interceptor, tmp_path: Path
+) -> None:
+    """unlisted.example.net is not on the server's certificate: the proxy does not connect
+    the client to it (502), whatever it carries."""
+    response = session(fresh).get("https://unlisted.example.net/x")
+    assert response.status_code == 502
+    assert fresh.upstream.requests == []
