@@ -59,6 +59,7 @@ class Upstream:
     requests: list[dict[str, Any]] = field(default_factory=list)
     tunnels: list[str] = field(default_factory=list)
     proxy_port: int = 0
+    ca: Path = Path()  # the server's CA certificate
 
     def holding(self, text: str) -> list[dict[str, Any]]:
         """The requests that arrived with `text` anywhere in them."""
@@ -145,7 +146,7 @@ def https_upstream(folder: Path, names: list[str]) -> Iterator[tuple[Upstream, P
     yields the record and the CA certificate (what the proxy must trust upstream)."""
     ca = make_ca(folder, "upstream-ca")
     key, cert = make_leaf(folder, ca, names)
-    upstream = Upstream()
+    upstream = Upstream(ca=ca[1])
     handler = type("Handler", (_Handler,), {"upstream": upstream})
     server = _Server(("127.0.0.1", 0), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

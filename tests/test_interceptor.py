@@ -24,7 +24,7 @@ import pytest
 import requests
 
 from .conftest import REPO, wait_for
-from .https_upstream import Upstream, https_upstream, make_ca
+from .https_upstream import Upstream, https_upstream
 
 MITMPROXY_PYTHON = REPO / ".venv-mitmproxy" / "bin" / "python"
 VALUE = "real-secret-value-7f3a9c"
@@ -47,6 +47,7 @@ class Interceptor:
     upstream: Upstream
     process: subprocess.Popen[str]
     records: list[dict[str, Any]] = field(default_factory=list)
+    output: list[str] = field(default_factory=list)  # every line it wrote
 
     def decisions(self, verdict: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["verdict"] == verdict]
@@ -59,11 +60,9 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
     app.mkdir()
     shutil.copy(REPO / "images" / "interceptor" / "interceptor.py", app)
     shutil.copy(REPO / "orchestrator_runtime" / "masking.py", app)
-    ca_key, ca_cert = make_ca(folder, "run-ca")
     config = {
         "listen": ["127.0.0.1", 0],
         "confdir": str(folder / "confdir"),
-        "ca_pem": ca_key.read_text() + ca_cert.read_text(),
         "upstream_proxy": f"http://127.0.0.1:{upstream.proxy_port}",
         "upstream_ca": str(upstream_ca),
         "bindings": [
@@ -83,7 +82,6 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
             },
         ],
     }
-    ca_key.unlink()  # the key lives on only in the proxy (its tmpfs confdir in the image)
     process = subprocess.Popen(
         [str(MITMPROXY_PYTHON), "-I", str(app / "interceptor.py")],
         stdin=subprocess.PIPE,
@@ -101,12 +99,15 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
             break
     else:
         raise AssertionError("the interceptor ended before listening:\n" + "".join(lines))
-    address = line.split("\t", 1)[1].strip()
-    proxy = Interceptor(f"http://{address}", ca_cert, upstream, process)
+    _, address, cert = line.strip().split("\t")
+    ca_cert = folder / "run-ca.crt"  # what the sandbox gets: the certificate, never the key
+    ca_cert.write_bytes(base64.b64decode(cert))
+    proxy = Interceptor(f"http://{address}", ca_cert, upstream, process, output=lines)
 
     def read() -> None:
         assert process.stdout
         for line in process.stdout:
+            proxy.output.append(line)
             if line.startswith("ORCH-SECRET\t"):
                 proxy.records.append(json.loads(line.split("\t", 1)[1]))
 
@@ -327,3 +328,23 @@ def test_an_upstream_certificate_that_does_not_verify_is_refused(
     response = session(fresh).get("https://unlisted.example.net/x")
     assert response.status_code == 502
     assert fresh.upstream.requests == []
+
+
+def test_each_run_has_its_own_ca_and_only_the_proxy_holds_its_key(
+    proxy: Interceptor, tmp_path: Path
+) -> None:
+    other = start_interceptor(tmp_path, proxy.upstream, proxy.upstream.ca)
+    try:
+        assert other.ca_cert.read_bytes() != proxy.ca_cert.read_bytes()
+        assert b"PRIVATE KEY" not in other.ca_cert.read_bytes()
+        shown = subprocess.run(
+            ["openssl", "x509", "-noout", "-text", "-in", str(other.ca_cert)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "CA:TRUE" in shown
+        key = tmp_path / "confdir" / "mitmproxy-ca.pem"  # tmpfs in the container
+        assert key.stat().st_mode & 0o077 == 0 and b"PRIVATE KEY" in key.read_bytes()
+        assert not any("PRIVATE KEY" in line for line in other.output)
+    finally:
+        other.process.terminate()
+        other.process.wait(timeout=30)

@@ -17,8 +17,7 @@ Configuration comes as one JSON object on stdin, then stdin is closed (values ne
 argument, an environment variable or a file):
 
     {"listen": ["0.0.0.0", 3129],             port 0: any; the bound port is reported
-     "confdir": "/tmp/interceptor",           tmpfs: the CA file mitmproxy reads
-     "ca_pem": "-----BEGIN PRIVATE KEY...",   the run's CA: key and certificate, PEM
+     "confdir": "/tmp/interceptor",           tmpfs: where mitmproxy makes the run's CA
      "upstream_proxy": "http://egress:3128",  optional: squid, the allowlist, after us
      "upstream_ca": "/path/ca.pem",           optional: extra CAs upstream (tests)
      "bindings": [{"name": "ANALYTICS_TOKEN", "placeholder": "...", "value": "...",
@@ -27,7 +26,12 @@ argument, an environment variable or a file):
 Every decision is one line on stdout, `ORCH-SECRET<TAB>{json}`, read back by the host like
 squid's access log: `injected` (name, host, place) and `refused` (reason `secret_not_bound`,
 name, host, place, why), `tls_failed` (a client that refused our certificate: pinning, its
-own CA store). `ORCH-INTERCEPTOR-READY<TAB>host:port` says it listens.
+own CA store). `ORCH-INTERCEPTOR-READY<TAB>host:port<TAB>CERT` says it listens; CERT is the
+run's CA certificate (PEM, base64 on one line), what the sandbox must trust.
+
+The run's CA is made by mitmproxy as it starts, in `confdir` (a tmpfs in the container): a
+fresh one per run, whose key never leaves this process's files and memory (the host, the
+sandbox, the image and the container's configuration never hold it).
 """
 
 from __future__ import annotations
@@ -335,13 +339,15 @@ class SecretBinder:
 
 
 class Ready:
-    """Says where the proxy listens once its servers are up."""
+    """Says where the proxy listens, and the run's CA certificate, once its servers are up."""
 
     def running(self) -> None:
         from mitmproxy import ctx
 
+        pem = ctx.master.addons.get("tlsconfig").certstore.default_ca.to_pem()
+        cert = base64.b64encode(pem).decode()
         for address in ctx.master.addons.get("proxyserver").listen_addrs():
-            print(f"{READY_PREFIX}\t{address[0]}:{address[1]}", flush=True)
+            print(f"{READY_PREFIX}\t{address[0]}:{address[1]}\t{cert}", flush=True)
 
 
 async def serve(config: dict[str, Any]) -> None:
@@ -350,10 +356,7 @@ async def serve(config: dict[str, Any]) -> None:
 
     bindings = [Binding.parse(b) for b in config["bindings"]]
     confdir = Path(config["confdir"])
-    confdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    ca = confdir / "mitmproxy-ca.pem"
-    ca.touch(mode=0o600)
-    ca.write_text(config["ca_pem"])
+    confdir.mkdir(mode=0o700, parents=True)  # a fresh one: a CA found there is never reused
     host, port = config["listen"]
     opts = options.Options(listen_host=host, listen_port=int(port), confdir=str(confdir))
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
