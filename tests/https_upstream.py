@@ -23,12 +23,29 @@ def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
     """A self-signed CA: (key, certificate), PEM files in `folder`."""
     key, cert = folder / f"{name}.key", folder / f"{name}.crt"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", f"/CN={name}", "-keyout", str(key), "-out", str(cert),
-         "-addext", "basicConstraints=critical,CA:TRUE",
-         "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return key, cert
 
 
@@ -36,17 +53,46 @@ def make_leaf(folder: Path, ca: tuple[Path, Path], names: list[str]) -> tuple[Pa
     """A server certificate for `names`, signed by `ca`: (key, certificate)."""
     key, csr, cert = folder / "leaf.key", folder / "leaf.csr", folder / "leaf.crt"
     subprocess.run(
-        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={names[0]}",
-         "-keyout", str(key), "-out", str(csr)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={names[0]}",
+            "-keyout",
+            str(key),
+            "-out",
+            str(csr),
+        ],
+        check=True,
+        capture_output=True,
+    )
     ext = folder / "leaf.ext"
     ext.write_text("subjectAltName=" + ",".join(f"DNS:{n}" for n in names) + "\n")
     subprocess.run(
-        ["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca[1]), "-CAkey", str(ca[0]),
-         "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(ca[1]),
+            "-CAkey",
+            str(ca[0]),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return key, cert
 
 

@@ -23,6 +23,14 @@ import httpx
 import pytest
 import requests
 
+from orchestrator.backends.docker.interceptor import (
+    Ready,
+    describe_injection,
+    injections,
+    read_ready,
+    refusals,
+)
+
 from .conftest import REPO, wait_for
 from .https_upstream import Upstream, https_upstream
 
@@ -47,7 +55,8 @@ class Interceptor:
     upstream: Upstream
     process: subprocess.Popen[str]
     records: list[dict[str, Any]] = field(default_factory=list)
-    output: list[str] = field(default_factory=list)  # every line it wrote
+    output: list[str] = field(default_factory=list)  # every line it wrote (since `fresh`)
+    startup: str = ""  # what it wrote up to its ready line
 
     def decisions(self, verdict: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["verdict"] == verdict]
@@ -102,7 +111,7 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
     _, address, cert = line.strip().split("\t")
     ca_cert = folder / "run-ca.crt"  # what the sandbox gets: the certificate, never the key
     ca_cert.write_bytes(base64.b64decode(cert))
-    proxy = Interceptor(f"http://{address}", ca_cert, upstream, process, output=lines)
+    proxy = Interceptor(f"http://{address}", ca_cert, upstream, process, startup="".join(lines))
 
     def read() -> None:
         assert process.stdout
@@ -131,6 +140,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Interceptor]:
 def fresh(proxy: Interceptor) -> Interceptor:
     """The proxy with nothing recorded yet by this test."""
     proxy.records.clear()
+    proxy.output.clear()
     proxy.upstream.requests.clear()
     proxy.upstream.tunnels.clear()
     return proxy
@@ -233,6 +243,33 @@ def test_urllib(fresh: Interceptor) -> None:
     assert info.value.code == 403 and len(fresh.upstream.requests) == 1
 
 
+def test_the_host_reads_back_what_was_injected_and_refused(fresh: Interceptor) -> None:
+    """The proxy's own output, read as the host reads it: where the value went, what was
+    refused (as `egress_blocked` attempts), never a value."""
+    s = session(fresh)
+    for path in ("/one", "/two"):
+        s.get(f"https://api.example.com{path}", headers={"X-Api-Key": PLACEHOLDER})
+    s.get(f"https://other.example.net/x?k={PLACEHOLDER}")
+    wait_for(lambda: len(fresh.records) == 3, timeout=10)
+    text = "".join(fresh.output)
+    assert VALUE not in text and QUERY_VALUE not in text
+    assert read_ready(text) is None and read_ready(fresh.startup) == Ready(
+        fresh.url.removeprefix("http://"), fresh.ca_cert.read_text()
+    )
+    (entry,) = injections(text)
+    assert describe_injection(entry) == (
+        "injected ANALYTICS_TOKEN api.example.com header:X-Api-Key (2 requests)"
+    )
+    (refusal,) = refusals(text)
+    assert refusal["verdict"] == "denied" and refusal["reason"] == "secret_not_bound"
+    assert (refusal["secret"], refusal["host"], refusal["place"]) == (
+        "ANALYTICS_TOKEN",
+        "other.example.net",
+        "query",
+    )
+    assert "not a host ANALYTICS_TOKEN is bound to" in refusal["detail"]
+
+
 def test_a_request_without_placeholder_goes_through_untouched(fresh: Interceptor) -> None:
     response = session(fresh).get("https://other.example.net/plain", headers={"X-A": "b"})
     assert response.status_code == 200 and fresh.upstream.requests[0]["headers"]["X-A"] == "b"
@@ -318,6 +355,8 @@ def test_a_client_that_does_not_trust_the_run_ca_fails_closed(fresh: Interceptor
     assert fresh.upstream.requests == []
     (failed,) = wait_for(lambda: fresh.decisions("tls_failed"), timeout=10)
     assert failed["host"] == "api.example.com"
+    (attempt,) = refusals("".join(fresh.output))
+    assert attempt["verdict"] == "allowed" and "pins certificates" in attempt["reason"]
 
 
 def test_an_upstream_certificate_that_does_not_verify_is_refused(
@@ -339,12 +378,14 @@ def test_each_run_has_its_own_ca_and_only_the_proxy_holds_its_key(
         assert b"PRIVATE KEY" not in other.ca_cert.read_bytes()
         shown = subprocess.run(
             ["openssl", "x509", "-noout", "-text", "-in", str(other.ca_cert)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert "CA:TRUE" in shown
         key = tmp_path / "confdir" / "mitmproxy-ca.pem"  # tmpfs in the container
         assert key.stat().st_mode & 0o077 == 0 and b"PRIVATE KEY" in key.read_bytes()
-        assert not any("PRIVATE KEY" in line for line in other.output)
+        assert "PRIVATE KEY" not in other.startup + "".join(other.output)
     finally:
         other.process.terminate()
         other.process.wait(timeout=30)
