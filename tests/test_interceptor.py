@@ -99,8 +99,8 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
         text=True,
     )
     assert process.stdin and process.stdout
-    process.stdin.write(json.dumps(config))
-    process.stdin.close()
+    process.stdin.write(json.dumps(config) + "\n")
+    process.stdin.flush()  # left open, as an attached container's stdin is
     lines: list[str] = []
     for line in process.stdout:  # until it listens (or ends: then its output says why)
         lines.append(line)
@@ -389,3 +389,22 @@ def test_each_run_has_its_own_ca_and_only_the_proxy_holds_its_key(
     finally:
         other.process.terminate()
         other.process.wait(timeout=30)
+
+
+def test_what_is_not_http_inside_a_tunnel_is_never_relayed(fresh: Interceptor) -> None:
+    """A stream the proxy cannot read as HTTP (a placeholder could hide in any protocol) is
+    answered with an error and closed; nothing of it goes upstream, not even a tunnel."""
+    import socket
+
+    host, port = fresh.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n\r\n")
+        assert raw.recv(1024).startswith(b"HTTP/1.1 200")
+        context = ssl.create_default_context(cafile=str(fresh.ca_cert))
+        with context.wrap_socket(raw, server_hostname="api.example.com") as tls:
+            tls.sendall(b"\x00\x01binary hello " + PLACEHOLDER.encode() + b"\r\n\r\n")
+            answer = b""
+            while chunk := tls.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert fresh.upstream.requests == [] and fresh.upstream.tunnels == []

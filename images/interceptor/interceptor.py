@@ -5,16 +5,17 @@ puts the value into a request only when the request goes, over TLS, to a host th
 bound to (its SNI, its CONNECT authority and its Host header all naming that host), and only
 in the places declared (`header`: any header value, Authorization's Basic credentials
 included; `query`; `body`). A placeholder anywhere else (another host, an undeclared place,
-plain HTTP, a Host that differs from the SNI, percent-, base64- or hex-encoded, a WebSocket or
-raw TLS message) refuses the request with 403 before any connection upstream is made (the
-upstream connection is lazy). Responses have each value replaced by its placeholder.
+plain HTTP, a Host that differs from the SNI, percent-, base64- or hex-encoded) refuses the
+request with 403 before any connection upstream is made (the upstream connection is lazy); in a
+WebSocket message it ends the connection. What is not HTTP inside a tunnel is never relayed
+(`rawtcp` off). Responses have each value replaced by its placeholder.
 
 TLS and HTTP are mitmproxy's; this file decides only where a value may go. It runs in its own
 interpreter (mitmproxy's), imports nothing from the orchestrator package, and finds
 `masking.py` (the runtime's, standard library only) beside itself.
 
-Configuration comes as one JSON object on stdin, then stdin is closed (values never in an
-argument, an environment variable or a file):
+Configuration comes as one JSON line on stdin, as the model gateway gets its key (values
+never in an argument, an environment variable or a file):
 
     {"listen": ["0.0.0.0", 3129],             port 0: any; the bound port is reported
      "confdir": "/tmp/interceptor",           tmpfs: where mitmproxy makes the run's CA
@@ -365,6 +366,7 @@ async def serve(config: dict[str, Any]) -> None:
         "ssl_insecure": False,  # upstream certificates verified
         "upstream_cert": False,  # certificates from the SNI: no upstream connection for them
         "http2": True,
+        "rawtcp": False,  # what is not HTTP inside a tunnel is refused, never relayed unread
     }
     if config.get("upstream_proxy"):
         settings["mode"] = [f"upstream:{config['upstream_proxy']}"]
@@ -376,7 +378,7 @@ async def serve(config: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    config = json.loads(sys.stdin.read())
+    config = json.loads(sys.stdin.readline())  # one line: an attached stdin stays open
     sys.stdin.close()
     asyncio.run(serve(config))
 
