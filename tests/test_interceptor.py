@@ -11,6 +11,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -408,3 +409,54 @@ def test_what_is_not_http_inside_a_tunnel_is_never_relayed(fresh: Interceptor) -
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 400"), answer
     assert fresh.upstream.requests == [] and fresh.upstream.tunnels == []
+
+
+TRUSTING_CLIENTS = """
+import json, os, sys, urllib.request
+from orchestrator_runtime.trust import trust_ca
+trust_ca(sys.stdin.read())  # what the runtime does before the payload, nothing else
+import httpx, requests
+headers = {"X-Api-Key": os.environ["ANALYTICS_TOKEN"]}
+got = {
+    "requests": requests.get("https://api.example.com/r", headers=headers).status_code,
+    "httpx": httpx.get("https://api.example.com/h", headers=headers).status_code,
+    "urllib": urllib.request.urlopen(
+        urllib.request.Request("https://api.example.com/u", headers=headers)
+    ).status,
+}
+print(json.dumps(got))
+"""
+
+
+def test_the_runtime_makes_plain_clients_trust_the_runs_ca(fresh: Interceptor) -> None:
+    """The payload's clients, with no CA argument of their own, go through the interception
+    once the runtime has trusted the run's CA (`trust_ca`); without it they refuse it."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HTTPS_PROXY": fresh.url,
+        "ANALYTICS_TOKEN": PLACEHOLDER,  # what the sandbox holds
+        "PYTHONPATH": str(REPO),
+    }
+    ca = fresh.ca_cert.read_text()
+    done = subprocess.run(
+        [sys.executable, "-c", TRUSTING_CLIENTS],
+        input=ca,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"requests": 200, "httpx": 200, "urllib": 200}
+    assert [r["headers"]["X-Api-Key"] for r in fresh.upstream.requests] == [VALUE] * 3
+    untrusted = TRUSTING_CLIENTS.replace("trust_ca(sys.stdin.read())", "sys.stdin.read()")
+    done = subprocess.run(
+        [sys.executable, "-c", untrusted],
+        input=ca,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in done.stderr
+    assert len(fresh.upstream.requests) == 3
