@@ -31,6 +31,7 @@ from orchestrator.backends.docker.interceptor import (
     read_ready,
     refusals,
 )
+from orchestrator.payloads.binding import BoundSecret, SecretBinding
 
 from .conftest import REPO, wait_for
 from .https_upstream import Upstream, https_upstream
@@ -75,21 +76,13 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
         "confdir": str(folder / "confdir"),
         "upstream_proxy": f"http://127.0.0.1:{upstream.proxy_port}",
         "upstream_ca": str(upstream_ca),
-        "bindings": [
-            {
-                "name": "ANALYTICS_TOKEN",
-                "placeholder": PLACEHOLDER,
-                "value": VALUE,
-                "hosts": ["api.example.com"],
-                "in": ["header"],
-            },
-            {
-                "name": "QUERY_TOKEN",
-                "placeholder": QUERY_PLACEHOLDER,
-                "value": QUERY_VALUE,
-                "hosts": ["*.example.org"],
-                "in": ["query", "body"],
-            },
+        "bindings": [  # as the host hands them over (BoundSecret: its one shape)
+            BoundSecret(SecretBinding("ANALYTICS_TOKEN", ("api.example.com",)), PLACEHOLDER, VALUE),
+            BoundSecret(
+                SecretBinding("QUERY_TOKEN", ("*.example.org",), ("query", "body")),
+                QUERY_PLACEHOLDER,
+                QUERY_VALUE,
+            ),
         ],
     }
     process = subprocess.Popen(
@@ -100,6 +93,7 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
         text=True,
     )
     assert process.stdin and process.stdout
+    config["bindings"] = [b.interceptor_config() for b in config["bindings"]]
     process.stdin.write(json.dumps(config) + "\n")
     process.stdin.flush()  # left open, as an attached container's stdin is
     lines: list[str] = []

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.errors import ConfigError, ManifestError
 from orchestrator.lifecycle.runner import prepare
-from orchestrator.payloads.binding import SecretBinding
+from orchestrator.payloads.binding import SecretBinding, bind_secrets
 from orchestrator.payloads.manifest import load_manifest
 from orchestrator.policy import host_covered
 from orchestrator.spec import RunSpec
@@ -204,3 +204,23 @@ def test_validate_says_what_run_says(tmp_path: Path) -> None:
     problems = json.loads(out.stdout)["problems"]
     assert len(problems) == 1, problems
     assert "binding secrets to hosts is not available on the docker backend" in problems[0]
+
+
+def test_each_run_gets_fresh_placeholders_and_the_value_stays_outside() -> None:
+    bindings = (SecretBinding("ANALYTICS_TOKEN", ("api.example.com",)),)
+    values = {"ANALYTICS_TOKEN": "real-value-123", "OTHER_TOKEN": "unbound-value"}
+    sandbox, bound = bind_secrets(values, bindings)
+    again, _ = bind_secrets(values, bindings)
+    (secret,) = bound
+    assert sandbox["OTHER_TOKEN"] == "unbound-value"  # unbound: today's path
+    assert sandbox["ANALYTICS_TOKEN"] == secret.placeholder != again["ANALYTICS_TOKEN"]
+    assert secret.placeholder.startswith("orchestrator-bound-ANALYTICS_TOKEN-")
+    assert "real-value-123" not in json.dumps(sandbox) and "real-value-123" not in repr(secret)
+    assert secret.interceptor_config() == {
+        "name": "ANALYTICS_TOKEN",
+        "placeholder": secret.placeholder,
+        "value": "real-value-123",
+        "hosts": ["api.example.com"],
+        "in": ["header"],
+    }
+    assert bind_secrets({}, bindings) == ({}, ())  # no values read (schedule validation)

@@ -9,7 +9,8 @@ the promise is `Capabilities.bound_secrets`, asked by `runner.prepare`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Problem
@@ -116,3 +117,52 @@ def _not_listed(field: str, host: str) -> Problem:
         f"Add {host} to `[network] hosts` (a secret is bound only to hosts the run may "
         "reach), or bind the secret to a listed host.",
     )
+
+
+@dataclass(frozen=True)
+class BoundSecret:
+    """A bound secret in one run: the placeholder the sandbox holds in its place, and the
+    value only the interceptor gets (at its start, on its stdin)."""
+
+    binding: SecretBinding
+    placeholder: str
+    value: str = field(repr=False)
+
+    def interceptor_config(self) -> dict[str, Any]:
+        """This secret as the interceptor's configuration names it
+        (images/interceptor/interceptor.py)."""
+        b = self.binding
+        return {
+            "name": b.name,
+            "placeholder": self.placeholder,
+            "value": self.value,
+            "hosts": list(b.hosts),
+            "in": list(b.places),
+        }
+
+
+def new_placeholder(name: str, value: str) -> str:
+    """A fresh placeholder for the secret `name` (a new one per run): its name, to tell a
+    reader what it stands for, and 128 random bits; never inside the value or holding it."""
+    while True:
+        placeholder = f"orchestrator-bound-{name}-{secrets.token_hex(16)}"
+        if placeholder not in value and value not in placeholder:
+            return placeholder
+
+
+def bind_secrets(
+    values: dict[str, str], bindings: tuple[SecretBinding, ...]
+) -> tuple[dict[str, str], tuple[BoundSecret, ...]]:
+    """The secrets the sandbox gets, each bound one's value replaced by a fresh placeholder,
+    and the bound secrets for the interceptor. A binding whose secret has no value here
+    (schedule validation reads none) is left out of both."""
+    sandbox = dict(values)
+    bound = []
+    for binding in bindings:
+        value = values.get(binding.name)
+        if not value:
+            continue
+        placeholder = new_placeholder(binding.name, value)
+        sandbox[binding.name] = placeholder
+        bound.append(BoundSecret(binding, placeholder, value))
+    return sandbox, tuple(bound)
