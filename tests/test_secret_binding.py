@@ -224,3 +224,39 @@ def test_each_run_gets_fresh_placeholders_and_the_value_stays_outside() -> None:
         "in": ["header"],
     }
     assert bind_secrets({}, bindings) == ({}, ())  # no values read (schedule validation)
+
+
+def test_the_record_and_the_start_line_say_which_secrets_are_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unbound secret goes into the sandbox, as before; the run says so. The model's key,
+    held by the gateway, is not among them."""
+    from orchestrator.cli.display import describe_event, network_of
+
+    monkeypatch.setenv("ANALYTICS_TOKEN", "v1")
+    monkeypatch.setenv("OTHER_TOKEN", "v2")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    unbound = BOUND.replace(
+        'ANALYTICS_TOKEN = { hosts = ["api.example.com"], in = ["header"] }', ""
+    )
+    folder = write_payload(tmp_path, unbound)
+    prepared = prepare(RunSpec(payload=folder, model="openai:gpt-4o"))
+    assert prepared.gateway is not None and "OPENAI_API_KEY" in prepared.secret_names
+    assert prepared.secrets_inside == ("ANALYTICS_TOKEN", "OTHER_TOKEN")
+    keyed = prepare(RunSpec(payload=folder, model="openai:gpt-4o", gateway=False))
+    assert keyed.secrets_inside == ("ANALYTICS_TOKEN", "OTHER_TOKEN", "OPENAI_API_KEY")
+    created = {
+        "type": "sandbox_created",
+        "network": "allowlist",
+        "allowlist": ["api.example.com"],
+        "secrets_inside": list(prepared.secrets_inside),
+    }
+    line = describe_event(
+        {"type": "run_start", "payload": "bound", "agents": [{"name": "manager"}]},
+        network=network_of(created),
+    )
+    assert line == (
+        "▶ run started: payload bound · agents manager · network allowlist (api.example.com)"
+        " · secrets in the sandbox: ANALYTICS_TOKEN, OTHER_TOKEN"
+    )
+    assert network_of({**created, "secrets_inside": []}) == "allowlist (api.example.com)"

@@ -113,10 +113,15 @@ class RunDisplay:
 
 
 def network_of(event: dict[str, Any]) -> str | None:
-    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event."""
+    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event, and the
+    secrets whose values are inside the sandbox (` · secrets in the sandbox: NAME, ...`)."""
     mode = event.get("network")
     hosts = event.get("allowlist") or []
-    return f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
+    text = f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
+    inside = event.get("secrets_inside") or []
+    if inside and text is not None:
+        text += f" · secrets in the sandbox: {', '.join(map(str, inside))}"
+    return text
 
 
 def describe_event(

@@ -56,6 +56,13 @@ class PreparedRun:
         return sandbox_network(self.network, self.gateway, hosts)
 
     @property
+    def secrets_inside(self) -> tuple[str, ...]:
+        """The secrets whose values the sandbox holds (the record and the start line say
+        so): every one the run gets, but the model's key when a gateway holds it."""
+        held = self.gateway.credential_env if self.gateway else None
+        return tuple(name for name in self.secret_names if name != held)
+
+    @property
     def allowlist(self) -> list[str]:
         """The effective allowlist as the record shows it."""
         items = describe_allowlist(self.sandbox_network)
