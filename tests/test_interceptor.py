@@ -2,12 +2,17 @@
 process of its own on 127.0.0.1 from its own interpreter (.venv-mitmproxy, as in its image),
 between real clients (requests, httpx over HTTP/1.1 and HTTP/2, urllib) and a real HTTPS
 server with its own CA. The value goes only to its bound host in its declared places;
-everything else is refused with 403 and never arrives at the server."""
+everything else is refused with 403 and never arrives at the server.
+
+`TEST_MITMPROXY_PYTHON` names another mitmproxy's interpreter to run the same tests against
+(the image's version may differ from the one Python 3.11 can run here).
+"""
 
 from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -36,7 +41,9 @@ from orchestrator.payloads.binding import BoundSecret, SecretBinding
 from .conftest import REPO, wait_for
 from .https_upstream import Upstream, https_upstream
 
-MITMPROXY_PYTHON = REPO / ".venv-mitmproxy" / "bin" / "python"
+MITMPROXY_PYTHON = Path(
+    os.environ.get("TEST_MITMPROXY_PYTHON") or REPO / ".venv-mitmproxy" / "bin" / "python"
+)
 VALUE = "real-secret-value-7f3a9c"
 PLACEHOLDER = "orchestrator-placeholder-ANALYTICS_TOKEN-5b1e0d2c9a"
 QUERY_VALUE = "query-secret-value-11aa22"
