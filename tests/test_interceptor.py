@@ -36,6 +36,7 @@ from orchestrator.backends.docker.interceptor import (
     read_ready,
     refusals,
 )
+from orchestrator.cli.display import describe_event
 from orchestrator.payloads.binding import BoundSecret, SecretBinding
 
 from .conftest import REPO, wait_for
@@ -270,6 +271,13 @@ def test_the_host_reads_back_what_was_injected_and_refused(fresh: Interceptor) -
         "query",
     )
     assert "not a host ANALYTICS_TOKEN is bound to" in refusal["detail"]
+    shown = describe_event({"type": "egress_blocked", **refusal, "agent": "manager"})
+    assert shown == (
+        "  ⛔ [manager] refused ANALYTICS_TOKEN to other.example.net query: secret_not_bound "
+        "(other.example.net is not a host ANALYTICS_TOKEN is bound to)"
+    )
+    shown = describe_event({"type": "secret_injected", **entry})
+    assert shown == "  🔑 injected ANALYTICS_TOKEN api.example.com header:X-Api-Key (2 requests)"
 
 
 def test_a_request_without_placeholder_goes_through_untouched(fresh: Interceptor) -> None:
