@@ -49,7 +49,7 @@ VALUE = "real-secret-value-7f3a9c"
 PLACEHOLDER = "orchestrator-placeholder-ANALYTICS_TOKEN-5b1e0d2c9a"
 QUERY_VALUE = "query-secret-value-11aa22"
 QUERY_PLACEHOLDER = "orchestrator-placeholder-QUERY_TOKEN-8c7d6e5f4a"
-NAMES = ["api.example.com", "other.example.net", "q.example.org"]
+NAMES = ["api.example.com", "other.example.net", "q.example.org", "pinned.example.net"]
 
 pytestmark = pytest.mark.skipif(
     not MITMPROXY_PYTHON.exists(), reason="mitmproxy's virtualenv: run scripts/setup.sh"
@@ -92,6 +92,7 @@ def start_interceptor(folder: Path, upstream: Upstream, upstream_ca: Path) -> In
                 QUERY_VALUE,
             ),
         ],
+        "passthrough": ["pinned.example.net"],
     }
     process = subprocess.Popen(
         [str(MITMPROXY_PYTHON), "-I", str(app / "interceptor.py")],
@@ -225,6 +226,7 @@ def test_httpx_over_http1_and_http2(fresh: Interceptor, http2: bool) -> None:
         assert VALUE not in response.text
         elsewhere = client.get("https://other.example.net/h", headers={"x-api-key": PLACEHOLDER})
     assert elsewhere.status_code == 403
+    wait_for(lambda: fresh.decisions("refused"), timeout=10)  # its record, not the next test's
     (arrived,) = fresh.upstream.requests
     assert arrived["headers"]["x-api-key"] == VALUE
 
@@ -244,6 +246,7 @@ def test_urllib(fresh: Interceptor) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         opener.open(f"https://other.example.net/u?k={PLACEHOLDER}", timeout=30)
     assert info.value.code == 403 and len(fresh.upstream.requests) == 1
+    wait_for(lambda: fresh.decisions("refused"), timeout=10)  # its record, not the next test's
 
 
 def test_the_host_reads_back_what_was_injected_and_refused(fresh: Interceptor) -> None:
@@ -469,3 +472,44 @@ def test_the_runtime_makes_plain_clients_trust_the_runs_ca(fresh: Interceptor) -
     )
     assert done.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in done.stderr
     assert len(fresh.upstream.requests) == 3
+
+
+def test_a_passthrough_host_sees_the_client_unread(fresh: Interceptor) -> None:
+    """Its TLS is the real server's (a client that pins it works), nothing is read: a
+    placeholder goes as it is (never a value), and the proxy says it let the host through."""
+    s = session(fresh)
+    s.verify = str(fresh.upstream.ca)  # trusts the server's own CA only: as a pinning client
+    response = s.get("https://pinned.example.net/p", headers={"X-Api-Key": PLACEHOLDER})
+    assert response.status_code == 200
+    (arrived,) = fresh.upstream.requests
+    assert arrived["headers"]["X-Api-Key"] == PLACEHOLDER  # unread: not replaced, not refused
+    passed = wait_for(lambda: fresh.decisions("passthrough"), timeout=10)
+    assert passed[0]["host"] == "pinned.example.net"
+    with pytest.raises(requests.exceptions.SSLError):
+        session(fresh).get("https://pinned.example.net/p")  # the run's CA does not sign it
+
+
+@pytest.mark.parametrize("passthrough", ["api.example.com", "*.example.com", "bad host"])
+def test_a_bound_host_cannot_pass_through(tmp_path: Path, passthrough: str) -> None:
+    """A secret bound to a host whose TLS is not read could never be put on the wire: the
+    interceptor refuses to start (fail closed)."""
+    app = tmp_path / "app"
+    app.mkdir()
+    shutil.copy(REPO / "images" / "interceptor" / "interceptor.py", app)
+    shutil.copy(REPO / "orchestrator_runtime" / "masking.py", app)
+    bound = BoundSecret(SecretBinding("ANALYTICS_TOKEN", ("api.example.com",)), PLACEHOLDER, VALUE)
+    config = {
+        "listen": ["127.0.0.1", 0],
+        "confdir": str(tmp_path / "confdir"),
+        "bindings": [bound.interceptor_config()],
+        "passthrough": [passthrough],
+    }
+    done = subprocess.run(
+        [str(MITMPROXY_PYTHON), "-I", str(app / "interceptor.py")],
+        input=json.dumps(config) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0 and "ORCH-INTERCEPTOR-READY" not in done.stdout
+    assert "passthrough" in done.stderr and VALUE not in done.stderr + done.stdout

@@ -22,7 +22,13 @@ never in an argument, an environment variable or a file):
      "upstream_proxy": "http://egress:3128",  optional: squid, the allowlist, after us
      "upstream_ca": "/path/ca.pem",           optional: extra CAs upstream (tests)
      "bindings": [{"name": "ANALYTICS_TOKEN", "placeholder": "...", "value": "...",
-                   "hosts": ["api.example.com", "*.example.org"], "in": ["header"]}]}
+                   "hosts": ["api.example.com", "*.example.org"], "in": ["header"]}],
+     "passthrough": ["pinned.example.net"]}    optional: hosts whose TLS is relayed unread
+                                               (pinning clients); no secret is bound to one
+
+A passthrough host's TLS is not intercepted when the CONNECT authority and the SNI both name
+it: the client sees the real server's certificate, and whatever it sends goes unread (a
+placeholder too, but never a value: none is injected there). Logged as `passthrough`.
 
 Every decision is one line on stdout, `ORCH-SECRET<TAB>{json}`, read back by the host like
 squid's access log: `injected` (name, host, place) and `refused` (reason `secret_not_bound`,
@@ -87,7 +93,26 @@ class Binding:
 
     def bound_to(self, host: str) -> bool:
         """`host` is one of the bound names, or under a bound `*.` pattern (not its apex)."""
-        return any(host == h or (h.startswith("*.") and host.endswith(h[1:])) for h in self.hosts)
+        return any(covers(h, host) for h in self.hosts)
+
+
+def covers(entry: str, host: str) -> bool:
+    """`entry` (a name or a `*.` pattern) names `host` (a name, or a pattern under it)."""
+    under = entry.startswith("*.") and host.removeprefix("*.").endswith(entry[1:])
+    return host == entry or under
+
+
+def passthrough_list(config: dict[str, Any], bindings: list[Binding]) -> tuple[str, ...]:
+    """The passthrough hosts, checked: names or patterns, none that a binding's host shares
+    (a secret bound to a host whose TLS is not read could never be injected: fail closed)."""
+    hosts = tuple(str(h).lower() for h in config.get("passthrough") or ())
+    for host in hosts:
+        if not _NAME.match(host):
+            raise ValueError(f"passthrough: not a host name {host!r}")
+        for binding in bindings:
+            if any(covers(host, b) or covers(b, host) for b in binding.hosts):
+                raise ValueError(f"passthrough {host!r}: {binding.name} is bound there")
+    return hosts
 
 
 def decoded_forms(text: str) -> list[str]:
@@ -132,8 +157,9 @@ class SecretBinder:
     """The mitmproxy addon: injects bound secrets, refuses placeholders elsewhere, scrubs
     responses. `connects` maps a client connection to the authority of its CONNECT."""
 
-    def __init__(self, bindings: list[Binding]) -> None:
+    def __init__(self, bindings: list[Binding], passthrough: tuple[str, ...] = ()) -> None:
         self.bindings = bindings
+        self.passthrough = passthrough
         self.finders = {b.name: Finder(b.placeholder) for b in bindings}
         self.connects: dict[str, str] = {}
 
@@ -177,6 +203,14 @@ class SecretBinder:
 
     def tcp_message(self, flow: Any) -> None:
         self.refuse_message(flow, flow.messages[-1], "tcp")
+
+    def tls_clienthello(self, data: Any) -> None:
+        """A passthrough host's TLS goes unread, when the tunnel and the SNI both name it."""
+        sni = (data.client_hello.sni or "").lower()
+        connect = self.connects.get(data.context.client.id)
+        if sni and connect == sni and any(covers(p, sni) for p in self.passthrough):
+            data.ignore_connection = True
+            emit({"verdict": "passthrough", "host": sni})
 
     def tls_start_client(self, tls_start: Any) -> None:
         """HTTP/2 when the client offers it: clients list `http/1.1` first through a proxy
@@ -373,7 +407,7 @@ async def serve(config: dict[str, Any]) -> None:
     if config.get("upstream_ca"):
         settings["ssl_verify_upstream_trusted_ca"] = config["upstream_ca"]
     opts.update(**settings)
-    master.addons.add(SecretBinder(bindings), Ready())
+    master.addons.add(SecretBinder(bindings, passthrough_list(config, bindings)), Ready())
     await master.run()
 
 
