@@ -115,6 +115,9 @@ class Upstream:
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     upstream: Upstream
+    # One write per response, no Nagle: else each answer waits out a delayed ACK (40 ms).
+    disable_nagle_algorithm = True
+    wbufsize = 1 << 16
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -168,6 +171,8 @@ def _tunnel(client: socket.socket, upstream: Upstream) -> None:
             return
         upstream.tunnels.append(target)
         with socket.create_connection(("127.0.0.1", upstream.port)) as server:
+            for end in (client, server):
+                end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
             rest = data.split(b"\r\n\r\n", 1)[1]
             if rest:
