@@ -5,6 +5,7 @@ whatever name it was asked for (so that `api.example.com` is this host without D
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import socket
@@ -17,6 +18,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 
 def make_ca(folder: Path, name: str) -> tuple[Path, Path]:
@@ -140,6 +142,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         payload = json.dumps(record).encode()  # the request echoed back, headers and all
+        if self.path.startswith("/encoded"):  # the header echoed as base64, hex, percent
+            key = (self.headers.get("x-api-key") or "").encode()
+            forms = [base64.b64encode(key), key.hex().encode(), quote(key, safe="").encode()]
+            payload = b"\n".join(forms)
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("x-echo-authorization", self.headers.get("authorization") or "")

@@ -191,6 +191,17 @@ def test_requests_gets_the_value_to_its_host_in_a_header(fresh: Interceptor) -> 
     }
 
 
+def test_an_echoed_value_never_comes_back_encoded_either(fresh: Interceptor) -> None:
+    response = session(fresh).get(
+        "https://api.example.com/encoded", headers={"X-Api-Key": PLACEHOLDER}
+    )
+    assert response.status_code == 200 and fresh.upstream.requests[0]["headers"]["X-Api-Key"]
+    encoded = [base64.b64encode(VALUE.encode()).decode(), VALUE.encode().hex(), VALUE]
+    assert not any(form in response.text for form in encoded), response.text
+    # base64 and hex masked; the percent form of this value is the value itself: put back
+    assert response.text.split("\n") == ["***", "***", PLACEHOLDER], response.text
+
+
 def test_bearer_and_basic_credentials_are_headers(fresh: Interceptor) -> None:
     s = session(fresh)
     bearer = s.get("https://api.example.com/a", headers={"Authorization": f"Bearer {PLACEHOLDER}"})

@@ -8,7 +8,7 @@ included; `query`; `body`). A placeholder anywhere else (another host, an undecl
 plain HTTP, a Host that differs from the SNI, percent-, base64- or hex-encoded) refuses the
 request with 403 before any connection upstream is made (the upstream connection is lazy); in a
 WebSocket message it ends the connection. What is not HTTP inside a tunnel is never relayed
-(`rawtcp` off). Responses have each value replaced by its placeholder.
+(`rawtcp` off). Responses have each value replaced by its placeholder, its encoded forms by `***`.
 
 TLS and HTTP are mitmproxy's; this file decides only where a value may go. It runs in its own
 interpreter (mitmproxy's), imports nothing from the orchestrator package, and finds
@@ -138,6 +138,17 @@ class Finder:
         return any(self.masker(form) != form for form in decoded_forms(text))
 
 
+class Scrubber:
+    """A response's text with a value put back as its placeholder, its encoded forms masked."""
+
+    def __init__(self, binding: Binding) -> None:
+        self.value, self.placeholder = binding.value, binding.placeholder
+        self.masker = Masker([binding.value])
+
+    def __call__(self, text: str) -> str:
+        return self.masker(text.replace(self.value, self.placeholder))
+
+
 def emit(record: dict[str, Any]) -> None:
     print(f"{LOG_PREFIX}\t{json.dumps({'ts': round(time.time(), 3), **record})}", flush=True)
 
@@ -161,6 +172,7 @@ class SecretBinder:
         self.bindings = bindings
         self.passthrough = passthrough
         self.finders = {b.name: Finder(b.placeholder) for b in bindings}
+        self.scrubbers = {b.name: Scrubber(b) for b in bindings}
         self.connects: dict[str, str] = {}
 
     # ---- hooks ---------------------------------------------------------------------------
@@ -180,23 +192,23 @@ class SecretBinder:
                 return
 
     def response(self, flow: Any) -> None:
+        """Each value echoed back becomes its placeholder; an encoded form of it (base64,
+        hex, percent, as `masking` knows them) becomes `***`: the sandbox never reads one."""
         if flow.response is None or flow.metadata.get("orchestrator_refused"):
             return
+        response = flow.response
         for binding in self.bindings:
-            for name, value in list(flow.response.headers.items(multi=True)):
-                if binding.value in value:
-                    flow.response.headers.set_all(
-                        name,
-                        [
-                            v.replace(binding.value, binding.placeholder)
-                            for v in flow.response.headers.get_all(name)
-                        ],
-                    )
-            content = flow.response.get_content(strict=False)
-            if content and binding.value.encode() in content:
-                flow.response.set_content(
-                    content.replace(binding.value.encode(), binding.placeholder.encode())
-                )
+            scrub = self.scrubbers[binding.name]
+            for name in list(response.headers.keys()):
+                values = response.headers.get_all(name)
+                scrubbed = [scrub(v) for v in values]
+                if scrubbed != values:
+                    response.headers.set_all(name, scrubbed)
+            content = response.get_content(strict=False)
+            if content:
+                text = content.decode("latin-1")
+                if scrub(text) != text:
+                    response.set_content(scrub(text).encode("latin-1"))
 
     def websocket_message(self, flow: Any) -> None:
         self.refuse_message(flow, flow.websocket.messages[-1], "websocket")
