@@ -524,3 +524,41 @@ def test_a_bound_host_cannot_pass_through(tmp_path: Path, passthrough: str) -> N
     )
     assert done.returncode != 0 and "ORCH-INTERCEPTOR-READY" not in done.stdout
     assert "passthrough" in done.stderr and VALUE not in done.stderr + done.stdout
+
+
+def test_a_placeholder_in_a_trailer_is_refused(fresh: Interceptor) -> None:
+    """HTTP/2 trailers (which the usual clients never send) are never a place: refused.
+    (mitmproxy relays no HTTP/1 request trailers at all.)"""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    host, port = fresh.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n\r\n")
+        assert raw.recv(1024).startswith(b"HTTP/1.1 200")
+        context = ssl.create_default_context(cafile=str(fresh.ca_cert))
+        context.set_alpn_protocols(["h2"])
+        with context.wrap_socket(raw, server_hostname="api.example.com") as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            stream = conn.get_next_available_stream_id()
+            request = [(":method", "POST"), (":path", "/t"), (":scheme", "https")]
+            conn.send_headers(stream, [*request, (":authority", "api.example.com")])
+            conn.send_data(stream, b"hi")
+            conn.send_headers(stream, [("x-late", PLACEHOLDER)], end_stream=True)
+            tls.sendall(conn.data_to_send())
+            status = None
+            while status is None:
+                data = tls.recv(65536)
+                assert data, "closed before an answer"
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        status = dict(event.headers)[b":status"]
+                tls.sendall(conn.data_to_send())
+    assert status == b"403"
+    (record,) = wait_for(lambda: fresh.decisions("refused"), timeout=10)
+    assert record["place"] == "trailer:x-late" and fresh.upstream.requests == []

@@ -276,6 +276,9 @@ class SecretBinder:
             if not bound or "header" not in binding.places:
                 return f"header:{name}", why_not or "headers are not a declared place"
             injected.append(f"header:{name}")
+        for name, value in (request.trailers or {}).items():
+            if find(name) or find(value):
+                return f"trailer:{name}", "a trailer is never a place for a secret"
         path, _, query = request.path.partition("?")
         if find(path):
             return "path", why_not or "the path is never a place for a secret"
