@@ -181,7 +181,8 @@ def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
     tool = '#!/bin/sh\necho "ran: $(basename "$0") $*" >&2\n'
-    for path in (".venv/bin/python", ".venv/bin/uv", ".venv-phoenix/bin/python", "bin/debootstrap"):
+    stubs = (".venv/bin/python", ".venv/bin/uv", ".venv-phoenix/bin/python")
+    for path in (*stubs, ".venv-mitmproxy/bin/python", "bin/debootstrap"):
         stub = tmp_path / path
         stub.parent.mkdir(parents=True, exist_ok=True)
         stub.write_text(tool)
@@ -201,5 +202,7 @@ def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
 
     assert first("setup: installing orchestrator") < first("ran: python -m pip"), lines
     assert first("setup: installing Arize Phoenix") < first("ran: uv pip install"), lines
+    mitmproxy = next(i for i, line in enumerate(lines) if "images/interceptor/" in line)
+    assert first("setup: installing mitmproxy") < mitmproxy, lines
     said = [line for line in lines if line.startswith("setup: ")]
     assert len(said) >= 3 and said[-1].startswith("setup: ready"), lines
