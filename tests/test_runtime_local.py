@@ -9,7 +9,10 @@ from __future__ import annotations
 import base64
 import http.server
 import json
+import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -83,24 +86,96 @@ class Outcome:
         return self.events[-1]
 
 
+class Zygote:
+    """tests/runtime_zygote.py, one per module: each run a child forked from a process that
+    imported the runtime and smolagents once, as `python -m orchestrator_runtime` would
+    before reading its request (a process of its own: its own fds, exit code and fork)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.runtime_zygote"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,  # unbuffered: `select` then sees every answer line
+        )
+
+    def run(self, raw: bytes, args: tuple[str, ...], timeout: float) -> tuple[int, bytes, bytes]:
+        """The exit status, stdout and stderr of one run of the runtime on `raw`."""
+        files = {name: self.workdir / name for name in ("stdin", "stdout", "stderr")}
+        files["stdin"].write_bytes(raw)
+        order = {"argv": list(args), **{name: str(path) for name, path in files.items()}}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(order).encode() + b"\n")
+        self.proc.stdin.flush()
+        pid = int(self.answer(60))
+        try:
+            status = int(self.answer(timeout))
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.answer(60)
+            raise
+        return status, files["stdout"].read_bytes(), files["stderr"].read_bytes()
+
+    def answer(self, timeout: float) -> str:
+        """The zygote's next line: a pid, or an exit status."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"the runtime did not end within {timeout} s")
+        line = self.proc.stdout.readline()
+        assert line, f"the zygote died (exit {self.proc.poll()})"
+        return line.decode()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+#: This module's zygote while its tests run (the `zygote` fixture).
+ZYGOTES: list[Zygote] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    started = Zygote(tmp_path_factory.mktemp("zygote"))
+    ZYGOTES.append(started)
+    yield started
+    ZYGOTES.remove(started)
+    started.close()
+
+
 def run_runtime(
-    request: dict[str, Any] | bytes, timeout: float = 120, args: tuple[str, ...] = ()
+    request: dict[str, Any] | bytes,
+    timeout: float = 120,
+    args: tuple[str, ...] = (),
+    *,
+    fresh: bool = False,
 ) -> Outcome:
+    """One run of the runtime: a child of the module's zygote, or with `fresh` a new
+    `python -m orchestrator_runtime` (for what only the whole command shows: its command
+    line, the exit of a process that imported nothing before)."""
     raw = request if isinstance(request, bytes) else json.dumps(request).encode()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator_runtime", *args],
-        input=raw,
-        cwd=REPO,
-        capture_output=True,
-        timeout=timeout,
-    )
-    stdout = proc.stdout.decode()
+    if fresh:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator_runtime", *args],
+            input=raw,
+            cwd=REPO,
+            capture_output=True,
+            timeout=timeout,
+        )
+        status, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+        status, out, err = ZYGOTES[-1].run(raw, args, timeout)
+    stdout = out.decode()
     events = []
     for line in stdout.splitlines():
         event = json.loads(line)  # every stdout line must be one JSON object
         assert isinstance(event, dict), line
         events.append(event)
-    outcome = Outcome(proc.returncode, events, stdout, proc.stderr.decode(errors="replace"))
+    outcome = Outcome(status, events, stdout, err.decode(errors="replace"))
     check_stream(outcome)
     return outcome
 
@@ -348,7 +423,7 @@ def test_result_path_gets_the_run_end(tmp_path: Path) -> None:
     ],
 )
 def test_bad_request_exits_2(raw: bytes, needle: str) -> None:
-    outcome = run_runtime(raw)
+    outcome = run_runtime(raw, fresh=True)
     assert outcome.returncode == 2
     assert needle in outcome.events[0]["error"]["message"]
     assert outcome.end["state"] == "error"
@@ -358,10 +433,10 @@ def test_preload_takes_a_model_client_and_nothing_else() -> None:
     """`--preload openai` imports the client ahead and the run goes on as usual; any other
     module (or a stray argument) is a bad command line, reported as a bad request."""
     request = build_request(REPO / "agent_payloads" / "research_team")
-    ran = run_runtime(request, args=("--preload", "openai"))
+    ran = run_runtime(request, args=("--preload", "openai"), fresh=True)
     assert ran.end["state"] == "success", ran.stderr[-2000:]
     for args in (("--preload", "os"), ("--preload",), ("--preload", "openai", "extra")):
-        refused = run_runtime(request, args=args)
+        refused = run_runtime(request, args=args, fresh=True)
         assert refused.returncode == 2, args
         assert "unexpected arguments" in refused.events[0]["error"]["message"], args
 
