@@ -188,6 +188,16 @@ def text(driver, css: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, css).text
 
 
+def live_text(driver, css: str) -> str | None:
+    """The rendered text of the element `css` names, read in one step inside the page: a
+    live page replaces its elements as the run goes, and an element found a moment before
+    may be gone when its text is asked for (selenium's StaleElementReferenceException)."""
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText.trim() : null",
+        css,
+    )
+
+
 def all_text(driver, css: str) -> list[str]:
     from selenium.webdriver.common.by import By
 
@@ -311,13 +321,15 @@ def test_live_run_updates_until_it_ends(
         docker_client.api.pause(sandbox["Id"])
         try:
             load(browser, f"{server}/run/{sandbox['Labels'][LABEL_RUN_ID]}")
-            assert text(browser, "#run-status") in ("running", "preparing")
+            assert live_text(browser, "#run-status") in ("running", "preparing")
             browser.execute_script("window.__sameDocument = 42")
         finally:
             docker_client.api.unpause(sandbox["Id"])
-        wait_for(lambda: text(browser, "#run-status") == "succeeded", timeout=120, interval=0.5)
+        wait_for(
+            lambda: live_text(browser, "#run-status") == "succeeded", timeout=120, interval=0.5
+        )
         assert browser.execute_script("return window.__sameDocument") == 42  # no reload
-        assert text(browser, "#answer") == "awake"
+        assert live_text(browser, "#answer") == "awake"
         assert browser.execute_script("return document.body.dataset.runEnded") == "1"
         assert proc.wait(60) == 0
     finally:
