@@ -1,9 +1,10 @@
 """`python -m tests.runtime_zygote`: a process that imports what `python -m
 orchestrator_runtime` imports before it reads its request (the runtime's modules and smolagents,
 its `preload`), once, then forks one child per request that runs the runtime's `main` from
-there. Each run is still a process of its own, with its own stdin, stdout, stderr, exit code
-and fork; the half second of imports is paid once per test module instead of once per run
-(tests/test_runtime_local.py).
+there; one per test process (`shared_zygote`). Each run is still a process of its own, with
+its own stdin, stdout, stderr, exit code and fork; the half second of imports is paid once
+per test process instead of once per run (tests/test_runtime_local.py's `run_runtime`, also
+used by test_program.py and test_traces.py).
 
 Control: one JSON line per run on stdin (`argv` and the paths of the run's stdin, stdout and
 stderr files); the zygote answers with the child's pid, then its exit status (negative: the
@@ -16,12 +17,85 @@ import contextlib
 import io
 import json
 import os
+import select
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parent.parent
 #: The runtime's exit code for a bug of its own (orchestrator_runtime.__main__).
 EXIT_INTERNAL = 3
+
+
+class Zygote:
+    """The test side: one zygote process, each run a child forked from it."""
+
+    def __init__(self) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="runtime-zygote-"))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.runtime_zygote"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,  # unbuffered: `select` then sees every answer line
+        )
+
+    def run(self, raw: bytes, args: tuple[str, ...], timeout: float) -> tuple[int, bytes, bytes]:
+        """The exit status, stdout and stderr of one run of the runtime on `raw`."""
+        files = {name: self.workdir / name for name in ("stdin", "stdout", "stderr")}
+        files["stdin"].write_bytes(raw)
+        order = {"argv": list(args), **{name: str(path) for name, path in files.items()}}
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(order).encode() + b"\n")
+        self.proc.stdin.flush()
+        pid = int(self.answer(60))
+        try:
+            status = int(self.answer(timeout))
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)
+            self.answer(60)
+            raise
+        return status, files["stdout"].read_bytes(), files["stderr"].read_bytes()
+
+    def answer(self, timeout: float) -> str:
+        """The zygote's next line: a pid, or an exit status."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if not ready:
+            raise TimeoutError(f"the runtime did not end within {timeout} s")
+        line = self.proc.stdout.readline()
+        assert line, f"the zygote died (exit {self.proc.poll()})"
+        return line.decode()
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+#: This test process's zygote, once a test asked for it.
+STARTED: list[Zygote] = []
+
+
+def shared_zygote() -> Zygote:
+    """This test process's zygote, started on first use (a test process that runs no runtime
+    starts none); `stop_shared_zygote` ends it with the session (tests/conftest.py)."""
+    if not STARTED or STARTED[0].proc.poll() is not None:
+        STARTED[:] = [Zygote()]
+    return STARTED[0]
+
+
+def stop_shared_zygote() -> None:
+    while STARTED:
+        STARTED.pop().close()
 
 
 def child(runtime: Any, order: dict[str, Any]) -> None:

@@ -9,10 +9,7 @@ from __future__ import annotations
 import base64
 import http.server
 import json
-import os
-import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +27,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from .conftest import EXAMPLES, REPO, TEST_PAYLOADS
+from .runtime_zygote import shared_zygote
 
 SECRET = "correct-horse-battery\nstaple-9d2f41\n  third line with spaces  "
 EXAMPLE_SECRET = "tok-5e1f0c2a9b7d"
@@ -86,67 +84,6 @@ class Outcome:
         return self.events[-1]
 
 
-class Zygote:
-    """tests/runtime_zygote.py, one per module: each run a child forked from a process that
-    imported the runtime and smolagents once, as `python -m orchestrator_runtime` would
-    before reading its request (a process of its own: its own fds, exit code and fork)."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.workdir = workdir
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.runtime_zygote"],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            bufsize=0,  # unbuffered: `select` then sees every answer line
-        )
-
-    def run(self, raw: bytes, args: tuple[str, ...], timeout: float) -> tuple[int, bytes, bytes]:
-        """The exit status, stdout and stderr of one run of the runtime on `raw`."""
-        files = {name: self.workdir / name for name in ("stdin", "stdout", "stderr")}
-        files["stdin"].write_bytes(raw)
-        order = {"argv": list(args), **{name: str(path) for name, path in files.items()}}
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(order).encode() + b"\n")
-        self.proc.stdin.flush()
-        pid = int(self.answer(60))
-        try:
-            status = int(self.answer(timeout))
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            self.answer(60)
-            raise
-        return status, files["stdout"].read_bytes(), files["stderr"].read_bytes()
-
-    def answer(self, timeout: float) -> str:
-        """The zygote's next line: a pid, or an exit status."""
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            raise TimeoutError(f"the runtime did not end within {timeout} s")
-        line = self.proc.stdout.readline()
-        assert line, f"the zygote died (exit {self.proc.poll()})"
-        return line.decode()
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
-#: This module's zygote while its tests run (the `zygote` fixture).
-ZYGOTES: list[Zygote] = []
-
-
-@pytest.fixture(scope="module", autouse=True)
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
-    started = Zygote(tmp_path_factory.mktemp("zygote"))
-    ZYGOTES.append(started)
-    yield started
-    ZYGOTES.remove(started)
-    started.close()
-
-
 def run_runtime(
     request: dict[str, Any] | bytes,
     timeout: float = 120,
@@ -154,7 +91,7 @@ def run_runtime(
     *,
     fresh: bool = False,
 ) -> Outcome:
-    """One run of the runtime: a child of the module's zygote, or with `fresh` a new
+    """One run of the runtime: a child of the session's zygote, or with `fresh` a new
     `python -m orchestrator_runtime` (for what only the whole command shows: its command
     line, the exit of a process that imported nothing before)."""
     raw = request if isinstance(request, bytes) else json.dumps(request).encode()
@@ -168,7 +105,7 @@ def run_runtime(
         )
         status, out, err = proc.returncode, proc.stdout, proc.stderr
     else:
-        status, out, err = ZYGOTES[-1].run(raw, args, timeout)
+        status, out, err = shared_zygote().run(raw, args, timeout)
     stdout = out.decode()
     events = []
     for line in stdout.splitlines():
