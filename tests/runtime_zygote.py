@@ -6,9 +6,9 @@ its own stdin, stdout, stderr, exit code and fork; the half second of imports is
 per test process instead of once per run (tests/test_runtime_local.py's `run_runtime`, also
 used by test_program.py and test_traces.py).
 
-Control: one JSON line per run on stdin (`argv` and the paths of the run's stdin, stdout and
-stderr files); the zygote answers with the child's pid, then its exit status (negative: the
-signal that ended it), one line each on stdout.
+Control: one JSON line per run on stdin (`argv`, the test's environment, and the paths of
+the run's stdin, stdout and stderr files); the zygote answers with the child's pid, then its
+exit status (negative: the signal that ended it), one line each on stdout.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ class Zygote:
         """The exit status, stdout and stderr of one run of the runtime on `raw`."""
         files = {name: self.workdir / name for name in ("stdin", "stdout", "stderr")}
         files["stdin"].write_bytes(raw)
-        order = {"argv": list(args), **{name: str(path) for name, path in files.items()}}
+        order = {
+            "argv": list(args),
+            "env": dict(os.environ),  # the test's environment now, as a new process gets it
+            **{name: str(path) for name, path in files.items()},
+        }
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(order).encode() + b"\n")
         self.proc.stdin.flush()
@@ -116,6 +120,8 @@ def child(runtime: Any, order: dict[str, Any]) -> None:
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(
         io.BufferedWriter(io.FileIO(2, "w")), line_buffering=True
     )
+    os.environ.clear()
+    os.environ.update(order["env"])
     sys.argv = ["orchestrator_runtime", *order["argv"]]
     code = 1
     try:
