@@ -59,6 +59,16 @@ def sandbox_runtime() -> Iterator[str]:
         os.environ.pop("ORCHESTRATOR_SANDBOX_RUNTIME", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def runtime_zygote() -> Iterator[None]:
+    """The runtime's zygote (tests/runtime_zygote.py), started by the first test that runs
+    the runtime locally, ends with the session."""
+    yield
+    from tests.runtime_zygote import stop_shared_zygote
+
+    stop_shared_zygote()
+
+
 #: Fixtures that reach the Docker engine themselves; every fixture that needs the engine
 #: depends on one of them (agent_image, nothing_left, no_leftovers, e2b_env, fake_e2b, ...).
 ENGINE_FIXTURES = frozenset({"docker_client", "e2b_test_server"})

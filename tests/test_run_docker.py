@@ -249,7 +249,15 @@ def test_signal_cancels_and_removes(
     proc = _start_cli_run(tmp_path)
     try:
         wait_for(lambda: our_containers(docker_client, store_label), timeout=120)
-        time.sleep(1)  # let the runtime start
+        # Mid-run: once the runtime has started the run (its first event is in the record).
+        row = wait_for(
+            lambda: next(
+                (r for r in Store().list_runs(limit=1000) if r["run_id"] not in before), None
+            ),
+            timeout=120,
+        )
+        events = Path(row["record_dir"]) / "events.jsonl"
+        wait_for(lambda: events.is_file() and '"type": "run_start"' in events.read_text(), 120)
         proc.send_signal(sig)
         proc.wait(timeout=30)
     finally:

@@ -27,6 +27,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from .conftest import EXAMPLES, REPO, TEST_PAYLOADS
+from .runtime_zygote import shared_zygote
 
 SECRET = "correct-horse-battery\nstaple-9d2f41\n  third line with spaces  "
 EXAMPLE_SECRET = "tok-5e1f0c2a9b7d"
@@ -84,23 +85,34 @@ class Outcome:
 
 
 def run_runtime(
-    request: dict[str, Any] | bytes, timeout: float = 120, args: tuple[str, ...] = ()
+    request: dict[str, Any] | bytes,
+    timeout: float = 120,
+    args: tuple[str, ...] = (),
+    *,
+    fresh: bool = False,
 ) -> Outcome:
+    """One run of the runtime: a child of the session's zygote, or with `fresh` a new
+    `python -m orchestrator_runtime` (for what only the whole command shows: its command
+    line, the exit of a process that imported nothing before)."""
     raw = request if isinstance(request, bytes) else json.dumps(request).encode()
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator_runtime", *args],
-        input=raw,
-        cwd=REPO,
-        capture_output=True,
-        timeout=timeout,
-    )
-    stdout = proc.stdout.decode()
+    if fresh:
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator_runtime", *args],
+            input=raw,
+            cwd=REPO,
+            capture_output=True,
+            timeout=timeout,
+        )
+        status, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+        status, out, err = shared_zygote().run(raw, args, timeout)
+    stdout = out.decode()
     events = []
     for line in stdout.splitlines():
         event = json.loads(line)  # every stdout line must be one JSON object
         assert isinstance(event, dict), line
         events.append(event)
-    outcome = Outcome(proc.returncode, events, stdout, proc.stderr.decode(errors="replace"))
+    outcome = Outcome(status, events, stdout, err.decode(errors="replace"))
     check_stream(outcome)
     return outcome
 
@@ -348,7 +360,7 @@ def test_result_path_gets_the_run_end(tmp_path: Path) -> None:
     ],
 )
 def test_bad_request_exits_2(raw: bytes, needle: str) -> None:
-    outcome = run_runtime(raw)
+    outcome = run_runtime(raw, fresh=True)
     assert outcome.returncode == 2
     assert needle in outcome.events[0]["error"]["message"]
     assert outcome.end["state"] == "error"
@@ -358,10 +370,10 @@ def test_preload_takes_a_model_client_and_nothing_else() -> None:
     """`--preload openai` imports the client ahead and the run goes on as usual; any other
     module (or a stray argument) is a bad command line, reported as a bad request."""
     request = build_request(REPO / "agent_payloads" / "research_team")
-    ran = run_runtime(request, args=("--preload", "openai"))
+    ran = run_runtime(request, args=("--preload", "openai"), fresh=True)
     assert ran.end["state"] == "success", ran.stderr[-2000:]
     for args in (("--preload", "os"), ("--preload",), ("--preload", "openai", "extra")):
-        refused = run_runtime(request, args=args)
+        refused = run_runtime(request, args=args, fresh=True)
         assert refused.returncode == 2, args
         assert "unexpected arguments" in refused.events[0]["error"]["message"], args
 

@@ -18,9 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.records.store import Store
 
-from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, start_cli, wait_for
+from .conftest import (
+    PAYLOADS,
+    REPO,
+    TEST_PAYLOADS,
+    cli,
+    running_sandboxes,
+    start_cli,
+    wait_for,
+)
 
 pytestmark = pytest.mark.docker
 
@@ -182,6 +191,16 @@ def text(driver, css: str) -> str:
     return driver.find_element(By.CSS_SELECTOR, css).text
 
 
+def live_text(driver, css: str) -> str | None:
+    """The rendered text of the element `css` names, read in one step inside the page: a
+    live page replaces its elements as the run goes, and an element found a moment before
+    may be gone when its text is asked for (selenium's StaleElementReferenceException)."""
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText.trim() : null",
+        css,
+    )
+
+
 def all_text(driver, css: str) -> list[str]:
     from selenium.webdriver.common.by import By
 
@@ -292,21 +311,30 @@ def test_schedules_page(browser, server: str, world: World):
     shot(browser, "schedules")
 
 
-def test_live_run_updates_until_it_ends(browser, server: str, world: World, no_leftovers):
+def test_live_run_updates_until_it_ends(
+    browser, server: str, world: World, docker_client, store_label: str, no_leftovers
+):
     proc = start_cli(
         "run", str(TEST_PAYLOADS / "sleeper"), "--model", "mock", "--arg", "seconds=6", "-q"
     )
     try:
-        store = Store()
-        row = wait_for(
-            lambda: next(iter(store.list_runs(limit=1, status="running")), None), timeout=60
+        # The run's sandbox is paused while the page loads, so the page meets the run still
+        # going however long a busy machine takes to load it; unpaused, the run ends itself.
+        sandbox = wait_for(
+            lambda: (running_sandboxes(docker_client, store_label) or [None])[0], timeout=120
         )
-        load(browser, f"{server}/run/{row['run_id']}")
-        assert text(browser, "#run-status") in ("running", "preparing")
-        browser.execute_script("window.__sameDocument = 42")
-        wait_for(lambda: text(browser, "#run-status") == "succeeded", timeout=60, interval=0.5)
+        docker_client.api.pause(sandbox["Id"])
+        try:
+            load(browser, f"{server}/run/{sandbox['Labels'][LABEL_RUN_ID]}")
+            assert live_text(browser, "#run-status") in ("running", "preparing")
+            browser.execute_script("window.__sameDocument = 42")
+        finally:
+            docker_client.api.unpause(sandbox["Id"])
+        wait_for(
+            lambda: live_text(browser, "#run-status") == "succeeded", timeout=120, interval=0.5
+        )
         assert browser.execute_script("return window.__sameDocument") == 42  # no reload
-        assert text(browser, "#answer") == "awake"
+        assert live_text(browser, "#answer") == "awake"
         assert browser.execute_script("return document.body.dataset.runEnded") == "1"
         assert proc.wait(60) == 0
     finally:

@@ -8,7 +8,8 @@ Each attempt is a dict with a `kind`:
   (default: host) and a HEAD request;
 - `tcp`: a direct TCP connection to `host:port` (no proxy);
 - `dns`: resolve `name`;
-- `listen`: accept TCP connections on `port` for `seconds`, and count them;
+- `listen`: accept TCP connections on `port` for `seconds`, and count them (the count so far
+  to stderr every half second, with its time: `listened TIME: COUNT`);
 - `poll`: GET `url` every `interval` seconds for `seconds`, printing each outcome to stderr
   as it happens (for watching the network go away mid-run).
 """
@@ -99,9 +100,12 @@ def _listen(port: int, seconds: float) -> dict[str, Any]:
     server = socket.create_server(("0.0.0.0", port))
     server.settimeout(0.2)
     print(f"listening on {port}", file=sys.stderr, flush=True)
-    connections, deadline = 0, time.monotonic() + seconds
+    connections, deadline, told = 0, time.monotonic() + seconds, 0.0
     with server:
         while time.monotonic() < deadline:
+            if time.monotonic() - told >= 0.5:  # the count so far, with the time it was taken
+                print(f"listened {time.time():.3f}: {connections}", file=sys.stderr, flush=True)
+                told = time.monotonic()
             try:
                 client, _ = server.accept()
                 client.close()
