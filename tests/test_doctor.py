@@ -89,6 +89,7 @@ def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
         "host.sandbox_kernel": "pass",
         "host.seccomp": "fail",
         "host.cgroup_limits": "pass",
+        "host.engine_log": "pass",
     }
     (seccomp,) = [c for c in report["checks"] if c["name"] == "host.seccomp"]
     assert seccomp["fix"] and "seccomp" in seccomp["detail"]
@@ -105,8 +106,19 @@ def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
     assert code == 1
     assert lines[0].startswith("FAIL") and "host.sandbox_kernel" in lines[0]
     assert lines[1].lstrip().startswith("fix:") and "setup-gvisor.sh" in lines[1]
-    assert [line.split()[0] for line in lines[2:4]] == ["PASS", "PASS"]
-    assert lines[-1].startswith("3 checks: 2 passed, 1 failed, 0 not applicable")
+    assert [line.split()[0] for line in lines[2:5]] == ["PASS", "PASS", "PASS"]
+    assert lines[-1].startswith("4 checks: 3 passed, 1 failed, 0 not applicable")
+
+
+def test_an_engine_in_debug_mode_fails_the_log_check(live_info: dict[str, Any]) -> None:
+    """Debug mode writes request bodies (a container's environment: its run token) to the
+    engine's log; the double says so, the live engine does not."""
+    assert doctor("docker", only=["host.engine_log"], info=live_info).passed
+    debugging = {**live_info, "Debug": True}
+    report = doctor("docker", only=["host.engine_log"], info=debugging)
+    (outcome,) = report.outcomes
+    assert outcome.status == "fail" and "debug" in outcome.detail
+    assert outcome.fix and "daemon.json" in outcome.fix
 
 
 def test_an_unknown_check_is_refused_before_anything_runs(capsys) -> None:

@@ -1,5 +1,6 @@
 """The host's configuration, read without a run: what a Docker engine says of itself
-(`docker info`), for backends whose sandboxes run on this host's engine.
+(`docker info`), for backends whose sandboxes run on this host's engine: gVisor registered,
+seccomp, cgroup limits, and an engine log that holds no secret (no debug mode).
 
 Each check takes the engine's info as data, so that a test can hand it a double (an engine
 without gVisor, one without seccomp) instead of changing the real daemon.
@@ -82,10 +83,26 @@ def check_cgroup_limits(info: dict[str, Any]) -> str:
     return f"memory and pids limits enforceable (cgroup v{info.get('CgroupVersion', '?')})"
 
 
+def check_engine_log(info: dict[str, Any]) -> str:
+    if info.get("Debug"):
+        raise CheckFailed(
+            "the engine runs in debug mode: it writes the body of every API request to its "
+            "own log, a container's environment among them (a run's gateway token, or the "
+            "model key of a --no-gateway run)",
+            'Turn the engine\'s debug mode off (`"debug": false` in /etc/docker/daemon.json, '
+            "no `-D` on dockerd's command line), then reload or restart the engine.",
+        )
+    return (
+        "the engine is not in debug mode: request bodies (containers' environment) stay out "
+        "of its log; sandboxes have no engine-side log (log driver `none`)"
+    )
+
+
 HOST_CHECKS: tuple[HostCheck, ...] = (
     HostCheck("host.sandbox_kernel", "runs on `auto` get gVisor's kernel", check_sandbox_kernel),
     HostCheck("host.seccomp", "the engine applies seccomp filters", check_seccomp),
     HostCheck(
         "host.cgroup_limits", "the engine can enforce memory and pids limits", check_cgroup_limits
     ),
+    HostCheck("host.engine_log", "the engine's own log holds no secret", check_engine_log),
 )
