@@ -15,11 +15,15 @@ DESCRIPTION = """\
 Check that this host and backend keep the orchestrator's promises, with the same checks a
 backend must pass in the conformance kit (orchestrator.testing): the host's configuration
 as the engine reports it (which kernel runs on `auto` pick: gVisor registered or not; the
-seccomp filter; cgroup limits), then short real runs of a probe payload in sandboxes of the
-backend (one sandbox per run, removed after; time, memory and process limits; a forged end
-not believed; not root, no capabilities, read-only root; no engine socket; io_uring refused;
-under network `none` the host's addresses, the metadata address and DNS out of reach; a
-sandbox stopping by itself when its orchestrator is SIGKILLed; cleanup of a dead run).
+seccomp filter; cgroup limits; no debug mode writing request bodies to the engine's log),
+then short real runs of a probe payload in sandboxes of the backend (one sandbox per run,
+removed after; a cancel ending the run; a warm sandbox serving its one run; payloads with a
+symlink out or over the size cap refused before any sandbox; time, memory, process and
+output limits; a forged end not believed; not root, no capabilities, read-only root; no
+engine socket; io_uring, ptrace and AF_VSOCK refused; under network `none` the host's
+addresses, the metadata address and DNS out of reach; the model key absent from the
+sandbox; a sandbox stopping by itself when its orchestrator is SIGKILLed; cleanup of a dead
+run).
 
 One line per check: PASS, FAIL (with what to do) or NOT APPLICABLE (with the capability
 the backend declares absent). Its runs use a temporary state directory (your config file

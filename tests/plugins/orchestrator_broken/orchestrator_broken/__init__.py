@@ -12,7 +12,13 @@ from orchestrator.backends.base import Progress, SandboxSpec
 from orchestrator.backends.docker.sandbox import DockerSandbox
 from orchestrator.spec import NetworkPolicy
 
-__all__ = ["IgnoresMemoryLimit", "LeavesSandboxBehind", "OpensNetworkNone"]
+__all__ = [
+    "IgnoresMemoryLimit",
+    "IgnoresPidsLimit",
+    "LeavesSandboxBehind",
+    "OpensNetworkNone",
+    "SharesWarmSandboxes",
+]
 
 
 class IgnoresMemoryLimit(MirrorBackend):
@@ -22,6 +28,15 @@ class IgnoresMemoryLimit(MirrorBackend):
 
     def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
         return super().create(replace(spec, limits=replace(spec.limits, memory_mb=2048)), progress)
+
+
+class IgnoresPidsLimit(MirrorBackend):
+    """Gives every sandbox room for 32768 processes whatever the run asked."""
+
+    name = "mirror-nopids"
+
+    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
+        return super().create(replace(spec, limits=replace(spec.limits, pids=32768)), progress)
 
 
 class LeavesSandboxBehind(MirrorBackend):
@@ -45,3 +60,18 @@ class OpensNetworkNone(MirrorBackend):
         if spec.network.mode == "none":
             spec = replace(spec, network=NetworkPolicy(mode="open"))
         return super().create(spec, progress)
+
+
+class SharesWarmSandboxes(MirrorBackend):
+    """Hands a warm sandbox to whichever run takes it, not only the run it was made for."""
+
+    name = "mirror-sharedwarm"
+
+    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> DockerSandbox:
+        sandbox = super().create_idle(spec, progress, ttl)
+
+        def take(taker: SandboxSpec) -> None:
+            sandbox.spec = taker
+
+        sandbox.take = take  # type: ignore[method-assign]
+        return sandbox
