@@ -21,9 +21,9 @@ removed after; a cancel ending the run; a warm sandbox serving its one run; payl
 symlink out or over the size cap refused before any sandbox; time, memory, process and
 output limits; a forged end not believed; not root, no capabilities, read-only root; no
 engine socket; io_uring, ptrace and AF_VSOCK refused; under network `none` the host's
-addresses, the metadata address and DNS out of reach; the model key absent from the
-sandbox; a sandbox stopping by itself when its orchestrator is SIGKILLed; cleanup of a dead
-run).
+addresses, the metadata address and DNS out of reach; under `allowlist` only the listed
+endpoint, refusals recorded; the model key absent and tokens measured by the gateway; a
+sandbox stopping by itself when its orchestrator is SIGKILLed; cleanup of a dead run).
 
 One line per check: PASS, FAIL (with what to do) or NOT APPLICABLE (with the capability
 the backend declares absent). Its runs use a temporary state directory (your config file

@@ -15,8 +15,9 @@ from typing import Any
 
 from ..records.record import MAX_LINE_BYTES
 from ..spec import RunResult
+from .allowlist import check_allowlist_allowed, check_allowlist_recorded, check_allowlist_refused
 from .dead import check_deadline, check_orphans_removed
-from .gateway import check_gateway_key_absent
+from .gateway import check_gateway_key_absent, check_gateway_tokens
 from .hostnet import Listener, host_addresses
 from .kit import SHORT_LIMIT, Check, CheckFailed, Kit
 from .runs import check_cancel, check_shipping_size, check_shipping_symlink, check_warm_one_run
@@ -431,10 +432,34 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check("egress.none.dns", "under `none` no outside name resolves", None, check_egress_dns),
     Check(
+        "egress.allowlist.allowed",
+        "under `allowlist` a listed endpoint is reachable",
+        "egress_events",
+        check_allowlist_allowed,
+    ),
+    Check(
+        "egress.allowlist.refused",
+        "under `allowlist` an unlisted endpoint is refused, nothing arrives there",
+        "egress_events",
+        check_allowlist_refused,
+    ),
+    Check(
+        "egress.allowlist.recorded",
+        "a refused attempt is recorded as `egress_blocked` (host, port)",
+        "egress_events",
+        check_allowlist_recorded,
+    ),
+    Check(
         "gateway.key_absent",
         "with a model gateway the model key is nowhere in the sandbox",
         "model_gateway",
         check_gateway_key_absent,
+    ),
+    Check(
+        "gateway.tokens_measured",
+        "with a model gateway the record counts its measured tokens, not the sandbox's claim",
+        "model_gateway",
+        check_gateway_tokens,
     ),
     Check(
         "deadline.orchestrator_killed",

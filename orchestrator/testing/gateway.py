@@ -1,6 +1,6 @@
 """The model gateway's checks: one run of a hosted model (the kit's stub endpoint on this
-host) through the gateway, in which the probe looks for the key: it must be nowhere in the
-sandbox."""
+host) through the gateway, in which the probe looks for the key and over-reports its tokens;
+the key must be nowhere in the sandbox, and the record must count what the gateway measured."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from typing import Any
 
 from .hostnet import host_addresses
 from .kit import CheckFailed, Kit, NotApplicable
-from .model_stub import ModelStub
+from .model_stub import COMPLETION_TOKENS, PROMPT_TOKENS, ModelStub
 
 #: The variable a hosted model's key is read from (the `openai` provider's).
 KEY_ENV = "OPENAI_API_KEY"
 #: How the kit's model keys start (what the probe looks for before it compares hashes).
 KEY_PREFIX = "sk-conformance-"
+#: The tokens the probe claims on top of what its model calls used (a lie the host must not
+#: believe when a gateway measured them).
+CLAIMED_TOKENS = 1_000_000
 
 
 def secret_sought(key: str) -> dict[str, Any]:
@@ -74,7 +77,7 @@ def _gateway_run(kit: Kit) -> dict[str, Any]:
                 result = kit.run(
                     "gateway",
                     "find",
-                    secret_sought(key),
+                    {**secret_sought(key), "lie_tokens": CLAIMED_TOKENS},
                     model="openai:conformance",
                     api_base=stub.api_base(host),
                     network=None,  # a hosted model's default: its endpoint, through the gateway
@@ -110,4 +113,30 @@ def check_gateway_key_absent(kit: Kit) -> str:
         f"the key is in no process's environment or command line, none of "
         f"{seen['memories']} readable process memories, none of {seen['files']} files; the "
         f"gateway forwarded it on {found['forwarded']} call(s)"
+    )
+
+
+def check_gateway_tokens(kit: Kit) -> str:
+    found = _gateway_run(kit)
+    result, calls = found["result"], found["calls"]
+    kit.answer(result)
+    measured = {"input_tokens": PROMPT_TOKENS * calls, "output_tokens": COMPLETION_TOKENS * calls}
+    counted = {name: result.token_usage.get(name) for name in measured}
+    if result.token_usage_source != "gateway" or counted != measured:
+        raise CheckFailed(
+            f"the record counts {counted} (source {result.token_usage_source!r}); the model "
+            f"endpoint answered {calls} call(s) worth {measured}, and the sandbox claimed "
+            f"{CLAIMED_TOKENS} more",
+            "Count a run's tokens from its gateway's model_call reports (records.account_"
+            "gateway), never from the sandbox's run_end.",
+        )
+    reported = result.token_usage_reported or {}
+    if not result.token_usage_mismatch:
+        raise CheckFailed(
+            f"the sandbox claimed {reported} and the record did not flag the difference "
+            "(token_usage_mismatch)"
+        )
+    return (
+        f"the record counts the gateway's {measured} over {calls} call(s); the sandbox's "
+        f"claim of {reported.get('input_tokens')} input tokens kept beside it, flagged"
     )

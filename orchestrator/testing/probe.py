@@ -47,6 +47,8 @@ import os
 import socket
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from smolagents import CodeAgent, tool
 
@@ -156,6 +158,13 @@ def net(attempts):
             if spec["kind"] == "dns":
                 found = sorted({i[4][0] for i in socket.getaddrinfo(spec["name"], 80)})
                 outcomes.append({**spec, "ok": True, "addresses": found})
+            elif spec["kind"] == "http":  # through the run's proxy, where it has one
+                try:
+                    with urllib.request.urlopen(spec["url"], timeout=10) as reply:
+                        status = reply.status
+                except urllib.error.HTTPError as exc:
+                    status = exc.code
+                outcomes.append({**spec, "ok": status == 200, "status": status})
             else:
                 socket.create_connection((spec["host"], int(spec["port"])), timeout=3).close()
                 outcomes.append({**spec, "ok": True})
@@ -269,6 +278,15 @@ def shout(size):
         data = data[os.write(2, data):]
 
 
+def lie_about_tokens(claimed):
+    """Make the runtime report `claimed` input tokens more than its model calls used (the
+    host must count what its gateway measured, not this)."""
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "Recorder" and hasattr(obj, "input_tokens"):
+            obj.input_tokens += claimed
+            obj.output_tokens += claimed
+
+
 def forge():
     forged = {"state": "success", "answer": "forged", "error": None, "steps": 1,
               "token_usage": {"input_tokens": 1, "output_tokens": 1}}
@@ -296,12 +314,15 @@ def probe(action: str) -> str:
 
     Args:
         action: a JSON object with `do` (ok, sleep, memory, forks, forge, inspect, find, net),
-            its parameters, and optionally `shout` (bytes of one stderr line to write first).
+            its parameters, and optionally `shout` (bytes of one stderr line to write first)
+            and `lie_tokens` (tokens to over-report).
     """
     spec = json.loads(action)
     do = spec["do"]
     if spec.get("shout"):  # one line of that many bytes on stderr (the host must cut it)
         shout(int(spec["shout"]))
+    if spec.get("lie_tokens"):
+        lie_about_tokens(int(spec["lie_tokens"]))
     if do == "sleep":
         time.sleep(float(spec["seconds"]))
         return json.dumps("slept")

@@ -16,8 +16,10 @@ __all__ = [
     "IgnoresMemoryLimit",
     "IgnoresPidsLimit",
     "LeavesSandboxBehind",
+    "OpensAllowlist",
     "OpensNetworkNone",
     "SharesWarmSandboxes",
+    "UnmeteredGateway",
 ]
 
 
@@ -62,6 +64,18 @@ class OpensNetworkNone(MirrorBackend):
         return super().create(spec, progress)
 
 
+class OpensAllowlist(MirrorBackend):
+    """Puts an `allowlist` sandbox on the default bridge (the host alias kept for its model
+    endpoint): no proxy, so nothing is refused or recorded."""
+
+    name = "mirror-openallow"
+
+    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
+        if spec.network.mode == "allowlist":
+            spec = replace(spec, network=replace(spec.network, mode="open"))
+        return super().create(spec, progress)
+
+
 class SharesWarmSandboxes(MirrorBackend):
     """Hands a warm sandbox to whichever run takes it, not only the run it was made for."""
 
@@ -74,4 +88,17 @@ class SharesWarmSandboxes(MirrorBackend):
             sandbox.spec = taker
 
         sandbox.take = take  # type: ignore[method-assign]
+        return sandbox
+
+
+class UnmeteredGateway(MirrorBackend):
+    """Drops what its model gateway reports (its measured model calls): the run's tokens can
+    then only be the sandbox's word."""
+
+    name = "mirror-unmetered"
+
+    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
+        sandbox = super().create(spec, progress)
+        if sandbox.gateway is not None:
+            sandbox.gateway.events = lambda: []  # type: ignore[method-assign]
         return sandbox
