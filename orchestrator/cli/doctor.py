@@ -81,12 +81,14 @@ def line(outcome: Any) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from ..testing.doctor import CHECK_NAMES, doctor
+    from ..testing.doctor import check_names, doctor
 
-    unknown = [name for name in args.check if name not in CHECK_NAMES]
+    names = check_names(args.backend)
+    unknown = [name for name in args.check if name not in names]
     if unknown:
         raise ConfigError(
-            f"No check named {', '.join(unknown)}.", f"Use one of {', '.join(CHECK_NAMES)}."
+            f"No check named {', '.join(unknown)} for the {args.backend} backend.",
+            f"Use one of {', '.join(names)}.",
         )
     started = time.monotonic()
 
