@@ -72,6 +72,19 @@ def check_host_name(host: str) -> str | None:
     return None
 
 
+def host_covered(host: str, allowlist: Collection[str]) -> bool:
+    """True when every name `host` matches is on `allowlist` (names and `*.` patterns, as
+    the egress proxy reads them: `*.example.com` is any name under example.com, not
+    example.com itself). `host` may be a pattern too: `*.a.example.com` is covered by
+    `*.example.com` or by itself, never by a list of names."""
+    host = host.lower()
+    names = host.removeprefix("*.")  # a pattern: every name under it must be covered
+    for entry in (e.lower() for e in allowlist):
+        if host == entry or (entry.startswith("*.") and names.endswith(entry[1:])):
+            return True
+    return False
+
+
 #: Archive names pip installs as files (relative to its working directory), not as packages.
 _ARCHIVE_SUFFIXES = (
     ".whl",

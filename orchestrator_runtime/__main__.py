@@ -123,6 +123,13 @@ class Run:
         except RequestError as exc:
             return self.fail("request", exc, "payload", EXIT_BAD_REQUEST)
         os.environ.update(request.secrets)
+        if request.trust_ca:  # the intercepting proxy's CA, before any payload code
+            from .trust import trust_ca
+
+            try:
+                trust_ca(request.trust_ca)
+            except ValueError as exc:
+                return self.fail("request", RequestError(str(exc)), "payload", EXIT_BAD_REQUEST)
         apply_rlimits(request.rlimits)
         if request.trace:
             self.tracing = start_tracing(self.events, request.trace)

@@ -106,6 +106,9 @@ class Request:
     #: Process limits the runtime sets on itself (E2B, where the sandbox has no per-run
     #: limits of its own): `nproc`, `nofile`, `core` -> value.
     rlimits: dict[str, int] = _field("rlimits", dict, default_factory=dict, omit_empty=True)
+    #: The run's CA certificate (PEM), with bound secrets: an intercepting proxy on the
+    #: egress path presents certificates of this CA; trusted before the payload (trust.py).
+    trust_ca: str = _field("trust_ca", str, default="", omit_empty=True, repr=False)
     #: The host's trace of the run (`trace_id`, `parent_span_id`: its root span): the runtime
     #: then writes the run's OpenTelemetry spans as `span` events. Empty: no spans.
     trace: dict[str, str] = _field("trace", dict, default_factory=dict, omit_empty=True)
@@ -243,6 +246,8 @@ def _check(request: Request) -> None:
         or not _is_hex(request.trace["parent_span_id"], 16)
     ):
         raise RequestError("trace must be {trace_id: 32 hex digits, parent_span_id: 16 hex digits}")
+    if request.trust_ca and (problem := _ca_problem(request.trust_ca)):
+        raise RequestError(problem)
     if request.program is None:
         if not request.task.strip():
             raise RequestError("the task is empty")
@@ -279,6 +284,19 @@ def _check(request: Request) -> None:
     secret_names = {*request.secrets, *request.secret_env}
     if request.credential_env and request.credential_env not in secret_names:
         raise RequestError(f"credential_env {request.credential_env!r} is not among the secrets")
+
+
+def _ca_problem(pem: str) -> str | None:
+    """What is wrong with `pem` as the run's CA (its shape: PEM certificates, nothing
+    secret), or None; whether OpenSSL loads it is `trust.trust_ca`'s (ssl is not imported
+    on the way to a request's first check)."""
+    text = pem.strip()
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    if not text.startswith(begin) or not text.endswith(end):
+        return "trust_ca must be PEM certificates"
+    if "PRIVATE KEY" in text:
+        return "trust_ca must hold certificates only, never a key"
+    return None
 
 
 def _is_hex(value: Any, length: int) -> bool:

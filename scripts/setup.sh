@@ -37,6 +37,16 @@ fi
 .venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python .venv-phoenix/bin/python \
     'arize-phoenix==20.26.1'
 
+# mitmproxy, the secret interceptor's proxy (images/interceptor/), for tests/test_interceptor.py:
+# in a virtualenv of its own (.venv-mitmproxy), since it pins h11, cryptography and others
+# below what ours need; it runs there as in its image, a process of its own.
+say "installing mitmproxy for the interceptor tests into .venv-mitmproxy (uv, quiet: seconds)"
+if [ ! -x .venv-mitmproxy/bin/python ]; then
+    "$python" -m venv --without-pip .venv-mitmproxy
+fi
+.venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python .venv-mitmproxy/bin/python \
+    -r images/interceptor/requirements.txt
+
 if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing debootstrap (to build a base image without a registry)" >&2
     apt-get update -qq && apt-get install -y -qq debootstrap >/dev/null

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.batch import (
     BatchDir,
+    BatchObservers,
     BatchSpec,
     TaskFileError,
     derive_id,
@@ -285,7 +286,7 @@ def test_thirty_tasks_statuses_scores_and_summary(
     started = time.monotonic()
     summary = run_batch(
         BatchSpec(tasks=tasks, output=out, run=RunSpec(payload=MATH), concurrency=4),
-        on_result=seen.append,
+        observers=BatchObservers(on_result=seen.append),
     )
     wall = time.monotonic() - started
     results = {r["id"]: r for r in lines_of(out / "results.jsonl")}
@@ -735,7 +736,7 @@ def test_a_resumed_batch_counts_no_cancelled_attempt_as_a_retry(tmp_path: Path) 
     first = run_batch(spec, executor=cut)
     assert first.state == "interrupted" and first.pending == 3
     messages: list[str] = []
-    second = run_batch(spec, executor=cut, on_message=messages.append)
+    second = run_batch(spec, executor=cut, observers=BatchObservers(on_message=messages.append))
     assert second.state == "complete" and second.counts["succeeded"] == 5
     assert second.attempts == 8 and second.cancelled == 3 and second.retries == 0
     assert any("3 to run at concurrency 3 (fixed)" in m for m in messages), messages

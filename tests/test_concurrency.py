@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.batch import BatchProgress, BatchSpec, run_batch
+from orchestrator.batch import BatchObservers, BatchProgress, BatchSpec, run_batch
 from orchestrator.cli.batch_display import progress_line
 from orchestrator.errors import ConfigError
 from orchestrator.execution.concurrency import (
@@ -347,7 +347,7 @@ def test_overlapping_firings_of_serve_wait_for_a_slot(tmp_path: Path) -> None:
         clock=clock,
         executor=runs,
         log=log.append,
-        pace=AdaptiveLimit(1, adapt=False),
+        concurrency=AdaptiveLimit(1, adapt=False),
     )
     scheduler.start()
     clock.t = t0 + timedelta(seconds=31)  # 10:01:01: both are due
@@ -508,7 +508,7 @@ def test_a_fixed_concurrency_runs_exactly_that_many_at_once(tmp_path: Path) -> N
         tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=3, adapt=False
     )
     progress: list[BatchProgress] = []
-    summary = run_batch(spec, executor=runs, monitor=progress.append)
+    summary = run_batch(spec, executor=runs, observers=BatchObservers(monitor=progress.append))
     assert summary.counts["succeeded"] == 9 and runs.most == 3
     assert summary.concurrency["mode"] == "fixed" and summary.concurrency["limit"] == 3
     assert summary.session["concurrency"] == 3 and runs.warm == [3]

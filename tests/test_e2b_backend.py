@@ -24,7 +24,7 @@ import pytest
 from orchestrator import ConfigError, RunSpec, Store, load_manifest, run
 from orchestrator.backends.e2b import E2BSettings, ensure_template
 from orchestrator.backends.e2b.templates import SANDBOX_USER
-from orchestrator.batch import BatchSpec, run_batch
+from orchestrator.batch import BatchObservers, BatchSpec, run_batch
 from orchestrator.labels import LABEL_RUN_ID
 
 from .conftest import EXAMPLES, PAYLOADS, REPO, TEST_PAYLOADS, cli, events_of, wait_for
@@ -255,7 +255,7 @@ def test_batch_respects_the_sandbox_cap(
             run=RunSpec(payload=MATH, backend="e2b"),
             concurrency=10,
         ),
-        on_message=messages.append,
+        observers=BatchObservers(on_message=messages.append),
     )
     assert summary.counts["succeeded"] == 10 and summary.accuracy == 1.0
     assert [m for m in messages if "lowered to 3" in m]

@@ -132,8 +132,9 @@ def test_the_quick_start_says_its_scripted_error_is_part_of_the_example() -> Non
     assert 'tower["year"]' in manifest and 'tower["opened"]' in manifest  # the scripted slip
     script = (REPO / "scripts" / "quickstart.sh").read_text()
     assert "InterpreterError above is part of the example" in script
-    readme = (REPO / "README.md").read_text().split("## Running payloads", 1)[0]
-    assert "The `InterpreterError` among them is part of the example" in readme
+    readme = (REPO / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "The `InterpreterError` among them is part of the example" in quick_start
 
 
 def test_the_editable_install_of_the_setup_prints_no_warning_wall() -> None:
@@ -180,7 +181,8 @@ def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     shutil.copy(REPO / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
     tool = '#!/bin/sh\necho "ran: $(basename "$0") $*" >&2\n'
-    for path in (".venv/bin/python", ".venv/bin/uv", ".venv-phoenix/bin/python", "bin/debootstrap"):
+    stubs = (".venv/bin/python", ".venv/bin/uv", ".venv-phoenix/bin/python")
+    for path in (*stubs, ".venv-mitmproxy/bin/python", "bin/debootstrap"):
         stub = tmp_path / path
         stub.parent.mkdir(parents=True, exist_ok=True)
         stub.write_text(tool)
@@ -200,5 +202,7 @@ def test_the_setup_says_each_long_step_before_it_starts(tmp_path: Path) -> None:
 
     assert first("setup: installing orchestrator") < first("ran: python -m pip"), lines
     assert first("setup: installing Arize Phoenix") < first("ran: uv pip install"), lines
+    mitmproxy = next(i for i, line in enumerate(lines) if "images/interceptor/" in line)
+    assert first("setup: installing mitmproxy") < mitmproxy, lines
     said = [line for line in lines if line.startswith("setup: ")]
     assert len(said) >= 3 and said[-1].startswith("setup: ready"), lines

@@ -66,6 +66,8 @@ def request_with_every_field(monkeypatch: pytest.MonkeyPatch) -> Request:
             "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
             "parent_span_id": "00f067aa0ba902b7",
         },
+        # with bound secrets: the intercepting proxy's CA (its certificate only)
+        trust_ca="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
     )
 
 
@@ -214,3 +216,26 @@ def test_a_programs_request_comes_back_equal_from_its_json(
     ]
     assert (request.entrypoint, request.provider, request.credential_env) == ("", "hf", "HF_TOKEN")
     assert parse_request(json.loads(request.to_json())) == request
+
+
+@pytest.mark.parametrize(
+    ("trust_ca", "said"),
+    [
+        ("not a certificate", "must be PEM certificates"),
+        (
+            "-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n"
+            "-----BEGIN PRIVATE KEY-----\nB\n-----END PRIVATE KEY-----",
+            "must be PEM certificates",
+        ),
+        (
+            "-----BEGIN CERTIFICATE-----\n-----BEGIN PRIVATE KEY-----\n-----END CERTIFICATE-----",
+            "never a key",
+        ),
+    ],
+)
+def test_the_runs_ca_is_certificates_only(
+    monkeypatch: pytest.MonkeyPatch, trust_ca: str, said: str
+) -> None:
+    data = json.loads(replace(request_with_every_field(monkeypatch), trust_ca=trust_ca).to_json())
+    with pytest.raises(RequestError, match=said):
+        parse_request(data)

@@ -1,5 +1,6 @@
-"""What stands between a payload and the host's kernel: gVisor's kernel (runsc),
-or the host's behind our own seccomp profile (runc: Docker's default minus io_uring).
+"""What stands between a payload and the host's kernel: our own seccomp profile (Docker's
+default minus io_uring, ptrace and AF_VSOCK) in front of gVisor's kernel (runsc, which applies
+it with `--oci-seccomp`) or of the host's (runc).
 
 Tests marked `gvisor` run in the suite's runtime (runc, `tests/conftest.py`) and again on
 gVisor in CI (`ORCHESTRATOR_SANDBOX_RUNTIME=runsc pytest -m gvisor`, `.ci/run`)."""
@@ -16,8 +17,21 @@ import pytest
 
 from orchestrator import RunSpec, Store, run
 from orchestrator.backends.docker import DockerBackend
-from orchestrator.backends.docker.runtimes import RUNSC, RUNSC_NET, SETUP_SCRIPT, EngineRuntimes
-from orchestrator.backends.docker.seccomp import PROFILE_NAME, profile_text, security_options
+from orchestrator.backends.docker.runtimes import (
+    NO_FILTER_IN_GVISOR,
+    RUNSC,
+    RUNSC_NET,
+    SETUP_SCRIPT,
+    EngineRuntimes,
+    place,
+)
+from orchestrator.backends.docker.seccomp import (
+    GVISOR_PROFILE_NAME,
+    PROFILE_NAME,
+    gvisor_security_options,
+    profile_text,
+    security_options,
+)
 from orchestrator.errors import ConfigError
 
 from .conftest import TEST_PAYLOADS, cli, events_of, start_cli
@@ -31,8 +45,23 @@ KERNEL_PROBE = TEST_PAYLOADS / "kernel_probe"
 class NoGvisor(EngineRuntimes):
     """An engine's runtimes as an engine without gVisor lists them."""
 
-    def names(self) -> set[str]:
-        return {"runc", "io.containerd.runc.v2"}
+    def registered(self) -> dict[str, dict]:
+        return {"runc": {"path": "runc"}, "io.containerd.runc.v2": {}}
+
+
+class GvisorWithoutFilter(EngineRuntimes):
+    """gVisor as a runsc registered without `--oci-seccomp` lists it (an older setup)."""
+
+    def registered(self) -> dict[str, dict]:
+        return {
+            "runc": {"path": "runc"},
+            RUNSC: {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]},
+            RUNSC_NET: {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=host"]},
+        }
+
+
+#: What the probe's calls get from our profile, on either kernel.
+REFUSED = {"allowed": False, "errno": "EPERM"}
 
 
 def test_profile_is_dockers_default_without_io_uring() -> None:
@@ -66,9 +95,10 @@ def test_profile_is_dockers_default_without_io_uring() -> None:
 def test_the_probe_meets_the_runtimes_kernel(
     agent_image: str, docker_client, sandbox_runtime: str, no_leftovers
 ) -> None:
-    """Acceptance 1: under runc the probe's io_uring_setup gets EPERM; under gVisor the
-    probe reports gVisor's kernel. The record names the runtime (and under runc the profile),
-    and the engine shows both on the container."""
+    """Under runc and under gVisor alike, our profile refuses the probe's io_uring_setup,
+    unshare(CLONE_NEWUSER), ptrace and AF_VSOCK socket (EPERM, a filter in force on the tool's
+    process); under gVisor the probe meets gVisor's kernel. The record names the runtime and
+    the profile, and the engine shows both on the container."""
     seen: dict[str, dict] = {}
 
     def on_event(event: dict) -> None:
@@ -80,17 +110,21 @@ def test_the_probe_meets_the_runtimes_kernel(
     answer = json.loads(result.answer)
     created = [e for e in events_of(result) if e["type"] == "sandbox_created"]
     assert created[0]["isolation"] == result.sandbox
+    for call in ("io_uring_setup", "unshare_user", "ptrace", "vsock"):
+        assert answer[call] == REFUSED, (call, answer)
+    assert answer["seccomp"] == "2", answer  # filter mode, on the tool's own process
+    # ENOSYS, so the C library falls back to clone (flags checked) and threads still start.
+    assert answer["clone3"] == {"allowed": False, "errno": "ENOSYS"}, answer
     if sandbox_runtime == "runsc":
         assert answer["proc_version"].startswith("Linux version 4.4.0"), answer  # gVisor's
         assert result.sandbox == {
             "runtime": "runsc",
-            "seccomp": "none (gVisor's kernel)",
+            "seccomp": GVISOR_PROFILE_NAME,
             "requested": "runsc",
         }
         assert seen["host"]["Runtime"] == RUNSC  # no network: gVisor's --network=none
-        assert seen["host"]["SecurityOpt"] == ["no-new-privileges:true"]
+        assert seen["host"]["SecurityOpt"] == gvisor_security_options()
     else:
-        assert answer["io_uring_setup"] == {"allowed": False, "errno": "EPERM"}, answer
         assert not answer["proc_version"].startswith("Linux version 4.4.0")
         assert result.sandbox == {
             "runtime": "runc",
@@ -99,6 +133,16 @@ def test_the_probe_meets_the_runtimes_kernel(
         }
         assert seen["host"]["Runtime"] == "runc"
         assert seen["host"]["SecurityOpt"] == security_options()
+
+
+def test_gvisor_without_the_filter_claims_none(docker_client) -> None:
+    """A runsc registered without `--oci-seccomp` ignores the engine's seccomp option: the
+    sandbox is not given one, and the record says none is in force and how to fix it."""
+    placement = place("auto", GvisorWithoutFilter(docker_client), networked=False)
+    assert placement.runtime == "runsc" and not placement.seccomp
+    assert placement.security_options() == ["no-new-privileges:true"]
+    assert placement.isolation()["seccomp"] == NO_FILTER_IN_GVISOR
+    assert "setup-gvisor.sh" in NO_FILTER_IN_GVISOR
 
 
 def test_runsc_without_gvisor_is_refused_before_anything_starts(
@@ -149,7 +193,8 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     result = json.loads(done.stdout)
     assert result["sandbox"]["runtime"] == "runsc" and result["sandbox"]["requested"] == "auto"
     shown = cli("runs", "show", result["run_id"])
-    assert "sandbox runtime: runsc: gVisor's kernel; asked for auto" in shown.stdout, shown.stdout
+    said = f"sandbox runtime: runsc: gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}; asked for auto"
+    assert said in shown.stdout, shown.stdout
     viewer = start_cli("view", "--port", "0")
     try:
         port = int(started(viewer)[-1].rsplit(":", 1)[1].split("/")[0])
@@ -160,7 +205,8 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     finally:
         os.killpg(viewer.pid, signal.SIGINT)
         viewer.wait(10)
-    assert 'id="sandbox-runtime">runsc' in page and "gVisor's kernel; asked for auto" in page
+    assert 'id="sandbox-runtime">runsc' in page
+    assert f"gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}; asked for auto" in page
 
 
 def test_a_batch_asking_for_runsc_without_gvisor_stops_before_its_first_task(

@@ -25,6 +25,9 @@ from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, start_cli, wait_for
 pytestmark = pytest.mark.docker
 
 SHOTS = REPO / ".ci" / "output" / "screenshots"
+#: The viewer's pictures in the documentation (docs/guides/viewer.md): these screenshots,
+#: copied each time they are taken, so the pictures show the pages as they are.
+DOCS_PICTURES = {"run": REPO / "docs" / "view-run.png", "batch": REPO / "docs" / "view-batch.png"}
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -189,6 +192,8 @@ def shot(driver, name: str) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1400, min(max(900, height + 40), 6000))
     driver.save_screenshot(str(SHOTS / f"{name}.png"))
+    if name in DOCS_PICTURES:
+        shutil.copyfile(SHOTS / f"{name}.png", DOCS_PICTURES[name])
     driver.set_window_size(1400, 1800)
 
 

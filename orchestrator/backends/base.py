@@ -28,6 +28,8 @@ from ..spec import Limits, NetworkPolicy
 if TYPE_CHECKING:
     from orchestrator_runtime.request import Request
 
+    from ..payloads.manifest import Manifest
+
 Progress = Callable[[str], None]
 StreamName = Literal["stdout", "stderr"]
 
@@ -78,6 +80,11 @@ class Capabilities:
     #: sandbox on (Docker: runsc, runc; a Kubernetes RuntimeClass such as kata). Empty: the
     #: backend's own isolation only, and a machine's or payload's choice does not apply.
     sandbox_runtimes: tuple[str, ...] = ()
+    #: Secrets bound to hosts (`[secrets.bind]`) are kept out of the sandbox: it holds a
+    #: placeholder, and an intercepting proxy on its egress path puts the value on the wire
+    #: only for the bound hosts. Without: a run with bindings is refused before anything
+    #: starts (exit 2), never run with the value inside (`check_bound_secrets`).
+    bound_secrets: bool = False
 
 
 #: The sandbox runtime every backend accepts: its best isolation.
@@ -106,6 +113,24 @@ def check_sandbox_runtime(
     raise ConfigError(
         f"Unknown sandbox runtime {runtime!r} for the {backend} backend{hint}",
         f"Use one of {words(allowed)}.",
+    )
+
+
+def check_bound_secrets(backend: str, capabilities: Capabilities, manifest: Manifest) -> None:
+    """Raise ConfigError (exit 2, before anything starts) when the payload binds secrets to
+    hosts and the backend cannot keep them out of the sandbox (`Capabilities.bound_secrets`):
+    running it anyway would put the value inside, the one thing a binding asks not to."""
+    if not manifest.bindings or capabilities.bound_secrets:
+        return
+    bound = "; ".join(b.describe() for b in manifest.bindings)
+    raise ConfigError(
+        f"{manifest.path}: `[secrets.bind]` binds {bound}, but binding secrets to hosts is "
+        f"not available on the {backend} backend (yet): it has no intercepting proxy on "
+        "its sandboxes' egress path to keep the value out of the sandbox. Nothing was "
+        "started.",
+        "Remove `[secrets.bind]` to run with the secret inside the sandbox (in its "
+        "environment, as `[secrets] required` alone gives it), or run on a backend that "
+        "binds secrets.",
     )
 
 

@@ -14,10 +14,11 @@ statistics, `report.py` a batch read back, `rescore.py` recorded answers scored 
 from .output import BatchDir, BatchLocked
 from .plan import BatchProgress, BatchSpec, BatchSummary, plan_batch
 from .scoring import BUILTIN_SCORERS, make_scorer, percentile, wilson_interval
-from .session import run_batch
+from .session import BatchObservers, run_batch
 from .tasks import Task, TaskFile, TaskFileError, derive_id, read_tasks
 
 __all__ = [
+    "BatchObservers",
     "BUILTIN_SCORERS",
     "BatchDir",
     "BatchLocked",

@@ -8,7 +8,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import ConfigError
@@ -115,24 +115,34 @@ def scored(
         return None, f"{type(exc).__name__}: {exc}"
 
 
+@dataclass(frozen=True)
+class SessionFacts:
+    """What one session of a batch knows of itself when it writes the summary.
+
+    `number`: the session's number (1, then one more per resume); `started`: when it
+    started (epoch seconds); `ran`: how many tasks it ran; `stop_reason`: why it stopped
+    early (None: it did not); `write_error`: the output file that could not be written and
+    why (the batch stopped); `concurrency`: the attempt limit's own description."""
+
+    batch_id: str
+    number: int
+    started: float
+    ran: int
+    stop_reason: str | None
+    write_error: str | None
+    concurrency: dict[str, Any]
+
+
 def summarize(
     plan: BatchPlan,
     spec: BatchSpec,
     out: BatchDir,
     rows: list[dict[str, Any]],
-    *,
-    batch_id: str,
-    stop_reason: str | None,
-    write_error: str | None,
-    session: int,
-    started: float,
-    ran: int,
-    concurrency: dict[str, Any],
+    session: SessionFacts,
 ) -> BatchSummary:
     """The summary of a batch whose recorded task lines are `rows` (in the tasks file's
-    order), after its session number `session`, started at `started`, which ran `ran`
-    tasks. `stop_reason`: why the session stopped early (None: it did not); `write_error`:
-    the output file that could not be written and why (the batch stopped)."""
+    order), after the session `session`."""
+    stop_reason, write_error, started = session.stop_reason, session.write_error, session.started
     tasks = {t.id for t in plan.file.tasks}
     counts = {status: 0 for status in (*FINISHED, "infra_error")}
     counts.update(Counter(row["status"] for row in rows))
@@ -164,7 +174,7 @@ def summarize(
     first = next(iter(plan.prepared.values()))
     elapsed = time.time() - started
     return BatchSummary(
-        batch_id=batch_id,
+        batch_id=session.batch_id,
         state=state,
         output_dir=str(out.path),
         tasks_file=str(plan.file.path),
@@ -193,15 +203,15 @@ def summarize(
         stop_reason=stop_reason,
         spend=spend_summary(entries, plan, spec, stop_reason),
         session={
-            "number": session,
+            "number": session.number,
             "started_at": started,
             "ended_at": time.time(),
             "wall_seconds": round(elapsed, 3),
-            "tasks_run": ran,
-            "tasks_per_minute": round(ran / elapsed * 60, 2) if elapsed > 0 else None,
-            "concurrency": concurrency.get("limit"),
+            "tasks_run": session.ran,
+            "tasks_per_minute": round(session.ran / elapsed * 60, 2) if elapsed > 0 else None,
+            "concurrency": session.concurrency.get("limit"),
         },
-        concurrency=concurrency,
+        concurrency=session.concurrency,
     )
 
 

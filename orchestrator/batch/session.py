@@ -33,7 +33,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from ..records.store import Store
 from ..spec import RunResult, StopRequest
 from .attempts import AttemptLog, infra_result, retrying
 from .budget import Spend, cap_reached_before
-from .ledger import open_meta, result_row, scored, summarize
+from .ledger import SessionFacts, open_meta, result_row, scored, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
 from .pace import batch_limit, describe
 from .plan import (
@@ -69,16 +69,28 @@ class _Stopped(Exception):
     """The batch is stopping; the task is left for the next session."""
 
 
+@dataclass(frozen=True)
+class BatchObservers:
+    """Who watches a batch and who may stop it (as `RunObservers` for one run).
+
+    `cancel`: set it to stop the batch (SIGINT/SIGTERM in the CLI); `monitor`: a progress
+    snapshot twice a second, from the calling thread; `on_message`: what the batch says as
+    it goes (retries, stops, warm sandboxes); `on_result`: each task's result row as it is
+    recorded."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    monitor: Callable[[BatchProgress], None] | None = None
+    on_message: Callable[[str], None] | None = None
+    on_result: Callable[[dict[str, Any]], None] | None = None
+
+
 def run_batch(
     spec: BatchSpec,
     *,
     executor: AttemptExecutor | None = None,
     backend: Backend | None = None,
     store: Store | None = None,
-    cancel: threading.Event | None = None,
-    monitor: Callable[[BatchProgress], None] | None = None,
-    on_message: Callable[[str], None] | None = None,
-    on_result: Callable[[dict[str, Any]], None] | None = None,
+    observers: BatchObservers | None = None,
 ) -> BatchSummary:
     """Run (or resume) a batch and return its summary.
 
@@ -89,34 +101,24 @@ def run_batch(
     An output file that cannot be written (disk full, read-only) stops the batch the same
     way: a `stopped` summary, `stop_reason` `write_error: cannot write PATH: ERROR` (exit
     code 5; nothing half-written: the same call resumes); before any task, `OutputWriteError`.
-    `monitor`: called with a progress snapshot twice a second, from the calling thread.
+    `observers`: the cancel event and who is told what happens (`BatchObservers`).
     `executor`: where the attempts run (default: this host, `LocalExecutor`), opened and
     closed by the batch."""
     if spec.output is None:
         spec = replace(spec, output=default_output(spec.run.payload, spec.tasks))
     plan = plan_batch(spec)
-    executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=on_message)
+    observers = observers or BatchObservers()
+    executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=observers.on_message)
     store = store or Store()
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
     done = out.done_ids(rerun_failed=spec.rerun_failed)
     ids = {task.id for task in plan.file.tasks}
-    cancel = cancel or threading.Event()
-    with stop_on_interrupt(cancel):
+    with stop_on_interrupt(observers.cancel):
         if ids - done and not cap_reached_before(spec, plan):
-            check_payload_loads(plan, executor, store, cancel)
+            check_payload_loads(plan, executor, store, observers.cancel)
         with out.locked():
-            return _BatchRun(
-                spec,
-                plan,
-                out,
-                executor=executor,
-                store=store,
-                cancel=cancel,
-                monitor=monitor,
-                on_message=on_message,
-                on_result=on_result,
-            )()
+            return _BatchRun(spec, plan, out, executor=executor, store=store, observers=observers)()
 
 
 class _BatchRun:
@@ -130,10 +132,7 @@ class _BatchRun:
         *,
         executor: AttemptExecutor,
         store: Store,
-        cancel: threading.Event | None,
-        monitor: Callable[[BatchProgress], None] | None,
-        on_message: Callable[[str], None] | None,
-        on_result: Callable[[dict[str, Any]], None] | None,
+        observers: BatchObservers,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -143,14 +142,14 @@ class _BatchRun:
         #: The batch's run template: what the executor gets ready for.
         self.template = next(iter(plan.prepared.values()))
         self.store = store
-        self.cancel = cancel or threading.Event()
+        self.cancel = observers.cancel
         self.stop = StopRequest()  # on cancel, --fail-on-error, a spend cap, a write error
         self.stop_reason: str | None = None
         #: The first output file that could not be written: the batch stops at it.
         self.write_error: OutputWriteError | None = None
-        self.monitor = monitor
-        self.message = on_message or (lambda _text: None)
-        self.on_result = on_result
+        self.monitor = observers.monitor
+        self.message = observers.on_message or (lambda _text: None)
+        self.on_result = observers.on_result
         self.scorer = make_scorer(spec.scorer, tolerance=spec.tolerance)
         self.lock = threading.Lock()
         self.results: dict[str, dict[str, Any]] = {}
@@ -473,11 +472,13 @@ class _BatchRun:
             self.spec,
             self.out,
             rows,
-            batch_id=self.batch_id,
-            stop_reason=self.stop_reason,
-            write_error=self.write_error.cause if self.write_error is not None else None,
-            session=self.session,
-            started=self.started,
-            ran=self.ran,
-            concurrency=self.slots.control.describe(),
+            SessionFacts(
+                batch_id=self.batch_id,
+                number=self.session,
+                started=self.started,
+                ran=self.ran,
+                stop_reason=self.stop_reason,
+                write_error=self.write_error.cause if self.write_error is not None else None,
+                concurrency=self.slots.control.describe(),
+            ),
         )

@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+import textwrap
 from typing import Any
 
 from ..batch.budget import usd
@@ -13,8 +14,9 @@ from ..batch.output import OutputWriteError
 from ..batch.plan import BatchSpec
 from ..batch.prices import PRICE_EXAMPLE, parse_price
 from ..batch.scoring import BUILTIN_SCORERS
-from ..batch.session import run_batch
+from ..batch.session import BatchObservers, run_batch
 from ..defaults import fill
+from ..spec import SETTABLE_LIMITS
 from . import signals
 from .batch_display import BatchDisplay
 from .cluster import add_ray_option, leave_cluster, ray_batch
@@ -22,13 +24,21 @@ from .common import add_run_options, spec_from_args, tidy_store
 from .output import say
 from .parser import HELP
 
-EPILOG = """\
+#: The per-task limits a tasks row may set, from the code (`timeout` is read as
+#: `timeout_seconds`), wrapped under their field name.
+_LIMITS = textwrap.fill(
+    ", ".join(f"{n} (or timeout)" if n == "timeout_seconds" else n for n in SETTABLE_LIMITS),
+    width=90,
+    initial_indent="  " + "per-task limits".ljust(17),
+    subsequent_indent=" " * 19,
+)
+EPILOG = f"""\
 Tasks file: JSONL (one object a line) or CSV (header row) with the fields
   id               optional; else derived from task + additional_args (stable)
   task             the task text (required)
   additional_args  object handed to the agent (CSV: JSON, or one args.NAME column each)
   expected         expected answer (a list means any of them)
-  max_steps, timeout_seconds (or timeout), memory_mb, cpus, pids   per-task limits
+{_LIMITS}
   metadata         anything else, as an object (kept, shown to user scorers)
 
 Resume: run the same command again with the same --output directory. Finished tasks are
@@ -237,10 +247,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
         executor, spec = ray_batch(args, spec, display.message)
         summary = run_batch(
             spec,
-            cancel=signals.STOP,
-            monitor=display.update,
-            on_message=display.message,
             executor=executor,
+            observers=BatchObservers(
+                cancel=signals.STOP, monitor=display.update, on_message=display.message
+            ),
         )
     except OutputWriteError as exc:  # before any task started (batch.json, the lock)
         say(f"{exc.cause}. {write_advice(command)}", kind="error")

@@ -113,10 +113,15 @@ class RunDisplay:
 
 
 def network_of(event: dict[str, Any]) -> str | None:
-    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event."""
+    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event, and the
+    secrets whose values are inside the sandbox (` · secrets in the sandbox: NAME, ...`)."""
     mode = event.get("network")
     hosts = event.get("allowlist") or []
-    return f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
+    text = f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
+    inside = event.get("secrets_inside") or []
+    if inside and text is not None:
+        text += f" · secrets in the sandbox: {', '.join(map(str, inside))}"
+    return text
 
 
 def describe_event(
@@ -174,9 +179,21 @@ def describe_event(
         if event.get("agent"):
             step = event.get("step_number")
             where = f" [{event.get('agent')}{f' step {step}' if step is not None else ''}]"
+        if event.get("secret"):  # a bound secret's placeholder where it may not go
+            detail = f" ({_short(event.get('detail'), limit)})" if event.get("detail") else ""
+            return (
+                f"  ⛔{where} refused {event['secret']} to {event.get('host')} "
+                f"{event.get('place')}: {event.get('reason')}{detail}"
+            )
         what = "blocked egress to" if kind == "egress_blocked" else "egress failed:"
         reason = f": {_short(event.get('reason'), limit)}" if event.get("reason") else ""
-        return f"  ⛔{where} {what} {event.get('host')}:{event.get('port')}{reason}"
+        port = f":{event.get('port')}" if event.get("port") is not None else ""
+        return f"  ⛔{where} {what} {event.get('host')}{port}{reason}"
+    if kind == "secret_injected":
+        times = f" ({event['count']} requests)" if (event.get("count") or 1) > 1 else ""
+        return (
+            f"  🔑 injected {event.get('secret')} {event.get('host')} {event.get('place')}{times}"
+        )
     return None
 
 

@@ -22,6 +22,8 @@ class Command:
     name: str
     help: str
     adders: tuple[str, ...]
+    #: The guide that explains it, under docs/ (each command's --help names it).
+    guide: str
 
 
 COMMANDS = (
@@ -29,51 +31,72 @@ COMMANDS = (
         "run",
         "run a payload, or a smolagents program as written, once in a fresh sandbox",
         ("run:add_run_parser",),
+        "docs/guides/running.md",
     ),
-    Command("images", "build, list and prune sandbox images", ("images:add_images_parser",)),
-    Command("runs", "read, remove, prune and export run records", ("runs:add_runs_parser",)),
+    Command(
+        "images",
+        "build, list and prune sandbox images",
+        ("images:add_images_parser",),
+        "docs/guides/images.md",
+    ),
+    Command(
+        "runs",
+        "read, remove, prune and export run records",
+        ("runs:add_runs_parser",),
+        "docs/guides/records.md",
+    ),
     Command(
         "validate",
         "check a payload or program: metadata, files, and that its agent tree loads (no step runs)",
         ("payload:add_payload_parser",),
+        "docs/guides/writing.md",
     ),
     Command(
         "cleanup",
         "remove sandboxes left behind by a crashed orchestrator",
         ("payload:add_cleanup_parser",),
+        "docs/guides/failures.md",
     ),
     Command(
         "doctor",
         "check that this host and backend keep the sandbox promises (PASS/FAIL per check)",
         ("doctor:add_doctor_parser",),
+        "docs/guides/kernel.md",
     ),
     Command(
         "batch",
         "run every task of a JSONL/CSV file in its own sandbox, scored and resumable",
         ("batch:add_batch_parser", "report:add_batch_verbs"),
+        "docs/guides/batch.md",
     ),
     Command(
         "schedule",
         "scheduled agent jobs: cron schedules that never overlap",
         ("schedule:add_schedule_parser",),
+        "docs/guides/schedules.md",
     ),
     Command(
         "view",
         "browse runs, agent trees, batches and schedules in a local web page",
         ("view:add_view_parser",),
+        "docs/guides/viewer.md",
     ),
     Command(
         "new",
         "write a new payload folder (or, --program, a program) that runs as generated",
         ("new:add_new_parser",),
+        "docs/guides/writing.md",
     ),
     Command(
         "examples",
         "list the example payloads shipped with the orchestrator",
         ("new:add_examples_parser",),
+        "docs/guides/running.md",
     ),
 )
 HELP = {command.name: command.help for command in COMMANDS}
+#: Where the documentation is, for `orchestrator --help`.
+DOCS = "docs/ (the documentation site: `mkdocs serve`; each command's page is named in its help)"
 
 
 class UsageError(Exception):
@@ -124,7 +147,7 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
     parser = Parser(
         prog="orchestrator",
         description="Run whole smolagents multi-agent programs in hardened sandboxes.",
-        epilog=EPILOG_EXIT,
+        epilog=f"{EPILOG_EXIT}\n\nDocumentation: {DOCS}.",
     )
     parser.add_argument("--version", action="version", version=f"orchestrator {VERSION}")
     parser.add_argument(
@@ -141,6 +164,7 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
         for adder in command.adders:
             module, function = adder.split(":")
             getattr(importlib.import_module(f"{__package__}.{module}"), function)(sub)
+        _point_to_guide(sub.choices[command.name], command.guide)
     for leaf in subcommands(parser):  # -v works after the command too: `run -v ...`
         leaf.add_argument(
             "--verbose",
@@ -150,6 +174,14 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
             help="also show build tools' output and repeated notices",
         )
     return parser
+
+
+def _point_to_guide(parser: argparse.ArgumentParser, guide: str) -> None:
+    """End a command's help, and each of its subcommands', with the page that explains it."""
+    verbs = getattr(parser, "verbs", {}).values()
+    for each in dict.fromkeys([parser, *subcommands(parser), *verbs]):
+        line = f"Explained in {guide}."
+        each.epilog = f"{each.epilog}\n\n{line}" if each.epilog else line
 
 
 def commands_named(argv: Sequence[str]) -> list[str]:

@@ -134,8 +134,8 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
     for _ in range(2):
         try:
             prepared = prepare(spec)
-        except OrchestratorError as exc:
-            report["problems"] += exc.problem_lines()
+        except OrchestratorError as exc:  # each said once (the second try may find it again)
+            report["problems"] += [p for p in exc.problem_lines() if p not in report["problems"]]
             code = max(code, exc.exit_code)
             if spec.allow_dangerous_imports or exc.field != "payload":
                 return None, code

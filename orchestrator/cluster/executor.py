@@ -16,7 +16,7 @@ Secrets: a run's secret values travel to its node as an argument of the call tha
 (small arguments are inlined in Ray's call, not put in its object store), live in the
 worker's memory, and are never written on the node; the model gateway runs beside the
 sandbox on the node. Ray's transport is plain gRPC unless the cluster runs with Ray's TLS
-(README, "Run on a Ray cluster").
+(docs/guides/ray.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..backends import backend_capabilities, backend_name
-from ..backends.base import check_sandbox_runtime, endpoint_on_host
+from ..backends.base import check_bound_secrets, check_sandbox_runtime, endpoint_on_host
 from ..defaults import choose_sandbox_runtime
 from ..errors import ConfigError, ManifestError, at_field
 from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network
@@ -54,6 +54,13 @@ class PreparedRun:
         """What the sandbox itself may reach (with a gateway, not the model's endpoint)."""
         hosts = (*self.manifest.hosts, *self.spec.allow_hosts)
         return sandbox_network(self.network, self.gateway, hosts)
+
+    @property
+    def secrets_inside(self) -> tuple[str, ...]:
+        """The secrets whose values the sandbox holds (the record and the start line say
+        so): every one the run gets, but the model's key when a gateway holds it."""
+        held = self.gateway.credential_env if self.gateway else None
+        return tuple(name for name in self.secret_names if name != held)
 
     @property
     def allowlist(self) -> list[str]:
@@ -134,6 +141,8 @@ def prepare(
     with at_field("backend"):
         backend = backend_name(spec.backend, manifest)
         capabilities = backend_capabilities(backend)
+    with at_field("payload"):  # bound secrets on a backend that cannot keep them out
+        check_bound_secrets(backend, capabilities, manifest)
     with at_field("model"):  # an endpoint the backend's sandboxes cannot reach: refused here
         host_alias = endpoint_on_host(capabilities, model, backend)
     with at_field("network"):

@@ -310,6 +310,7 @@ class _Execution:
             allowlist=result.allowlist,
             gateway=prepared.gateway is not None,
             isolation=result.sandbox,
+            secrets_inside=list(prepared.secrets_inside),
         )
         return sandbox
 

@@ -25,6 +25,7 @@ from ..policy import (
 from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_named
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
+from .binding import BIND_FIELD, SecretBinding, check_bindings
 from .payload import ShippedFile, payload_files, program_file
 from .program import (
     ModelUse,
@@ -101,6 +102,7 @@ SCHEMA = Table(
             table=Table(
                 {
                     "required": _strings(ENV_NAME_RE, "an environment variable name"),
+                    "bind": BIND_FIELD,
                 }
             ),
         ),
@@ -179,6 +181,8 @@ class Manifest:
     requirements: tuple[str, ...] = ()
     authorized_imports: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
+    #: `[secrets.bind]`: secrets that go on the wire only to their hosts (binding.py).
+    bindings: tuple[SecretBinding, ...] = ()
     hosts: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     #: The limits the file sets itself (the others are built-in defaults): an agent keeps its
@@ -340,6 +344,9 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
     if too_new:
         found.append(Problem("dependencies", too_new, "Accept that version of smolagents."))
     requirements = _requirements(dependencies, "dependencies", allowed_requirements, found)
+    binding_problems: list[Problem] = []
+    bindings = check_bindings(sections, binding_problems)
+    found += [p.replace(field=f"tool.orchestrator.{p.field}") for p in binding_problems]
     requires_python = data.get("requires-python")
     if requires_python is not None and (problem := check_requires_python(requires_python)):
         found.append(Problem("requires-python", problem, "Fix the specifier."))
@@ -366,6 +373,7 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
         requires_python=requires_python,
         model=payload.get("model"),
         model_uses=find_models(trees),
+        bindings=bindings,
     )
 
 
@@ -408,6 +416,7 @@ def _parse(
         allowed_requirements,
         found,
     )
+    bindings = check_bindings(sections, found)
     if found:
         lines = TomlLines(text)
         raise ManifestError.of_problems(
@@ -423,9 +432,8 @@ def _parse(
             ),
             "Fix the fields named above (`orchestrator validate PAYLOAD` checks again).",
         )
-    return _manifest(
-        path, sections, requirements, name=payload["name"], entrypoint=payload["entrypoint"]
-    )
+    own = {"name": payload["name"], "entrypoint": payload["entrypoint"], "bindings": bindings}
+    return _manifest(path, sections, requirements, **own)
 
 
 def _requirements(

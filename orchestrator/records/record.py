@@ -47,15 +47,13 @@ STOP_REQUEST = "stop-requested"
 
 def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     """A run's sandbox runtime as `runs show` says it (`RunResult.sandbox`): `runsc: gVisor's
-    kernel; asked for auto`, `runc: the host's kernel, seccomp orchestrator-...; asked for
-    runc`; None when the backend did not say."""
+    kernel, seccomp orchestrator-...; asked for auto`, `runc: the host's kernel, seccomp
+    orchestrator-...; asked for runc`; None when the backend did not say."""
     if not isolation or not isolation.get("runtime"):
         return None
     runtime = str(isolation["runtime"])
-    if runtime == "runsc":
-        kernel = "gVisor's kernel"
-    else:
-        kernel = f"the host's kernel, seccomp {isolation.get('seccomp') or 'none'}"
+    kernel = "gVisor's kernel" if runtime == "runsc" else "the host's kernel"
+    kernel = f"{kernel}, seccomp {isolation.get('seccomp') or 'none'}"
     asked = f"; asked for {isolation['requested']}" if isolation.get("requested") else ""
     return f"{runtime}: {kernel}{asked}"
 

@@ -15,8 +15,9 @@ signalling anyone's pid (a `serve` process holds many schedules).
 Time is injected (`Clock`), and so is the executor, so tests simulate hours instantly.
 
 `cron.py` cron in a time zone, `file.py` the schedules file, `clock.py` time, `store.py`
-history, `firing.py` one firing, `notify.py` notifications, `due.py` what is due,
-`serve.py` the foreground scheduler, `crontab.py` system cron.
+history, `firing.py` one firing, `notify.py` notifications, `notify_table.py` a schedule's
+`notify` table, `due.py` what is due, `serve.py` the foreground scheduler, `crontab.py`
+system cron.
 """
 
 from .clock import Clock, SystemClock

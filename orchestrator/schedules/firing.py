@@ -64,7 +64,6 @@ def fire(
     executor: AttemptExecutor | None = None,
     observers: RunObservers | None = None,
     log: Log = print_log,
-    replace_wait: float = REPLACE_WAIT,
     run_id: str | None = None,
 ) -> Firing:
     """Fire a schedule once: claim the fire time, apply the concurrency rule, run, record,
@@ -102,7 +101,6 @@ def fire(
             executor=executor,
             observers=observers,
             log=log,
-            replace_wait=replace_wait,
         )
     except BaseException as exc:  # never leave the row `running` (SIGTERM while waiting, ...)
         with contextlib.suppress(Exception):
@@ -126,14 +124,13 @@ def _fire_claimed(
     executor: AttemptExecutor,
     observers: RunObservers,
     log: Log,
-    replace_wait: float,
 ) -> Firing:
     from ..execution.executor import Attempt
     from ..lifecycle.runner import prepare
 
     assert firing.id is not None
     lock = None if schedule.concurrency == "allow" else store.lock(schedule.name)
-    if lock is not None and not _acquire(lock, schedule, store, firing, replace_wait):
+    if lock is not None and not _acquire(lock, schedule, store, firing, REPLACE_WAIT):
         holders = [r["run_id"] for r in store.running(schedule.name) if r["id"] != firing.id] or [
             "unknown"
         ]
@@ -141,7 +138,7 @@ def _fire_claimed(
         firing.outcome, firing.exit_code = "skipped", EXIT_SKIPPED
         firing.reason = f"previous run still going ({', '.join(holders)})"
         if schedule.concurrency == "replace":
-            firing.reason = f"previous run did not stop within {replace_wait:.0f}s"
+            firing.reason = f"previous run did not stop within {REPLACE_WAIT:.0f}s"
         store.update(
             firing.id,
             outcome="skipped",

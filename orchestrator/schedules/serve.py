@@ -63,8 +63,14 @@ class Scheduler:
     long run never delays another schedule), survives any job's failure, and on start
     applies the missed-run rule from the last recorded firing. `executor`: where firings
     run (default: cold sandboxes on this host); its owner closes it. `concurrency`: the
-    most runs at once (None: auto), adapting under it to the host; `pace`: the limit itself
-    (tests inject one)."""
+    most runs at once: a number (adapting under it to the host), an `AdaptiveLimit` itself
+    (tests inject one), or None (auto). `clock` and `spawn` (how a firing's thread is
+    started) are what tests replace."""
+
+    #: How late a firing may start and still count as on time (`due.plan`).
+    late_tolerance: float = LATE_TOLERANCE
+    #: The longest sleep between two looks at the schedules (and the store's tidying).
+    max_sleep: float = 60.0
 
     def __init__(
         self,
@@ -75,11 +81,7 @@ class Scheduler:
         executor: AttemptExecutor | None = None,
         spawn: Callable[[Callable[[], None]], None] | None = None,
         log: Log = print_log,
-        late_tolerance: float = LATE_TOLERANCE,
-        max_sleep: float = 60.0,
-        tidy: Callable[[], object] | None = None,
-        concurrency: int | None = None,
-        pace: AdaptiveLimit | None = None,
+        concurrency: int | AdaptiveLimit | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
         self.store = store or ScheduleStore()
@@ -87,12 +89,10 @@ class Scheduler:
         self.log = log
         executor = executor or LocalExecutor()
         # Several schedules' runs, no one template: the executor's capacity is not asked.
-        self.slots = Slots(pace or attempt_limit(executor, None, requested=concurrency))
+        if not isinstance(concurrency, AdaptiveLimit):
+            concurrency = attempt_limit(executor, None, requested=concurrency)
+        self.slots = Slots(concurrency)
         self.executor = Paced(executor, self.slots, log)
-        self.late_tolerance = late_tolerance
-        self.max_sleep = max_sleep
-        #: Closes runs whose orchestrator died (another process's, or ours before a restart).
-        self.tidy = tidy or self._tidy
         self._tidied: datetime | None = None
         self._spawn = spawn or self._thread
         self._threads: list[threading.Thread] = []
@@ -101,7 +101,8 @@ class Scheduler:
         self.last: dict[str, datetime | None] = {}
         self._warmed: dict[str, tuple[datetime, PreparedRun]] = {}
 
-    def _tidy(self) -> None:
+    def tidy(self) -> None:
+        """Close runs whose orchestrator died (another process's, or ours before a restart)."""
         for run_id in tidy_store(self.store.store, warn=self.log):
             self.log(f"{utc_iso(self.clock.now())} {closed_line(run_id)}")
 

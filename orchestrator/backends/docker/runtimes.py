@@ -6,7 +6,11 @@ The engine knows gVisor once `setup-gvisor.sh` (beside this file) registered two
 `runsc` (`--network=none`, for sandboxes without network) and `runsc-net`
 (`--network=host`: gVisor uses the network stack of the container's own namespace, which
 Docker still creates, for sandboxes on a network). Debian's runsc 0.0~20221219 cannot run
-with its default network mode, hence the two.
+with its default network mode, hence the two. Both are registered with `--oci-seccomp`, so
+gVisor applies the container's seccomp filter (our profile) to the sandbox's processes too:
+two layers, gVisor's kernel and the filter in front of it. A runsc registered without it
+(by hand, or by an older setup script) still runs sandboxes; the record then says the filter
+is not in force, and `orchestrator doctor` says how to fix it.
 
 Only the sandbox runs on gVisor. The egress proxy (squid) and the model gateway run our own
 code, never the payload's, and their job is the network itself: they stay on runc with the
@@ -18,12 +22,18 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 from docker.types import Ulimit
 
 from ...errors import ConfigError
-from .seccomp import PROFILE_NAME, security_options
+from .seccomp import (
+    GVISOR_PROFILE_NAME,
+    PROFILE_NAME,
+    gvisor_security_options,
+    security_options,
+)
 
 #: The engine's names for gVisor, without network and with the container's own network.
 RUNSC, RUNSC_NET = "runsc", "runsc-net"
@@ -35,6 +45,9 @@ RUNC = "runc"
 #: exit 2). The sandbox's processes are limited inside gVisor (RLIMIT_NPROC, which gVisor
 #: enforces for its tasks); the cgroup gets this many more for gVisor.
 GVISOR_HOST_THREADS = 512
+#: The runsc flag that makes gVisor apply the OCI seccomp filter inside the sandbox (without
+#: it the engine's `seccomp=` option is accepted and silently has no effect).
+OCI_SECCOMP = "--oci-seccomp"
 #: The set-up step a run that asks for runsc names when the engine lacks it.
 SETUP_SCRIPT = Path(__file__).with_name("setup-gvisor.sh")
 
@@ -45,7 +58,7 @@ class EngineRuntimes:
 
     def __init__(self, client: docker.DockerClient) -> None:
         self.client = client
-        self._names: set[str] | None = None
+        self._runtimes: dict[str, dict[str, Any]] | None = None
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._started = False
@@ -59,19 +72,32 @@ class EngineRuntimes:
 
     def _fetch(self) -> None:
         try:
-            self._names = set(self.client.api.info().get("Runtimes") or {})
+            self._runtimes = dict(self.client.api.info().get("Runtimes") or {})
         except Exception:  # an engine that cannot say has no gVisor for us
-            self._names = set()
+            self._runtimes = {}
         finally:
             self._done.set()
 
-    def names(self) -> set[str]:
+    def registered(self) -> dict[str, dict[str, Any]]:
+        """The engine's runtimes by name, each as `docker info` gives it (path,
+        runtimeArgs)."""
         self.prefetch()
         self._done.wait(timeout=60)
-        return self._names or set()
+        return self._runtimes or {}
+
+    def names(self) -> set[str]:
+        return set(self.registered())
 
     def has_gvisor(self) -> bool:
         return {RUNSC, RUNSC_NET} <= self.names()
+
+    def gvisor_applies_seccomp(self) -> bool:
+        """Whether both gVisor runtimes are registered with `--oci-seccomp`."""
+        registered = self.registered()
+        return all(
+            OCI_SECCOMP in ((registered.get(name) or {}).get("runtimeArgs") or [])
+            for name in (RUNSC, RUNSC_NET)
+        )
 
 
 def gvisor_missing(names: set[str]) -> ConfigError:
@@ -80,7 +106,7 @@ def gvisor_missing(names: set[str]) -> ConfigError:
         "The Docker engine has no gVisor runtime (runsc and runsc-net); it has: "
         f"{', '.join(sorted(names)) or 'none it would name'}.",
         f"Set gVisor up once, as root: `bash {SETUP_SCRIPT}` (installs Debian's runsc and "
-        "registers it with the engine without restarting it; README, 'gVisor'), or run on "
+        "registers it with the engine without restarting it; docs/guides/kernel.md), or run on "
         "runc with --sandbox-runtime runc (or auto).",
     )
 
@@ -95,21 +121,27 @@ def check_requested(runtime: str, runtimes: EngineRuntimes) -> None:
         runtimes.prefetch()
 
 
+#: What the record says of a gVisor sandbox whose runsc was registered without OCI_SECCOMP.
+NO_FILTER_IN_GVISOR = "none: runsc registered without --oci-seccomp (run setup-gvisor.sh again)"
+
+
 @dataclass(frozen=True)
 class Placement:
-    """Where a sandbox runs: `runtime` (runc or runsc), the engine's name for it, and what
-    was asked for."""
+    """Where a sandbox runs: `runtime` (runc or runsc), the engine's name for it, what was
+    asked for, and whether our seccomp profile is in force (always under runc; under gVisor
+    when runsc applies it, `--oci-seccomp`)."""
 
     runtime: str
     engine_runtime: str
     requested: str
+    seccomp: bool = True
 
     def security_options(self) -> list[str]:
-        """Under runc, our seccomp profile too; under gVisor the engine does not apply one
-        (gVisor's kernel answers the system calls), so none is claimed."""
-        if self.runtime == "runc":
-            return security_options()
-        return ["no-new-privileges:true"]
+        """Our seccomp profile wherever it takes effect (as gVisor reads it, under gVisor);
+        none claimed where it would not."""
+        if not self.seccomp:
+            return ["no-new-privileges:true"]
+        return security_options() if self.runtime == "runc" else gvisor_security_options()
 
     def pids_options(self, pids: int) -> tuple[int, list[Ulimit]]:
         """The container's pids limit and the ulimits beyond the common ones that hold a
@@ -120,7 +152,10 @@ class Placement:
 
     def isolation(self) -> dict[str, str]:
         """What the run record says (`Sandbox.isolation`)."""
-        seccomp = PROFILE_NAME if self.runtime == "runc" else "none (gVisor's kernel)"
+        if not self.seccomp:
+            seccomp = NO_FILTER_IN_GVISOR
+        else:
+            seccomp = PROFILE_NAME if self.runtime == "runc" else GVISOR_PROFILE_NAME
         found = {"runtime": self.runtime, "seccomp": seccomp, "requested": self.requested}
         if self.engine_runtime != self.runtime:
             found["engine_runtime"] = self.engine_runtime
@@ -135,4 +170,9 @@ def place(requested: str, runtimes: EngineRuntimes, *, networked: bool) -> Place
         return Placement("runc", "runc", requested)
     if not runtimes.has_gvisor():
         raise gvisor_missing(runtimes.names())
-    return Placement("runsc", RUNSC_NET if networked else RUNSC, requested)
+    return Placement(
+        "runsc",
+        RUNSC_NET if networked else RUNSC,
+        requested,
+        seccomp=runtimes.gvisor_applies_seccomp(),
+    )

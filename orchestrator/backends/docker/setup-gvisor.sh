@@ -8,6 +8,9 @@
 #   runsc      --network=none  sandboxes without network
 #   runsc-net  --network=host  sandboxes on a network (gVisor uses the network stack of the
 #                              container's own namespace, which Docker still creates)
+# Both with --oci-seccomp where this runsc has it: gVisor then applies the container's seccomp
+# filter (our profile, seccomp.py) to the sandbox's processes, so a sandbox meets the filter
+# and gVisor's kernel (without it, the engine's seccomp option silently does nothing).
 # daemon.json keeps every other key and runtime; dockerd gets SIGHUP, which reloads the
 # runtimes and leaves running containers alone.
 set -euo pipefail
@@ -23,18 +26,25 @@ if ! command -v runsc >/dev/null 2>&1; then
     }
 fi
 RUNSC=$(command -v runsc)
+SECCOMP_FLAG=""
+if "$RUNSC" flags 2>&1 | grep -q -- '-oci-seccomp'; then
+    SECCOMP_FLAG="--oci-seccomp"
+else
+    echo "setup-gvisor: this runsc has no --oci-seccomp: gVisor sandboxes will run without our seccomp filter" >&2
+fi
 
-changed=$(python3 - "$DAEMON_JSON" "$RUNSC" <<'PY'
+changed=$(python3 - "$DAEMON_JSON" "$RUNSC" "$SECCOMP_FLAG" <<'PY'
 import json, os, sys
-path, runsc = sys.argv[1], sys.argv[2]
+path, runsc, seccomp = sys.argv[1], sys.argv[2], sys.argv[3:]
+seccomp = [flag for flag in seccomp if flag]
 config = {}
 if os.path.exists(path):
     with open(path) as f:
         text = f.read().strip()
     config = json.loads(text) if text else {}
 wanted = {
-    "runsc": {"path": runsc, "runtimeArgs": ["--network=none"]},
-    "runsc-net": {"path": runsc, "runtimeArgs": ["--network=host"]},
+    "runsc": {"path": runsc, "runtimeArgs": ["--network=none", *seccomp]},
+    "runsc-net": {"path": runsc, "runtimeArgs": ["--network=host", *seccomp]},
 }
 runtimes = config.setdefault("runtimes", {})
 if all(runtimes.get(k) == v for k, v in wanted.items()):
@@ -61,8 +71,19 @@ if [ "$changed" = yes ]; then
     kill -HUP $pid
 fi
 
+# Ready when the engine lists both runtimes with the arguments written above (after a SIGHUP
+# it lists the old ones until the reload is done).
+registered() {
+    docker info --format '{{json .Runtimes}}' 2>/dev/null | python3 -c '
+import json, sys
+runtimes, flag = json.load(sys.stdin), sys.argv[1:]
+for name, net in (("runsc", "none"), ("runsc-net", "host")):
+    if (runtimes.get(name) or {}).get("runtimeArgs") != [f"--network={net}", *flag]:
+        sys.exit(1)
+' $SECCOMP_FLAG
+}
 for _ in $(seq 1 100); do
-    if docker info --format '{{json .Runtimes}}' 2>/dev/null | grep -q '"runsc-net"'; then
+    if registered; then
         echo "setup-gvisor: ready ($(runsc --version 2>/dev/null | head -1))"
         exit 0
     fi
