@@ -186,3 +186,19 @@ def test_the_probe_sees_ptrace_and_vsock_where_nothing_refuses_them(tmp_path: Pa
     if not Path("/dev/vsock").exists():
         pytest.skip("this host has no vsock device: AF_VSOCK is refused here by the kernel alone")
     assert probe.vsock() == {"allowed": True, "errno": None}
+
+
+@pytest.mark.docker
+def test_a_shipping_check_fails_when_the_payload_is_shipped(
+    agent_image: str, nothing_left: None
+) -> None:
+    """The control of the shipping checks: the same check, given a payload with nothing to
+    refuse (a regular file inside it), sees the run go ahead and fails."""
+    from orchestrator.testing.kit import CheckFailed
+    from orchestrator.testing.runs import refused
+
+    def harmless(folder: Path) -> None:
+        (folder / "notes.txt").write_text("inside the folder")
+
+    with open_kit("docker") as kit, pytest.raises(CheckFailed, match="was shipped"):
+        refused(kit, "a regular file", harmless)

@@ -4,6 +4,7 @@ exists; a warm sandbox serves the one run it was made for."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from ..lifecycle.imagecache import ImageCache
 from ..lifecycle.prepared import prepare
 from ..lifecycle.request import sandbox_spec
 from ..lifecycle.runner import WarmSandbox, execute, observers_of, run
-from ..payloads.payload import DEFAULT_MAX_PAYLOAD_MB, MAX_PAYLOAD_MB_ENV, limit_from_env
+from ..payloads.payload import MAX_PAYLOAD_MB_ENV
 from ..records.store import Store
 from .kit import CheckFailed, Kit
 from .probe import write_probe
@@ -58,7 +59,7 @@ def check_cancel(kit: Kit) -> str:
     return f"cancelled after {took:.1f} s (its probe would have slept {CANCELLED_SLEEP} s)"
 
 
-def _refused(kit: Kit, what: str, spoil: Callable[[Path], None]) -> str:
+def refused(kit: Kit, what: str, spoil: Callable[[Path], None]) -> str:
     """A copy of the probe, spoiled by `spoil`, must be refused by `run` before the backend
     makes anything or the store records a run."""
     folder = Path(tempfile.mkdtemp(prefix="orchestrator-conformance-ship-"))
@@ -92,17 +93,27 @@ def check_shipping_symlink(kit: Kit) -> str:
     def link_out(folder: Path) -> None:
         (folder / "notes.txt").symlink_to("/etc/hostname")
 
-    return _refused(kit, "a symlink leaving its folder", link_out)
+    return refused(kit, "a symlink leaving its folder", link_out)
 
 
 def check_shipping_size(kit: Kit) -> str:
-    cap_mb = limit_from_env(MAX_PAYLOAD_MB_ENV, DEFAULT_MAX_PAYLOAD_MB)
+    """With the cap at 1 MiB for this check (whatever it is configured to: the check proves
+    the cap holds, without reading a payload of the configured size), 2 MiB are refused."""
+    cap_mb = 1
 
     def oversize(folder: Path) -> None:
         with open(folder / "data.bin", "wb") as data:
             data.truncate((cap_mb + 1) * 2**20)  # sparse: costs no disk
 
-    return _refused(kit, f"{cap_mb + 1} MiB (cap {cap_mb} MiB)", oversize)
+    saved = os.environ.get(MAX_PAYLOAD_MB_ENV)
+    os.environ[MAX_PAYLOAD_MB_ENV] = str(cap_mb)
+    try:
+        return refused(kit, f"{cap_mb + 1} MiB (cap {cap_mb} MiB)", oversize)
+    finally:
+        if saved is None:
+            os.environ.pop(MAX_PAYLOAD_MB_ENV, None)
+        else:
+            os.environ[MAX_PAYLOAD_MB_ENV] = saved
 
 
 def check_warm_one_run(kit: Kit) -> str:
