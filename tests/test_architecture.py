@@ -232,9 +232,6 @@ DOCKER_ALLOWED = {
     # E2B asks the local engine for its base image's Python when this machine has one
     # (imported there only, any failure means "cannot tell": E2B never needs Docker).
     "orchestrator/backends/e2b/templates.py": {"import docker", "docker"},
-    # The doctor's host checks read the Docker engine's own description (`docker info`) when
-    # the backend under test is the Docker backend; they belong behind a backend hook.
-    "orchestrator/testing/host.py": {"DockerBackend"},
 }
 
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from orchestrator.backends.docker import DockerBackend
+from orchestrator.backends.docker.hostchecks import HOST_CHECKS
 from orchestrator.cli import main
 from orchestrator.labels import LABEL_RUN_ID
-from orchestrator.testing.doctor import CHECK_NAMES, doctor
-from orchestrator.testing.host import HOST_CHECKS
+from orchestrator.testing.doctor import check_names, doctor
 
 from .conftest import cli
 
@@ -51,7 +52,7 @@ def test_doctor_json_passes_on_this_machine_and_leaves_nothing(
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["ok"] is True and report["counts"]["fail"] == 0
-    assert [c["name"] for c in report["checks"]] == list(CHECK_NAMES)
+    assert [c["name"] for c in report["checks"]] == list(check_names("docker"))
     assert all(c["status"] == "pass" for c in report["checks"]), report["checks"]  # all apply
     assert len(report["runs"]) >= 8  # real runs, each one removed again:
     for run_id in report["runs"]:
@@ -63,8 +64,8 @@ def test_doctor_json_passes_on_this_machine_and_leaves_nothing(
 def test_without_gvisor_the_kernel_check_fails_and_names_the_setup_script(
     live_info: dict[str, Any],
 ) -> None:
-    live = by_name(doctor("docker", only=HOST, info=live_info).outcomes)
-    report = doctor("docker", only=HOST, info=without_gvisor(live_info))
+    live = by_name(doctor("docker", only=HOST, facts=live_info).outcomes)
+    report = doctor("docker", only=HOST, facts=without_gvisor(live_info))
     weakened = by_name(report.outcomes)
     changed = sorted(n for n in HOST if live[n].status != weakened[n].status)
     assert changed == ["host.sandbox_kernel"], changed
@@ -78,9 +79,7 @@ def test_without_gvisor_the_kernel_check_fails_and_names_the_setup_script(
 def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
     live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import orchestrator.testing.doctor as doctor_module
-
-    monkeypatch.setattr(doctor_module, "engine_info", lambda backend: without_seccomp(live_info))
+    monkeypatch.setattr(DockerBackend, "host_facts", lambda self: without_seccomp(live_info))
     code = main(["doctor", "--json", *(f"--check={name}" for name in HOST)])
     report = json.loads(capsys.readouterr().out)
     assert code == 1 and report["ok"] is False
@@ -89,6 +88,7 @@ def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
         "host.sandbox_kernel": "pass",
         "host.seccomp": "fail",
         "host.cgroup_limits": "pass",
+        "host.engine_log": "pass",
     }
     (seccomp,) = [c for c in report["checks"] if c["name"] == "host.seccomp"]
     assert seccomp["fix"] and "seccomp" in seccomp["detail"]
@@ -97,16 +97,48 @@ def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
 def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
     live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import orchestrator.testing.doctor as doctor_module
-
-    monkeypatch.setattr(doctor_module, "engine_info", lambda backend: without_gvisor(live_info))
+    monkeypatch.setattr(DockerBackend, "host_facts", lambda self: without_gvisor(live_info))
     code = main(["doctor", *(f"--check={name}" for name in HOST)])
     lines = capsys.readouterr().out.splitlines()
     assert code == 1
     assert lines[0].startswith("FAIL") and "host.sandbox_kernel" in lines[0]
     assert lines[1].lstrip().startswith("fix:") and "setup-gvisor.sh" in lines[1]
-    assert [line.split()[0] for line in lines[2:4]] == ["PASS", "PASS"]
-    assert lines[-1].startswith("3 checks: 2 passed, 1 failed, 0 not applicable")
+    assert [line.split()[0] for line in lines[2:5]] == ["PASS", "PASS", "PASS"]
+    assert lines[-1].startswith("4 checks: 3 passed, 1 failed, 0 not applicable")
+
+
+def test_an_engine_in_debug_mode_fails_the_log_check(live_info: dict[str, Any]) -> None:
+    """Debug mode writes request bodies (a container's environment: its run token) to the
+    engine's log; the double says so, the live engine does not."""
+    assert doctor("docker", only=["host.engine_log"], facts=live_info).passed
+    debugging = {**live_info, "Debug": True}
+    report = doctor("docker", only=["host.engine_log"], facts=debugging)
+    (outcome,) = report.outcomes
+    assert outcome.status == "fail" and "debug" in outcome.detail
+    assert outcome.fix and "daemon.json" in outcome.fix
+
+
+def test_a_plugin_backend_offers_its_own_host_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook: a backend's class lists its host checks (names known before one is made),
+    and judges its own facts; the doctor runs them before the kit."""
+    from orchestrator_mirror import MirrorBackend
+
+    from orchestrator.backends.base import HostCheck, HostProblem
+    from orchestrator.testing.checks import CHECKS
+
+    def quota(facts: dict[str, Any]) -> str:
+        if facts["quota"] < 10:
+            raise HostProblem(f"a quota of {facts['quota']} sandboxes", "Raise the quota.")
+        return f"a quota of {facts['quota']} sandboxes"
+
+    check = HostCheck("host.quota", "the account may run ten sandboxes", quota)
+    monkeypatch.setattr(MirrorBackend, "host_checks", (check,))
+    monkeypatch.setattr(MirrorBackend, "host_facts", lambda self: {"quota": 3})
+    assert check_names("mirror")[0] == "host.quota"
+    assert check_names("e2b") == tuple(c.name for c in CHECKS)  # E2B has none
+    (outcome,) = doctor("mirror", only=["host.quota"]).outcomes
+    assert outcome.status == "fail" and outcome.fix == "Raise the quota."
+    assert doctor("mirror", only=["host.quota"], facts={"quota": 20}).passed
 
 
 def test_an_unknown_check_is_refused_before_anything_runs(capsys) -> None:

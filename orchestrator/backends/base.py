@@ -285,6 +285,27 @@ class Sandbox(ABC):
         raise ValueError("not a pooled sandbox")
 
 
+class HostProblem(Exception):
+    """A promise of the host's configuration broken: what was seen, and what to do."""
+
+    def __init__(self, detail: str, fix: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.fix = fix
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """A promise of the host's configuration a backend checks without a run (`orchestrator
+    doctor`, before the kit's runs): `function` judges the backend's facts about its host
+    (`Backend.host_facts`, passed as data so that a test can hand it a double), returns what
+    it saw, and raises HostProblem when the promise is broken."""
+
+    name: str
+    promise: str
+    function: Callable[[dict[str, Any]], str]
+
+
 class Backend(ABC):
     """Where sandboxes run. Found by name through `orchestrator.backends.get_backend`, which
     makes one with `create`; a package registers its subclass under the entry-point group
@@ -293,6 +314,9 @@ class Backend(ABC):
     name: str
     #: What it can do; a class attribute, so that it is known before one is made.
     capabilities: Capabilities = Capabilities()
+    #: What `orchestrator doctor` checks of the host's configuration for this backend, besides
+    #: the kit's runs (a class attribute: the names are known before one is made).
+    host_checks: tuple[HostCheck, ...] = ()
 
     @classmethod
     def create_backend(cls, env_file: str | Path | None = None) -> Backend:
@@ -361,6 +385,11 @@ class Backend(ABC):
             with contextlib.suppress(Exception):  # gone already, or the engine hiccuped
                 self.remove_sandbox(info)
         return sandbox
+
+    def host_facts(self) -> dict[str, Any]:
+        """What `host_checks` judge (for an engine: its own description of itself). Raises
+        the engine's errors when it cannot be asked."""
+        return {}
 
     def remove_idle(self, owner: str) -> None:
         """Remove the pooled sandboxes of the pool process `owner` (a dead one's). Raises the

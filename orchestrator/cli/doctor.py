@@ -15,10 +15,14 @@ DESCRIPTION = """\
 Check that this host and backend keep the orchestrator's promises, with the same checks a
 backend must pass in the conformance kit (orchestrator.testing): the host's configuration
 as the engine reports it (which kernel runs on `auto` pick: gVisor registered or not; the
-seccomp filter; cgroup limits), then short real runs of a probe payload in sandboxes of the
-backend (one sandbox per run, removed after; time, memory and process limits; a forged end
-not believed; not root, no capabilities, read-only root; no engine socket; io_uring refused;
-under network `none` the host's addresses, the metadata address and DNS out of reach; a
+seccomp filter; cgroup limits; no debug mode writing request bodies to the engine's log),
+then short real runs of a probe payload in sandboxes of the backend (one sandbox per run,
+removed after; a cancel ending the run; a warm sandbox serving its one run; payloads with a
+symlink out or over the size cap refused before any sandbox; time, memory, process and
+output limits; a forged end not believed; not root, no capabilities, read-only root; no
+engine socket; io_uring, ptrace and AF_VSOCK refused; under network `none` the host's
+addresses, the metadata address and DNS out of reach; under `allowlist` only the listed
+endpoint, refusals recorded; the model key absent and tokens measured by the gateway; a
 sandbox stopping by itself when its orchestrator is SIGKILLed; cleanup of a dead run).
 
 One line per check: PASS, FAIL (with what to do) or NOT APPLICABLE (with the capability
@@ -77,12 +81,14 @@ def line(outcome: Any) -> str:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ..errors import ConfigError
-    from ..testing.doctor import CHECK_NAMES, doctor
+    from ..testing.doctor import check_names, doctor
 
-    unknown = [name for name in args.check if name not in CHECK_NAMES]
+    names = check_names(args.backend)
+    unknown = [name for name in args.check if name not in names]
     if unknown:
         raise ConfigError(
-            f"No check named {', '.join(unknown)}.", f"Use one of {', '.join(CHECK_NAMES)}."
+            f"No check named {', '.join(unknown)} for the {args.backend} backend.",
+            f"Use one of {', '.join(names)}.",
         )
     started = time.monotonic()
 

@@ -9,17 +9,18 @@ and says which capability; nothing else is skipped. The pytest plugin (`plugin.p
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import secrets
+from pathlib import Path
 from typing import Any
 
+from ..records.record import MAX_LINE_BYTES
 from ..spec import RunResult
+from .allowlist import check_allowlist_allowed, check_allowlist_recorded, check_allowlist_refused
 from .dead import check_deadline, check_orphans_removed
+from .gateway import check_gateway_key_absent, check_gateway_tokens
 from .hostnet import Listener, host_addresses
-from .kit import SHORT_LIMIT, Check, CheckFailed, Kit, NotApplicable
-from .model_stub import ModelStub
+from .kit import SHORT_LIMIT, Check, CheckFailed, Kit
+from .runs import check_cancel, check_shipping_size, check_shipping_symlink, check_warm_one_run
 
 #: The link-local address cloud metadata services answer on (AWS, GCP, Azure, ...).
 METADATA_ADDRESS = "169.254.169.254"
@@ -87,16 +88,18 @@ def check_memory_limit(kit: Kit) -> str:
 
 
 def check_pids_limit(kit: Kit) -> str:
-    pids = 32
-    result = kit.run("forks", "forks", {"count": 4 * pids}, pids=pids, timeout_seconds=60)
-    if result.status == "oom_killed":  # gVisor's processes cost memory: contained either way
-        return (
-            f"contained by the memory limit before {pids} processes (under gVisor each costs more)"
-        )
+    pids, count = 32, 64
+    # Memory enough for `count` forked probes (gVisor's cost more), so that what stops them
+    # is the process limit, not the memory limit (a backend ignoring pids must be seen).
+    result = kit.run(
+        "forks", "forks", {"count": count}, pids=pids, memory_mb=1024, timeout_seconds=60
+    )
+    if result.status == "oom_killed":
+        return f"contained by the memory limit (1024 MiB) before {pids} processes"
     said = str(kit.answer(result))
     if not said.startswith("fork refused after"):
         raise CheckFailed(
-            f"{4 * pids} processes started under a limit of {pids}: {said}",
+            f"{count} processes started under a limit of {pids}: {said}",
             "Render SandboxSpec.limits.pids as the sandbox's process limit.",
         )
     children = int(said.rsplit("after ", 1)[1].split()[0])
@@ -122,8 +125,17 @@ def check_forged_end(kit: Kit) -> str:
 # ---- the sandbox itself ------------------------------------------------------------------
 
 
+#: The one line the inspecting run writes on stderr first: longer than the host keeps.
+SHOUT_BYTES = MAX_LINE_BYTES + 2**20
+
+
+def _inspect_run(kit: Kit) -> RunResult:
+    """The run that looks around the sandbox (once per kit), shouting one over-long line."""
+    return kit.run("inspect", "inspect", {"shout": SHOUT_BYTES})
+
+
 def _inspected(kit: Kit) -> dict[str, Any]:
-    found: dict[str, Any] = kit.answer(kit.run("inspect", "inspect"))
+    found: dict[str, Any] = kit.answer(_inspect_run(kit))
     return found
 
 
@@ -170,25 +182,73 @@ def host_kernel() -> str:
         return version.read().strip()
 
 
-def check_kernel_filtered(kit: Kit) -> str:
-    result = kit.run("inspect", "inspect")
+#: What each refused system call is, in a failure's words.
+FILTERED = {
+    "io_uring": ("io_uring_setup", "the interface behind most recent container escapes"),
+    "ptrace": ("ptrace(PTRACE_TRACEME)", "reading and steering other processes"),
+    "vsock": ("socket(AF_VSOCK)", "the way to a VM host's services (moby/moby#44562)"),
+}
+
+
+def _filtered(kit: Kit, probe: str) -> str:
+    """The verdict on one system call the sandbox must not reach on the host's kernel:
+    refused there, or answered by another kernel (gVisor's, a VM's), whatever it answers."""
+    result = _inspect_run(kit)
     seen = _inspected(kit)
+    call, why = FILTERED[probe]
+    outcome = seen[probe]
     where = ", ".join(f"{k} {v}" for k, v in result.sandbox.items()) or "not said"
     if seen["proc_version"] != host_kernel():
-        # Another kernel answers the sandbox (gVisor's, a VM's): its io_uring is not the
-        # host's, whatever it answers.
         return (
             f"the sandbox's system calls reach another kernel than the host's "
-            f"({seen['proc_version'][:40]}...; io_uring there: "
-            f"{'allowed' if seen['io_uring']['allowed'] else 'refused'}); isolation: {where}"
+            f"({seen['proc_version'][:40]}...; {call} there: "
+            f"{'allowed' if outcome['allowed'] else 'refused'}); isolation: {where}"
         )
-    if seen["io_uring"]["allowed"]:
+    if outcome["allowed"]:
         raise CheckFailed(
-            "io_uring_setup succeeded in the sandbox against the host's own kernel (the "
-            "interface behind most recent container escapes)",
+            f"{call} succeeded in the sandbox against the host's own kernel ({why})",
             "Apply orchestrator's seccomp profile (runc) or run on gVisor.",
         )
-    return f"io_uring_setup refused by the host's kernel ({seen['io_uring']['errno']}); {where}"
+    return f"{call} refused by the host's kernel ({outcome['errno']}); {where}"
+
+
+def check_kernel_filtered(kit: Kit) -> str:
+    return _filtered(kit, "io_uring")
+
+
+def check_ptrace_refused(kit: Kit) -> str:
+    return _filtered(kit, "ptrace")
+
+
+def check_vsock_refused(kit: Kit) -> str:
+    return _filtered(kit, "vsock")
+
+
+def check_output_cut(kit: Kit) -> str:
+    result = _inspect_run(kit)
+    kit.answer(result)
+    cuts = [e for e in kit.events_of(result, "output_cut") if e.get("stream") == "stderr"]
+    fix = (
+        "Stream the sandbox's stdout and stderr into the run's record as they come "
+        "(Sandbox.stream), where the host cuts what is too long."
+    )
+    if not cuts:
+        raise CheckFailed(
+            f"a {SHOUT_BYTES}-byte line on stderr left no output_cut in the record", fix
+        )
+    kept = int(cuts[0].get("kept_bytes") or 0)
+    log = Path(result.record_dir) / "stderr.log"
+    size = log.stat().st_size if log.is_file() else 0
+    if kept > MAX_LINE_BYTES or size >= SHOUT_BYTES:
+        raise CheckFailed(
+            f"a {SHOUT_BYTES}-byte line kept {kept} bytes (cap {MAX_LINE_BYTES}); the "
+            f"record's stderr log holds {size} bytes",
+            fix,
+        )
+    return (
+        f"a {SHOUT_BYTES}-byte line cut at {kept} bytes ({cuts[0].get('dropped_bytes')} "
+        f"dropped, output_cut recorded); stderr log {size} bytes"
+    )
 
 
 # ---- egress under `none` -----------------------------------------------------------------
@@ -255,77 +315,6 @@ def check_egress_dns(kit: Kit) -> str:
     return f"{OUTSIDE_NAME} did not resolve"
 
 
-# ---- the model gateway --------------------------------------------------------------------
-
-#: The variable a hosted model's key is read from (the `openai` provider's).
-KEY_ENV = "OPENAI_API_KEY"
-
-
-#: How the kit's model keys start (what the probe looks for before it compares hashes).
-KEY_PREFIX = "sk-conformance-"
-
-
-def secret_sought(key: str) -> dict[str, Any]:
-    """The probe's `find` parameters for `key`: its prefix, length and hash, never the key."""
-    return {
-        "prefix": KEY_PREFIX,
-        "length": len(key),
-        "sha256": hashlib.sha256(key.encode()).hexdigest(),
-    }
-
-
-def check_gateway_key_absent(kit: Kit) -> str:
-    caps = kit.capabilities
-    env = caps.local_endpoints_env
-    if caps.sandboxes_run != "this_host" and not (env and os.environ.get(env) == "1"):
-        raise NotApplicable(
-            f"the {kit.backend_name} backend's sandboxes run elsewhere and cannot reach the "
-            f"kit's model endpoint on this host (set {env or 'its local-endpoints variable'}=1 "
-            "where they can)"
-        )
-    key = f"{KEY_PREFIX}{secrets.token_hex(16)}"
-    # Sandboxes on this host reach its loopback (as the host alias); those elsewhere that
-    # may reach this host do so at one of its own addresses (the bridge's first).
-    host = "127.0.0.1" if caps.sandboxes_run == "this_host" else host_addresses()[0]
-    stub = ModelStub()
-    saved = os.environ.get(KEY_ENV)
-    os.environ[KEY_ENV] = key  # the run's key, for this run only
-    try:
-        result = kit.run(
-            "gateway",
-            "find",
-            secret_sought(key),
-            model="openai:conformance",
-            api_base=stub.api_base(host),
-            network=None,  # the default for a hosted model: its endpoint, through the gateway
-        )
-    finally:
-        stub.close()
-        if saved is None:
-            os.environ.pop(KEY_ENV, None)
-        else:
-            os.environ[KEY_ENV] = saved
-    seen = kit.answer(result)
-    if seen["found"]:
-        raise CheckFailed(
-            f"the model key is readable in the sandbox: {', '.join(seen['found'])}",
-            "Give the key to the run's gateway only (GatewayHandle.open) and the sandbox a "
-            "run token.",
-        )
-    if f"Bearer {key}" not in stub.authorizations:
-        raise CheckFailed(
-            f"the model endpoint never got the key ({len(stub.authorizations)} calls): the "
-            "gateway did not forward it",
-        )
-    if not result.gateway.get("enabled"):
-        raise CheckFailed("the run had no gateway although the backend offers one")
-    return (
-        f"the key is in no process's environment or command line, none of "
-        f"{seen['memories']} readable process memories, none of {seen['files']} files; the "
-        f"gateway forwarded it on {len(stub.authorizations)} call(s)"
-    )
-
-
 #: The checks of a sandbox that shares this host's kernel (a container): what it may do to
 #: that kernel. A backend whose sandboxes run elsewhere (E2B's microVMs, each with a kernel of
 #: its own, where the default user may even sudo) is held to its provider's isolation instead.
@@ -345,6 +334,30 @@ CHECKS: tuple[Check, ...] = (
         check_sandbox_removed,
     ),
     Check(
+        "lifecycle.cancel",
+        "a run cancelled mid-way ends `cancelled`, its sandbox gone",
+        None,
+        check_cancel,
+    ),
+    Check(
+        "warm.one_run",
+        "a warm sandbox serves the one run it was made for, and goes with it",
+        "warm_sandboxes",
+        check_warm_one_run,
+    ),
+    Check(
+        "shipping.symlink_out",
+        "a payload with a symlink leaving its folder is refused before any sandbox",
+        None,
+        check_shipping_symlink,
+    ),
+    Check(
+        "shipping.size_cap",
+        "a payload over the size cap is refused before any sandbox",
+        None,
+        check_shipping_size,
+    ),
+    Check(
         "limits.time",
         "the time limit stops the run and removes its sandbox",
         None,
@@ -357,6 +370,12 @@ CHECKS: tuple[Check, ...] = (
         check_memory_limit,
     ),
     Check("limits.pids", "the process limit holds (no fork bomb)", None, check_pids_limit),
+    Check(
+        "limits.output",
+        "an over-long output line is cut, and the cut recorded",
+        None,
+        check_output_cut,
+    ),
     Check(
         "ends.forged_end",
         "the host decides the end: a forged success does not count",
@@ -388,6 +407,18 @@ CHECKS: tuple[Check, ...] = (
         check_kernel_filtered,
     ),
     Check(
+        "sandbox.ptrace_refused",
+        "the host kernel's ptrace out of reach: refused, or another kernel answers",
+        SHARED_KERNEL,
+        check_ptrace_refused,
+    ),
+    Check(
+        "sandbox.vsock_refused",
+        "the host kernel's AF_VSOCK out of reach: refused, or another kernel answers",
+        SHARED_KERNEL,
+        check_vsock_refused,
+    ),
+    Check(
         "egress.none.host",
         "under `none` the host's addresses are unreachable",
         None,
@@ -401,10 +432,34 @@ CHECKS: tuple[Check, ...] = (
     ),
     Check("egress.none.dns", "under `none` no outside name resolves", None, check_egress_dns),
     Check(
+        "egress.allowlist.allowed",
+        "under `allowlist` a listed endpoint is reachable",
+        "egress_events",
+        check_allowlist_allowed,
+    ),
+    Check(
+        "egress.allowlist.refused",
+        "under `allowlist` an unlisted endpoint is refused, nothing arrives there",
+        "egress_events",
+        check_allowlist_refused,
+    ),
+    Check(
+        "egress.allowlist.recorded",
+        "a refused attempt is recorded as `egress_blocked` (host, port)",
+        "egress_events",
+        check_allowlist_recorded,
+    ),
+    Check(
         "gateway.key_absent",
         "with a model gateway the model key is nowhere in the sandbox",
         "model_gateway",
         check_gateway_key_absent,
+    ),
+    Check(
+        "gateway.tokens_measured",
+        "with a model gateway the record counts its measured tokens, not the sandbox's claim",
+        "model_gateway",
+        check_gateway_tokens,
     ),
     Check(
         "deadline.orchestrator_killed",

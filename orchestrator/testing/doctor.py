@@ -1,5 +1,6 @@
-"""`orchestrator doctor`'s work: the kit's checks (`checks.CHECKS`) and the host's
-configuration (`host.HOST_CHECKS`) against the backend and host a user actually has.
+"""`orchestrator doctor`'s work: the host's configuration as the backend checks it
+(`Backend.host_checks`, no run) and the kit's checks (`checks.CHECKS`) against the backend
+and host a user actually has.
 
 The runs go into a private, temporary state directory (the user's configuration file and
 wheelhouse kept), so that the doctor's runs neither show up among the user's runs nor touch
@@ -21,15 +22,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..backends import backend_class
+from ..backends.base import HostCheck, HostProblem
 from ..defaults import CONFIG_ENV, config_path
 from ..images.wheelhouse import WHEELHOUSE_ENV, wheelhouse_root
 from ..paths import home_dir
 from .checks import CHECKS
-from .host import HOST_CHECKS, HostCheck, engine_info
-from .kit import CheckFailed, Kit, Outcome, run_check
+from .kit import Kit, Outcome, run_check
 
-#: Every check's name, host checks first (they cost nothing), in the order they run.
-CHECK_NAMES = tuple(c.name for c in HOST_CHECKS) + tuple(c.name for c in CHECKS)
+
+def check_names(backend: str) -> tuple[str, ...]:
+    """Every check's name for `backend`, its host checks first (they cost nothing), in the
+    order they run (read from its class: nothing is made)."""
+    host = tuple(c.name for c in backend_class(backend).host_checks)
+    return host + tuple(c.name for c in CHECKS)
 
 
 @contextlib.contextmanager
@@ -53,14 +59,11 @@ def private_home() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def host_outcome(check: HostCheck, info: dict[str, Any] | None, backend: str) -> Outcome:
+def host_outcome(check: HostCheck, facts: dict[str, Any]) -> Outcome:
     started = time.monotonic()
-    if info is None:
-        detail = f"the {backend} backend runs no sandbox on this host's Docker engine"
-        return Outcome(check.name, "not_applicable", check.promise, detail)
     try:
-        detail = check.function(info)
-    except CheckFailed as exc:
+        detail = check.function(facts)
+    except HostProblem as exc:
         took = time.monotonic() - started
         return Outcome(check.name, "fail", check.promise, exc.detail, exc.fix, took)
     return Outcome(check.name, "pass", check.promise, detail, None, time.monotonic() - started)
@@ -84,13 +87,14 @@ def doctor(
     *,
     runtime: str | None = None,
     only: Collection[str] = (),
-    info: dict[str, Any] | None = None,
+    facts: dict[str, Any] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
 ) -> Report:
     """Every check (or those named in `only`) against `backend` on this host, each reported
-    to `on_outcome` as it ends. `info`: the engine's description to judge instead of the
-    live engine's (a test's double). Raises OrchestratorError when the backend cannot be
-    made (its engine unreachable, say)."""
+    to `on_outcome` as it ends. `facts`: what the backend's host checks judge, instead of
+    what it says live (`Backend.host_facts`; a test's double). Raises OrchestratorError
+    when the backend cannot be made (its engine unreachable, say), and the engine's errors
+    when it cannot describe itself."""
     found = Report()
     outcomes = found.outcomes
 
@@ -105,11 +109,12 @@ def doctor(
     with private_home():
         kit = Kit(backend, runtime=runtime)
         try:
-            if any(wanted(c.name) for c in HOST_CHECKS):
-                live = info if info is not None else engine_info(kit.backend)
-                for host_check in HOST_CHECKS:
+            host_checks = kit.backend.host_checks
+            if any(wanted(c.name) for c in host_checks):
+                facts = facts if facts is not None else kit.backend.host_facts()
+                for host_check in host_checks:
                     if wanted(host_check.name):
-                        report(host_outcome(host_check, live, backend))
+                        report(host_outcome(host_check, facts))
             for check in CHECKS:
                 if wanted(check.name):
                     report(run_check(kit, check))

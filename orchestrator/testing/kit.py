@@ -8,6 +8,7 @@ import contextlib
 import json
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -121,17 +122,37 @@ class Kit:
             **fields,
         )
 
-    def run(self, key: str, do: str, params: dict[str, Any] | None = None, **kw: Any) -> RunResult:
-        """The probe's run for `key` (made once per kit), recorded in the current store."""
+    def run(
+        self,
+        key: str,
+        do: str,
+        params: dict[str, Any] | None = None,
+        *,
+        cancel_at: str | None = None,
+        **kw: Any,
+    ) -> RunResult:
+        """The probe's run for `key` (made once per kit), recorded in the current store;
+        `cancel_at`: cancelled (as a caller would) when the first event of that type comes."""
         if key not in self._memo:
             spec = self.spec(do, params, **kw)
             assert spec.run_id is not None
             self.run_ids.append(spec.run_id)
             seen: list[dict[str, Any]] = []
             self.events[spec.run_id] = seen
-            self._memo[key] = run(spec, on_event=seen.append, backend=self.backend)
+            cancel = threading.Event()
+
+            def on_event(event: dict[str, Any]) -> None:
+                seen.append(event)
+                if cancel_at is not None and event.get("type") == cancel_at:
+                    cancel.set()
+
+            self._memo[key] = run(spec, on_event=on_event, cancel=cancel, backend=self.backend)
         result: RunResult = self._memo[key]
         return result
+
+    def events_of(self, result: RunResult, kind: str) -> list[dict[str, Any]]:
+        """The events of one type a kit's run recorded."""
+        return [e for e in self.events.get(result.run_id, []) if e.get("type") == kind]
 
     def memo(self, key: str, make: Callable[[], Any]) -> Any:
         if key not in self._memo:

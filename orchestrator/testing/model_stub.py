@@ -14,6 +14,8 @@ from typing import Any
 STEP = (
     "Thought: I will do what the action says.\n<code>\nfinal_answer(probe(action=action))\n</code>"
 )
+#: The usage every answer declares (what a gateway measures per call).
+PROMPT_TOKENS, COMPLETION_TOKENS = 10, 5
 
 
 class ModelStub:
@@ -21,6 +23,7 @@ class ModelStub:
 
     def __init__(self) -> None:
         self.authorizations: list[str] = []
+        self.gets = 0
         stub = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -36,6 +39,13 @@ class ModelStub:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                stub.gets += 1
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
 
             def log_message(self, format: str, *args: Any) -> None:
                 return
@@ -64,7 +74,11 @@ class ModelStub:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+            "usage": {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": COMPLETION_TOKENS,
+                "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+            },
         }
 
     def close(self) -> None:

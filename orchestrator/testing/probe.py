@@ -45,7 +45,10 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import time
+import urllib.error
+import urllib.request
 
 from smolagents import CodeAgent, tool
 
@@ -55,6 +58,8 @@ ENGINE_SOCKETS = (
     "/var/run/containerd/containerd.sock", "/run/podman/podman.sock", "/run/crio/crio.sock",
 )
 IO_URING_SETUP = 425  # x86-64 and arm64 alike
+PTRACE_TRACEME = 0
+AF_VSOCK = 40
 
 
 def status_fields():
@@ -93,6 +98,31 @@ def io_uring():
     return {"allowed": False, "errno": errno.errorcode.get(code, str(code))}
 
 
+def ptrace():
+    """Whether ptrace is allowed: PTRACE_TRACEME in a child (needs no privilege, harms
+    nothing), its errno as the child's exit code."""
+    pid = os.fork()
+    if pid == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        zero = ctypes.c_long(0)
+        done = libc.ptrace(ctypes.c_long(PTRACE_TRACEME), zero, zero, zero)
+        os._exit(0 if done == 0 else (ctypes.get_errno() or 255))
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return {"allowed": True, "errno": None}
+    return {"allowed": False, "errno": errno.errorcode.get(code, str(code))}
+
+
+def vsock():
+    """Whether an AF_VSOCK socket can be made (the way to a VM's host)."""
+    try:
+        socket.socket(AF_VSOCK, socket.SOCK_STREAM).close()
+    except OSError as exc:
+        return {"allowed": False, "errno": errno.errorcode.get(exc.errno, str(exc.errno))}
+    return {"allowed": True, "errno": None}
+
+
 def proc_version():
     with open("/proc/version") as version:
         return version.read().strip()
@@ -116,7 +146,8 @@ def inspect(key_names):
         "engine_sockets": [p for p in ENGINE_SOCKETS if os.path.exists(p)],
         "sockets": sockets_under("/run", "/var/run", "/tmp"),
         "docker_host": os.environ.get("DOCKER_HOST"),
-        "environ": values, "io_uring": io_uring(), "proc_version": proc_version(),
+        "environ": values, "io_uring": io_uring(), "ptrace": ptrace(), "vsock": vsock(),
+        "proc_version": proc_version(),
     }
 
 
@@ -127,6 +158,13 @@ def net(attempts):
             if spec["kind"] == "dns":
                 found = sorted({i[4][0] for i in socket.getaddrinfo(spec["name"], 80)})
                 outcomes.append({**spec, "ok": True, "addresses": found})
+            elif spec["kind"] == "http":  # through the run's proxy, where it has one
+                try:
+                    with urllib.request.urlopen(spec["url"], timeout=10) as reply:
+                        status = reply.status
+                except urllib.error.HTTPError as exc:
+                    status = exc.code
+                outcomes.append({**spec, "ok": status == 200, "status": status})
             else:
                 socket.create_connection((spec["host"], int(spec["port"])), timeout=3).close()
                 outcomes.append({**spec, "ok": True})
@@ -231,6 +269,24 @@ def forks(count):
     return f"forked all {count} children"
 
 
+def shout(size):
+    """One line of `size` bytes on stderr, written whole: a short write (gVisor's stdio returns
+    them past 64 KiB, where sys.stderr drops the rest) is followed by the remainder."""
+    sys.stderr.flush()
+    data = b"x" * size + b"\n"
+    while data:
+        data = data[os.write(2, data):]
+
+
+def lie_about_tokens(claimed):
+    """Make the runtime report `claimed` input tokens more than its model calls used (the
+    host must count what its gateway measured, not this)."""
+    for obj in gc.get_objects():
+        if type(obj).__name__ == "Recorder" and hasattr(obj, "input_tokens"):
+            obj.input_tokens += claimed
+            obj.output_tokens += claimed
+
+
 def forge():
     forged = {"state": "success", "answer": "forged", "error": None, "steps": 1,
               "token_usage": {"input_tokens": 1, "output_tokens": 1}}
@@ -257,11 +313,16 @@ def probe(action: str) -> str:
     """Do what the action says and report it as JSON.
 
     Args:
-        action: a JSON object with `do` (ok, sleep, memory, forks, forge, inspect, find, net) and
-            its parameters.
+        action: a JSON object with `do` (ok, sleep, memory, forks, forge, inspect, find, net),
+            its parameters, and optionally `shout` (bytes of one stderr line to write first)
+            and `lie_tokens` (tokens to over-report).
     """
     spec = json.loads(action)
     do = spec["do"]
+    if spec.get("shout"):  # one line of that many bytes on stderr (the host must cut it)
+        shout(int(spec["shout"]))
+    if spec.get("lie_tokens"):
+        lie_about_tokens(int(spec["lie_tokens"]))
     if do == "sleep":
         time.sleep(float(spec["seconds"]))
         return json.dumps("slept")

@@ -24,7 +24,6 @@ from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
 from ..base import (
-    Backend,
     Capabilities,
     ExitInfo,
     Progress,
@@ -37,6 +36,7 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
 from .gateway import Gateway
+from .hostchecks import EngineHostChecks
 from .runtimes import RUNC, RUNSC, EngineRuntimes, Placement, check_requested, place
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
@@ -263,7 +263,7 @@ class DockerSandbox(Sandbox):
             self.egress.remove(also=remove_containers)
 
 
-class DockerBackend(Backend):
+class DockerBackend(EngineHostChecks):
     """Sandboxes as containers on the local Docker engine (`connect`: EngineUnavailable)."""
 
     name = "docker"

@@ -1,5 +1,6 @@
-"""The host's configuration, read without a run: what a Docker engine says of itself
-(`docker info`), for backends whose sandboxes run on this host's engine.
+"""The host's configuration as the Docker engine describes itself (`docker info`), checked
+without a run (`DockerBackend.host_checks`, shown by `orchestrator doctor`): gVisor
+registered, seccomp, cgroup limits, and an engine log that holds no secret (no debug mode).
 
 Each check takes the engine's info as data, so that a test can hand it a double (an engine
 without gVisor, one without seccomp) instead of changing the real daemon.
@@ -7,15 +8,13 @@ without gVisor, one without seccomp) instead of changing the real daemon.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from ..backends.base import Backend
-from ..backends.docker import DockerBackend
-from ..backends.docker.runtimes import RUNSC, RUNSC_NET, SETUP_SCRIPT
-from ..backends.docker.seccomp import PROFILE_NAME
-from .kit import CheckFailed
+import docker
+
+from ..base import Backend, HostCheck, HostProblem
+from .runtimes import RUNSC, RUNSC_NET, SETUP_SCRIPT
+from .seccomp import PROFILE_NAME
 
 #: How a user registers gVisor: the script the package ships, and its checkout's way in.
 GVISOR_FIX = (
@@ -25,29 +24,11 @@ GVISOR_FIX = (
 )
 
 
-@dataclass(frozen=True)
-class HostCheck:
-    """A promise of the host's configuration: checked from the engine's info, no run."""
-
-    name: str
-    promise: str
-    function: Callable[[dict[str, Any]], str]
-
-
-def engine_info(backend: Backend) -> dict[str, Any] | None:
-    """The engine's own description (`docker info`) for a backend on this host's Docker
-    engine (the built-in one and those built on it); None for any other backend."""
-    if not isinstance(backend, DockerBackend):
-        return None
-    info: dict[str, Any] = backend.client.api.info()
-    return info
-
-
 def check_sandbox_kernel(info: dict[str, Any]) -> str:
     runtimes = sorted(info.get("Runtimes") or {})
     if {RUNSC, RUNSC_NET} <= set(runtimes):
         return f"gVisor is registered ({RUNSC}, {RUNSC_NET}): runs on `auto` get gVisor's kernel"
-    raise CheckFailed(
+    raise HostProblem(
         f"the engine has no gVisor (its runtimes: {', '.join(runtimes) or 'none'}): runs on "
         "`auto` get runc, whose sandboxes' system calls reach the host's kernel (behind "
         f"the seccomp profile {PROFILE_NAME})",
@@ -59,7 +40,7 @@ def check_seccomp(info: dict[str, Any]) -> str:
     options = [str(o) for o in info.get("SecurityOptions") or []]
     seccomp = [o for o in options if o.startswith("name=seccomp")]
     if not seccomp:
-        raise CheckFailed(
+        raise HostProblem(
             "the engine applies no seccomp filter (`docker info` lists no name=seccomp "
             f"under Security Options: {', '.join(options) or 'none'}): sandboxes on runc "
             "would reach every system call of the host's kernel",
@@ -73,7 +54,7 @@ def check_seccomp(info: dict[str, Any]) -> str:
 def check_cgroup_limits(info: dict[str, Any]) -> str:
     missing = [name for name in ("MemoryLimit", "PidsLimit") if info.get(name) is False]
     if missing:
-        raise CheckFailed(
+        raise HostProblem(
             f"the engine cannot enforce {' and '.join(missing)} (its cgroups lack them): a "
             "sandbox's memory or process limit would not hold",
             "Enable the memory and pids cgroup controllers (kernel command line "
@@ -82,10 +63,39 @@ def check_cgroup_limits(info: dict[str, Any]) -> str:
     return f"memory and pids limits enforceable (cgroup v{info.get('CgroupVersion', '?')})"
 
 
+def check_engine_log(info: dict[str, Any]) -> str:
+    if info.get("Debug"):
+        raise HostProblem(
+            "the engine runs in debug mode: it writes the body of every API request to its "
+            "own log, a container's environment among them (a run's gateway token, or the "
+            "model key of a --no-gateway run)",
+            'Turn the engine\'s debug mode off (`"debug": false` in /etc/docker/daemon.json, '
+            "no `-D` on dockerd's command line), then reload or restart the engine.",
+        )
+    return (
+        "the engine is not in debug mode: request bodies (containers' environment) stay out "
+        "of its log; sandboxes have no engine-side log (log driver `none`)"
+    )
+
+
 HOST_CHECKS: tuple[HostCheck, ...] = (
     HostCheck("host.sandbox_kernel", "runs on `auto` get gVisor's kernel", check_sandbox_kernel),
     HostCheck("host.seccomp", "the engine applies seccomp filters", check_seccomp),
     HostCheck(
         "host.cgroup_limits", "the engine can enforce memory and pids limits", check_cgroup_limits
     ),
+    HostCheck("host.engine_log", "the engine's own log holds no secret", check_engine_log),
 )
+
+
+class EngineHostChecks(Backend):
+    """A backend on this host's Docker engine (`DockerBackend` and those built on it): the
+    host checks above, judging the engine's own description."""
+
+    host_checks = HOST_CHECKS
+    client: docker.DockerClient
+
+    def host_facts(self) -> dict[str, Any]:
+        """The engine's own description (`docker info`), which `host_checks` judge."""
+        info: dict[str, Any] = self.client.api.info()
+        return info
