@@ -23,10 +23,12 @@ from ...images.imagedef import (
     BASE_IMAGE_ENV,
     DEFAULT_BASE,
     Progress,
+    build_lock,
     images_state_dir,
     read_json,
     report,
     run_streaming,
+    sha256,
     write_json,
 )
 from ...labels import LABEL_KIND, LABEL_VERSION
@@ -124,6 +126,26 @@ def bootstrap_base(
             "Check the Docker daemon's log.",
         )
     report(progress, f"base image {tag} ready")
+    return tag
+
+
+def debian_base(suite: str) -> str:
+    """The tag of the debootstrapped base of Debian `suite`: `orchestrator-base:<suite>`."""
+    return f"{BASE_IMAGE.rpartition(':')[0]}:{suite}"
+
+
+def ensure_debian_base(
+    client: docker.DockerClient, suite: str, progress: Progress | None = None
+) -> str:
+    """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
+    missing: for an image whose interpreter must be other than the agent's base's (the
+    secret interceptor's mitmproxy needs Python 3.12+: trixie). No registry needed."""
+    tag = debian_base(suite)
+    if inspect_image(client, tag) is None:
+        with build_lock(sha256(tag.encode())):
+            if inspect_image(client, tag) is None:
+                report(progress, f"making {tag} with debootstrap (once per host)")
+                bootstrap_base(client, suite=suite, tag=tag, progress=progress)
     return tag
 
 
