@@ -18,8 +18,12 @@ import docker.errors
 import pytest
 import requests
 
+from orchestrator.backends.docker import prune
+from orchestrator.backends.docker.base_image import KIND_BASE, debian_base
 from orchestrator.backends.docker.interceptor import (
     CONFDIR,
+    INTERCEPTOR_IMAGE,
+    INTERCEPTOR_SUITE,
     KIND_INTERCEPTOR_IMAGE,
     Interceptor,
     Ready,
@@ -28,11 +32,12 @@ from orchestrator.backends.docker.interceptor import (
     refusals,
 )
 from orchestrator.backends.docker.seccomp import security_options
-from orchestrator.labels import LABEL_KIND
+from orchestrator.labels import LABEL_KIND, LABEL_VERSION
 from orchestrator.payloads.binding import BoundSecret, SecretBinding
 
 from .conftest import wait_for
 from .https_upstream import Upstream, https_upstream
+from .test_images import _fake_image
 
 VALUE = "real-secret-value-c0ntainer-4d2e"
 PLACEHOLDER = "orchestrator-placeholder-ANALYTICS_TOKEN-9e8d7c6b5a"
@@ -211,3 +216,25 @@ def _image_holds(client: docker.DockerClient, image: str, needle: bytes, folder:
                         found.append(entry.name)
     saved.unlink()
     return found
+
+
+def test_images_list_and_prune_know_the_interceptor_image(
+    docker_client: docker.DockerClient, interceptor_image: str
+) -> None:
+    """`images list` shows the interceptor image and its trixie base; `images prune` would
+    remove an old interceptor image and keep the current one (and the base)."""
+    old = _fake_image(
+        docker_client,
+        f"{INTERCEPTOR_IMAGE}:test0000old0",
+        {LABEL_KIND: KIND_INTERCEPTOR_IMAGE, LABEL_VERSION: "0.0.0"},
+    )
+    try:
+        rows = {row["tag"]: row for row in prune.list_images(docker_client)}
+        assert rows[interceptor_image]["kind"] == KIND_INTERCEPTOR_IMAGE
+        assert rows[old]["kind"] == KIND_INTERCEPTOR_IMAGE
+        assert rows[debian_base(INTERCEPTOR_SUITE)]["kind"] == KIND_BASE
+        would = prune.prune_images(docker_client, dry_run=True)
+        assert old in would
+        assert interceptor_image not in would and debian_base(INTERCEPTOR_SUITE) not in would
+    finally:
+        docker_client.api.remove_image(old, force=True)
