@@ -177,10 +177,23 @@ def test_the_container_is_hardened_and_holds_its_ca_key_in_memory_only(
     assert host["SecurityOpt"] == security_options()
     assert api.inspect_container(interceptor.container_id)["Config"]["User"] == "10001:10001"
     assert _exec(docker_client, interceptor.container_id, ["id", "-u"]).strip() == "10001"
+    no_pip = "import importlib.util as u; assert u.find_spec('pip') is None, 'pip'"
+    mitmproxy = "import mitmproxy.version as v; print(v.VERSION)"
+    for command in (["python3", "-c", no_pip], ["/opt/venv/bin/python", "-c", no_pip]):
+        _exec(docker_client, interceptor.container_id, command)  # nothing installs packages
+    found = _exec(
+        docker_client, interceptor.container_id, ["/opt/venv/bin/python", "-c", mitmproxy]
+    )
+    assert found.startswith("12.")
 
     image = api.inspect_image(interceptor_image)
     assert image["Config"]["Labels"][LABEL_KIND] == KIND_INTERCEPTOR_IMAGE
     assert _image_holds(docker_client, interceptor_image, key_line.encode(), tmp_path) == []
+
+    assert interceptor.alive() is None
+    api.kill(interceptor.container_id)  # the run's way out is gone: the host is told
+    wait_for(lambda: interceptor.alive() is not None, timeout=30)
+    assert "secret interceptor stopped" in str(interceptor.alive())
 
 
 def _exec(client: docker.DockerClient, container_id: str, command: list[str]) -> str:
