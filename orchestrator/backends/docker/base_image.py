@@ -164,25 +164,32 @@ def _remove_tree(root: Path) -> None:
 
 
 def resolve_base(
-    client: docker.DockerClient, base: str | None = None, progress: Progress | None = None
+    client: docker.DockerClient,
+    base: str | None = None,
+    progress: Progress | None = None,
+    *,
+    suite: str = "bookworm",
 ) -> str:
     """The base image to build on: `base`, else `$ORCHESTRATOR_BASE_IMAGE`, else the default.
 
-    If that image is not present it is pulled; if the pull fails, the debootstrap base
-    (`BASE_IMAGE`) is used instead, and made if it is missing too. A fallback is always
-    reported through `progress` (and logged as a warning).
+    If that image is not present it is pulled; if the pull fails, the debootstrap base of
+    Debian `suite` (`debian_base(suite)`; bookworm's is `BASE_IMAGE`) is used instead, and
+    made if it is missing too. A fallback is always reported through `progress` (and logged
+    as a warning).
     """
     wanted = base or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE
+    fallback = debian_base(suite)
     if inspect_image(client, wanted) is not None:
         return wanted
-    if wanted != BASE_IMAGE:
+    if wanted != fallback:
         reason, remembered = _pull(client, wanted, progress)
         if reason is None:
             return wanted
+        choose = f"set {BASE_IMAGE_ENV} to choose a base; " if fallback == BASE_IMAGE else ""
         message = (
-            f"{wanted} cannot be pulled here, so images are built on {BASE_IMAGE}, the "
+            f"{wanted} cannot be pulled here, so images are built on {fallback}, the "
             "Debian base orchestrator makes itself: the designed path on a host without a "
-            f"registry (set {BASE_IMAGE_ENV} to choose a base; {reason})"
+            f"registry ({choose}{reason})"
         )
         if remembered:  # said when the pull failed; a repeat is a detail (shown with -v)
             message = f"note: {message}"
@@ -190,10 +197,7 @@ def resolve_base(
             progress(message)
         else:
             log.warning("%s", message)
-    if inspect_image(client, BASE_IMAGE) is None:
-        report(progress, f"making {BASE_IMAGE} with debootstrap (once per host)")
-        bootstrap_base(client, progress=progress)
-    return BASE_IMAGE
+    return ensure_debian_base(client, suite, progress)
 
 
 def _pull(

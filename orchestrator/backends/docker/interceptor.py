@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 from docker.types import LogConfig
 from docker.utils.socket import frames_iter
 
-from ...errors import OrchestratorError
+from ...errors import ImageBuildError, OrchestratorError
 from ...images.imagedef import RUNTIME_DIR, Progress, build_lock, digest, report, sha256
 from ...images.wheelhouse import ensure_wheelhouse
 from ...labels import LABEL_KIND
 from ...paths import VERSION, data_root
-from .base_image import debian_base, ensure_debian_base
+from .base_image import debian_base, resolve_base
 from .deadline import kept
 from .engine import inspect_image, stopped
 from .images import build_image, python_target
@@ -45,7 +45,10 @@ INTERCEPTOR_IMAGE_DIR = data_root() / "images" / "interceptor"
 #: The `orchestrator.kind` labels: the image (set by its Dockerfile) and its containers.
 KIND_INTERCEPTOR_IMAGE = "interceptor-image"
 KIND_INTERCEPTOR = "interceptor"
-#: Its base: Debian trixie, made with debootstrap (mitmproxy 12 needs Python 3.12+).
+#: Its base: mitmproxy 12 needs Python 3.12+. Pulled where a registry answers (3.13 on
+#: Debian trixie), else Debian trixie made with debootstrap (Python 3.13 too): no registry,
+#: no Python built by us. `$ORCHESTRATOR_BASE_IMAGE` (the agent's, maybe 3.11) never applies.
+INTERCEPTOR_BASE = "python:3.13-slim"
 INTERCEPTOR_SUITE = "trixie"
 #: Where the image has the keeper, the interceptor and mitmproxy's interpreter.
 INTERCEPTOR_KEEPER = ("python3", "/opt/interceptor/deadline.py")
@@ -195,12 +198,22 @@ def plan_interceptor_image(
     """The image's tag, hashed over its files (the definition, the addon, the runtime's
     masking and keeper, the agent image's hardening), the base's id, the wheels and the
     version; builds nothing. None when its base is missing and `make_base` is False (what
-    `images prune` asks: no debootstrap to learn what to keep)."""
-    if not make_base and inspect_image(client, debian_base(INTERCEPTOR_SUITE)) is None:
-        return None
-    base = ensure_debian_base(client, INTERCEPTOR_SUITE, progress)
+    `images prune` asks: no pull and no debootstrap to learn what to keep)."""
+    if make_base:
+        base = resolve_base(client, INTERCEPTOR_BASE, progress, suite=INTERCEPTOR_SUITE)
+    else:
+        present = (INTERCEPTOR_BASE, debian_base(INTERCEPTOR_SUITE))
+        base = next((b for b in present if inspect_image(client, b) is not None), "")
+        if not base:
+            return None
     base_id = client.api.inspect_image(base)["Id"]
     target = python_target(client, base)
+    if tuple(int(n) for n in target.version.split(".")[:2]) < (3, 12):
+        raise ImageBuildError(
+            f"The interceptor's base {base} has Python {target.version}; mitmproxy 12 needs "
+            "3.12 or newer.",
+            f"Remove {base} (`docker rmi {base}`): it is then pulled or made again.",
+        )
     requirements = (INTERCEPTOR_IMAGE_DIR / "requirements.txt").read_text()
     wheelhouse = ensure_wheelhouse(requirements, target, progress=progress)
     files = {
@@ -227,7 +240,7 @@ def ensure_interceptor_image(client: docker.DockerClient, progress: Progress | N
     """The tag of the interceptor image, built once (offline, from the wheelhouse) when
     missing; its base is made once per host too. Unchanged inputs: hashing and inspections."""
     plan = plan_interceptor_image(client, progress=progress)
-    assert plan is not None  # make_base: the base exists now
+    assert plan is not None  # make_base: the base is there now
     if inspect_image(client, plan.tag) is not None:
         return plan.tag
     with build_lock(plan.content_hash):
