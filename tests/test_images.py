@@ -390,3 +390,22 @@ def test_a_multi_stage_build_reports_its_steps_and_leaves_no_dangling_image(
             docker_client.api.remove_image(tag, force=True)
         except docker.errors.ImageNotFound:
             pass
+
+
+def test_a_bootstrapped_base_is_tagged_by_its_suite(
+    docker_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`images bootstrap-base --suite trixie` makes the interceptor's base, not a trixie
+    tree under the bookworm tag the agent image falls back to (debootstrap itself stubbed)."""
+    from orchestrator.backends.docker.sandbox import DockerBackend
+
+    made: list[tuple[str, str]] = []
+    monkeypatch.setattr(
+        base_image,
+        "bootstrap_base",
+        lambda client, *, suite, mirror, tag, progress: made.append((suite, tag)) or tag,
+    )
+    backend = DockerBackend(docker_client)
+    for suite in ("bookworm", "trixie"):
+        backend.bootstrap_base(suite=suite, mirror="http://deb.debian.org/debian", progress=print)
+    assert made == [("bookworm", base_image.BASE_IMAGE), ("trixie", "orchestrator-base:trixie")]
