@@ -53,14 +53,17 @@ def bootstrap_base(
     *,
     suite: str = "bookworm",
     mirror: str = "http://deb.debian.org/debian",
-    tag: str = BASE_IMAGE,
+    tag: str | None = None,
     progress: Progress | None = None,
 ) -> str:
-    """Make a Debian base image with debootstrap and `docker import` it; returns `tag`.
+    """Make a Debian base image with debootstrap and `docker import` it; returns `tag`
+    (by default `debian_base(suite)`: bookworm's is `BASE_IMAGE`, the agent's fallback;
+    trixie's the secret interceptor's).
 
     Needs root and the `debootstrap` tool on the host, and Debian's mirror (about a minute,
     265 MB). The image has `python3`, `python3-venv` and `ca-certificates`, nothing more.
     """
+    tag = tag or debian_base(suite)
     if shutil.which("debootstrap") is None:
         raise OrchestratorError(
             f"Cannot make the base image {tag}: the `debootstrap` tool is not installed.",

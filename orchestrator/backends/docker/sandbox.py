@@ -325,14 +325,10 @@ class DockerBackend(Backend):
         return prune_images(self.client, dry_run=dry_run)
 
     def bootstrap_base(self, *, suite: str, mirror: str, progress: Progress) -> str:
-        """A Debian base image from debootstrap + `docker import` (no registry needed),
-        tagged by its suite: `orchestrator-base:bookworm` (the agent's fallback),
-        `orchestrator-base:trixie` (the secret interceptor's)."""
-        from .base_image import bootstrap_base, debian_base
+        """A Debian base image from debootstrap + `docker import` (no registry needed)."""
+        from .base_image import bootstrap_base
 
-        return bootstrap_base(
-            self.client, suite=suite, mirror=mirror, tag=debian_base(suite), progress=progress
-        )
+        return bootstrap_base(self.client, suite=suite, mirror=mirror, progress=progress)
 
     def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
         """The sandbox container, and what its network policy needs beside it: a private
