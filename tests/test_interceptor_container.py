@@ -177,6 +177,8 @@ def test_the_container_is_hardened_and_holds_its_ca_key_in_memory_only(
     assert host["SecurityOpt"] == security_options()
     assert api.inspect_container(interceptor.container_id)["Config"]["User"] == "10001:10001"
     assert _exec(docker_client, interceptor.container_id, ["id", "-u"]).strip() == "10001"
+    init = _exec(docker_client, interceptor.container_id, ["cat", "/proc/1/cmdline"])
+    assert init.split("\0")[:4] == ["python3", "-I", "-S", "/opt/interceptor/deadline.py"]
     no_pip = "import importlib.util as u; assert u.find_spec('pip') is None, 'pip'"
     mitmproxy = "import mitmproxy.version as v; print(v.VERSION)"
     for command in (["python3", "-c", no_pip], ["/opt/venv/bin/python", "-c", no_pip]):
