@@ -44,8 +44,14 @@ say "installing mitmproxy for the interceptor tests into .venv-mitmproxy (uv, qu
 if [ ! -x .venv-mitmproxy/bin/python ]; then
     "$python" -m venv --without-pip .venv-mitmproxy
 fi
+# The image's pin needs Python 3.12+; on an older host Python, the last line that runs there
+# (images/interceptor/requirements-py311.txt; the image itself is tested in a container).
+mitm_requirements=images/interceptor/requirements.txt
+if ! .venv-mitmproxy/bin/python -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+    mitm_requirements=images/interceptor/requirements-py311.txt
+fi
 .venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python .venv-mitmproxy/bin/python \
-    -r images/interceptor/requirements.txt
+    -r "$mitm_requirements"
 
 if ! command -v debootstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing debootstrap (to build a base image without a registry)" >&2

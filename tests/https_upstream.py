@@ -1,4 +1,5 @@
-"""Real TLS for the interceptor's tests, all on 127.0.0.1: certificate authorities made with
+"""Real TLS for the interceptor's tests, on 127.0.0.1 (or an address of this host a container
+reaches): certificate authorities made with
 `openssl`, an HTTPS server that records every request it receives (and can echo a header or
 redirect), and a CONNECT proxy standing in for squid that sends every tunnel to that server,
 whatever name it was asked for (so that `api.example.com` is this host without DNS)."""
@@ -104,6 +105,7 @@ class Upstream:
     body), and the tunnels the stand-in for squid was asked for."""
 
     port: int = 0
+    address: str = "127.0.0.1"  # where the server and the stand-in listen
     requests: list[dict[str, Any]] = field(default_factory=list)
     tunnels: list[str] = field(default_factory=list)
     proxy_port: int = 0
@@ -176,7 +178,7 @@ def _tunnel(client: socket.socket, upstream: Upstream) -> None:
             client.sendall(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\n\r\n")
             return
         upstream.tunnels.append(target)
-        with socket.create_connection(("127.0.0.1", upstream.port)) as server:
+        with socket.create_connection((upstream.address, upstream.port)) as server:
             for end in (client, server):
                 end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -198,19 +200,22 @@ def _tunnel(client: socket.socket, upstream: Upstream) -> None:
 
 
 @contextmanager
-def https_upstream(folder: Path, names: list[str]) -> Iterator[tuple[Upstream, Path]]:
-    """An HTTPS server with its own CA for `names`, and the CONNECT stand-in in front of it;
-    yields the record and the CA certificate (what the proxy must trust upstream)."""
+def https_upstream(
+    folder: Path, names: list[str], address: str = "127.0.0.1"
+) -> Iterator[tuple[Upstream, Path]]:
+    """An HTTPS server with its own CA for `names`, and the CONNECT stand-in in front of it,
+    both on `address` (a container reaches this host at its network's gateway); yields the
+    record and the CA certificate (what the proxy must trust upstream)."""
     ca = make_ca(folder, "upstream-ca")
     key, cert = make_leaf(folder, ca, names)
-    upstream = Upstream(ca=ca[1])
+    upstream = Upstream(ca=ca[1], address=address)
     handler = type("Handler", (_Handler,), {"upstream": upstream})
-    server = _Server(("127.0.0.1", 0), handler)
+    server = _Server((address, 0), handler)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     upstream.port = server.server_address[1]
-    listener = socket.create_server(("127.0.0.1", 0))
+    listener = socket.create_server((address, 0))
     upstream.proxy_port = listener.getsockname()[1]
 
     def accept() -> None:

@@ -390,3 +390,21 @@ def test_a_multi_stage_build_reports_its_steps_and_leaves_no_dangling_image(
             docker_client.api.remove_image(tag, force=True)
         except docker.errors.ImageNotFound:
             pass
+
+
+def test_a_bootstrapped_base_is_tagged_by_its_suite(
+    docker_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`images bootstrap-base --suite trixie` makes the interceptor's base, not a trixie
+    tree under the bookworm tag the agent image falls back to (debootstrap missing: the
+    error names the tag it would have made)."""
+    from orchestrator.backends.docker.sandbox import DockerBackend
+
+    monkeypatch.setattr(base_image.shutil, "which", lambda name: None)
+    backend = DockerBackend(docker_client)
+    for suite, tag in (("bookworm", base_image.BASE_IMAGE), ("trixie", "orchestrator-base:trixie")):
+        with pytest.raises(OrchestratorError) as error:
+            backend.bootstrap_base(
+                suite=suite, mirror="http://deb.debian.org/debian", progress=print
+            )
+        assert f"Cannot make the base image {tag}:" in error.value.cause

@@ -21,6 +21,8 @@ never in an argument, an environment variable or a file):
      "confdir": "/tmp/interceptor",           tmpfs: where mitmproxy makes the run's CA
      "upstream_proxy": "http://egress:3128",  optional: squid, the allowlist, after us
      "upstream_ca": "/path/ca.pem",           optional: extra CAs upstream (tests)
+     "upstream_ca_pem": "-----BEGIN ...",     optional: the same as text (a container's
+                                               tests: no file to mount)
      "bindings": [{"name": "ANALYTICS_TOKEN", "placeholder": "...", "value": "...",
                    "hosts": ["api.example.com", "*.example.org"], "in": ["header"]}],
      "passthrough": ["pinned.example.net"]}    optional: hosts whose TLS is relayed unread
@@ -419,6 +421,9 @@ async def serve(config: dict[str, Any]) -> None:
     }
     if config.get("upstream_proxy"):
         settings["mode"] = [f"upstream:{config['upstream_proxy']}"]
+    if config.get("upstream_ca_pem"):
+        (confdir / "upstream-ca.pem").write_text(config["upstream_ca_pem"])
+        config["upstream_ca"] = str(confdir / "upstream-ca.pem")
     if config.get("upstream_ca"):
         settings["ssl_verify_upstream_trusted_ca"] = config["upstream_ca"]
     opts.update(**settings)

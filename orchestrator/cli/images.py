@@ -45,7 +45,12 @@ def add_images_parser(sub: Any) -> None:
         "bootstrap-base",
         help="make a Debian base image with debootstrap + docker import (no registry needed)",
     )
-    bb.add_argument("--suite", default="bookworm", help="Debian release to bootstrap")
+    bb.add_argument(
+        "--suite",
+        default="bookworm",
+        help="Debian release to bootstrap, tagged orchestrator-base:SUITE (bookworm: the "
+        "agent's base; trixie: the secret interceptor's)",
+    )
     bb.add_argument("--mirror", default="http://deb.debian.org/debian", help="Debian mirror")
     bb.add_argument("--json", action="store_true", help="print {image} as JSON")
     add_backend_option(bb, "whose base image")

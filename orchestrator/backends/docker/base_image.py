@@ -23,10 +23,12 @@ from ...images.imagedef import (
     BASE_IMAGE_ENV,
     DEFAULT_BASE,
     Progress,
+    build_lock,
     images_state_dir,
     read_json,
     report,
     run_streaming,
+    sha256,
     write_json,
 )
 from ...labels import LABEL_KIND, LABEL_VERSION
@@ -51,14 +53,17 @@ def bootstrap_base(
     *,
     suite: str = "bookworm",
     mirror: str = "http://deb.debian.org/debian",
-    tag: str = BASE_IMAGE,
+    tag: str | None = None,
     progress: Progress | None = None,
 ) -> str:
-    """Make a Debian base image with debootstrap and `docker import` it; returns `tag`.
+    """Make a Debian base image with debootstrap and `docker import` it; returns `tag`
+    (by default `debian_base(suite)`: bookworm's is `BASE_IMAGE`, the agent's fallback;
+    trixie's the secret interceptor's).
 
     Needs root and the `debootstrap` tool on the host, and Debian's mirror (about a minute,
     265 MB). The image has `python3`, `python3-venv` and `ca-certificates`, nothing more.
     """
+    tag = tag or debian_base(suite)
     if shutil.which("debootstrap") is None:
         raise OrchestratorError(
             f"Cannot make the base image {tag}: the `debootstrap` tool is not installed.",
@@ -127,6 +132,26 @@ def bootstrap_base(
     return tag
 
 
+def debian_base(suite: str) -> str:
+    """The tag of the debootstrapped base of Debian `suite`: `orchestrator-base:<suite>`."""
+    return f"{BASE_IMAGE.rpartition(':')[0]}:{suite}"
+
+
+def ensure_debian_base(
+    client: docker.DockerClient, suite: str, progress: Progress | None = None
+) -> str:
+    """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
+    missing: for an image whose interpreter must be other than the agent's base's (the
+    secret interceptor's mitmproxy needs Python 3.12+: trixie). No registry needed."""
+    tag = debian_base(suite)
+    if inspect_image(client, tag) is None:
+        with build_lock(sha256(tag.encode())):
+            if inspect_image(client, tag) is None:
+                report(progress, f"making {tag} with debootstrap (once per host)")
+                bootstrap_base(client, suite=suite, tag=tag, progress=progress)
+    return tag
+
+
 def _chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
     while chunk := stream.read(size):
         yield chunk
@@ -142,25 +167,32 @@ def _remove_tree(root: Path) -> None:
 
 
 def resolve_base(
-    client: docker.DockerClient, base: str | None = None, progress: Progress | None = None
+    client: docker.DockerClient,
+    base: str | None = None,
+    progress: Progress | None = None,
+    *,
+    suite: str = "bookworm",
 ) -> str:
     """The base image to build on: `base`, else `$ORCHESTRATOR_BASE_IMAGE`, else the default.
 
-    If that image is not present it is pulled; if the pull fails, the debootstrap base
-    (`BASE_IMAGE`) is used instead, and made if it is missing too. A fallback is always
-    reported through `progress` (and logged as a warning).
+    If that image is not present it is pulled; if the pull fails, the debootstrap base of
+    Debian `suite` (`debian_base(suite)`; bookworm's is `BASE_IMAGE`) is used instead, and
+    made if it is missing too. A fallback is always reported through `progress` (and logged
+    as a warning).
     """
     wanted = base or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE
+    fallback = debian_base(suite)
     if inspect_image(client, wanted) is not None:
         return wanted
-    if wanted != BASE_IMAGE:
+    if wanted != fallback:
         reason, remembered = _pull(client, wanted, progress)
         if reason is None:
             return wanted
+        choose = f"set {BASE_IMAGE_ENV} to choose a base; " if fallback == BASE_IMAGE else ""
         message = (
-            f"{wanted} cannot be pulled here, so images are built on {BASE_IMAGE}, the "
+            f"{wanted} cannot be pulled here, so images are built on {fallback}, the "
             "Debian base orchestrator makes itself: the designed path on a host without a "
-            f"registry (set {BASE_IMAGE_ENV} to choose a base; {reason})"
+            f"registry ({choose}{reason})"
         )
         if remembered:  # said when the pull failed; a repeat is a detail (shown with -v)
             message = f"note: {message}"
@@ -168,10 +200,7 @@ def resolve_base(
             progress(message)
         else:
             log.warning("%s", message)
-    if inspect_image(client, BASE_IMAGE) is None:
-        report(progress, f"making {BASE_IMAGE} with debootstrap (once per host)")
-        bootstrap_base(client, progress=progress)
-    return BASE_IMAGE
+    return ensure_debian_base(client, suite, progress)
 
 
 def _pull(

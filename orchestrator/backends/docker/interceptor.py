@@ -2,17 +2,68 @@
 where it listens and the run's CA certificate, the values it put on the wire and the
 requests it refused, as squid's access log is read back in egress.py.
 
-Not yet started by any run: `Capabilities.bound_secrets` stays False until the interceptor's
-container is on the egress path (the run with bindings is refused before anything starts).
+Its image (`ensure_interceptor_image`: mitmproxy 12 on Debian trixie's Python 3.13, built
+offline from a wheelhouse, hardened as the agent image) and its container (`Interceptor`:
+hardened as the gateway's, the configuration with the values on its attached stdin) are
+here too. Not yet started by any run: `Capabilities.bound_secrets` stays False until the
+interceptor's container is on the egress path (a run with bindings is refused before
+anything starts).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from docker.types import LogConfig
+from docker.utils.socket import frames_iter
+
+from ...errors import ImageBuildError, OrchestratorError
+from ...images.imagedef import RUNTIME_DIR, Progress, build_lock, digest, report, sha256
+from ...images.wheelhouse import ensure_wheelhouse
+from ...labels import LABEL_KIND
+from ...paths import VERSION, data_root
+from .base_image import debian_base, resolve_base
+from .deadline import kept
+from .engine import inspect_image, stopped
+from .images import build_image, python_target
+from .seccomp import security_options
+
+if TYPE_CHECKING:
+    import docker
+
+INTERCEPTOR_IMAGE = "orchestrator-interceptor"
+INTERCEPTOR_IMAGE_DIR = data_root() / "images" / "interceptor"
+#: The `orchestrator.kind` labels: the image (set by its Dockerfile) and its containers.
+KIND_INTERCEPTOR_IMAGE = "interceptor-image"
+KIND_INTERCEPTOR = "interceptor"
+#: Its base: mitmproxy 12 needs Python 3.12+. Pulled where a registry answers (3.13 on
+#: Debian trixie), else Debian trixie made with debootstrap (Python 3.13 too): no registry,
+#: no Python built by us. `$ORCHESTRATOR_BASE_IMAGE` (the agent's, maybe 3.11) never applies.
+INTERCEPTOR_BASE = "python:3.13-slim"
+INTERCEPTOR_SUITE = "trixie"
+#: Where the image has the keeper, the interceptor and mitmproxy's interpreter.
+INTERCEPTOR_KEEPER = ("python3", "/opt/interceptor/deadline.py")
+INTERCEPTOR_COMMAND = ["/opt/venv/bin/python", "-I", "/opt/interceptor/interceptor.py"]
+#: The interceptor's port on the run's network, and where mitmproxy makes the run's CA (a
+#: tmpfs: the CA's key never touches a disk, an image or the container's configuration).
+INTERCEPTOR_PORT = 3129
+CONFDIR = "/tmp/interceptor"
+#: Its limits: it relays, but decrypts and encrypts every byte.
+INTERCEPTOR_MEMORY = "256m"
+INTERCEPTOR_PIDS = 64
+INTERCEPTOR_CPUS = 1.0
+INTERCEPTOR_USER = "10001:10001"
+READY_TIMEOUT = 30.0
+MAX_LINE = 64 * 1024
 
 #: The prefixes of the interceptor's lines (its module docstring describes them).
 READY_PREFIX = "ORCH-INTERCEPTOR-READY\t"
@@ -120,3 +171,230 @@ def describe_injection(entry: dict[str, Any]) -> str:
     """`injected ANALYTICS_TOKEN api.example.com header:X-Api-Key` (and how many times)."""
     times = f" ({entry['count']} requests)" if entry.get("count", 1) > 1 else ""
     return f"injected {entry['secret']} {entry['host']} {entry['place']}{times}"
+
+
+class InterceptorError(OrchestratorError):
+    """The secret interceptor could not be started (a run never starts without it)."""
+
+    exit_code = 5
+
+
+@dataclass(frozen=True)
+class InterceptorImagePlan:
+    """What the interceptor image is made of, and its content-addressed tag."""
+
+    tag: str
+    content_hash: str
+    base: str
+    base_id: str
+    python: str
+    files: dict[str, bytes]
+    wheels: dict[str, Path]
+
+
+def plan_interceptor_image(
+    client: docker.DockerClient, *, progress: Progress | None = None, make_base: bool = True
+) -> InterceptorImagePlan | None:
+    """The image's tag, hashed over its files (the definition, the addon, the runtime's
+    masking and keeper, the agent image's hardening), the base's id, the wheels and the
+    version; builds nothing. None when its base is missing and `make_base` is False (what
+    `images prune` asks: no pull and no debootstrap to learn what to keep)."""
+    if make_base:
+        base = resolve_base(client, INTERCEPTOR_BASE, progress, suite=INTERCEPTOR_SUITE)
+    else:
+        present = (INTERCEPTOR_BASE, debian_base(INTERCEPTOR_SUITE))
+        base = next((b for b in present if inspect_image(client, b) is not None), "")
+        if not base:
+            return None
+    base_id = client.api.inspect_image(base)["Id"]
+    target = python_target(client, base)
+    if tuple(int(n) for n in target.version.split(".")[:2]) < (3, 12):
+        raise ImageBuildError(
+            f"The interceptor's base {base} has Python {target.version}; mitmproxy 12 needs "
+            "3.12 or newer.",
+            f"Remove {base} (`docker rmi {base}`): it is then pulled or made again.",
+        )
+    requirements = (INTERCEPTOR_IMAGE_DIR / "requirements.txt").read_text()
+    wheelhouse = ensure_wheelhouse(requirements, target, progress=progress)
+    files = {
+        name: (INTERCEPTOR_IMAGE_DIR / name).read_bytes()
+        for name in ("Dockerfile", "interceptor.py", "requirements.txt")
+    }
+    files["masking.py"] = (RUNTIME_DIR / "masking.py").read_bytes()
+    files["deadline.py"] = (RUNTIME_DIR / "deadline.py").read_bytes()
+    files["harden.sh"] = (data_root() / "images" / "agent" / "harden.sh").read_bytes()
+    content_hash = digest(
+        {
+            "version": VERSION,
+            "base_id": base_id,
+            "files": {name: sha256(data) for name, data in files.items()},
+            "wheels": wheelhouse.wheels,
+        }
+    )
+    tag = f"{INTERCEPTOR_IMAGE}:{content_hash[:12]}"
+    wheels = wheelhouse.context_files()
+    return InterceptorImagePlan(tag, content_hash, base, base_id, target.version, files, wheels)
+
+
+def ensure_interceptor_image(client: docker.DockerClient, progress: Progress | None = None) -> str:
+    """The tag of the interceptor image, built once (offline, from the wheelhouse) when
+    missing; its base is made once per host too. Unchanged inputs: hashing and inspections."""
+    plan = plan_interceptor_image(client, progress=progress)
+    assert plan is not None  # make_base: the base is there now
+    if inspect_image(client, plan.tag) is not None:
+        return plan.tag
+    with build_lock(plan.content_hash):
+        if inspect_image(client, plan.tag) is None:
+            report(progress, f"building {plan.tag} (mitmproxy) on {plan.base}")
+            buildargs = {
+                "BASE_IMAGE": plan.base_id,
+                "ORCHESTRATOR_BASE": plan.base,
+                "ORCHESTRATOR_VERSION": VERSION,
+                "ORCHESTRATOR_CONTENT_HASH": plan.content_hash,
+                "ORCHESTRATOR_PYTHON": plan.python,
+            }
+            build_image(client, plan.tag, plan.files, plan.wheels, buildargs, progress)
+    return plan.tag
+
+
+class Interceptor:
+    """One run's interceptor container (not yet started by runs): hardened as the model
+    gateway's (runc and our seccomp profile, read-only root, every capability dropped, no
+    engine-side log, the keeper as PID 1), its configuration, the secrets' values included,
+    only on its attached stdin; its decisions read live from its stdout."""
+
+    def __init__(self, client: docker.DockerClient, container_id: str, network_name: str):
+        self.client = client
+        self.container_id = container_id
+        self.network_name = network_name
+        self.ip: str | None = None
+        self._socket: Any = None
+        self._stdout: list[str] = []
+        self._stderr: deque[str] = deque(maxlen=20)
+        self._listening = threading.Event()  # its ready line has arrived
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls,
+        client: docker.DockerClient,
+        *,
+        run_id: str,
+        network_name: str,
+        labels: dict[str, str],
+        image: str,
+        stop_at: float,
+    ) -> Interceptor:
+        """Create and start the container on `network_name`; it then waits for its
+        configuration (`open`). Removes the container again on failure."""
+        api = client.api
+        tmpfs = "rw,nosuid,nodev,noexec,size=16m,mode=1777"  # the run's CA: memory only
+        host_config = api.create_host_config(
+            network_mode=network_name,
+            cap_drop=["ALL"],  # port 3129 needs no capability
+            security_opt=security_options(),
+            runtime="runc",  # our code, not the payload's (runtimes.py)
+            read_only=True,
+            tmpfs={"/tmp": tmpfs},
+            mem_limit=INTERCEPTOR_MEMORY,
+            memswap_limit=INTERCEPTOR_MEMORY,
+            nano_cpus=int(INTERCEPTOR_CPUS * 1e9),
+            pids_limit=INTERCEPTOR_PIDS,
+            ipc_mode="private",
+            init=False,  # PID 1 is the deadline keeper
+            log_config=LogConfig(type="none"),  # values and decisions stay off the disk
+        )
+        container = api.create_container(
+            image=image,
+            entrypoint=kept(INTERCEPTOR_KEEPER, stop_at, INTERCEPTOR_COMMAND),
+            command=[],
+            name=f"orchestrator-interceptor-{run_id}",
+            user=INTERCEPTOR_USER,
+            working_dir="/tmp",
+            labels={**labels, LABEL_KIND: KIND_INTERCEPTOR},
+            hostname="interceptor",
+            stdin_open=True,
+            tty=False,
+            host_config=host_config,
+        )
+        interceptor = cls(client, container["Id"], network_name)
+        try:
+            interceptor._socket = api.attach_socket(
+                interceptor.container_id,
+                params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1},
+            )
+            api.start(interceptor.container_id)
+            networks = api.inspect_container(interceptor.container_id)["NetworkSettings"]
+            interceptor.ip = networks["Networks"][network_name]["IPAddress"]
+            reader = threading.Thread(target=interceptor._read, name="interceptor-output")
+            reader.daemon = True
+            reader.start()
+        except BaseException:
+            interceptor.remove()
+            raise
+        return interceptor
+
+    def open(self, config: dict[str, Any]) -> None:
+        """Hand it its configuration (the bindings with their values; see interceptor.py's
+        docstring) on its stdin; where it listens and its confdir are this class's."""
+        line = {**config, "listen": ["0.0.0.0", INTERCEPTOR_PORT], "confdir": CONFDIR}
+        self._socket._sock.sendall(json.dumps(line).encode() + b"\n")
+
+    def wait_ready(self) -> Ready:
+        """Where it listens (on the run's network) and the run's CA certificate; raises
+        InterceptorError with its last words if it will not listen."""
+        deadline = time.monotonic() + READY_TIMEOUT
+        while not self._listening.wait(timeout=0.02):
+            if self.alive() is not None or time.monotonic() > deadline:
+                break
+        with self._lock:
+            ready = read_ready("".join(self._stdout))
+        if ready is None:
+            raise InterceptorError(
+                "The secret interceptor did not start. Its last output:\n"
+                + ("\n".join(self._stderr) or "(none)"),
+                "Rebuild its image (`orchestrator images prune`, then run again).",
+            )
+        port = ready.address.rpartition(":")[2]
+        return Ready(f"{self.ip}:{port}", ready.ca_pem)
+
+    def output(self) -> str:
+        """What it wrote on stdout so far (`refusals`, `injections` read it)."""
+        with self._lock:
+            return "".join(self._stdout)
+
+    def _read(self) -> None:
+        partial = {1: b"", 2: b""}
+        with contextlib.suppress(OSError, ValueError):  # closed under us: the run is over
+            for stream_id, chunk in frames_iter(self._socket, tty=False):
+                data = partial.get(stream_id, b"") + chunk
+                *lines, rest = data.split(b"\n")
+                partial[stream_id] = rest[-MAX_LINE:]
+                for raw in lines:
+                    text = raw[:MAX_LINE].decode("utf-8", "replace")
+                    if stream_id == 1:
+                        with self._lock:
+                            self._stdout.append(text + "\n")
+                        if text.startswith(READY_PREFIX):
+                            self._listening.set()
+                    elif text.strip():
+                        self._stderr.append(text.strip())
+
+    def alive(self) -> str | None:
+        """None while it runs; else why the run has lost its way out."""
+        return stopped(
+            self.client,
+            self.container_id,
+            "secret interceptor",
+            "the sandbox had no way out from then on",
+        )
+
+    def remove(self) -> None:
+        """Remove the container; idempotent."""
+        import docker.errors
+
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                self._socket.close()
+        with contextlib.suppress(docker.errors.NotFound):
+            self.client.api.remove_container(self.container_id, force=True, v=True)

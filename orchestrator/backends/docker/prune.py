@@ -19,10 +19,19 @@ from .images import (
     PAYLOAD_IMAGE,
     plan_agent_image,
 )
+from .interceptor import INTERCEPTOR_IMAGE, KIND_INTERCEPTOR_IMAGE, plan_interceptor_image
 
 #: The repositories our images are tagged in. An image built FROM one of ours inherits its
 #: labels; its name tells it apart (another project's image is not ours to list or prune).
-REPOSITORIES = {AGENT_IMAGE, PAYLOAD_IMAGE, EGRESS_IMAGE, BASE_IMAGE.rpartition(":")[0]}
+REPOSITORIES = {
+    AGENT_IMAGE,
+    PAYLOAD_IMAGE,
+    EGRESS_IMAGE,
+    INTERCEPTOR_IMAGE,
+    BASE_IMAGE.rpartition(":")[0],  # the bookworm base and the interceptor's trixie one
+}
+#: The kinds of image listed and pruned.
+KINDS = (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_INTERCEPTOR_IMAGE, KIND_BASE)
 
 
 def _tags(image: dict[str, Any]) -> list[str]:
@@ -37,7 +46,8 @@ def _kind(image: dict[str, Any]) -> str | None:
 
 
 def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
-    """The orchestrator's tagged images (agent, payload, egress and base), newest first.
+    """The orchestrator's tagged images (agent, payload, egress, interceptor and bases), newest
+    first.
 
     Each is `{tag, id, kind, created, size, in_use, labels}`; `in_use` means a container
     (running or not) was made from it. Untagged images are not listed (`prune_images`
@@ -47,7 +57,7 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
     rows = []
     for image in client.api.images():
         kind = _kind(image)
-        if kind not in (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_BASE):
+        if kind not in KINDS:
             continue
         for tag in _tags(image):
             if tag.rpartition(":")[0] not in REPOSITORIES:
@@ -72,11 +82,10 @@ def dangling_images(client: docker.DockerClient) -> list[str]:
     ours left: a multi-stage build's earlier stage, an image whose tag a rebuild took) that no
     container uses."""
     used = {container["ImageID"] for container in client.api.containers(all=True)}
-    kinds = (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_BASE)
     return [
         image["Id"]
         for image in client.api.images(filters={"dangling": True})
-        if _kind(image) in kinds and not _tags(image) and image["Id"] not in used
+        if _kind(image) in KINDS and not _tags(image) and image["Id"] not in used
     ]
 
 
@@ -91,8 +100,9 @@ def prune_images(
     """Remove the orchestrator's images other than the current ones; returns what went.
 
     Current: the agent image the configured base would get now (working that out may
-    resolve the base and the wheelhouse), its base, the payload images built on it, and the
-    egress image of that base.
+    resolve the base and the wheelhouse), its base, the payload images built on it, the
+    egress image of that base, and the interceptor image of its trixie base (when that base
+    exists: pruning never makes one).
     Images in use by a container are kept. The debootstrap base is removed only with
     `include_base`. Payload images go before agent images, agent images before bases; then
     the untagged images of ours (`dangling_images`), so that nothing we made is left.
@@ -104,7 +114,16 @@ def prune_images(
         keep |= {plan.tag, plan.base}
         keep |= {row["tag"] for row in rows if row["labels"].get(LABEL_AGENT_IMAGE) == plan.tag}
         keep.add(plan_egress_image(client, progress=progress).tag)
-    order = {KIND_PAYLOAD: 0, KIND_AGENT: 1, KIND_EGRESS_IMAGE: 1, KIND_BASE: 2}
+        interceptor = plan_interceptor_image(client, progress=progress, make_base=False)
+        if interceptor is not None:
+            keep.add(interceptor.tag)
+    order = {
+        KIND_PAYLOAD: 0,
+        KIND_AGENT: 1,
+        KIND_EGRESS_IMAGE: 1,
+        KIND_INTERCEPTOR_IMAGE: 1,
+        KIND_BASE: 2,
+    }
     removed = []
     for row in sorted(rows, key=lambda row: order[row["kind"]]):
         if row["tag"] in keep or row["in_use"]:
