@@ -107,6 +107,21 @@ def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
     assert lines[-1].startswith("4 checks: 3 passed, 1 failed, 0 not applicable")
 
 
+def test_gvisor_registered_without_the_filter_fails_the_kernel_check(
+    live_info: dict[str, Any],
+) -> None:
+    """A runsc registered without --oci-seccomp (an older setup script, or by hand) runs
+    gVisor sandboxes without our seccomp filter: the kernel check fails and says how to fix
+    it; the live engine (CI runs setup-gvisor.sh) passes."""
+    assert doctor("docker", only=["host.sandbox_kernel"], facts=live_info).passed
+    double = copy.deepcopy(live_info)
+    double["Runtimes"]["runsc"]["runtimeArgs"] = ["--network=none"]
+    (outcome,) = doctor("docker", only=["host.sandbox_kernel"], facts=double).outcomes
+    assert outcome.status == "fail" and "--oci-seccomp" in outcome.detail, outcome.detail
+    assert "runsc-net" not in outcome.detail  # only the one registered without it
+    assert outcome.fix and "setup-gvisor.sh" in outcome.fix
+
+
 def test_an_engine_in_debug_mode_fails_the_log_check(live_info: dict[str, Any]) -> None:
     """Debug mode writes request bodies (a container's environment: its run token) to the
     engine's log; the double says so, the live engine does not."""

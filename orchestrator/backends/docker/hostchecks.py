@@ -13,7 +13,7 @@ from typing import Any
 import docker
 
 from ..base import Backend, HostCheck, HostProblem
-from .runtimes import RUNSC, RUNSC_NET, SETUP_SCRIPT
+from .runtimes import OCI_SECCOMP, RUNSC, RUNSC_NET, SETUP_SCRIPT
 from .seccomp import PROFILE_NAME
 
 #: How a user registers gVisor: the script the package ships, and its checkout's way in.
@@ -25,9 +25,25 @@ GVISOR_FIX = (
 
 
 def check_sandbox_kernel(info: dict[str, Any]) -> str:
-    runtimes = sorted(info.get("Runtimes") or {})
+    registered = info.get("Runtimes") or {}
+    runtimes = sorted(registered)
     if {RUNSC, RUNSC_NET} <= set(runtimes):
-        return f"gVisor is registered ({RUNSC}, {RUNSC_NET}): runs on `auto` get gVisor's kernel"
+        unfiltered = [
+            name
+            for name in (RUNSC, RUNSC_NET)
+            if OCI_SECCOMP not in ((registered.get(name) or {}).get("runtimeArgs") or [])
+        ]
+        if unfiltered:
+            raise HostProblem(
+                f"gVisor is registered, but {' and '.join(unfiltered)} without {OCI_SECCOMP}: "
+                "gVisor sandboxes run without our seccomp filter (gVisor ignores the engine's "
+                "seccomp option unless asked), one layer instead of two",
+                GVISOR_FIX,
+            )
+        return (
+            f"gVisor is registered ({RUNSC}, {RUNSC_NET}, {OCI_SECCOMP}): runs on `auto` get "
+            f"gVisor's kernel behind the seccomp profile {PROFILE_NAME}"
+        )
     raise HostProblem(
         f"the engine has no gVisor (its runtimes: {', '.join(runtimes) or 'none'}): runs on "
         "`auto` get runc, whose sandboxes' system calls reach the host's kernel (behind "
@@ -79,7 +95,11 @@ def check_engine_log(info: dict[str, Any]) -> str:
 
 
 HOST_CHECKS: tuple[HostCheck, ...] = (
-    HostCheck("host.sandbox_kernel", "runs on `auto` get gVisor's kernel", check_sandbox_kernel),
+    HostCheck(
+        "host.sandbox_kernel",
+        "runs on `auto` get gVisor's kernel, behind our seccomp filter",
+        check_sandbox_kernel,
+    ),
     HostCheck("host.seccomp", "the engine applies seccomp filters", check_seccomp),
     HostCheck(
         "host.cgroup_limits", "the engine can enforce memory and pids limits", check_cgroup_limits
