@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from .chromium import headless_chromium
 from .test_docs import build_site
-from .test_view_browser import CHROMEDRIVER, CHROMIUM
 
 SHOTS = Path(os.environ.get("DOCS_SHOTS", "/tmp/docs-shots"))
 
@@ -61,24 +61,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("chromium and chromium-driver are needed (.ci/run installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(flag)
-    options.add_argument("--window-size=1400,1000")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    try:
+    with headless_chromium(1400, 1000, console=True) as driver:
+        SHOTS.mkdir(parents=True, exist_ok=True)
         yield driver
-    finally:
-        driver.quit()
 
 
 def open_page(driver: Any, url: str) -> str:

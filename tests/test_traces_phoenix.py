@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import urllib.request
@@ -23,6 +22,7 @@ from orchestrator import RunSpec, run
 from orchestrator.payloads.manifest import load_manifest
 from orchestrator.records.spans import trace_ids
 
+from .chromium import headless_chromium
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, events_of, wait_for
 from .model_server import ScriptedModelServer
 from .test_traces import free_port
@@ -34,8 +34,6 @@ RESEARCH = PAYLOADS / "research_team"
 LEAKY = TEST_PAYLOADS / "leaky"
 LEAKY_SECRET = "phoenix-leak-3f9a1c\nits second line"
 SHOTS = REPO / ".ci" / "output" / "screenshots"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 
 
 @pytest.fixture(scope="module")
@@ -218,23 +216,7 @@ def test_a_multi_agent_run_is_one_trace_in_phoenix_with_measured_tokens_and_no_s
 
 def screenshot(url: str, trace_id: str) -> None:
     """The trace in Phoenix's UI, in headless Chromium: its page names the run's spans."""
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail("chromium and chromium-driver are needed (.ci/run installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1600,1000",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
+    with headless_chromium(1600, 1000) as driver:
         with urllib.request.urlopen(f"{url}/v1/projects") as response:
             project = json.loads(response.read())["data"][0]["id"]
         driver.get(f"{url}/projects/{project}/traces/{trace_id}")
@@ -245,5 +227,3 @@ def screenshot(url: str, trace_id: str) -> None:
         driver.save_screenshot(str(SHOTS / "phoenix-trace.png"))
         page = driver.page_source
         assert "run research_team" in page and "CodeAgent.run" in page
-    finally:
-        driver.quit()

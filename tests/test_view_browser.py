@@ -21,6 +21,7 @@ import pytest
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.records.store import Store
 
+from .chromium import headless_chromium
 from .conftest import (
     PAYLOADS,
     REPO,
@@ -37,8 +38,6 @@ SHOTS = REPO / ".ci" / "output" / "screenshots"
 #: The viewer's pictures in the documentation (docs/guides/viewer.md): these screenshots,
 #: copied each time they are taken, so the pictures show the pages as they are.
 DOCS_PICTURES = {"run": REPO / "docs" / "view-run.png", "batch": REPO / "docs" / "view-batch.png"}
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
 
 TASKS = [
     {"id": "mul", "task": "6*7?", "additional_args": {"op": "mul", "a": 6, "b": 7}, "expected": 42},
@@ -151,33 +150,10 @@ def server(world: World) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.fail(
-            "chromium and chromium-driver are needed (apt-get install chromium "
-            "chromium-driver; .ci/run installs them)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,1800",
-        "--allow-file-access-from-files",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, to check
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    try:
+    # the console is kept (the tests check it), local files may load local files (--export)
+    with headless_chromium(1400, 1800, "--allow-file-access-from-files", console=True) as driver:
+        SHOTS.mkdir(parents=True, exist_ok=True)
         yield driver
-    finally:
-        driver.quit()
 
 
 def load(driver, url: str) -> None:
