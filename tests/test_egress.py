@@ -156,6 +156,17 @@ def test_access_log_parsing() -> None:
     assert blocked[0]["ts"] == 1.5 and blocked[1]["sni"] == "evil.test"
 
 
+def test_an_attempt_is_dated_from_its_start_not_from_squids_log_line() -> None:
+    """squid logs a request when it ends; a CONNECT whose DNS lookup failed after 2.5 s
+    started 2.5 s before its line (the step that made it is the one running then)."""
+    line = "\t".join(
+        ("ORCH", "100.000", "172.20.0.3", "CONNECT", "slow.invalid", "443", "503")
+        + ("NONE_NONE", "-", "-", "ERR_DNS_FAIL", "2500")
+    )
+    (attempt,) = parse_access_log(line)
+    assert attempt["ts"] == pytest.approx(97.5) and attempt["host"] == "slow.invalid"
+
+
 # ---- acceptance 1: a payload with --model openai against a scripted server on the host ------
 
 

@@ -387,13 +387,17 @@ def parse_access_log(text: str) -> list[dict[str, Any]]:
     whose TLS SNI was not on the allowlist shows up as `terminate` on the SNI-checking port.
     Allowed but failed (`verdict: "allowed"`): squid logged an error code (`UPSTREAM_CAUSES`).
     The SNI-checking hop's own lines (client 127.0.0.1) are squid's plumbing, not attempts.
+    An event's `ts` is when the request started (squid logs at its end, and how long it took:
+    a DNS lookup that fails slowly would otherwise fall into the agent's next step).
     """
     blocked = []
     for line in text.splitlines():
         fields = line.split("\t")
-        if len(fields) != 11 or fields[0] != "ORCH":
+        if len(fields) == 11:  # an image from before the duration was logged
+            fields.append("0")
+        if len(fields) != 12 or fields[0] != "ORCH":
             continue
-        _, ts, client, method, host, port, status, squid_status, sni, bump, error = fields
+        _, ts, client, method, host, port, status, squid_status, sni, bump, error, took = fields
         verdict = "denied"
         if "DENIED" in squid_status:
             reason = "not on the allowlist"
@@ -406,7 +410,7 @@ def parse_access_log(text: str) -> list[dict[str, Any]]:
             reason = UPSTREAM_CAUSES.get(error, f"failed upstream ({error})")
             reason += f" (squid: HTTP {status}, {error})"
         event: dict[str, Any] = {
-            "ts": float(ts),
+            "ts": float(ts) - (int(took) / 1000 if took.isdigit() else 0.0),
             "host": unquote(host),
             "port": int(port) if port.isdigit() else None,
             "method": method,
