@@ -16,6 +16,7 @@ import contextlib
 import difflib
 import gc
 import importlib
+import io
 import json
 import os
 import sys
@@ -53,8 +54,24 @@ def isolate_stdout() -> int:
     events_fd = os.dup(1)  # not inheritable: child processes never get it
     sys.stdout.flush()
     os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    sys.stdout = sys.stderr = stderr_that_writes_everything()
     return events_fd
+
+
+def stderr_that_writes_everything() -> io.TextIOWrapper:
+    """sys.stderr over a BufferedWriter, line-buffered (Python's own default for stderr).
+
+    The images set PYTHONUNBUFFERED, which puts sys.stderr straight over the file: a short
+    write is then taken as done and the rest of the text is lost. Under gVisor a write to
+    the container's stderr pipe takes at most 64 KiB, so one large `print` lost everything
+    past it; a BufferedWriter writes the rest."""
+    sys.stderr.flush()
+    return io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding=sys.stderr.encoding,
+        errors=sys.stderr.errors,
+        line_buffering=True,
+    )
 
 
 def apply_rlimits(limits: dict[str, int]) -> None:

@@ -63,3 +63,18 @@ def test_a_50_mib_line_is_cut_with_bounded_host_memory(agent_image: str, no_left
     assert cuts[0]["dropped_bytes"] == 50 * 2**20 - MAX_LINE_BYTES
     log = (record / "stderr.log").read_text()
     assert "was cut at" in log and len(log) < 2 * MAX_LINE_BYTES
+
+
+@pytest.mark.gvisor
+def test_one_large_write_reaches_the_record_whole(agent_image: str, no_leftovers) -> None:
+    """One 512 KiB write to stderr arrives whole, on either kernel: under gVisor a write to
+    the container's stderr pipe takes at most 64 KiB, and an unbuffered sys.stderr took the
+    short write as done (the rest was lost, silently)."""
+    from orchestrator import RunSpec, run
+
+    result = run(
+        RunSpec(payload=TEST_PAYLOADS / "adversary", additional_args={"mode": "block-512"})
+    )
+    assert result.status == "succeeded" and result.answer == "written", result.error
+    lines = (Path(result.record_dir) / "stderr.log").read_text().splitlines()
+    assert "z" * (512 * 1024) in lines, [len(line) for line in lines if line.startswith("zz")]

@@ -20,9 +20,12 @@ def misbehave(mode: str) -> str:
         mode: "sleep" (sleep for a minute), "memory" (allocate until killed), "forkbomb"
             (fork until the process limit stops it), "outlive" (attack the container's
             deadline keeper, then try to outlive it), "flood" (print 64 KiB lines to stderr
-            for a minute), "longline-N" (print one line of N MiB, then a newline), or "ok"
-            (do nothing).
+            for a minute), "longline-N" (print one line of N MiB, then a newline),
+            "block-K" (one write of a K KiB line to stderr), or "ok" (do nothing).
     """
+    if mode.startswith("block-"):
+        sys.stderr.write("z" * (int(mode.split("-", 1)[1]) * 1024) + "\n")
+        return "written"
     if mode.startswith("longline-"):
         block = "y" * 2**20
         for _ in range(int(mode.split("-", 1)[1])):
