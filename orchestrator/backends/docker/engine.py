@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 import docker.errors
+from docker.utils.socket import frames_iter
 
 from ...errors import EngineUnavailable
 
@@ -38,6 +41,29 @@ def stopped(client: docker.DockerClient, container_id: str, what: str, then: str
     if state.get("Running"):
         return None
     return f"the {what} stopped during the run (exit code {state.get('ExitCode')}); {then}"
+
+
+def attached_lines(socket: Any, max_line: int) -> Iterator[tuple[int, bytes]]:
+    """(stream id, line) for each whole line a helper container (model gateway, secret
+    interceptor) writes on its attached stdout (1) and stderr (2), each cut to `max_line`
+    bytes; ends quietly when the socket is closed under it (the run is over)."""
+    partial = {1: b"", 2: b""}
+    with contextlib.suppress(OSError, ValueError):
+        for stream_id, chunk in frames_iter(socket, tty=False):
+            data = partial.get(stream_id, b"") + chunk
+            *lines, rest = data.split(b"\n")
+            partial[stream_id] = rest[-max_line:]
+            for line in lines:
+                yield stream_id, line[:max_line]
+
+
+def remove_attached(client: docker.DockerClient, container_id: str, socket: Any) -> None:
+    """Close a helper container's attached socket (if any) and remove it; idempotent."""
+    if socket is not None:
+        with contextlib.suppress(Exception):
+            socket.close()
+    with contextlib.suppress(docker.errors.NotFound):
+        client.api.remove_container(container_id, force=True, v=True)
 
 
 def inspect_image(client: docker.DockerClient, ref: str) -> dict[str, Any] | None:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from docker.types import LogConfig
-from docker.utils.socket import frames_iter
 
 from ...errors import OrchestratorError
 from ...gateway import GatewaySpec, read_report
@@ -30,7 +29,7 @@ from ...labels import LABEL_KIND
 from ...policy import HOST_ALIAS
 from ..base import GatewayHandle
 from .deadline import AGENT_KEEPER, kept
-from .engine import stopped
+from .engine import attached_lines, remove_attached, stopped
 from .seccomp import security_options
 
 if TYPE_CHECKING:
@@ -184,16 +183,9 @@ class Gateway(GatewayHandle):
 
     def _read(self) -> None:
         """Reports from stdout, one JSON object a line; stderr kept for diagnostics."""
-        partial = {1: b"", 2: b""}
         try:
-            for stream_id, chunk in frames_iter(self._socket, tty=False):
-                data = partial.get(stream_id, b"") + chunk
-                *lines, rest = data.split(b"\n")
-                partial[stream_id] = rest[-MAX_LINE:]
-                for line in lines:
-                    self._line(stream_id, line[:MAX_LINE])
-        except (OSError, ValueError):  # closed under us (remove): the run is over
-            pass
+            for stream_id, line in attached_lines(self._socket, MAX_LINE):
+                self._line(stream_id, line)
         finally:
             self._closed.set()
 
@@ -238,10 +230,4 @@ class Gateway(GatewayHandle):
 
     def remove(self) -> None:
         """Remove the container; idempotent."""
-        import docker.errors
-
-        if self._socket is not None:
-            with contextlib.suppress(Exception):
-                self._socket.close()
-        with contextlib.suppress(docker.errors.NotFound):
-            self.client.api.remove_container(self.container_id, force=True, v=True)
+        remove_attached(self.client, self.container_id, self._socket)

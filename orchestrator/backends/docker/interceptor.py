@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import json
 import threading
 import time
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from docker.types import LogConfig
-from docker.utils.socket import frames_iter
 
 from ...errors import ImageBuildError, OrchestratorError
 from ...images.imagedef import RUNTIME_DIR, Progress, build_lock, digest, report, sha256
@@ -33,7 +31,7 @@ from ...labels import LABEL_KIND
 from ...paths import VERSION, data_root
 from .base_image import debian_base, resolve_base
 from .deadline import kept
-from .engine import inspect_image, stopped
+from .engine import attached_lines, inspect_image, remove_attached, stopped
 from .images import build_image, python_target
 from .seccomp import security_options
 
@@ -165,12 +163,6 @@ def injections(text: str) -> list[dict[str, Any]]:
         )
         entry["count"] += 1
     return list(seen.values())
-
-
-def describe_injection(entry: dict[str, Any]) -> str:
-    """`injected ANALYTICS_TOKEN api.example.com header:X-Api-Key` (and how many times)."""
-    times = f" ({entry['count']} requests)" if entry.get("count", 1) > 1 else ""
-    return f"injected {entry['secret']} {entry['host']} {entry['place']}{times}"
 
 
 class InterceptorError(OrchestratorError):
@@ -364,21 +356,15 @@ class Interceptor:
             return "".join(self._stdout)
 
     def _read(self) -> None:
-        partial = {1: b"", 2: b""}
-        with contextlib.suppress(OSError, ValueError):  # closed under us: the run is over
-            for stream_id, chunk in frames_iter(self._socket, tty=False):
-                data = partial.get(stream_id, b"") + chunk
-                *lines, rest = data.split(b"\n")
-                partial[stream_id] = rest[-MAX_LINE:]
-                for raw in lines:
-                    text = raw[:MAX_LINE].decode("utf-8", "replace")
-                    if stream_id == 1:
-                        with self._lock:
-                            self._stdout.append(text + "\n")
-                        if text.startswith(READY_PREFIX):
-                            self._listening.set()
-                    elif text.strip():
-                        self._stderr.append(text.strip())
+        for stream_id, raw in attached_lines(self._socket, MAX_LINE):
+            text = raw.decode("utf-8", "replace")
+            if stream_id == 1:
+                with self._lock:
+                    self._stdout.append(text + "\n")
+                if text.startswith(READY_PREFIX):
+                    self._listening.set()
+            elif text.strip():
+                self._stderr.append(text.strip())
 
     def alive(self) -> str | None:
         """None while it runs; else why the run has lost its way out."""
@@ -391,10 +377,4 @@ class Interceptor:
 
     def remove(self) -> None:
         """Remove the container; idempotent."""
-        import docker.errors
-
-        if self._socket is not None:
-            with contextlib.suppress(Exception):
-                self._socket.close()
-        with contextlib.suppress(docker.errors.NotFound):
-            self.client.api.remove_container(self.container_id, force=True, v=True)
+        remove_attached(self.client, self.container_id, self._socket)
