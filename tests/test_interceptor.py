@@ -31,7 +31,6 @@ import requests
 
 from orchestrator.backends.docker.interceptor import (
     Ready,
-    describe_injection,
     injections,
     read_ready,
     refusals,
@@ -273,10 +272,7 @@ def test_the_host_reads_back_what_was_injected_and_refused(fresh: Interceptor) -
     assert read_ready(text) is None and read_ready(fresh.startup) == Ready(
         fresh.url.removeprefix("http://"), fresh.ca_cert.read_text()
     )
-    (entry,) = injections(text)
-    assert describe_injection(entry) == (
-        "injected ANALYTICS_TOKEN api.example.com header:X-Api-Key (2 requests)"
-    )
+    (entry,) = injections(text)  # its line: describe_event below
     (refusal,) = refusals(text)
     assert refusal["verdict"] == "denied" and refusal["reason"] == "secret_not_bound"
     assert (refusal["secret"], refusal["host"], refusal["place"]) == (

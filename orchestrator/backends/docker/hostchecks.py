@@ -13,7 +13,7 @@ from typing import Any
 import docker
 
 from ..base import Backend, HostCheck, HostProblem
-from .runtimes import OCI_SECCOMP, RUNSC, RUNSC_NET, SETUP_SCRIPT
+from .runtimes import OCI_SECCOMP, RUNSC, RUNSC_NET, SETUP_SCRIPT, without_seccomp
 from .seccomp import PROFILE_NAME
 
 #: How a user registers gVisor: the script the package ships, and its checkout's way in.
@@ -28,11 +28,7 @@ def check_sandbox_kernel(info: dict[str, Any]) -> str:
     registered = info.get("Runtimes") or {}
     runtimes = sorted(registered)
     if {RUNSC, RUNSC_NET} <= set(runtimes):
-        unfiltered = [
-            name
-            for name in (RUNSC, RUNSC_NET)
-            if OCI_SECCOMP not in ((registered.get(name) or {}).get("runtimeArgs") or [])
-        ]
+        unfiltered = without_seccomp(registered)
         if unfiltered:
             raise HostProblem(
                 f"gVisor is registered, but {' and '.join(unfiltered)} without {OCI_SECCOMP}: "

@@ -93,11 +93,17 @@ class EngineRuntimes:
 
     def gvisor_applies_seccomp(self) -> bool:
         """Whether both gVisor runtimes are registered with `--oci-seccomp`."""
-        registered = self.registered()
-        return all(
-            OCI_SECCOMP in ((registered.get(name) or {}).get("runtimeArgs") or [])
-            for name in (RUNSC, RUNSC_NET)
-        )
+        return not without_seccomp(self.registered())
+
+
+def without_seccomp(registered: dict[str, Any]) -> list[str]:
+    """The gVisor runtimes among the engine's (`docker info`'s `Runtimes`) registered without
+    `--oci-seccomp`: their sandboxes would run without our seccomp filter."""
+    return [
+        name
+        for name in (RUNSC, RUNSC_NET)
+        if OCI_SECCOMP not in ((registered.get(name) or {}).get("runtimeArgs") or [])
+    ]
 
 
 def gvisor_missing(names: set[str]) -> ConfigError:
