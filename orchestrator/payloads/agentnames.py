@@ -23,6 +23,7 @@ from orchestrator_runtime.protocol import unknown_script_problem
 
 from ..errors import ManifestError, Problem
 from ..schema import TomlLines, did_you_mean, toml_named
+from . import pysource
 from .manifest import Manifest
 from .payload import ShippedFile
 
@@ -50,7 +51,7 @@ def agent_names(files: dict[str, ShippedFile], requirements: Iterable[str]) -> l
         if not path.endswith(".py") or not isinstance(content, str):
             continue
         try:
-            trees[path] = ast.parse(content, filename=path)
+            trees[path] = pysource.parse(content, filename=path)
         except (SyntaxError, ValueError):
             return None  # the sandbox's load reports it
     try:

@@ -25,6 +25,7 @@ from ..policy import (
 from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_named
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
+from . import pysource
 from .binding import BIND_FIELD, SecretBinding, check_bindings
 from .payload import ShippedFile, payload_files, program_file
 from .program import (
@@ -223,7 +224,7 @@ class Manifest:
         module, function = self.entrypoint.split(":")
         source = self.folder / (module.replace(".", "/") + ".py")
         try:
-            tree = ast.parse(source.read_bytes())
+            tree = pysource.parse(source.read_bytes())
         except (OSError, SyntaxError, ValueError):
             return None
         bound: set[str] = set()

@@ -28,6 +28,7 @@ from orchestrator_runtime.protocol import ROUTABLE_MODELS
 from ..errors import ConfigError, ManifestError, Problem
 from ..models import PROVIDERS, ModelSpec, parse_model
 from ..spec import RunSpec
+from . import pysource
 from .payload import ShippedFile, payload_files, program_file
 
 #: The file a folder program runs, in the order looked for.
@@ -147,7 +148,7 @@ def check_syntax(files: dict[str, ShippedFile], folder: Path) -> dict[str, ast.M
         if not name.endswith(".py") or not isinstance(content, str):
             continue
         try:
-            trees[name] = ast.parse(content, filename=name)
+            trees[name] = pysource.parse(content, filename=name)
         except SyntaxError as exc:
             where = f"{folder / name}:{exc.lineno}" if exc.lineno else str(folder / name)
             raise ManifestError(

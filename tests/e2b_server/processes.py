@@ -193,13 +193,13 @@ class ManagedProcess:
         threading.Thread(target=self._pump, name=f"e2b-proc-{self.pid}", daemon=True).start()
 
     def _pump(self) -> None:
+        final: Item | None = None
         try:
             for kind, data in self._early:
                 self._publish(data_event(kind, data))
             for kind, data in self._frames:
                 if kind in (STDOUT, STDERR) and data:
                     self._publish(data_event(kind, data))
-            final: Item
             try:
                 code = self._stream.exit_code()
             except ContainerGone:
@@ -208,12 +208,15 @@ class ManagedProcess:
                 final = SandboxGone()
             else:
                 final = end_event(code, self._signal)
-            self._publish(final, final=True)
         finally:
             if self._timer is not None:
                 self._timer.cancel()
             self._stream.close()
+            # Off the process list before its end is told, as envd does: a client that has
+            # seen the end and lists the processes must not find it still there.
             self._on_exit(self)
+            if final is not None:
+                self._publish(final, final=True)
 
     def signal(self, name: str) -> None:
         """Send SIGKILL or SIGTERM to the process (and its process group)."""
