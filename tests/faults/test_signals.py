@@ -117,6 +117,14 @@ def ended_by_ctrl_c(err: str) -> bool:
     return not err.strip() or err.rstrip().endswith("KeyboardInterrupt")
 
 
+def interrupted_starting_python(code: int, err: str) -> bool:
+    """The KeyboardInterrupt came while the interpreter was still starting (site's `.pth`
+    hooks importing, on a loaded machine up to several hundred ms), before the `-c` program's
+    first line: Python exits 1 there, not by SIGINT, and no frame of the program (`<string>`)
+    is in the traceback. Nothing can have been made; the checks below would see it if it had."""
+    return code == 1 and ended_by_ctrl_c(err) and 'File "<string>"' not in err
+
+
 def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
     agent_image: str, docker_client, store_label: str, tmp_path
 ) -> None:
@@ -140,11 +148,14 @@ def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
             )
         )
     # A program that a KeyboardInterrupt ended is ended by SIGINT again (-2), as is one still
-    # starting Python (nothing made yet); 0: it finished first.
+    # starting Python (nothing made yet), or exits 1 from Python's own start-up; 0: it
+    # finished first.
     problems = [
         (delay, code, err.strip().splitlines()[-3:])
         for delay, code, err in outcomes
-        if code != 0 and not (code == -signal.SIGINT and ended_by_ctrl_c(err))
+        if code != 0
+        and not (code == -signal.SIGINT and ended_by_ctrl_c(err))
+        and not interrupted_starting_python(code, err)
     ]
     assert not problems, problems
     left = our_containers(docker_client, store_label)
