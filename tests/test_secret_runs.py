@@ -84,16 +84,22 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
     """Acceptance 1-4: the placeholder alone is inside (environment, every process's
     environ, /tmp); the bound host gets the value in the declared header (Basic credentials
     too) and an echo of it comes back as the placeholder; the placeholder to another allowed
-    host (header, query, body, Basic), over plain HTTP or in an undeclared place is refused
-    with nothing arriving; the record says where the value went, never the value."""
+    host (header, query, body, Basic, base64- and percent-encoded), over plain HTTP, in an
+    undeclared place, after a redirect from the bound host to another, or with a Host that
+    is not the TLS server name, is refused with nothing arriving; the record says where the
+    value went, never the value."""
     server, backend = upstream
     refused = [
         {"url": f"https://{OTHER}/header"},
         {"url": f"https://{OTHER}/query", "query": True},
         {"url": f"https://{OTHER}/body", "body": True},
         {"url": f"https://{OTHER}/basic", "basic": True},
+        {"url": f"https://{OTHER}/base64", "encode": "base64"},
+        {"url": f"https://{OTHER}/percent", "encode": "percent"},
         {"url": f"http://{BOUND}/plain"},
         {"url": f"https://{BOUND}/undeclared", "query": True},
+        {"url": f"https://{BOUND}/redirect?to=https://{OTHER}/redirected"},
+        {"url": f"https://{BOUND}/host", "host": OTHER},
     ]
     attempts = [
         {"url": f"https://{BOUND}/data", "header": "X-Api-Key"},
@@ -110,8 +116,8 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
 
     injected, basic, *blocked = seen["outcomes"]
     assert injected["status"] == 200 and basic["status"] == 200, seen["outcomes"]
-    arrived = {r["path"]: r["headers"] for r in server.requests}
-    assert sorted(arrived) == ["/auth", "/data"]  # nothing refused arrived
+    arrived = {r["path"].split("?")[0]: r["headers"] for r in server.requests}
+    assert sorted(arrived) == ["/auth", "/data", "/redirect"]  # nothing refused arrived
     assert arrived["/data"]["X-Api-Key"] == VALUE
     assert arrived["/auth"]["Authorization"].startswith("Basic ")
     assert server.holding(placeholder) == []  # the bound host never saw the placeholder
@@ -124,9 +130,10 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
         ("ANALYTICS_TOKEN", BOUND, "header:X-Api-Key"),
         ("ANALYTICS_TOKEN", BOUND, "header:Authorization"),
     ]
+    assert [e["count"] for e in events if e["type"] == "secret_injected"] == [2, 1]
     not_bound = [e for e in events if e.get("reason") == "secret_not_bound"]
     assert [e["type"] for e in not_bound] == ["egress_blocked"] * len(refused)
-    assert [e["host"] for e in not_bound] == [OTHER] * 4 + [BOUND] * 2
+    assert [e["host"] for e in not_bound] == [OTHER] * 6 + [BOUND] * 2 + [OTHER] * 2
     assert all(e["secret"] == "ANALYTICS_TOKEN" and e.get("agent") for e in not_bound)
     created = next(e for e in events if e["type"] == "sandbox_created")
     assert created["secrets_inside"] == [] and created["secrets_bound"]

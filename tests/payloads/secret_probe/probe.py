@@ -9,6 +9,8 @@ under /tmp), `ca` (the CA bundle the runtime made it trust) and `outcomes`, one 
 - `{"url", "basic": true}`: GET with the placeholder as a Basic password;
 - `{"url", "query": true}` / `{"url", "body": true}`: the placeholder in the query / a POST
   body;
+- `{"url", "header": NAME, "encode": "base64" | "percent"}`: the placeholder so encoded;
+- `{"url", "header": NAME, "host": HOST}`: with the Host header HOST (not the URL's);
 - `{"url", "plain": true}`: GET without the placeholder;
 - `{"sleep": SECONDS}`: wait (the tests that kill the interceptor mid-run).
 
@@ -21,6 +23,7 @@ tests read what the sandbox really saw, and look for the value in it.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -81,12 +84,23 @@ def _attempt(attempt: dict[str, Any]) -> dict[str, Any]:
     elif attempt.get("body"):
         method, options["data"] = "POST", {"token": placeholder}
     else:
-        options["headers"] = {attempt.get("header", "X-Api-Key"): placeholder}
+        value = _encoded(placeholder, attempt.get("encode"))
+        options["headers"] = {attempt.get("header", "X-Api-Key"): value}
+        if attempt.get("host"):
+            options["headers"]["Host"] = attempt["host"]
     try:
         response = requests.request(method, attempt["url"], **options)
     except requests.RequestException as exc:
         return {"status": None, "error": f"{type(exc).__name__}: {exc}"[:500]}
     return {"status": response.status_code, "body": response.text[:4000]}
+
+
+def _encoded(text: str, how: str | None) -> str:
+    if how == "base64":
+        return base64.b64encode(text.encode()).decode()
+    if how == "percent":
+        return "".join(f"%{b:02X}" for b in text.encode())
+    return text
 
 
 @tool
