@@ -27,6 +27,7 @@ from orchestrator.backends.docker.interceptor import (
     ensure_interceptor_image,
 )
 from orchestrator.backends.docker.sandbox import DockerBackend
+from orchestrator.execution.pool import Pool
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.records.store import Store
 
@@ -190,6 +191,30 @@ def test_the_ca_is_the_runs_own_and_killing_the_interceptor_ends_the_run(
 def _running(client: docker.DockerClient, kind: str) -> dict[str, Any] | None:
     found = client.api.containers(filters={"label": f"{LABEL_KIND}={kind}"})
     return found[0] if found else None
+
+
+def test_a_warm_sandbox_gets_its_interceptor_and_its_runs_secrets(
+    agent_image: str,
+    interceptor_image: str,
+    token: str,
+    upstream: tuple[Upstream, DockerBackend],
+    nothing_left: None,
+) -> None:
+    """A pool's sandbox is made with its interceptor before its run; the run hands it the
+    values at its start: each run, warm or cold, holds its own placeholder and the bound
+    host gets the value."""
+    server, backend = upstream
+    spec = RunSpec(
+        payload=PROBE,
+        additional_args={"attempts": json.dumps([{"url": f"https://{BOUND}/data"}])},
+    )
+    with Pool(size=1, ttl=60, backend=backend) as pool:
+        results = [pool.run(spec) for _ in range(2)]
+    assert any(r.warm for r in results), [r.warm for r in results]
+    seen = [found(r) for r in results]
+    assert [s["outcomes"][0]["status"] for s in seen] == [200, 200]
+    assert seen[0]["env"] != seen[1]["env"] and all(s["env"].startswith(PREFIX) for s in seen)
+    assert [r["headers"]["X-Api-Key"] for r in server.requests] == [VALUE, VALUE]
 
 
 def test_the_interceptor_sends_what_it_lets_through_to_squid(
