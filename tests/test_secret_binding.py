@@ -283,3 +283,9 @@ def test_the_record_and_the_start_line_say_which_secrets_are_inside(
         " · secrets in the sandbox: ANALYTICS_TOKEN, OTHER_TOKEN"
     )
     assert network_of({**created, "secrets_inside": []}) == "allowlist (api.example.com)"
+    bound = {**created, "secrets_inside": ["OTHER_TOKEN"]}
+    bound["secrets_bound"] = ["ANALYTICS_TOKEN -> api.example.com (header)"]
+    assert network_of(bound) == (
+        "allowlist (api.example.com) · secrets in the sandbox: OTHER_TOKEN · secrets bound "
+        "(placeholders inside): ANALYTICS_TOKEN -> api.example.com (header)"
+    )
