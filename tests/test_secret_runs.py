@@ -87,8 +87,9 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
     too) and an echo of it comes back as the placeholder; the placeholder to another allowed
     host (header, query, body, Basic, base64- and percent-encoded), over plain HTTP, in an
     undeclared place, after a redirect from the bound host to another, or with a Host that
-    is not the TLS server name, is refused with nothing arriving; the record says where the
-    value went, never the value."""
+    is not the TLS server name, is refused with nothing arriving; a server whose certificate
+    does not verify is not reached (`egress_failed`); the record says where the value went,
+    never the value."""
     server, backend = upstream
     refused = [
         {"url": f"https://{OTHER}/header"},
@@ -106,6 +107,7 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
         {"url": f"https://{BOUND}/data", "header": "X-Api-Key"},
         {"url": f"https://{BOUND}/auth", "basic": True},
         *refused,
+        {"url": "https://unverified.example.org/", "plain": True},  # not on its certificate
     ]
     result = probe(backend, attempts)
     seen = found(result)
@@ -115,7 +117,8 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
     assert not [path for path, text in seen["tmp"].items() if "PRIVATE KEY-----" in text]
     assert [t for t in seen["tmp"].values() if "certificates, key: False" in t]  # the bundle
 
-    injected, basic, *blocked = seen["outcomes"]
+    injected, basic, *blocked, unverified = seen["outcomes"]
+    assert unverified["status"] == 502, unverified
     assert injected["status"] == 200 and basic["status"] == 200, seen["outcomes"]
     arrived = {r["path"].split("?")[0]: r["headers"] for r in server.requests}
     assert sorted(arrived) == ["/auth", "/data", "/redirect"]  # nothing refused arrived
@@ -136,6 +139,8 @@ def test_the_sandbox_holds_a_placeholder_and_the_value_goes_only_to_its_host(
     assert [e["type"] for e in not_bound] == ["egress_blocked"] * len(refused)
     assert [e["host"] for e in not_bound] == [OTHER] * 6 + [BOUND] * 2 + [OTHER] * 2
     assert all(e["secret"] == "ANALYTICS_TOKEN" and e.get("agent") for e in not_bound)
+    (failed,) = [e for e in events if e["type"] == "egress_failed"]
+    assert failed["host"] == "unverified.example.org" and "did not verify" in failed["reason"]
     created = next(e for e in events if e["type"] == "sandbox_created")
     assert created["secrets_inside"] == [] and created["secrets_bound"]
     assert result.egress_blocked == len(refused)

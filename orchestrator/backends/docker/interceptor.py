@@ -83,6 +83,11 @@ TLS_REFUSED = (
     "the client refused the interception's certificate (it pins certificates, or trusts "
     "only its own CA store, not the run's CA)"
 )
+#: Why the interceptor would not connect a client to its server, as the record says it.
+UPSTREAM_TLS = (
+    "TLS failure upstream: the server's certificate did not verify (the interceptor checks "
+    "it against the public CAs), or its TLS failed"
+)
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,9 @@ def _records(text: str) -> list[dict[str, Any]]:
 def refusals(text: str) -> list[dict[str, Any]]:
     """What the interceptor refused, as egress attempts (the shape of
     `egress.parse_access_log`'s): a placeholder where its secret may not go (`denied`,
-    reason `secret_not_bound`, with the secret's name, the place and why), and clients that
-    refused its certificate (`allowed` but failed: pinning, their own CA store)."""
+    reason `secret_not_bound`, with the secret's name, the place and why), clients that
+    refused its certificate (`allowed` but failed: pinning, their own CA store), and servers
+    whose certificate did not verify (`allowed` but failed)."""
     attempts = []
     for record in _records(text):
         verdict = record.get("verdict")
@@ -145,6 +151,8 @@ def refusals(text: str) -> list[dict[str, Any]]:
             )
         elif verdict == "tls_failed":
             event.update(verdict="allowed", reason=TLS_REFUSED, detail=record.get("why"))
+        elif verdict == "upstream_tls_failed":
+            event.update(verdict="allowed", reason=UPSTREAM_TLS, detail=record.get("why"))
         else:
             continue
         attempts.append(event)
