@@ -207,6 +207,9 @@ class RunResult:
     allowlist: list[str] = field(default_factory=list)
     #: Connections refused by the egress proxy or seen blocked in the sandbox.
     egress_blocked: int = 0
+    #: Where the run's bound secrets (`[secrets.bind]`) were put on the wire: one entry per
+    #: secret, host and place (`{"secret", "host", "place", "count"}`), never a value.
+    secrets_injected: list[dict[str, Any]] = field(default_factory=list)
     image: str = ""
     #: The limits the run had (manifest, then command line, tasks row or schedule);
     #: `max_steps` is None when neither set it (each agent then kept its own).

@@ -383,10 +383,15 @@ def test_an_upstream_certificate_that_does_not_verify_is_refused(
     fresh: Interceptor, tmp_path: Path
 ) -> None:
     """unlisted.example.net is not on the server's certificate: the proxy does not connect
-    the client to it (502), whatever it carries."""
+    the client to it (502), whatever it carries, and the host reads why."""
     response = session(fresh).get("https://unlisted.example.net/x")
     assert response.status_code == 502
     assert fresh.upstream.requests == []
+    (failed,) = wait_for(lambda: fresh.decisions("upstream_tls_failed"), timeout=10)
+    assert failed["host"] == "unlisted.example.net" and failed["why"]
+    (attempt,) = refusals("".join(fresh.output))
+    assert attempt["verdict"] == "allowed" and "did not verify" in attempt["reason"]
+    assert attempt["host"] == "unlisted.example.net"
 
 
 def test_each_run_has_its_own_ca_and_only_the_proxy_holds_its_key(

@@ -1,7 +1,8 @@
 """The secret interceptor as its image runs it: built offline on the debootstrapped trixie
 base (mitmproxy 12, Python 3.13), started as a hardened container on a network of the test's
 own, configured through its attached stdin, between a client on this host and a real HTTPS
-server with its own CA (reached at the network's gateway). Not yet part of any run.
+server with its own CA (reached at the network's gateway). Runs use it as
+tests/test_secret_runs.py shows.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def running(
         )
         try:
             binding = SecretBinding("ANALYTICS_TOKEN", ("api.example.com",))
-            interceptor.open(
+            interceptor.configure(
                 {
                     "upstream_proxy": f"http://{host_address}:{upstream.proxy_port}",
                     "upstream_ca_pem": upstream_ca.read_text(),

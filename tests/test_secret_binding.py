@@ -1,6 +1,7 @@
 """Secrets bound to hosts (`[secrets.bind]`): what a binding may say, refused with file, line
 and field before anything starts; and, on a backend that cannot keep a bound secret out of
-the sandbox, a run with bindings refused (exit 2) rather than run with the value inside."""
+the sandbox (E2B) or without an allowlist, a run with bindings refused (exit 2) rather than
+run with the value inside. The runs themselves: tests/test_secret_runs.py."""
 
 from __future__ import annotations
 
@@ -164,29 +165,49 @@ def test_which_hosts_an_allowlist_covers(host: str, allowlist: list[str], covere
     assert host_covered(host, allowlist) is covered
 
 
-@pytest.mark.parametrize("backend", ["docker", "e2b"])
 def test_a_run_with_bindings_is_refused_where_the_value_would_enter_the_sandbox(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No backend intercepts its sandboxes' egress yet: a bound secret would be in the
-    sandbox's environment, so the run is refused before anything starts (fail closed)."""
+    """E2B has no interceptor on its sandboxes' egress: a bound secret would be in the
+    sandbox's environment, so the run is refused before anything starts (fail closed); so
+    is `--network open` anywhere (a way out past the interceptor)."""
     monkeypatch.setenv("ANALYTICS_TOKEN", "real-value")
     monkeypatch.setenv("OTHER_TOKEN", "other-value")
     folder = write_payload(tmp_path, BOUND)
     with pytest.raises(ConfigError) as info:
-        prepare(RunSpec(payload=folder, backend=backend))
+        prepare(RunSpec(payload=folder, backend="e2b"))
     error = info.value
     assert error.exit_code == 2 and error.field == "payload"
     assert str(folder / "manifest.toml") in error.cause
     assert "ANALYTICS_TOKEN -> api.example.com (header)" in error.cause
-    assert f"not available on the {backend} backend" in error.cause
+    assert "not available on the e2b backend" in error.cause
     assert "Nothing was started" in error.cause
     assert "real-value" not in str(error)
+    with pytest.raises(ConfigError) as info:
+        prepare(RunSpec(payload=folder, network="open"))
+    assert info.value.exit_code == 2 and info.value.field == "network"
+    assert "needs the allowlist" in info.value.cause and "real-value" not in str(info.value)
     unbound = BOUND.replace(
         'ANALYTICS_TOKEN = { hosts = ["api.example.com"], in = ["header"] }', ""
     )
-    prepared = prepare(RunSpec(payload=write_payload(tmp_path, unbound), backend=backend))
+    prepared = prepare(RunSpec(payload=write_payload(tmp_path, unbound), backend="e2b"))
     assert prepared.secrets["ANALYTICS_TOKEN"] == "real-value"  # today's path, unchanged
+
+
+def test_docker_binds_where_the_allowlist_applies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Docker a bound run is prepared with its bindings (its interceptor's), the bound
+    secret not among those inside; under `none` nothing leaves, so no interceptor (the
+    placeholder alone is inside), and a check (`validate`) ships placeholders anyway."""
+    monkeypatch.setenv("ANALYTICS_TOKEN", "real-value")
+    monkeypatch.setenv("OTHER_TOKEN", "other-value")
+    folder = write_payload(tmp_path, BOUND)
+    prepared = prepare(RunSpec(payload=folder, backend="docker"))
+    assert [b.name for b in prepared.bindings] == ["ANALYTICS_TOKEN"]
+    assert prepared.secrets_inside == ("OTHER_TOKEN",)
+    assert prepare(RunSpec(payload=folder, network="none")).bindings == ()
+    assert prepare(RunSpec(payload=folder, check_only=True)).bindings == ()
 
 
 def test_validate_says_what_run_says(tmp_path: Path) -> None:
@@ -200,10 +221,12 @@ def test_validate_says_what_run_says(tmp_path: Path) -> None:
     write_payload(tmp_path, BOUND)
     env = {"ANALYTICS_TOKEN": "v1", "OTHER_TOKEN": "v2"}
     out = cli("validate", str(folder), "--no-load", "--json", env=env)
+    assert out.returncode == 0, out.stdout + out.stderr  # Docker binds secrets
+    out = cli("validate", str(folder), "--no-load", "--json", "--backend", "e2b", env=env)
     assert out.returncode == 2, out.stderr
     problems = json.loads(out.stdout)["problems"]
     assert len(problems) == 1, problems
-    assert "binding secrets to hosts is not available on the docker backend" in problems[0]
+    assert "binding secrets to hosts is not available on the e2b backend" in problems[0]
 
 
 def test_each_run_gets_fresh_placeholders_and_the_value_stays_outside() -> None:
@@ -260,3 +283,9 @@ def test_the_record_and_the_start_line_say_which_secrets_are_inside(
         " · secrets in the sandbox: ANALYTICS_TOKEN, OTHER_TOKEN"
     )
     assert network_of({**created, "secrets_inside": []}) == "allowlist (api.example.com)"
+    bound = {**created, "secrets_inside": ["OTHER_TOKEN"]}
+    bound["secrets_bound"] = ["ANALYTICS_TOKEN -> api.example.com (header)"]
+    assert network_of(bound) == (
+        "allowlist (api.example.com) · secrets in the sandbox: OTHER_TOKEN · secrets bound "
+        "(placeholders inside): ANALYTICS_TOKEN -> api.example.com (header)"
+    )

@@ -35,8 +35,9 @@ placeholder too, but never a value: none is injected there). Logged as `passthro
 Every decision is one line on stdout, `ORCH-SECRET<TAB>{json}`, read back by the host like
 squid's access log: `injected` (name, host, place) and `refused` (reason `secret_not_bound`,
 name, host, place, why), `tls_failed` (a client that refused our certificate: pinning, its
-own CA store). `ORCH-INTERCEPTOR-READY<TAB>host:port<TAB>CERT` says it listens; CERT is the
-run's CA certificate (PEM, base64 on one line), what the sandbox must trust.
+own CA store), `upstream_tls_failed` (a server whose certificate did not verify, why).
+`ORCH-INTERCEPTOR-READY<TAB>host:port<TAB>CERT` says it listens; CERT is the run's CA
+certificate (PEM, base64 on one line), what the sandbox must trust.
 
 The run's CA is made by mitmproxy as it starts, in `confdir` (a tmpfs in the container): a
 fresh one per run, whose key never leaves this process's files and memory (the host, the
@@ -245,6 +246,17 @@ class SecretBinder:
                     or "the client refused the interception's "
                     "certificate (certificate pinning, or its own CA store)"
                 ),
+            }
+        )
+
+    def tls_failed_server(self, data: Any) -> None:
+        """The upstream's certificate did not verify (or its TLS failed): the client gets a
+        502, and the host records why (an `egress_failed` event)."""
+        emit(
+            {
+                "verdict": "upstream_tls_failed",
+                "host": data.conn.sni or (data.conn.address or ("?",))[0],
+                "why": str(data.conn.error or "TLS with the server failed"),
             }
         )
 

@@ -28,6 +28,7 @@ from ..spec import Limits, NetworkPolicy
 if TYPE_CHECKING:
     from orchestrator_runtime.request import Request
 
+    from ..payloads.binding import BoundSecret, SecretBinding
     from ..payloads.manifest import Manifest
 
 Progress = Callable[[str], None]
@@ -134,6 +135,23 @@ def check_bound_secrets(backend: str, capabilities: Capabilities, manifest: Mani
     )
 
 
+def check_bound_network(manifest: Manifest, network: NetworkPolicy) -> None:
+    """Raise ConfigError (exit 2, before anything starts) for bound secrets under `open`:
+    the sandbox would have a way out past the interceptor, and a binding's hosts mean
+    something only against an allowlist. (`none`: nothing leaves, the placeholder alone
+    is inside.)"""
+    if not manifest.bindings or network.mode != "open":
+        return
+    bound = "; ".join(b.describe() for b in manifest.bindings)
+    raise ConfigError(
+        f"{manifest.path}: `[secrets.bind]` binds {bound}, but the run's network policy is "
+        "`open`: a bound secret needs the allowlist (its only way out is the interceptor, "
+        "in front of the egress proxy). Nothing was started.",
+        "Run with --network allowlist (the default for a payload with hosts), or remove "
+        "`[secrets.bind]` to run with the secret inside the sandbox.",
+    )
+
+
 def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str) -> bool:
     """True when a model endpoint on this host is reached as `policy.HOST_ALIAS` (sandboxes
     on this host), False when it is used as given. Raises ConfigError (before anything
@@ -172,6 +190,25 @@ class GatewayHandle(ABC):
         its last reports, so that `events` then holds everything."""
 
 
+class SecretsProxyHandle(ABC):
+    """A run's secret interceptor, as the runner uses it (`Sandbox.secrets_proxy`): present
+    only on a sandbox whose backend binds secrets (`Capabilities.bound_secrets`) and whose
+    run has bindings (`SandboxSpec.bindings`)."""
+
+    @abstractmethod
+    def open(self, bound: tuple[BoundSecret, ...]) -> str:
+        """Hand the interceptor the bound secrets, values included (the sandbox holds only
+        their placeholders), and wait until it listens; returns the run's CA certificate
+        (PEM), which the sandbox must trust. Call before `Sandbox.start`. Raises
+        OrchestratorError when it will not start."""
+
+    @abstractmethod
+    def injections(self) -> list[dict[str, Any]]:
+        """Where each secret's value went on the wire so far, one entry per secret, host and
+        place: `{"secret", "host", "place", "count", "first_ts"}`; never a value. Never
+        raises."""
+
+
 @dataclass(frozen=True)
 class SandboxSpec:
     """Everything a backend needs to start one sandbox for one run."""
@@ -187,6 +224,10 @@ class SandboxSpec:
     #: The sandbox runtime asked for (`auto` or one of `Capabilities.sandbox_runtimes`),
     #: checked by `Backend.check_runtime`; `auto`: the backend's best.
     runtime: str = "auto"
+    #: Secrets bound to hosts (`[secrets.bind]`, names and hosts, no values): the backend
+    #: puts its secret interceptor on the sandbox's egress path (`Sandbox.secrets_proxy`).
+    #: Empty: no interceptor, and no cost.
+    bindings: tuple[SecretBinding, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,6 +265,9 @@ class Sandbox(ABC):
     #: The run's model gateway, when the backend provides one (`Capabilities.model_gateway`)
     #: and the run has one; None otherwise.
     gateway: GatewayHandle | None = None
+    #: The run's secret interceptor, when the run binds secrets (`SandboxSpec.bindings`);
+    #: None otherwise.
+    secrets_proxy: SecretsProxyHandle | None = None
     #: What isolates the sandbox from the host, for the run record: its `runtime` (the
     #: kernel its system calls reach) and what filters them (`seccomp`); empty when the
     #: backend does not say.

@@ -113,14 +113,18 @@ class RunDisplay:
 
 
 def network_of(event: dict[str, Any]) -> str | None:
-    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event, and the
-    secrets whose values are inside the sandbox (` · secrets in the sandbox: NAME, ...`)."""
+    """`none`, `open`, or `allowlist (host, ...)` from a `sandbox_created` event, the
+    secrets whose values are inside the sandbox (` · secrets in the sandbox: NAME, ...`)
+    and those bound to hosts, whose placeholders alone are inside."""
     mode = event.get("network")
     hosts = event.get("allowlist") or []
     text = f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
     inside = event.get("secrets_inside") or []
     if inside and text is not None:
         text += f" · secrets in the sandbox: {', '.join(map(str, inside))}"
+    bound = event.get("secrets_bound") or []
+    if bound and text is not None:
+        text += f" · secrets bound (placeholders inside): {'; '.join(map(str, bound))}"
     return text
 
 

@@ -307,6 +307,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("limits", _limits(result.get("limits"))),
         ("max steps", describe_max_steps(result.get("agent_max_steps"))),
         ("egress blocked", result.get("egress_blocked") or None),
+        ("secrets", _injected(result.get("secrets_injected"))),
         ("steps", result.get("steps") if result else None),
         ("tokens", tokens),
         ("tokens reported", _reported(result) if result.get("token_usage_mismatch") else None),
@@ -320,6 +321,16 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("image", result.get("image")),
         ("record", row.get("record_dir")),
     ]
+
+
+def _injected(entries: list[dict[str, Any]] | None) -> str | None:
+    """`injected ANALYTICS_TOKEN api.example.com header:Authorization (3 requests); ...`:
+    where the run's bound secrets went (never a value)."""
+    lines = []
+    for e in entries or []:
+        times = f" ({e['count']} requests)" if (e.get("count") or 1) > 1 else ""
+        lines.append(f"injected {e.get('secret')} {e.get('host')} {e.get('place')}{times}")
+    return "; ".join(lines) or None
 
 
 CHECK_KIND = (

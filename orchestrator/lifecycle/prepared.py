@@ -7,12 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..backends import backend_capabilities, backend_name
-from ..backends.base import check_bound_secrets, check_sandbox_runtime, endpoint_on_host
+from ..backends.base import (
+    check_bound_network,
+    check_bound_secrets,
+    check_sandbox_runtime,
+    endpoint_on_host,
+)
 from ..defaults import choose_sandbox_runtime
 from ..errors import ConfigError, ManifestError, at_field
 from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network
 from ..models import ModelSpec
 from ..payloads.agentnames import check_mock_scripts
+from ..payloads.binding import SecretBinding
 from ..payloads.manifest import Manifest, load_manifest
 from ..payloads.payload import ShippedFile, check_task
 from ..payloads.program import choose_model, key_names
@@ -58,9 +64,20 @@ class PreparedRun:
     @property
     def secrets_inside(self) -> tuple[str, ...]:
         """The secrets whose values the sandbox holds (the record and the start line say
-        so): every one the run gets, but the model's key when a gateway holds it."""
+        so): every one the run gets, but the model's key when a gateway holds it and the
+        bound ones (the sandbox holds their placeholders)."""
         held = self.gateway.credential_env if self.gateway else None
-        return tuple(name for name in self.secret_names if name != held)
+        bound = {b.name for b in self.manifest.bindings}
+        return tuple(name for name in self.secret_names if name != held and name not in bound)
+
+    @property
+    def bindings(self) -> tuple[SecretBinding, ...]:
+        """The bound secrets the backend's interceptor carries: the manifest's, but none in
+        a check (`validate` ships placeholders and runs no step) or under `none` (nothing
+        leaves the sandbox: its placeholder alone is inside, no interceptor is needed)."""
+        if self.spec.check_only or self.network.mode != "allowlist":
+            return ()
+        return self.manifest.bindings
 
     @property
     def allowlist(self) -> list[str]:
@@ -153,6 +170,8 @@ def prepare(
             allow_hosts=spec.allow_hosts,
             host_alias=host_alias,
         )
+    with at_field("network"):  # a bound secret needs the allowlist: never `open`
+        check_bound_network(manifest, network)
     with at_field("model"):
         gateway, gateway_off = plan_gateway(
             enabled=spec.gateway,

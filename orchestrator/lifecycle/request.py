@@ -26,6 +26,7 @@ def sandbox_spec(prepared: PreparedRun, image: str) -> SandboxSpec:
         labels=run_labels(prepared.run_id),
         gateway=prepared.gateway,
         runtime=prepared.sandbox_runtime,
+        bindings=prepared.bindings,
     )
 
 
@@ -46,10 +47,13 @@ def program_argv(prepared: PreparedRun) -> list[str]:
     return list(prepared.spec.program_args or ((prepared.task,) if prepared.task else ()))
 
 
-def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Request:
+def build_request(
+    prepared: PreparedRun, *, api_base: str | None = None, trust_ca: str = ""
+) -> Request:
     """What the runtime is asked to do (docs/PROTOCOL.md), without the secrets: the backend
     adds those its own way (`Sandbox.start`) and ships the request. `api_base`: the run's
-    model gateway, which then stands in for the model's endpoint."""
+    model gateway, which then stands in for the model's endpoint. `trust_ca`: the run's
+    secret interceptor's CA (PEM), trusted by the sandbox before the payload starts."""
     manifest, model = prepared.manifest, prepared.model
     return Request(
         run_id=prepared.run_id,
@@ -76,4 +80,5 @@ def build_request(prepared: PreparedRun, *, api_base: str | None = None) -> Requ
         result_path=RESULT_PATH,
         check_only=prepared.spec.check_only,
         trace=trace_request(prepared.run_id, prepared.trace),
+        trust_ca=trust_ca,
     )

@@ -28,6 +28,7 @@ from ..backends.base import Backend, ExitInfo, Progress, Sandbox
 from ..errors import ManifestError, RecordError, at_field
 from ..gateway import sandbox_secrets
 from ..labels import owner_label
+from ..payloads.binding import BoundSecret, bind_secrets
 from ..records.record import EventHandler, RunRecorder, finish
 from ..records.store import Store
 from ..records.traces import RunContext, record_trace
@@ -37,7 +38,7 @@ from .interrupts import stop_on_interrupt
 from .outcome import cancelled_error, decide_status, explain_network
 from .prepared import PreparedRun, prepare
 from .request import RUNTIME_COMMAND, build_request, program_argv, runtime_command, sandbox_spec
-from .supervise import record_egress_blocked, record_gateway, supervise
+from .supervise import record_egress_blocked, record_gateway, record_injections, supervise
 
 #: What callers import from here; a run's checks and its request live in prepared.py and
 #: request.py, re-exported so `runner` stays the one door to a run's life.
@@ -311,13 +312,15 @@ class _Execution:
             gateway=prepared.gateway is not None,
             isolation=result.sandbox,
             secrets_inside=list(prepared.secrets_inside),
+            secrets_bound=[b.describe() for b in prepared.bindings],
         )
         return sandbox
 
     def start(self, sandbox: Sandbox) -> float:
         """Start the runtime with its request and secrets (the model's key goes to the
-        gateway only); returns the run's deadline. Raises RuntimeError when the backend made
-        no gateway for a run that has one."""
+        gateway only, a bound secret's value to the interceptor only: the sandbox holds its
+        placeholder and trusts the interceptor's CA); returns the run's deadline. Raises
+        RuntimeError when the backend made no gateway or interceptor for a run that has one."""
         prepared = self.prepared
         self.timings["started"] = time.time()
         # The limit counts from here, before the start (which may wait for the egress proxy):
@@ -325,12 +328,22 @@ class _Execution:
         deadline = time.monotonic() + prepared.limits.timeout_seconds
         self.checkpoint()
         secrets, model_key = sandbox_secrets(prepared.secrets, prepared.gateway)
+        bound: tuple[BoundSecret, ...] = ()
+        if not prepared.spec.check_only:  # a check's secrets are placeholders already
+            secrets, bound = bind_secrets(secrets, prepared.manifest.bindings)
         if sandbox.gateway is not None:
             sandbox.gateway.open(model_key)
         elif prepared.gateway is not None:
             raise RuntimeError(f"the {self.backend.name} backend made no model gateway for the run")
+        trust_ca = ""
+        if prepared.bindings:  # the values to the interceptor, its CA to the sandbox
+            if sandbox.secrets_proxy is None:
+                raise RuntimeError(
+                    f"the {self.backend.name} backend made no secret interceptor for the run"
+                )
+            trust_ca = sandbox.secrets_proxy.open(bound)
         api_base = sandbox.gateway.api_base if sandbox.gateway is not None else None
-        request = build_request(prepared, api_base=api_base)
+        request = build_request(prepared, api_base=api_base, trust_ca=trust_ca)
         sandbox.start(request, secrets)
         self.store.update_run(prepared.run_id, status="running")
         return deadline
@@ -367,13 +380,15 @@ class _Execution:
         self.result.error = cancelled_error(self.cancel)
 
     def clean_up(self) -> None:
-        """What the egress proxy refused and the gateway's last reports recorded, then the
-        sandbox removed (a warm one's helpers by its pool); a failed removal is only noted."""
+        """What the egress proxy and the secret interceptor refused, the gateway's last
+        reports and where bound secrets were injected recorded, then the sandbox removed (a
+        warm one's helpers by its pool); a failed removal is only noted."""
         sandbox = self.sandbox
         if sandbox is None:
             return
         record_egress_blocked(sandbox, self.record)
         record_gateway(sandbox, self.record, close=True)
+        record_injections(sandbox, self.record)
         try:
             if self.warm is not None:  # its pool removes the helpers in the background
                 sandbox.remove_sandbox_only()

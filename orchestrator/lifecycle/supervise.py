@@ -122,3 +122,16 @@ def record_egress_blocked(sandbox: Sandbox, record: RunRecorder, *, live: bool =
         where = record.step_at(attempt["ts"]) if isinstance(attempt.get("ts"), float) else {}
         record.observed({"type": kind, "source": "egress", **attempt, **where})
     record.egress_seen = max(record.egress_seen, len(attempts))
+
+
+def record_injections(sandbox: Sandbox, record: RunRecorder) -> None:
+    """Record where the run's secret interceptor put each bound secret's value (at the end:
+    one `secret_injected` event per secret, host and place, with how many requests and the
+    agent and step of the first); never a value (the interceptor never reports one)."""
+    proxy = sandbox.secrets_proxy
+    if proxy is None:
+        return
+    for entry in proxy.injections():
+        first = entry.get("first_ts")
+        where = record.step_at(float(first)) if isinstance(first, (int, float)) else {}
+        record.observed({"type": "secret_injected", "source": "interceptor", **entry, **where})

@@ -325,6 +325,11 @@ def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
     result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
     result.agent_max_steps = agent_max_steps(record.events)
     result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
+    result.secrets_injected = [
+        {k: e.get(k) for k in ("secret", "host", "place", "count")}
+        for e in record.events
+        if e["type"] == "secret_injected"
+    ]
     if record.cuts > MAX_CUT_EVENTS:
         record.host_event("output_cut", lines_cut=record.cuts, recorded_one_by_one=MAX_CUT_EVENTS)
     result.answer = record.masker.clean(result.answer)

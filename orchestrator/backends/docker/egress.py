@@ -283,17 +283,24 @@ class Egress:
                 )
             time.sleep(0.05)
 
-    def proxy_env(self, direct: tuple[str, ...] = ()) -> dict[str, str]:
+    def proxy_env(self, direct: tuple[str, ...] = (), via: str | None = None) -> dict[str, str]:
         """The standard proxy variables for the sandbox (not secret); `direct` names
-        addresses on the run's network reached without the proxy (the model gateway)."""
+        addresses on the run's network reached without the proxy (the model gateway); `via`:
+        the proxy the sandbox uses in squid's place (the secret interceptor, whose upstream
+        squid is)."""
         if self.container_id is None:
             return {}
-        url = f"http://{self.proxy_ip}:{PROXY_PORT}"
+        url = via or f"http://{self.proxy_ip}:{PROXY_PORT}"
         env = {}
         for name in ("HTTP_PROXY", "HTTPS_PROXY"):
             env[name] = env[name.lower()] = url
         env["NO_PROXY"] = env["no_proxy"] = ",".join(("localhost", "127.0.0.1", *direct))
         return env
+
+    @property
+    def proxy_url(self) -> str | None:
+        """squid's address on the run's network (None: no squid)."""
+        return f"http://{self.proxy_ip}:{PROXY_PORT}" if self.container_id else None
 
     def alive(self) -> str | None:
         """None while squid runs; else why the sandbox has lost its network."""

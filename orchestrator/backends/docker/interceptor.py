@@ -5,9 +5,9 @@ requests it refused, as squid's access log is read back in egress.py.
 Its image (`ensure_interceptor_image`: mitmproxy 12 on Debian trixie's Python 3.13, built
 offline from a wheelhouse, hardened as the agent image) and its container (`Interceptor`:
 hardened as the gateway's, the configuration with the values on its attached stdin) are
-here too. Not yet started by any run: `Capabilities.bound_secrets` stays False until the
-interceptor's container is on the egress path (a run with bindings is refused before
-anything starts).
+here too. A run with bound secrets gets one on its private network, in front of its squid
+(sandbox.py): the sandbox's proxy variables name the interceptor, the interceptor's upstream
+is squid, so the allowlist applies to whatever it lets through.
 """
 
 from __future__ import annotations
@@ -29,14 +29,18 @@ from ...images.imagedef import RUNTIME_DIR, Progress, build_lock, digest, report
 from ...images.wheelhouse import ensure_wheelhouse
 from ...labels import LABEL_KIND
 from ...paths import VERSION, data_root
+from ..base import SandboxSpec, SecretsProxyHandle
 from .base_image import debian_base, resolve_base
 from .deadline import kept
+from .egress import Egress
 from .engine import attached_lines, inspect_image, remove_attached, stopped
 from .images import build_image, python_target
 from .seccomp import security_options
 
 if TYPE_CHECKING:
     import docker
+
+    from ...payloads.binding import BoundSecret
 
 INTERCEPTOR_IMAGE = "orchestrator-interceptor"
 INTERCEPTOR_IMAGE_DIR = data_root() / "images" / "interceptor"
@@ -62,6 +66,11 @@ INTERCEPTOR_CPUS = 1.0
 INTERCEPTOR_USER = "10001:10001"
 READY_TIMEOUT = 30.0
 MAX_LINE = 64 * 1024
+#: What the host keeps of its decisions: the refusals (each an `egress_blocked` event), the
+#: distinct secret, host and place injections, and its last lines (diagnostics).
+MAX_ATTEMPTS = 10_000
+MAX_INJECTIONS = 1_000
+RECENT_LINES = 200
 
 #: The prefixes of the interceptor's lines (its module docstring describes them).
 READY_PREFIX = "ORCH-INTERCEPTOR-READY\t"
@@ -73,6 +82,11 @@ SECRET_NOT_BOUND = "secret_not_bound"
 TLS_REFUSED = (
     "the client refused the interception's certificate (it pins certificates, or trusts "
     "only its own CA store, not the run's CA)"
+)
+#: Why the interceptor would not connect a client to its server, as the record says it.
+UPSTREAM_TLS = (
+    "TLS failure upstream: the server's certificate did not verify (the interceptor checks "
+    "it against the public CAs), or its TLS failed"
 )
 
 
@@ -119,8 +133,9 @@ def _records(text: str) -> list[dict[str, Any]]:
 def refusals(text: str) -> list[dict[str, Any]]:
     """What the interceptor refused, as egress attempts (the shape of
     `egress.parse_access_log`'s): a placeholder where its secret may not go (`denied`,
-    reason `secret_not_bound`, with the secret's name, the place and why), and clients that
-    refused its certificate (`allowed` but failed: pinning, their own CA store)."""
+    reason `secret_not_bound`, with the secret's name, the place and why), clients that
+    refused its certificate (`allowed` but failed: pinning, their own CA store), and servers
+    whose certificate did not verify (`allowed` but failed)."""
     attempts = []
     for record in _records(text):
         verdict = record.get("verdict")
@@ -136,6 +151,8 @@ def refusals(text: str) -> list[dict[str, Any]]:
             )
         elif verdict == "tls_failed":
             event.update(verdict="allowed", reason=TLS_REFUSED, detail=record.get("why"))
+        elif verdict == "upstream_tls_failed":
+            event.update(verdict="allowed", reason=UPSTREAM_TLS, detail=record.get("why"))
         else:
             continue
         attempts.append(event)
@@ -249,19 +266,38 @@ def ensure_interceptor_image(client: docker.DockerClient, progress: Progress | N
     return plan.tag
 
 
-class Interceptor:
-    """One run's interceptor container (not yet started by runs): hardened as the model
-    gateway's (runc and our seccomp profile, read-only root, every capability dropped, no
-    engine-side log, the keeper as PID 1), its configuration, the secrets' values included,
-    only on its attached stdin; its decisions read live from its stdout."""
+@dataclass(frozen=True)
+class InterceptorRoute:
+    """Where the interceptor sends what it lets through instead of the run's squid, and the
+    CA it then trusts upstream (PEM): a stand-in on this host for tests, whose HTTPS server
+    has names no resolver knows (`DockerBackend(interceptor_route=...)`, never a setting).
+    The interceptor is then on the default bridge too, to reach it."""
+
+    proxy: str
+    ca_pem: str
+
+
+class Interceptor(SecretsProxyHandle):
+    """One run's interceptor container: hardened as the model gateway's (runc and our
+    seccomp profile, read-only root, every capability dropped, no engine-side log, the
+    keeper as PID 1), its configuration, the secrets' values included, only on its attached
+    stdin; its decisions read live from its stdout, kept bounded (`MAX_ATTEMPTS`,
+    `MAX_INJECTIONS`: a sandbox that makes a million refused requests costs the host no
+    more than that)."""
 
     def __init__(self, client: docker.DockerClient, container_id: str, network_name: str):
         self.client = client
         self.container_id = container_id
         self.network_name = network_name
         self.ip: str | None = None
+        #: Where what it lets through goes (the run's squid), and an extra upstream CA.
+        self.upstream: str | None = None
+        self.upstream_ca_pem: str | None = None
         self._socket: Any = None
-        self._stdout: list[str] = []
+        self._ready: Ready | None = None
+        self._recent: deque[str] = deque(maxlen=RECENT_LINES)
+        self._attempts: list[dict[str, Any]] = []
+        self._injected: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._stderr: deque[str] = deque(maxlen=20)
         self._listening = threading.Event()  # its ready line has arrived
         self._lock = threading.Lock()
@@ -276,13 +312,15 @@ class Interceptor:
         labels: dict[str, str],
         image: str,
         stop_at: float,
+        outbound: bool = False,
     ) -> Interceptor:
-        """Create and start the container on `network_name`; it then waits for its
-        configuration (`open`). Removes the container again on failure."""
+        """Create and start the container on `network_name` (`outbound`: on the default
+        bridge too, for an `InterceptorRoute`); it then waits for its configuration
+        (`configure`, `open`). Removes the container again on failure."""
         api = client.api
         tmpfs = "rw,nosuid,nodev,noexec,size=16m,mode=1777"  # the run's CA: memory only
         host_config = api.create_host_config(
-            network_mode=network_name,
+            network_mode="bridge" if outbound else network_name,
             cap_drop=["ALL"],  # port 3129 needs no capability
             security_opt=security_options(),
             runtime="runc",  # our code, not the payload's (runtimes.py)
@@ -311,6 +349,8 @@ class Interceptor:
         )
         interceptor = cls(client, container["Id"], network_name)
         try:
+            if outbound:
+                api.connect_container_to_network(interceptor.container_id, network_name)
             interceptor._socket = api.attach_socket(
                 interceptor.container_id,
                 params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1},
@@ -326,7 +366,51 @@ class Interceptor:
             raise
         return interceptor
 
-    def open(self, config: dict[str, Any]) -> None:
+    @classmethod
+    def for_run(
+        cls,
+        client: docker.DockerClient,
+        spec: SandboxSpec,
+        egress: Egress,
+        image: str,
+        stop_at: float,
+        route: InterceptorRoute | None = None,
+    ) -> Interceptor:
+        """The run's interceptor on its network, in front of its squid (the upstream: the
+        allowlist applies to what it lets through), with the run's labels and deadline; it
+        waits for the bound secrets (`open`, at the run's start). `route`: tests only."""
+        interceptor = cls.start(
+            client,
+            run_id=spec.run_id,
+            network_name=egress.network_name,
+            labels=spec.labels,
+            image=image,
+            stop_at=stop_at,
+            outbound=route is not None,
+        )
+        interceptor.upstream = route.proxy if route else egress.proxy_url
+        interceptor.upstream_ca_pem = route.ca_pem if route else None
+        return interceptor
+
+    @property
+    def proxy_url(self) -> str:
+        """What the sandbox's proxy variables name: this interceptor on the run's network."""
+        return f"http://{self.ip}:{INTERCEPTOR_PORT}"
+
+    def open(self, bound: tuple[BoundSecret, ...]) -> str:
+        """The run's bound secrets (values included) on its stdin, with its upstream (the
+        run's squid: the allowlist still applies to what it lets through); returns the run's
+        CA certificate once it listens. Raises InterceptorError when it will not."""
+        config: dict[str, Any] = {
+            "bindings": [b.interceptor_config() for b in bound],
+            "upstream_proxy": self.upstream,
+        }
+        if self.upstream_ca_pem:
+            config["upstream_ca_pem"] = self.upstream_ca_pem
+        self.configure(config)
+        return self.wait_ready().ca_pem
+
+    def configure(self, config: dict[str, Any]) -> None:
         """Hand it its configuration (the bindings with their values; see interceptor.py's
         docstring) on its stdin; where it listens and its confdir are this class's."""
         line = {**config, "listen": ["0.0.0.0", INTERCEPTOR_PORT], "confdir": CONFDIR}
@@ -339,8 +423,7 @@ class Interceptor:
         while not self._listening.wait(timeout=0.02):
             if self.alive() is not None or time.monotonic() > deadline:
                 break
-        with self._lock:
-            ready = read_ready("".join(self._stdout))
+        ready = self._ready
         if ready is None:
             raise InterceptorError(
                 "The secret interceptor did not start. Its last output:\n"
@@ -351,20 +434,48 @@ class Interceptor:
         return Ready(f"{self.ip}:{port}", ready.ca_pem)
 
     def output(self) -> str:
-        """What it wrote on stdout so far (`refusals`, `injections` read it)."""
+        """Its last `RECENT_LINES` lines on stdout (for diagnostics and tests: `refusals`
+        and `injections` read such text)."""
         with self._lock:
-            return "".join(self._stdout)
+            return "".join(self._recent)
+
+    def attempts(self) -> list[dict[str, Any]]:
+        """What it refused so far, in order, as `refusals` reads them (the first
+        `MAX_ATTEMPTS`); the list only grows."""
+        with self._lock:
+            return list(self._attempts)
+
+    def injections(self) -> list[dict[str, Any]]:
+        """Where each secret's value went so far (as `injections` reads them; at most
+        `MAX_INJECTIONS` secret, host and place entries)."""
+        with self._lock:
+            return [dict(entry) for entry in self._injected.values()]
 
     def _read(self) -> None:
         for stream_id, raw in attached_lines(self._socket, MAX_LINE):
             text = raw.decode("utf-8", "replace")
             if stream_id == 1:
-                with self._lock:
-                    self._stdout.append(text + "\n")
-                if text.startswith(READY_PREFIX):
-                    self._listening.set()
+                self._line(text)
             elif text.strip():
                 self._stderr.append(text.strip())
+
+    def _line(self, text: str) -> None:
+        """One stdout line: the ready line, or a decision folded into the bounded state."""
+        if self._ready is None and text.startswith(READY_PREFIX):
+            self._ready = read_ready(text)
+            if self._ready is not None:
+                self._listening.set()
+            return
+        with self._lock:
+            self._recent.append(text + "\n")
+            if len(self._attempts) < MAX_ATTEMPTS:
+                self._attempts += refusals(text)
+            for entry in injections(text):
+                key = (entry["secret"], entry["host"], entry["place"])
+                if key in self._injected:
+                    self._injected[key]["count"] += entry["count"]
+                elif len(self._injected) < MAX_INJECTIONS:
+                    self._injected[key] = entry
 
     def alive(self) -> str | None:
         """None while it runs; else why the run has lost its way out."""

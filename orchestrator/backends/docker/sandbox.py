@@ -12,7 +12,6 @@ from dataclasses import replace
 from typing import Any
 
 import docker.errors
-from docker.types import LogConfig, Ulimit
 from docker.utils.socket import frames_iter
 
 from orchestrator_runtime.protocol import READY_LINE
@@ -21,8 +20,6 @@ from orchestrator_runtime.request import Request
 from ...errors import ConfigError
 from ...gateway import starting_line
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
-from ...policy import HOST_ALIAS
-from ...spec import NetworkPolicy
 from ..base import (
     Capabilities,
     ExitInfo,
@@ -36,7 +33,9 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, run_seconds
 from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
 from .gateway import Gateway
+from .hardening import host_config_options, network_options
 from .hostchecks import EngineHostChecks
+from .interceptor import Interceptor, InterceptorRoute, ensure_interceptor_image
 from .runtimes import RUNC, RUNSC, EngineRuntimes, Placement, check_requested, place
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
@@ -46,63 +45,6 @@ SANDBOX_USER = "10001:10001"
 
 
 STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
-
-
-def host_config_options(
-    spec: SandboxSpec, egress: Egress | None = None, placement: Placement | None = None
-) -> dict[str, Any]:
-    """The hardening of every sandbox, as `create_host_config` keyword arguments.
-
-    CIS Docker Benchmark section 5, stricter: no capabilities at all, no host mounts; on
-    `placement`'s runtime (default runc), under runc with our seccomp profile.
-    """
-    placement = placement or Placement("runc", "runc", spec.runtime)
-    pids, ulimits = placement.pids_options(spec.limits.pids)
-    limits = spec.limits
-    memory = f"{limits.memory_mb}m"
-    tmpfs = f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"
-    return {
-        "cap_drop": ["ALL"],
-        "security_opt": placement.security_options(),
-        "runtime": placement.engine_runtime,
-        "read_only": True,
-        "tmpfs": {"/tmp": tmpfs, "/work": tmpfs},
-        "mem_limit": memory,
-        "memswap_limit": memory,  # no swap: over the limit is an OOM kill, not a crawl
-        "nano_cpus": int(limits.cpus * 1e9),
-        "pids_limit": pids,
-        "ulimits": [
-            Ulimit(name="nofile", soft=1024, hard=1024),
-            Ulimit(name="core", soft=0, hard=0),
-            *ulimits,
-        ],
-        # PID 1 is the deadline keeper (deadline.py), not docker-init: it reaps and forwards
-        # signals as an init does (kill is instant, no grace period), and it stops the
-        # container at its deadline even when no orchestrator process is left.
-        "init": False,
-        "ipc_mode": "private",
-        **network_options(spec.network, egress),
-        # No engine-side log: what the sandbox prints (secrets a tool prints included) reaches
-        # the host only through the attached streams, masked into the run record; nothing
-        # lands in the engine's data directory, not even while the run is live or after its
-        # orchestrator was killed.
-        "log_config": LogConfig(type="none"),
-        "auto_remove": False,  # removed by us after the exit state is read
-    }
-
-
-def network_options(policy: NetworkPolicy, egress: Egress | None) -> dict[str, Any]:
-    """`none`: no network. `open`: the default bridge. `allowlist`: the run's private network
-    only (its one way out is the egress proxy), and a DNS server that does not exist, so no
-    outside name resolves."""
-    if policy.mode == "none":
-        return {"network_mode": "none"}
-    if policy.mode == "open":
-        hosts = {HOST_ALIAS: "host-gateway"} if policy.host_endpoints else None
-        return {"network_mode": "bridge", "extra_hosts": hosts}
-    if egress is None:
-        raise ValueError("an allowlist sandbox needs its egress network")
-    return {"network_mode": egress.network_name, "dns": ["127.0.0.1"]}
 
 
 class DockerSandbox(Sandbox):
@@ -116,12 +58,19 @@ class DockerSandbox(Sandbox):
         gateway: Gateway | None = None,
         spec: SandboxSpec | None = None,
         placement: Placement | None = None,
+        interceptor: Interceptor | None = None,
     ) -> None:
         self.client = client
         self.api = client.api
         self.id = container_id
         self.egress = egress
         self.gateway: Gateway | None = gateway
+        self.interceptor = interceptor
+        self.secrets_proxy = interceptor
+        #: What the egress proxy and the interceptor refused, merged in the order first
+        #: seen (`egress_blocked`), and how much of each source is in it.
+        self._attempts: list[dict[str, Any]] = []
+        self._taken = {"squid": 0, "interceptor": 0}
         self.spec = spec
         self._socket: Any = None
         #: A pooled sandbox's output read while it became ready, and the rest of it.
@@ -138,6 +87,7 @@ class DockerSandbox(Sandbox):
             self.prestart()
         if self.egress is not None:
             self.egress.wait_ready()  # squid started first; its start overlaps this one's
+        # The interceptor listens by now: the runner opened it (`secrets_proxy.open`).
         if self.gateway is not None:
             self.gateway.wait_ready()
         raw: socket.socket = self._socket._sock
@@ -227,15 +177,29 @@ class DockerSandbox(Sandbox):
             self.api.kill(self.id)
 
     def health(self) -> str | None:
-        """None while the sandbox can work; else why not (its egress proxy or gateway is gone)."""
+        """None while the sandbox can work; else why not (its egress proxy, secret
+        interceptor or gateway is gone)."""
         lost = self.egress.alive() if self.egress else None
+        if lost is None and self.interceptor is not None:
+            lost = self.interceptor.alive()
         if lost is None and self.gateway is not None:
             lost = self.gateway.alive()
         return lost
 
     def egress_blocked(self) -> list[dict[str, Any]]:
-        """Requests the egress proxy refused (none without one)."""
-        return self.egress.blocked() if self.egress else []
+        """Requests the egress proxy and the secret interceptor refused (none without
+        either): each source's new ones appended in time order at each call, so the list
+        only grows, as the runner reads it."""
+        sources = {
+            "squid": self.egress.blocked() if self.egress else [],
+            "interceptor": self.interceptor.attempts() if self.interceptor else [],
+        }
+        new: list[dict[str, Any]] = []
+        for name, attempts in sources.items():
+            new += attempts[self._taken[name] :]
+            self._taken[name] = max(self._taken[name], len(attempts))
+        self._attempts += sorted(new, key=lambda a: float(a.get("ts") or 0.0))
+        return list(self._attempts)
 
     def remove_sandbox_only(self) -> None:
         """The sandbox's container (a few ms once it has exited); its network, proxy and
@@ -248,14 +212,15 @@ class DockerSandbox(Sandbox):
 
     def remove(self) -> None:
         def remove_containers() -> None:
-            if self.gateway is None:
-                return self.remove_sandbox_only()
-            worker = threading.Thread(target=self.gateway.remove, name="gateway-remove")
-            worker.start()
+            helpers = [h.remove for h in (self.gateway, self.interceptor) if h is not None]
+            workers = [threading.Thread(target=h, name="helper-remove") for h in helpers]
+            for worker in workers:
+                worker.start()
             try:
                 self.remove_sandbox_only()
             finally:
-                worker.join()
+                for worker in workers:
+                    worker.join()
 
         if self.egress is None:
             remove_containers()
@@ -277,11 +242,21 @@ class DockerBackend(EngineHostChecks):
         image_listing=True,
         base_bootstrap=True,
         sandbox_runtimes=(RUNSC, RUNC),
+        bound_secrets=True,
     )
 
-    def __init__(self, client: docker.DockerClient | None = None, *, base_image: str | None = None):
+    def __init__(
+        self,
+        client: docker.DockerClient | None = None,
+        *,
+        base_image: str | None = None,
+        interceptor_route: InterceptorRoute | None = None,
+    ):
+        """`interceptor_route`: for tests only, where a run's secret interceptor sends what
+        it lets through in place of the run's squid (`InterceptorRoute`)."""
         self.client = client or connect()
         self.base_image = base_image
+        self.interceptor_route = interceptor_route
         self.runtimes = EngineRuntimes(self.client)
 
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
@@ -353,13 +328,18 @@ class DockerBackend(EngineHostChecks):
             spec.network.hosts or spec.network.endpoints or spec.network.host_endpoints
         )
         needs_network = spec.network.mode == "allowlist" or spec.gateway is not None
-        proxy_image = None
+        proxy_image = interceptor_image = None
         if needs_proxy:
             proxy_image = ensure_egress_image(self.client, base=self.base_image, progress=progress)
+        if spec.bindings:  # only runs with bound secrets pay for the interception
+            if not needs_proxy:
+                raise ValueError("bound secrets need an allowlist run's egress proxy")
+            interceptor_image = ensure_interceptor_image(self.client, progress)
         # One stop time for every container of the run; a pooled sandbox's helpers also wait
         # out its time-to-live.
         stop_at = deadline_at(spec.limits) + (ttl or 0.0)
         egress = gateway = None
+        interceptor: Interceptor | None = None
         sandbox: DockerSandbox | None = None
         command = list(spec.command)
         # The network first; then the model gateway starts in the background while squid (or,
@@ -391,6 +371,11 @@ class DockerBackend(EngineHostChecks):
                 egress.start_proxy(
                     spec.run_id, spec.network, spec.labels, proxy_image, stop_at, progress
                 )
+                if interceptor_image is not None:
+                    route = self.interceptor_route
+                    interceptor = Interceptor.for_run(
+                        self.client, spec, egress, interceptor_image, stop_at, route
+                    )
                 if starting is not None:
                     gateway = starting.result()
             if ttl is None:
@@ -398,7 +383,7 @@ class DockerBackend(EngineHostChecks):
             else:
                 idle_until = time.time() + ttl
                 argv = idle_kept(AGENT_KEEPER, idle_until, run_seconds(spec.limits), command)
-            sandbox = self._create(spec, egress, gateway, argv)
+            sandbox = self._create(spec, egress, gateway, argv, interceptor)
             if starting is not None and gateway is None:
                 sandbox.prestart()  # the sandbox's start beside the gateway's
                 sandbox.gateway = gateway = starting.result()
@@ -410,6 +395,8 @@ class DockerBackend(EngineHostChecks):
                 sandbox.remove_sandbox_only()
             if gateway is not None:
                 gateway.remove()
+            if interceptor is not None:
+                interceptor.remove()
             if egress is not None:
                 egress.remove()
             raise
@@ -432,12 +419,14 @@ class DockerBackend(EngineHostChecks):
         egress: Egress | None,
         gateway: Gateway | None,
         entrypoint: list[str],
+        interceptor: Interceptor | None = None,
     ) -> DockerSandbox:
         networked = network_options(spec.network, egress)["network_mode"] != "none"
         placement = place(spec.runtime, self.runtimes, networked=networked)
         options = host_config_options(spec, egress, placement)
         host_config = self.client.api.create_host_config(**options)
         direct = (gateway.ip,) if gateway is not None and gateway.ip else ()
+        via = interceptor.proxy_url if interceptor is not None else None  # in squid's place
         container = self.client.api.create_container(
             image=spec.image,
             entrypoint=entrypoint,
@@ -445,7 +434,7 @@ class DockerBackend(EngineHostChecks):
             name=f"orchestrator-{spec.run_id}",
             user=SANDBOX_USER,
             working_dir="/work",
-            environment=egress.proxy_env(direct) if egress else {},
+            environment=egress.proxy_env(direct, via) if egress else {},
             labels={**spec.labels, LABEL_KIND: "sandbox"},
             hostname="sandbox",
             stdin_open=True,  # the SDK sets StdinOnce with it: EOF ends the stdin
@@ -454,7 +443,9 @@ class DockerBackend(EngineHostChecks):
         )
         if spec.network.mode == "open" and egress is not None:  # the bridge, and the gateway
             self.client.api.connect_container_to_network(container["Id"], egress.network_id)
-        return DockerSandbox(self.client, container["Id"], egress, gateway, spec, placement)
+        return DockerSandbox(
+            self.client, container["Id"], egress, gateway, spec, placement, interceptor
+        )
 
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Containers (sandboxes, egress proxies), then the runs' networks: in that order
