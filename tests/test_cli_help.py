@@ -219,3 +219,49 @@ def test_every_message_line_has_the_prefix_and_an_empty_prune_says_so(
     ], err
     assert main(["images", "prune", "--dry-run", "-v"]) == 0
     assert "orchestrator: note: base image x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"FORCE_COLOR": "1"},
+        {"FORCE_COLOR": ""},
+        {"TTY_COMPATIBLE": "1"},
+        {"TTY_COMPATIBLE": "0", "FORCE_COLOR": "1"},
+        {"TTY_COMPATIBLE": "2", "FORCE_COLOR": "1"},
+    ],
+)
+def test_terminal_output_is_decided_by_riches_rule_without_rich(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`is_terminal` writes out rich's rule so that a piped run never imports rich; on a pipe
+    and on a terminal (a pty) it answers what rich itself answers, whatever the variables."""
+    from rich.console import Console
+
+    from orchestrator.cli.output import is_terminal
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    master, slave = os.openpty()
+    read_end, write_end = os.pipe()
+    with open(slave, "w") as tty, open(write_end, "w") as pipe:
+        for stream in (tty, pipe):
+            assert is_terminal(stream) == Console(file=stream).is_terminal, (env, stream)
+    os.close(master)
+    os.close(read_end)
+
+
+def test_a_piped_run_display_never_imports_rich() -> None:
+    """A run whose output goes to a pipe (a script, cron, a batch driver) prints plain lines:
+    its start-up pays for no rich import (35 ms of CPU)."""
+    code = (
+        "import sys, io; from orchestrator.cli.display import RunDisplay; "
+        "d = RunDisplay(stream=io.StringIO()); d.progress('building'); d.stop(); "
+        "assert not [m for m in sys.modules if m.startswith('rich')], 'rich imported'"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
