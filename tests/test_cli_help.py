@@ -290,3 +290,46 @@ assert reads() == 1, "the help named no registered backend"
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
+
+
+LEAVING = """
+import atexit, sys, threading
+from orchestrator import cli
+
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("interpreter shutdown\\n")
+
+kept = Teardown()
+atexit.register(lambda: sys.stderr.write("atexit ran\\n"))
+if sys.argv[2] == "thread":
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, args=(2,)).start()
+
+def main(argv=None):
+    cli._done_with_process = sys.argv[1] == "leaves"
+    print("result")
+    return 3
+
+cli.main = main
+cli.command()
+"""
+
+
+@pytest.mark.parametrize(
+    ("says", "thread", "shut_down"),
+    [("leaves", "none", False), ("stays", "none", True), ("leaves", "thread", True)],
+)
+def test_a_command_done_with_its_process_leaves_without_the_interpreters_shutdown(
+    says: str, thread: str, shut_down: bool
+) -> None:
+    """`orchestrator run` leaves once its record is closed (the shutdown's teardown and the
+    store's checkpoint cost a cold run 0.08-0.9 s after its result); its output and atexit's
+    functions are not lost, the exit code is the command's, and a command that does not say
+    so, or a thread still running, gets the interpreter's whole shutdown."""
+    done = subprocess.run(
+        [sys.executable, "-c", LEAVING, says, thread], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 3 and done.stdout == "result\n", done
+    assert "atexit ran" in done.stderr
+    assert ("interpreter shutdown" in done.stderr) == shut_down, done.stderr
