@@ -31,6 +31,7 @@ import os
 import platform
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -158,6 +159,14 @@ def main() -> None:
     args = parser.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="cold-bench-"))
+    try:
+        measure(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # the runs' records: read already
+
+
+def measure(args: argparse.Namespace, workdir: Path) -> None:
+    """Every side, interleaved; the results written."""
     os.environ["ORCHESTRATOR_HOME"] = str(workdir / "home")
     os.environ.setdefault(
         "ORCHESTRATOR_WHEELHOUSE", str(Path.home() / ".orchestrator" / "wheelhouse")
