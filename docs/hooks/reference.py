@@ -134,11 +134,15 @@ def built_in_backends() -> Iterator[None]:
 
 def cli_reference() -> str:
     """The CLI reference page: every command's usage, description and options."""
+    with built_in_backends():  # read while the page is written: `--backend` reads them late
+        return _cli_reference()
+
+
+def _cli_reference() -> str:
     from orchestrator.cli.parser import build_parser
     from orchestrator.defaults import OPTIONS
 
-    with built_in_backends():
-        parser = build_parser()
+    parser = build_parser()
     parser.prog = "orchestrator"
     lines = [
         "# Command line",

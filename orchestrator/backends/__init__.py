@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..registry import DEFAULT_BACKEND, backend_entries, backend_names
+from ..registry import DEFAULT_BACKEND, backend_entries, backend_entry, backend_names
 
 if TYPE_CHECKING:
     from ..payloads.manifest import Manifest
@@ -26,7 +26,7 @@ def backend_name(requested: str | None, manifest: Manifest | None = None) -> str
 
     Raises ConfigError for a name that is not a backend."""
     name = requested or (manifest.backend if manifest else None) or DEFAULT_BACKEND
-    if name not in backend_names():
+    if backend_entry(name) is None:
         raise ConfigError(f"Unknown backend {name!r}.", f"Use one of {', '.join(backend_names())}.")
     return name
 
@@ -38,7 +38,8 @@ def backend_class(name: str) -> type[Backend]:
     imported or is no `Backend` subclass."""
     from .base import Backend
 
-    entry = backend_entries()[backend_name(name)]
+    name = backend_name(name)
+    entry = backend_entry(name) or backend_entries()[name]
     module_name, _, attribute = entry.factory.partition(":")
     where = f"registered by {entry.distribution}" if entry.distribution else "built in"
     try:

@@ -65,7 +65,7 @@ def add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live output")
-    p.set_defaults(handler=cmd_run, watches_stop=True)
+    p.set_defaults(handler=cmd_run, watches_stop=True, leaves_at_once=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

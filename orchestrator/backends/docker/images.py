@@ -107,9 +107,12 @@ class AgentImagePlan:
     runtime_files: dict[str, bytes]
 
 
-def python_target(client: docker.DockerClient, image: str) -> PythonTarget:
+def python_target(
+    client: docker.DockerClient, image: str, image_id: str | None = None
+) -> PythonTarget:
     """The interpreter of `image`, probed in a container of it (`wheelhouse.python_target`
-    keeps the rule and the cache; running a container is this engine's part)."""
+    keeps the rule and the cache; running a container is this engine's part). `image_id`:
+    the image's id when the caller has just inspected it (one engine round trip less)."""
 
     def run_probe() -> bytes:
         try:
@@ -117,7 +120,7 @@ def python_target(client: docker.DockerClient, image: str) -> PythonTarget:
         except docker.errors.DockerException as exc:
             raise ProbeFailed(str(exc)) from exc
 
-    return probed_target(image, client.api.inspect_image(image)["Id"], run_probe)
+    return probed_target(image, image_id or client.api.inspect_image(image)["Id"], run_probe)
 
 
 def plan_agent_image(
@@ -129,7 +132,7 @@ def plan_agent_image(
     """
     base = resolve_base(client, base, progress)
     base_id = client.api.inspect_image(base)["Id"]
-    target = python_target(client, base)
+    target = python_target(client, base, base_id)
     definition = agent_image_definition()
     requirements = (AGENT_IMAGE_DIR / "requirements.txt").read_text()
     wheelhouse = ensure_wheelhouse(requirements, target, progress=progress)
