@@ -243,3 +243,52 @@ def test_the_interceptor_sends_what_it_lets_through_to_squid(
     assert [(e["source"], e["host"], e["reason"]) for e in squid] == [
         ("egress", "unlisted.example.org", "not on the allowlist")
     ]
+
+
+def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_closed(
+    agent_image: str,
+    interceptor_image: str,
+    token: str,
+    upstream: tuple[Upstream, DockerBackend],
+    nothing_left: None,
+) -> None:
+    """Acceptance 5: requests, httpx and urllib, each with its own proxy and CA settings,
+    get the value put on the wire for the bound host (and refused elsewhere); httpx speaks
+    HTTP/1.1 (the agent image has no `h2`, so no HTTP/2 from the sandbox). A client that
+    trusts only the server's own CA (as one that pins certificates) fails closed: nothing
+    arrives, and the record says the client refused the interception's certificate."""
+    server, backend = upstream
+    pin = server.ca.read_text()
+    clients = ("requests", "httpx", "urllib")
+    attempts = [
+        *({"url": f"https://{BOUND}/{c}", "client": c} for c in clients),
+        *({"url": f"https://{OTHER}/{c}", "client": c} for c in clients),
+        {"url": f"https://{BOUND}/pinned", "pin": pin},
+    ]
+    result = probe(backend, attempts)
+    seen = found(result)
+    placeholder = seen["env"]
+    outcomes = seen["outcomes"]
+    bound, other, (pinned,) = outcomes[:3], outcomes[3:6], outcomes[6:]
+    assert [o["status"] for o in bound] == [200] * 3, bound
+    assert all(placeholder in o["body"] and VALUE not in o["body"] for o in bound)
+    assert bound[1]["version"] == "HTTP/1.1"
+    assert [o["status"] for o in other] == [403] * 3, other
+    assert pinned["status"] is None and "CERTIFICATE_VERIFY_FAILED" in pinned["error"], pinned
+    arrived = {r["path"]: r["headers"].get("X-Api-Key") for r in server.requests}
+    assert arrived == {f"/{c}": VALUE for c in clients}  # the refused and the pinned: none
+
+    events = events_of(result)
+    (injected,) = [e for e in events if e["type"] == "secret_injected"]
+    assert (injected["host"], injected["place"], injected["count"]) == (
+        BOUND,
+        "header:X-Api-Key",
+        3,
+    )
+    not_bound = [e for e in events if e.get("reason") == "secret_not_bound"]
+    assert [e["host"] for e in not_bound] == [OTHER] * 3
+    (failed,) = [e for e in events if e["type"] == "egress_failed"]
+    assert failed["host"] == BOUND and "pins certificates" in failed["reason"], failed
+    logged = cli("runs", "logs", result.run_id)
+    assert f"egress failed: {BOUND}: the client refused the interception's" in logged.stdout
+    assert files_holding(VALUE, Path(result.record_dir)) == []
