@@ -34,6 +34,7 @@ from orchestrator.records.store import Store
 from .conftest import TEST_PAYLOADS, cli, events_of, files_holding, wait_for
 from .https_upstream import Upstream, https_upstream
 from .model_server import docker_bridge_address
+from .otlp_receiver import OtlpReceiver
 
 PROBE = TEST_PAYLOADS / "secret_probe"
 VALUE = "real-analytics-value-7f3a9c1e"
@@ -251,12 +252,15 @@ def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_clos
     token: str,
     upstream: tuple[Upstream, DockerBackend],
     nothing_left: None,
+    tmp_path: Path,
 ) -> None:
     """Acceptance 5: requests, httpx and urllib, each with its own proxy and CA settings,
     get the value put on the wire for the bound host (and refused elsewhere); httpx speaks
     HTTP/1.1 (the agent image has no `h2`, so no HTTP/2 from the sandbox). A client that
     trusts only the server's own CA (as one that pins certificates) fails closed: nothing
-    arrives, and the record says the client refused the interception's certificate."""
+    arrives, and the record says the client refused the interception's certificate. The
+    viewer's page and the run's trace (root span events) show where the value went and
+    what was refused, never the value."""
     server, backend = upstream
     pin = server.ca.read_text()
     clients = ("requests", "httpx", "urllib")
@@ -265,7 +269,9 @@ def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_clos
         *({"url": f"https://{OTHER}/{c}", "client": c} for c in clients),
         {"url": f"https://{BOUND}/pinned", "pin": pin},
     ]
-    result = probe(backend, attempts)
+    with OtlpReceiver() as receiver:
+        result = probe(backend, attempts, traces_to=receiver.url)
+        received = list(receiver.spans)
     seen = found(result)
     placeholder = seen["env"]
     outcomes = seen["outcomes"]
@@ -292,3 +298,22 @@ def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_clos
     logged = cli("runs", "logs", result.run_id)
     assert f"egress failed: {BOUND}: the client refused the interception's" in logged.stdout
     assert files_holding(VALUE, Path(result.record_dir)) == []
+
+    (root,) = [s for s in received if s["parent_span_id"] is None]
+    traced = [(e["name"], e["attributes"].get("orchestrator.egress.host")) for e in root["events"]]
+    assert sorted(traced) == sorted(
+        [("secret_injected", BOUND), ("egress_failed", BOUND)] + [("egress_blocked", OTHER)] * 3
+    )
+    assert {
+        e["attributes"]["orchestrator.egress.place"]
+        for e in root["events"]
+        if e["name"] != "egress_failed"
+    } == {"header:X-Api-Key"}
+    assert VALUE not in json.dumps(received)
+
+    exported = cli("view", "--export", str(tmp_path / "pages"), result.run_id)
+    assert exported.returncode == 0, exported.stderr
+    page = " ".join((tmp_path / "pages" / f"run-{result.run_id}.html").read_text().split())
+    assert f"injected <code>ANALYTICS_TOKEN</code> <code>{BOUND}</code> header:X-Api-Key" in page
+    assert f"refused <code>ANALYTICS_TOKEN</code> to <code>{OTHER}</code>" in page
+    assert VALUE not in page
