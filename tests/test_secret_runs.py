@@ -317,3 +317,43 @@ def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_clos
     assert f"injected <code>ANALYTICS_TOKEN</code> <code>{BOUND}</code> header:X-Api-Key" in page
     assert f"refused <code>ANALYTICS_TOKEN</code> to <code>{OTHER}</code>" in page
     assert VALUE not in page
+
+
+def test_a_passthrough_host_is_relayed_unread_and_recorded(
+    agent_image: str,
+    interceptor_image: str,
+    token: str,
+    upstream: tuple[Upstream, DockerBackend],
+    nothing_left: None,
+    tmp_path: Path,
+) -> None:
+    """`[network] passthrough`: the interceptor relays that host's TLS unread, so a client
+    that pins the server's own CA reaches it; it still fails closed at the bound host, whose
+    TLS is read; the record names the passthrough hosts."""
+    server, backend = upstream
+    payload = tmp_path / "passthrough_probe"
+    payload.mkdir()
+    (payload / "probe.py").write_text((PROBE / "probe.py").read_text())
+    manifest = (PROBE / "manifest.toml").read_text()
+    listed = 'hosts = ["api.example.com", "other.example.net"]\n'
+    assert listed in manifest
+    (payload / "manifest.toml").write_text(
+        manifest.replace(listed, listed + f'passthrough = ["{OTHER}"]\n')
+    )
+    pin = server.ca.read_text()
+    attempts = [
+        {"url": f"https://{OTHER}/pinned", "plain": True, "pin": pin},
+        {"url": f"https://{BOUND}/pinned", "plain": True, "pin": pin},
+    ]
+    spec = RunSpec(payload=payload, additional_args={"attempts": json.dumps(attempts)})
+    result = run(spec, backend=backend)
+    relayed, intercepted = found(result)["outcomes"]
+    assert relayed["status"] == 200, relayed
+    assert intercepted["status"] is None and "CERTIFICATE_VERIFY_FAILED" in intercepted["error"]
+    assert [r["path"] for r in server.requests] == ["/pinned"]
+    assert server.requests[0]["host"] == OTHER
+    events = events_of(result)
+    created = next(e for e in events if e["type"] == "sandbox_created")
+    assert created["passthrough"] == [OTHER]
+    (failed,) = [e for e in events if e["type"] == "egress_failed"]
+    assert failed["host"] == BOUND
