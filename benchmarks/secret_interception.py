@@ -2,7 +2,7 @@
 the same request through a plain CONNECT tunnel as today's squid path makes it, side by side
 in one run (issue 43).
 
-Both from a real sandbox (the agent image, the run's runtime), to the tests' HTTPS server with
+Both from a real sandbox (the agent image; runc and gVisor, `--runtimes`), to the tests' HTTPS server with
 its own CA on this host (tests/https_upstream.py), through its CONNECT stand-in for squid (the
 bytes relayed, nothing decrypted, as squid splices):
 
@@ -24,6 +24,7 @@ too (a bound run starts its interceptor container). The machine is small and sha
 cores): the paths alternate run by run (the order flips each round); figures are medians.
 
     .venv/bin/python benchmarks/secret_interception.py [--rounds 5] [--requests 40]
+        [--runtimes runc,runsc]
 
 Writes benchmarks/results/secret_interception.json and .md; needs Docker and the agent and
 interceptor images.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -40,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -170,7 +173,7 @@ def make_payloads(folder: Path) -> dict[str, Path]:
     return payloads
 
 
-def one_run(spec: RunSpec, backend: DockerBackend, count: int) -> dict[str, object]:
+def one_run(spec: RunSpec, backend: DockerBackend, count: int) -> dict[str, Any]:
     """One run's in-sandbox timings, its wall time and its sandbox runtime."""
     started = time.monotonic()
     result = run(spec, backend=backend)
@@ -188,18 +191,38 @@ def median(values: list[float]) -> float:
 
 
 def p90(values: list[float]) -> float:
+    """The smallest value at or above 90 % of them."""
     ordered = sorted(values)
-    return round(ordered[max(0, int(len(ordered) * 0.9) - 1)], 3)
+    return round(ordered[min(len(ordered) - 1, math.ceil(len(ordered) * 0.9) - 1)], 3)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians (and p90s) over every request of `runs`, and their wall times' median."""
+    kept = [t for r in runs for t in r["kept_alive"]]
+    new = [t for r in runs for t in r["new_connection"]]
+    return {
+        "kept_alive_median_ms": median(kept),
+        "kept_alive_p90_ms": p90(kept),
+        "new_connection_median_ms": median(new),
+        "new_connection_p90_ms": p90(new),
+        "run_wall_median_s": median([float(r["wall_s"]) for r in runs]),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="runs per path (alternating)")
     parser.add_argument("--requests", type=int, default=40, help="timed requests per way")
+    parser.add_argument(
+        "--runtimes", default="runc,runsc", help="sandbox runtimes, comma-separated"
+    )
     args = parser.parse_args()
+    runtimes = tuple(args.runtimes.split(","))
     os.environ[TOKEN] = "bench-value-" + os.urandom(8).hex()
     load_before = os.getloadavg()[0]
-    runs: dict[str, list[dict[str, object]]] = {path: [] for path in PATHS}
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {
+        rt: {path: [] for path in PATHS} for rt in runtimes
+    }
     address = docker_bridge_address()
     with (
         tempfile.TemporaryDirectory() as folder,
@@ -217,38 +240,30 @@ def main() -> None:
         given = {"tunnel": (stand_in, ca.read_text()), "intercepted": ("", "")}
         for number in range(args.rounds):
             order = PATHS if number % 2 == 0 else PATHS[::-1]
-            for path in order:
-                proxy, pem = given[path]
-                spec = RunSpec(
-                    payload=payloads[path],
-                    network="open" if path == "tunnel" else None,
-                    additional_args={
-                        "url": URL,
-                        "count": args.requests,
-                        "proxy": proxy,
-                        "ca": pem,
-                    },
-                )
-                runs[path].append(one_run(spec, backends[path], args.requests))
-                print(f"round {number + 1}: {path} done", file=sys.stderr)
+            for runtime in runtimes:
+                for path in order:
+                    proxy, pem = given[path]
+                    spec = RunSpec(
+                        payload=payloads[path],
+                        network="open" if path == "tunnel" else None,
+                        sandbox_runtime=runtime,
+                        additional_args={
+                            "url": URL,
+                            "count": args.requests,
+                            "proxy": proxy,
+                            "ca": pem,
+                        },
+                    )
+                    done = one_run(spec, backends[path], args.requests)
+                    assert done["runtime"] == runtime, done["runtime"]
+                    runs[runtime][path].append(done)
+                    print(f"round {number + 1}: {runtime} {path} done", file=sys.stderr)
         # Every request arrived with the value: the tunnel's held it (unbound), the
         # intercepted run's had it put in place of its placeholder.
         arrived = [r["headers"].get("X-Api-Key") for r in server.requests]
-        expected = args.rounds * len(PATHS) * 2 * (UNTIMED + args.requests)
+        expected = args.rounds * len(runtimes) * len(PATHS) * 2 * (UNTIMED + args.requests)
         assert arrived == [os.environ[TOKEN]] * expected, (len(arrived), expected)
-    figures: dict[str, dict[str, float]] = {}
-    for path in PATHS:
-        kept = [t for r in runs[path] for t in r["kept_alive"]]  # type: ignore[attr-defined]
-        new = [t for r in runs[path] for t in r["new_connection"]]  # type: ignore[attr-defined]
-        walls = [float(r["wall_s"]) for r in runs[path]]  # type: ignore[arg-type]
-        figures[path] = {
-            "kept_alive_median_ms": median(kept),
-            "kept_alive_p90_ms": p90(kept),
-            "new_connection_median_ms": median(new),
-            "new_connection_p90_ms": p90(new),
-            "run_wall_median_s": median(walls),
-        }
-    runtimes = sorted({str(r["runtime"]) for path in PATHS for r in runs[path]})
+    figures = {rt: {path: summarize(runs[rt][path]) for path in PATHS} for rt in runtimes}
     data = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -256,43 +271,43 @@ def main() -> None:
         "load_after": round(os.getloadavg()[0], 2),
         "rounds": args.rounds,
         "requests_per_way_per_run": args.requests,
-        "runtime": runtimes,
-        "paths": figures,
+        "figures": figures,
         "runs": runs,
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "secret_interception.json").write_text(json.dumps(data, indent=2) + "\n")
-    squid, inter = figures["tunnel"], figures["intercepted"]
     lines = [
         "# HTTPS from a sandbox: through the secret interceptor vs a plain tunnel",
         "",
-        f"{data['date']}, {data['machine']}, sandbox runtime {', '.join(runtimes)}; "
-        f"{args.rounds} runs per path, alternating (the order flips each round), "
-        f"{args.requests} timed GETs each way per run, timed inside the sandbox, to "
-        "a local HTTPS server through a CONNECT stand-in for squid; medians over all runs; "
-        f"load {data['load_before']} before, "
-        f"{data['load_after']} after.",
+        f"{data['date']}, {data['machine']}; per sandbox runtime, {args.rounds} runs per "
+        "path, alternating (the order flips each round, the runtimes take turns), "
+        f"{args.requests} timed GETs each way per run, timed inside the sandbox, to a local "
+        "HTTPS server through a CONNECT stand-in for squid; medians over all runs; load "
+        f"{data['load_before']} before, {data['load_after']} after.",
         "",
-        "| path | kept-alive median ms | p90 ms | new connection median ms | p90 ms "
-        "| run wall median s |",
-        "|---|---|---|---|---|---|",
+        "| runtime | path | kept-alive median ms | p90 ms | new connection median ms "
+        "| p90 ms | run wall median s |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for path in PATHS:
-        row = figures[path]
+    for runtime in runtimes:
+        for path in PATHS:
+            row = figures[runtime][path]
+            lines.append(
+                f"| {runtime} | {path} | {row['kept_alive_median_ms']} "
+                f"| {row['kept_alive_p90_ms']} | {row['new_connection_median_ms']} "
+                f"| {row['new_connection_p90_ms']} | {row['run_wall_median_s']} |"
+            )
+    lines.append("")
+    for runtime in runtimes:
+        tunnel, inter = figures[runtime]["tunnel"], figures[runtime]["intercepted"]
+        kept = round(inter["kept_alive_median_ms"] - tunnel["kept_alive_median_ms"], 3)
+        new = round(inter["new_connection_median_ms"] - tunnel["new_connection_median_ms"], 3)
+        wall = round(inter["run_wall_median_s"] - tunnel["run_wall_median_s"], 3)
         lines.append(
-            f"| {path} | {row['kept_alive_median_ms']} | {row['kept_alive_p90_ms']} "
-            f"| {row['new_connection_median_ms']} | {row['new_connection_p90_ms']} "
-            f"| {row['run_wall_median_s']} |"
+            f"- {runtime}: the interception adds **{kept} ms** per request on a kept-alive "
+            f"connection, **{new} ms** with a new connection each, and **{wall} s** to a run "
+            "(its interceptor container's start)."
         )
-    kept_cost = round(inter["kept_alive_median_ms"] - squid["kept_alive_median_ms"], 3)
-    new_cost = round(inter["new_connection_median_ms"] - squid["new_connection_median_ms"], 3)
-    wall_cost = round(inter["run_wall_median_s"] - squid["run_wall_median_s"], 3)
-    lines += [
-        "",
-        f"The interception adds **{kept_cost} ms** per request on a kept-alive connection and "
-        f"**{new_cost} ms** with a new connection each (medians), and **{wall_cost} s** to a "
-        "run (its interceptor container's start).",
-    ]
     (RESULTS / "secret_interception.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
