@@ -2,9 +2,9 @@
 the same request through a plain CONNECT tunnel as today's squid path makes it, side by side
 in one run (issue 43).
 
-Both from a real sandbox (the agent image; runc and gVisor, `--runtimes`), to the tests' HTTPS server with
-its own CA on this host (tests/https_upstream.py), through its CONNECT stand-in for squid (the
-bytes relayed, nothing decrypted, as squid splices):
+Both from a real sandbox (the agent image; runc and gVisor, `--runtimes`), to the tests' HTTPS
+server with its own CA on this host (tests/https_upstream.py), through its CONNECT stand-in
+for squid (the bytes relayed, nothing decrypted, as squid splices):
 
 - `tunnel`: an open-network run whose requests go to the stand-in directly: one proxy hop,
   as an allowlist run's requests go through squid today;
