@@ -215,7 +215,11 @@ def test_the_root_span_carries_what_the_egress_proxies_recorded() -> None:
     """Refusals (squid's, and a bound secret's placeholder where it may not go), failures and
     where each bound secret was injected become events of the host's root span, at their
     time, bounded; other events and fields do not."""
-    from orchestrator.records.traces import MAX_EGRESS_EVENTS, egress_events
+    from orchestrator.records.traces import (
+        EGRESS_ATTRIBUTE_CHARS,
+        MAX_EGRESS_EVENTS,
+        egress_events,
+    )
 
     events = [
         {"type": "step", "ts": 1.0, "agent": "manager"},
@@ -257,7 +261,7 @@ def test_the_root_span_carries_what_the_egress_proxies_recorded() -> None:
         "orchestrator.egress.step_number": 1,
     }
     assert refused["orchestrator.egress.reason"] == "secret_not_bound"
-    assert len(refused["orchestrator.egress.detail"]) == MAX_ATTRIBUTE_CHARS
+    assert len(refused["orchestrator.egress.detail"]) == EGRESS_ATTRIBUTE_CHARS
     assert not [k for k in refused if "forged" in k]
     many = [{"type": "egress_blocked", "host": "h", "ts": 1.0}] * (MAX_EGRESS_EVENTS + 5)
     assert len(egress_events(many, 0.0)) == MAX_EGRESS_EVENTS

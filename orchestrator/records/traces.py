@@ -37,6 +37,9 @@ MATCH_SLACK_SECONDS = 0.25
 #: The host's egress records that become events of the root span, and how many it keeps.
 EGRESS_EVENTS = ("egress_blocked", "egress_failed", "secret_injected")
 MAX_EGRESS_EVENTS = 200
+#: Each text attribute of one, cut: a refused host or Host header is the sandbox's to choose,
+#: and the root span stays small (at most about 1 MB of them).
+EGRESS_ATTRIBUTE_CHARS = 512
 #: Their fields that become the span event's attributes (`orchestrator.egress.FIELD`);
 #: never a value: the interceptor reports none.
 EGRESS_FIELDS = (
@@ -96,7 +99,7 @@ def egress_events(events: list[dict[str, Any]], started: float) -> list[dict[str
         for key in EGRESS_FIELDS:
             value = event.get(key)
             if isinstance(value, str):
-                attributes[f"orchestrator.egress.{key}"] = value[:MAX_ATTRIBUTE_CHARS]
+                attributes[f"orchestrator.egress.{key}"] = value[:EGRESS_ATTRIBUTE_CHARS]
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 attributes[f"orchestrator.egress.{key}"] = value
         time_ = ns(float(at)) if isinstance(at, (int, float)) else ns(started)
