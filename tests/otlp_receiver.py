@@ -73,6 +73,13 @@ class OtlpReceiver:
                             "end": span.end_time_unix_nano,
                             "resource": resource,
                             "scope": scope_spans.scope.name,
+                            "events": [
+                                {
+                                    "name": e.name,
+                                    "attributes": {a.key: plain(a.value) for a in e.attributes},
+                                }
+                                for e in span.events
+                            ],
                         }
                     )
         with self._lock:

@@ -121,6 +121,37 @@ def test_a_secret_not_declared_cannot_be_bound(tmp_path: Path) -> None:
     assert "ANALYTICS_TOKEN, OTHER_TOKEN" in problem.message
 
 
+def test_passthrough_is_read_and_checked_like_the_allowlist(tmp_path: Path) -> None:
+    """`[network] passthrough`: names or patterns of the allowlist; a secret cannot be bound
+    to a host whose TLS is relayed unread (exit 2, the file, line and field named)."""
+    listed = BOUND + 'passthrough = ["Pinned.example.org", "*.eu.example.org"]\n'
+    manifest = load_manifest(write_payload(tmp_path, listed))
+    assert manifest.passthrough == ("pinned.example.org", "*.eu.example.org")
+    assert load_manifest(write_payload(tmp_path, BOUND)).passthrough == ()
+
+    for entry, field, said in [
+        ('"10.0.0.1"', "network.passthrough", "IP address"),
+        ('"elsewhere.example.net"', "network.passthrough", "not on the allowlist"),
+        ('"api.example.com"', "secrets.bind.ANALYTICS_TOKEN.hosts", "relays unread"),
+        ('"*.example.org"', "secrets.bind.OTHER_TOKEN.hosts", "relays unread"),
+    ]:
+        text = BOUND.replace(
+            '{ hosts = ["api.example.com"], in = ["header"] }',
+            '{ hosts = ["api.example.com"], in = ["header"] }\n'
+            'OTHER_TOKEN = { hosts = ["a.example.org"] }',
+        )
+        text += f"passthrough = [{entry}]\n"
+        folder = write_payload(tmp_path, text)
+        with pytest.raises(ManifestError) as info:
+            load_manifest(folder)
+        assert [p.field for p in info.value.problems] == [field], info.value.problems
+        cause = info.value.cause
+        line = line_of(text, field.split(".")[2] + " =" if "bind" in field else "passthrough")
+        assert cause.startswith(f"{folder / 'manifest.toml'}:{line}:"), cause
+        assert f"`{field}`" in cause and said in f"{cause} {info.value.fix}", cause
+        assert info.value.exit_code == 2
+
+
 def test_a_programs_binding_is_checked_like_a_manifests(tmp_path: Path) -> None:
     program = tmp_path / "report.py"
     program.write_text(

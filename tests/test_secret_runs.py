@@ -34,6 +34,7 @@ from orchestrator.records.store import Store
 from .conftest import TEST_PAYLOADS, cli, events_of, files_holding, wait_for
 from .https_upstream import Upstream, https_upstream
 from .model_server import docker_bridge_address
+from .otlp_receiver import OtlpReceiver
 
 PROBE = TEST_PAYLOADS / "secret_probe"
 VALUE = "real-analytics-value-7f3a9c1e"
@@ -243,3 +244,116 @@ def test_the_interceptor_sends_what_it_lets_through_to_squid(
     assert [(e["source"], e["host"], e["reason"]) for e in squid] == [
         ("egress", "unlisted.example.org", "not on the allowlist")
     ]
+
+
+def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_closed(
+    agent_image: str,
+    interceptor_image: str,
+    token: str,
+    upstream: tuple[Upstream, DockerBackend],
+    nothing_left: None,
+    tmp_path: Path,
+) -> None:
+    """Acceptance 5: requests, httpx and urllib, each with its own proxy and CA settings,
+    get the value put on the wire for the bound host (and refused elsewhere); httpx speaks
+    HTTP/1.1 (the agent image has no `h2`, so no HTTP/2 from the sandbox). A client that
+    trusts only the server's own CA (as one that pins certificates) fails closed: nothing
+    arrives, and the record says the client refused the interception's certificate. The
+    viewer's page and the run's trace (root span events) show where the value went and
+    what was refused, never the value."""
+    server, backend = upstream
+    pin = server.ca.read_text()
+    clients = ("requests", "httpx", "urllib")
+    attempts = [
+        *({"url": f"https://{BOUND}/{c}", "client": c} for c in clients),
+        *({"url": f"https://{OTHER}/{c}", "client": c} for c in clients),
+        {"url": f"https://{BOUND}/pinned", "pin": pin},
+    ]
+    with OtlpReceiver() as receiver:
+        result = probe(backend, attempts, traces_to=receiver.url)
+        received = list(receiver.spans)
+    seen = found(result)
+    placeholder = seen["env"]
+    outcomes = seen["outcomes"]
+    bound, other, (pinned,) = outcomes[:3], outcomes[3:6], outcomes[6:]
+    assert [o["status"] for o in bound] == [200] * 3, bound
+    assert all(placeholder in o["body"] and VALUE not in o["body"] for o in bound)
+    assert bound[1]["version"] == "HTTP/1.1"
+    assert [o["status"] for o in other] == [403] * 3, other
+    assert pinned["status"] is None and "CERTIFICATE_VERIFY_FAILED" in pinned["error"], pinned
+    arrived = {r["path"]: r["headers"].get("X-Api-Key") for r in server.requests}
+    assert arrived == {f"/{c}": VALUE for c in clients}  # the refused and the pinned: none
+
+    events = events_of(result)
+    (injected,) = [e for e in events if e["type"] == "secret_injected"]
+    assert (injected["host"], injected["place"], injected["count"]) == (
+        BOUND,
+        "header:X-Api-Key",
+        3,
+    )
+    not_bound = [e for e in events if e.get("reason") == "secret_not_bound"]
+    assert [e["host"] for e in not_bound] == [OTHER] * 3
+    (failed,) = [e for e in events if e["type"] == "egress_failed"]
+    assert failed["host"] == BOUND and "pins certificates" in failed["reason"], failed
+    logged = cli("runs", "logs", result.run_id)
+    assert f"egress failed: {BOUND}: the client refused the interception's" in logged.stdout
+    assert files_holding(VALUE, Path(result.record_dir)) == []
+
+    (root,) = [s for s in received if s["parent_span_id"] is None]
+    traced = [(e["name"], e["attributes"].get("orchestrator.egress.host")) for e in root["events"]]
+    assert sorted(traced) == sorted(
+        [("secret_injected", BOUND), ("egress_failed", BOUND)] + [("egress_blocked", OTHER)] * 3
+    )
+    assert {
+        e["attributes"]["orchestrator.egress.place"]
+        for e in root["events"]
+        if e["name"] != "egress_failed"
+    } == {"header:X-Api-Key"}
+    assert VALUE not in json.dumps(received)
+
+    exported = cli("view", "--export", str(tmp_path / "pages"), result.run_id)
+    assert exported.returncode == 0, exported.stderr
+    page = " ".join((tmp_path / "pages" / f"run-{result.run_id}.html").read_text().split())
+    assert f"injected <code>ANALYTICS_TOKEN</code> <code>{BOUND}</code> header:X-Api-Key" in page
+    assert f"refused <code>ANALYTICS_TOKEN</code> to <code>{OTHER}</code>" in page
+    assert VALUE not in page
+
+
+def test_a_passthrough_host_is_relayed_unread_and_recorded(
+    agent_image: str,
+    interceptor_image: str,
+    token: str,
+    upstream: tuple[Upstream, DockerBackend],
+    nothing_left: None,
+    tmp_path: Path,
+) -> None:
+    """`[network] passthrough`: the interceptor relays that host's TLS unread, so a client
+    that pins the server's own CA reaches it; it still fails closed at the bound host, whose
+    TLS is read; the record names the passthrough hosts."""
+    server, backend = upstream
+    payload = tmp_path / "passthrough_probe"
+    payload.mkdir()
+    (payload / "probe.py").write_text((PROBE / "probe.py").read_text())
+    manifest = (PROBE / "manifest.toml").read_text()
+    listed = 'hosts = ["api.example.com", "other.example.net"]\n'
+    assert listed in manifest
+    (payload / "manifest.toml").write_text(
+        manifest.replace(listed, listed + f'passthrough = ["{OTHER}"]\n')
+    )
+    pin = server.ca.read_text()
+    attempts = [
+        {"url": f"https://{OTHER}/pinned", "plain": True, "pin": pin},
+        {"url": f"https://{BOUND}/pinned", "plain": True, "pin": pin},
+    ]
+    spec = RunSpec(payload=payload, additional_args={"attempts": json.dumps(attempts)})
+    result = run(spec, backend=backend)
+    relayed, intercepted = found(result)["outcomes"]
+    assert relayed["status"] == 200, relayed
+    assert intercepted["status"] is None and "CERTIFICATE_VERIFY_FAILED" in intercepted["error"]
+    assert [r["path"] for r in server.requests] == ["/pinned"]
+    assert server.requests[0]["host"] == OTHER
+    events = events_of(result)
+    created = next(e for e in events if e["type"] == "sandbox_created")
+    assert created["passthrough"] == [OTHER]
+    (failed,) = [e for e in events if e["type"] == "egress_failed"]
+    assert failed["host"] == BOUND

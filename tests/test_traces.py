@@ -211,6 +211,62 @@ def test_the_runtime_writes_the_agents_spans_under_the_hosts_root_with_secrets_m
     assert untraced.end["state"] == "success" and not untraced.of_type("span")
 
 
+def test_the_root_span_carries_what_the_egress_proxies_recorded() -> None:
+    """Refusals (squid's, and a bound secret's placeholder where it may not go), failures and
+    where each bound secret was injected become events of the host's root span, at their
+    time, bounded; other events and fields do not."""
+    from orchestrator.records.traces import (
+        EGRESS_ATTRIBUTE_CHARS,
+        MAX_EGRESS_EVENTS,
+        egress_events,
+    )
+
+    events = [
+        {"type": "step", "ts": 1.0, "agent": "manager"},
+        {
+            "type": "secret_injected",
+            "secret": "ANALYTICS_TOKEN",
+            "host": "api.example.com",
+            "place": "header:X-Api-Key",
+            "count": 2,
+            "first_ts": 2.0,
+            "agent": "manager",
+            "step_number": 1,
+        },
+        {
+            "type": "egress_blocked",
+            "reason": "secret_not_bound",
+            "secret": "ANALYTICS_TOKEN",
+            "host": "other.example.net",
+            "place": "query",
+            "detail": "x" * (MAX_ATTRIBUTE_CHARS + 10),
+            "ts": 3.0,
+            "forged": {"nested": True},
+        },
+        {"type": "egress_failed", "host": "pinned.example", "reason": "pins", "ts": "late"},
+    ]
+    made = egress_events(events, started=0.5)
+    assert [(e["name"], e["time"]) for e in made] == [
+        ("secret_injected", 2 * 10**9),
+        ("egress_blocked", 3 * 10**9),
+        ("egress_failed", 5 * 10**8),  # no usable time: the run's start
+    ]
+    injected, refused, _ = (e["attributes"] for e in made)
+    assert injected == {
+        "orchestrator.egress.host": "api.example.com",
+        "orchestrator.egress.secret": "ANALYTICS_TOKEN",
+        "orchestrator.egress.place": "header:X-Api-Key",
+        "orchestrator.egress.count": 2,
+        "orchestrator.egress.agent": "manager",
+        "orchestrator.egress.step_number": 1,
+    }
+    assert refused["orchestrator.egress.reason"] == "secret_not_bound"
+    assert len(refused["orchestrator.egress.detail"]) == EGRESS_ATTRIBUTE_CHARS
+    assert not [k for k in refused if "forged" in k]
+    many = [{"type": "egress_blocked", "host": "h", "ts": 1.0}] * (MAX_EGRESS_EVENTS + 5)
+    assert len(egress_events(many, 0.0)) == MAX_EGRESS_EVENTS
+
+
 # ---- end to end on the real engine ---------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ headers on every response, the agent tree built from an event stream, and bad in
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import select
 import signal
@@ -220,3 +221,56 @@ def test_duration_bins_are_round_and_not_finer_than_a_tenth() -> None:
 
     assert nice_width(0.0042) == 0.1
     assert nice_width(0.23) == 0.5 and nice_width(1.7) == 2 and nice_width(30) == 50
+
+
+def test_a_run_page_shows_where_bound_secrets_went_and_what_was_refused(tmp_path):
+    """The interceptor's `secret_injected` and `secret_not_bound` events, as the host writes
+    them, on the run's page (names, hosts, places, agent and step; never a value)."""
+    from orchestrator.records.store import Store
+    from orchestrator.view.render import Links, render
+    from orchestrator.view.runs import load_run
+
+    store = Store(tmp_path)
+    record = store.create_run("r-secrets", status="succeeded", payload="secret_probe")
+    events = [
+        {
+            "type": "secret_injected",
+            "source": "interceptor",
+            "secret": "ANALYTICS_TOKEN",
+            "host": "api.example.com",
+            "place": "header:X-Api-Key",
+            "count": 3,
+            "first_ts": 1.0,
+            "agent": "manager",
+            "step_number": 1,
+        },
+        {
+            "type": "egress_blocked",
+            "source": "egress",
+            "verdict": "denied",
+            "reason": "secret_not_bound",
+            "secret": "ANALYTICS_TOKEN",
+            "host": "other.example.net",
+            "place": "query",
+            "detail": "other.example.net is not a host ANALYTICS_TOKEN is bound to",
+            "ts": 2.0,
+            "agent": "manager",
+            "step_number": 2,
+        },
+        {"type": "egress_blocked", "source": "egress", "host": "evil.example", "ts": 3.0},
+    ]
+    (record / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    view = load_run(store, "r-secrets")
+    assert view is not None
+    page = " ".join(render("run_body.html", Links(), run=view).split())
+    assert (
+        "[manager step 1] injected <code>ANALYTICS_TOKEN</code> <code>api.example.com</code> "
+        "header:X-Api-Key" in page
+    )
+    assert "3 requests" in page
+    assert (
+        "[manager step 2] refused <code>ANALYTICS_TOKEN</code> to <code>other.example.net</code> "
+        "query" in page
+    )
+    assert "secret_not_bound (other.example.net is not a host" in page
+    assert "blocked <code>evil.example</code>" in page  # squid's refusals as before

@@ -429,3 +429,38 @@ def test_pages_read_at_1400_px_without_a_click(browser, server: str, world: Worl
     wait_for(lambda: browser.execute_script("return document.body.dataset.ready"), timeout=10)
     heading = text(browser, "h1")
     assert heading.startswith("A batch-a (mock:scripted, scorer exact) vs B batch-b"), heading
+
+
+def test_run_page_shows_where_bound_secrets_went(
+    browser, server: str, world: World, docker_client, monkeypatch, tmp_path: Path
+):
+    """A bound-secret run (tests/test_secret_runs.py's probe, against its HTTPS server): the
+    page lists where the value was injected and what was refused, by secret, host and place,
+    and never holds the value."""
+    from orchestrator.backends.docker.interceptor import (
+        InterceptorRoute,
+        ensure_interceptor_image,
+    )
+    from orchestrator.backends.docker.sandbox import DockerBackend
+
+    from .https_upstream import https_upstream
+    from .model_server import docker_bridge_address
+    from .test_secret_runs import BOUND, OTHER, VALUE, probe
+
+    ensure_interceptor_image(docker_client, print)
+    monkeypatch.setenv("ANALYTICS_TOKEN", VALUE)
+    address = docker_bridge_address()
+    with https_upstream(tmp_path, [BOUND, OTHER], address=address) as (up, ca):
+        route = InterceptorRoute(f"http://{address}:{up.proxy_port}", ca.read_text())
+        backend = DockerBackend(docker_client, interceptor_route=route)
+        attempts = [{"url": f"https://{BOUND}/data"}, {"url": f"https://{OTHER}/header"}]
+        result = probe(backend, attempts)
+    assert result.status == "succeeded", result.error
+    load(browser, f"{server}/run/{result.run_id}")
+    assert text(browser, "#secrets-injected").startswith(
+        f"[manager step 1] injected ANALYTICS_TOKEN {BOUND} header:X-Api-Key 1 request, first "
+    )
+    refused = text(browser, "#egress")
+    assert f"refused ANALYTICS_TOKEN to {OTHER} header:X-Api-Key secret_not_bound" in refused
+    assert VALUE not in browser.page_source
+    shot(browser, "run-secrets")

@@ -196,9 +196,10 @@ class SecretsProxyHandle(ABC):
     run has bindings (`SandboxSpec.bindings`)."""
 
     @abstractmethod
-    def open(self, bound: tuple[BoundSecret, ...]) -> str:
+    def open(self, bound: tuple[BoundSecret, ...], passthrough: tuple[str, ...] = ()) -> str:
         """Hand the interceptor the bound secrets, values included (the sandbox holds only
-        their placeholders), and wait until it listens; returns the run's CA certificate
+        their placeholders), and the hosts whose TLS it relays unread (`passthrough`: no
+        secret is bound to one), and wait until it listens; returns the run's CA certificate
         (PEM), which the sandbox must trust. Call before `Sandbox.start`. Raises
         OrchestratorError when it will not start."""
 

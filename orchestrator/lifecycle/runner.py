@@ -313,6 +313,7 @@ class _Execution:
             isolation=result.sandbox,
             secrets_inside=list(prepared.secrets_inside),
             secrets_bound=[b.describe() for b in prepared.bindings],
+            passthrough=list(prepared.manifest.passthrough),
         )
         return sandbox
 
@@ -341,7 +342,7 @@ class _Execution:
                 raise RuntimeError(
                     f"the {self.backend.name} backend made no secret interceptor for the run"
                 )
-            trust_ca = sandbox.secrets_proxy.open(bound)
+            trust_ca = sandbox.secrets_proxy.open(bound, prepared.manifest.passthrough)
         api_base = sandbox.gateway.api_base if sandbox.gateway is not None else None
         request = build_request(prepared, api_base=api_base, trust_ca=trust_ca)
         sandbox.start(request, secrets)

@@ -47,6 +47,17 @@ BINDING = Field(
     ),
 )
 
+#: `[network] passthrough`: hosts (of `[network] hosts`) whose TLS a bound run's interceptor
+#: relays unread, for clients that pin certificates; checked with the bindings
+#: (`check_bindings`: on the allowlist, and no secret bound to one).
+#: Its names are checked there too, so that a bad one does not hide the allowlist.
+PASSTHROUGH_FIELD = Field(
+    list,
+    items=Field(str),
+    fix="Names or `*.` patterns of `[network] hosts` whose TLS a bound run's interceptor "
+    "relays unread (clients that pin certificates); no secret may be bound to one.",
+)
+
 #: The `bind` field of a manifest's `[secrets]`: secret names to their bindings, each checked
 #: by `check_bindings` (with the rest of the manifest: every problem of every binding at once).
 BIND_FIELD = Field(dict)
@@ -71,9 +82,11 @@ def check_bindings(
 ) -> tuple[SecretBinding, ...]:
     """The bindings of a manifest's `[secrets.bind]`, each checked against `BINDING` and
     against the rest of the manifest (a name not in `[secrets] required`, a host that
-    `[network] hosts` does not cover), every problem added to `problems`."""
+    `[network] hosts` does not cover or `[network] passthrough` relays unread), and the
+    passthrough hosts against the allowlist; every problem added to `problems`."""
     required = tuple(sections["secrets"].get("required", ()))
     allowlist = tuple(h.lower() for h in sections["network"].get("hosts", ()))
+    passthrough = passthrough_hosts(sections)
     bindings: list[SecretBinding] = []
     for name, table in sections["secrets"].get("bind", {}).items():
         where = f"secrets.bind.{name}"
@@ -96,12 +109,55 @@ def check_bindings(
         for place in ("hosts", "in"):
             if checked is not INVALID and checked.get(place) == []:
                 found.append(Problem(f"{where}.{place}", "is empty", _EMPTY_FIX[place]))
+        for host in hosts if isinstance(hosts, list) else ():
+            relayed = [
+                p for p in passthrough if not check_host_name(p) and _overlap(str(host).lower(), p)
+            ]
+            if isinstance(host, str) and relayed:
+                found.append(_relayed(f"{where}.hosts", host.lower(), relayed[0]))
         problems += found
         if not found:
             places = tuple(dict.fromkeys(checked.get("in", DEFAULT_PLACES)))
             bound = tuple(dict.fromkeys(h.lower() for h in checked["hosts"]))
             bindings.append(SecretBinding(name=name, hosts=bound, places=places))
+    for host in passthrough:
+        if bad := check_host_name(host):
+            problems.append(
+                Problem("network.passthrough", f"has an entry {host!r} that {bad}", HOST_NAME_HELP)
+            )
+        elif not host_covered(host, allowlist):
+            problems.append(
+                Problem(
+                    "network.passthrough",
+                    f"has an entry {host!r} that is not on the allowlist of `[network] hosts`",
+                    f"Add {host} to `[network] hosts`, or remove it from passthrough (a "
+                    "host the run may not reach needs no passthrough).",
+                )
+            )
     return tuple(bindings)
+
+
+def passthrough_hosts(sections: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    """`[network] passthrough`, lower case, once each (as checked by the schema)."""
+    raw = sections["network"].get("passthrough", ())
+    if not isinstance(raw, list):
+        return ()
+    return tuple(dict.fromkeys(h.lower() for h in raw if isinstance(h, str)))
+
+
+def _overlap(bound: str, relayed: str) -> bool:
+    """A name or pattern both lists can name (the interceptor refuses such a pair too)."""
+    return host_covered(bound, [relayed]) or host_covered(relayed, [bound])
+
+
+def _relayed(field: str, host: str, relayed: str) -> Problem:
+    return Problem(
+        field,
+        f"has an entry {host!r} whose TLS `[network] passthrough` relays unread "
+        f"({relayed!r}): the value could never be put in place there",
+        f"Remove {relayed} from `[network] passthrough` (its clients must then trust the "
+        "run's CA), or bind the secret to another host.",
+    )
 
 
 _EMPTY_FIX = {

@@ -26,7 +26,7 @@ from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_named
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
 from . import pysource
-from .binding import BIND_FIELD, SecretBinding, check_bindings
+from .binding import BIND_FIELD, PASSTHROUGH_FIELD, SecretBinding, check_bindings, passthrough_hosts
 from .payload import ShippedFile, payload_files, program_file
 from .program import (
     ModelUse,
@@ -114,6 +114,7 @@ SCHEMA = Table(
                     "hosts": Field(
                         list, items=Field(str, check=check_host_name, fix=HOST_NAME_HELP)
                     ),
+                    "passthrough": PASSTHROUGH_FIELD,
                 }
             ),
         ),
@@ -185,6 +186,9 @@ class Manifest:
     #: `[secrets.bind]`: secrets that go on the wire only to their hosts (binding.py).
     bindings: tuple[SecretBinding, ...] = ()
     hosts: tuple[str, ...] = ()
+    #: `[network] passthrough`: hosts whose TLS a bound run's interceptor relays unread
+    #: (clients that pin certificates); no secret is bound to one (binding.py).
+    passthrough: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     #: The limits the file sets itself (the others are built-in defaults): an agent keeps its
     #: own `max_steps` unless the manifest or the run's options set one.
@@ -467,6 +471,7 @@ def _manifest(
         authorized_imports=tuple(sections["python"].get("authorized_imports", ())),
         secrets=tuple(sections["secrets"].get("required", ())),
         hosts=tuple(h.lower() for h in sections["network"].get("hosts", ())),
+        passthrough=passthrough_hosts(sections),
         limits=Limits(**sections["limits"]),
         limits_set=tuple(sections["limits"]),
         mock_scripts=dict(sections["mock"].get("scripts", {})),

@@ -34,6 +34,26 @@ from .spans import FLAGS, place, span_id_of, trace_ids
 TRACE_FILE = "trace.json"
 #: How close (seconds) a gateway call must lie within a sandbox LLM span to be its call.
 MATCH_SLACK_SECONDS = 0.25
+#: The host's egress records that become events of the root span, and how many it keeps.
+EGRESS_EVENTS = ("egress_blocked", "egress_failed", "secret_injected")
+MAX_EGRESS_EVENTS = 200
+#: Each text attribute of one, cut: a refused host or Host header is the sandbox's to choose,
+#: and the root span stays small (at most about 1 MB of them).
+EGRESS_ATTRIBUTE_CHARS = 512
+#: Their fields that become the span event's attributes (`orchestrator.egress.FIELD`);
+#: never a value: the interceptor reports none.
+EGRESS_FIELDS = (
+    "host",
+    "port",
+    "reason",
+    "detail",
+    "secret",
+    "place",
+    "count",
+    "method",
+    "agent",
+    "step_number",
+)
 
 
 def trace_request(run_id: str, target: TraceTarget | None) -> dict[str, str]:
@@ -65,8 +85,35 @@ def ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def root_span(result: RunResult, context: RunContext, tokens: dict[str, Any]) -> dict[str, Any]:
-    """The run as the host saw it: the trace's root."""
+def egress_events(events: list[dict[str, Any]], started: float) -> list[dict[str, Any]]:
+    """What the run's egress proxies recorded, as events of the root span: squid's and the
+    interceptor's refusals (`egress_blocked`, `secret_not_bound` with the secret's name and
+    place), failures (`egress_failed`) and where each bound secret was injected
+    (`secret_injected`), the first `MAX_EGRESS_EVENTS`, each at its time."""
+    kept: list[dict[str, Any]] = []
+    for event in events:
+        if event.get("type") not in EGRESS_EVENTS or len(kept) >= MAX_EGRESS_EVENTS:
+            continue
+        at = event.get("first_ts", event.get("ts"))
+        attributes: dict[str, Any] = {}
+        for key in EGRESS_FIELDS:
+            value = event.get(key)
+            if isinstance(value, str):
+                attributes[f"orchestrator.egress.{key}"] = value[:EGRESS_ATTRIBUTE_CHARS]
+            elif isinstance(value, (int, float)) and not isinstance(value, bool):
+                attributes[f"orchestrator.egress.{key}"] = value
+        time_ = ns(float(at)) if isinstance(at, (int, float)) else ns(started)
+        kept.append({"name": str(event["type"]), "time": time_, "attributes": attributes})
+    return kept
+
+
+def root_span(
+    result: RunResult,
+    context: RunContext,
+    tokens: dict[str, Any],
+    events: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The run as the host saw it: the trace's root, with its egress records as events."""
     trace_id, root_id = trace_ids(result.run_id)
     timings = result.timings
     started = float(timings.get("created") or time.time())
@@ -114,7 +161,7 @@ def root_span(result: RunResult, context: RunContext, tokens: dict[str, Any]) ->
         "end_time": ns(ended),
         "status": {"code": "OK" if ok else "ERROR", "message": message},
         "attributes": attributes,
-        "events": [],
+        "events": egress_events(events or [], started),
         "source": "host",
     }
 
@@ -232,7 +279,7 @@ def assemble(
         tokens["source"] = "sandbox"
         host = []
     flags.update(place(sandbox, trace_id, root_id, {s["span_id"] for s in host}))
-    root = record.masker.clean(root_span(result, context, tokens))
+    root = record.masker.clean(root_span(result, context, tokens, record.events))
     return [root, *host, *sandbox], flags
 
 

@@ -30,6 +30,9 @@ class RunView:
     steps: int
     events: int
     egress_blocked: list[dict[str, Any]] = field(default_factory=list)
+    #: Where the interceptor put each bound secret's value (`secret_injected`: name, host,
+    #: place, requests; never a value), beside its refusals in `egress_blocked`.
+    secrets_injected: list[dict[str, Any]] = field(default_factory=list)
     host_tokens: dict[str, int] | None = None
     reported_tokens: dict[str, Any] = field(default_factory=dict)
     stderr: str = ""
@@ -170,6 +173,7 @@ def load_run(store: Store, run_id: str) -> RunView | None:
         egress_blocked=[e for e in events if e.get("type") in ("egress_blocked", "egress_failed")][
             :200
         ],
+        secrets_injected=[e for e in events if e.get("type") == "secret_injected"][:200],
         host_tokens=host_token_usage(result, events),
         reported_tokens=reported_token_usage(result),
         stderr=stderr,

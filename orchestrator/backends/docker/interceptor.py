@@ -397,13 +397,15 @@ class Interceptor(SecretsProxyHandle):
         """What the sandbox's proxy variables name: this interceptor on the run's network."""
         return f"http://{self.ip}:{INTERCEPTOR_PORT}"
 
-    def open(self, bound: tuple[BoundSecret, ...]) -> str:
+    def open(self, bound: tuple[BoundSecret, ...], passthrough: tuple[str, ...] = ()) -> str:
         """The run's bound secrets (values included) on its stdin, with its upstream (the
-        run's squid: the allowlist still applies to what it lets through); returns the run's
-        CA certificate once it listens. Raises InterceptorError when it will not."""
+        run's squid: the allowlist still applies to what it lets through) and the hosts
+        whose TLS it relays unread (`passthrough`); returns the run's CA certificate once it
+        listens. Raises InterceptorError when it will not."""
         config: dict[str, Any] = {
             "bindings": [b.interceptor_config() for b in bound],
             "upstream_proxy": self.upstream,
+            "passthrough": list(passthrough),
         }
         if self.upstream_ca_pem:
             config["upstream_ca_pem"] = self.upstream_ca_pem

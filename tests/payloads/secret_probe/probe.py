@@ -12,9 +12,14 @@ under /tmp), `ca` (the CA bundle the runtime made it trust) and `outcomes`, one 
 - `{"url", "header": NAME, "encode": "base64" | "percent"}`: the placeholder so encoded;
 - `{"url", "header": NAME, "host": HOST}`: with the Host header HOST (not the URL's);
 - `{"url", "plain": true}`: GET without the placeholder;
+- `"client": "requests" | "httpx" | "urllib"` (any of the above; urllib: headers only):
+  the client that makes it (requests by default), each with its own proxy and CA settings;
+- `{"url", "header": NAME, "pin": PEM}`: urllib with an SSL context that trusts only the
+  CA `PEM` (the server's own, as a client that pins certificates);
 - `{"sleep": SECONDS}`: wait (the tests that kill the interceptor mid-run).
 
-Each outcome: `status`, `body` (the response's text, cut) or `error`.
+Each outcome: `status`, `body` (the response's text, cut) and `version` (the HTTP version,
+httpx's), or `error`.
 
 The JSON comes back reversed: the record masks what the sandbox holds (the runtime masks
 the placeholder) and the value (the host masks it), in every encoding the maskers know; the
@@ -26,10 +31,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import ssl
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
+import httpx
 import requests
 from smolagents import CodeAgent, tool
 
@@ -88,11 +97,42 @@ def _attempt(attempt: dict[str, Any]) -> dict[str, Any]:
         options["headers"] = {attempt.get("header", "X-Api-Key"): value}
         if attempt.get("host"):
             options["headers"]["Host"] = attempt["host"]
+    client = "urllib" if attempt.get("pin") else attempt.get("client", "requests")
     try:
-        response = requests.request(method, attempt["url"], **options)
-    except requests.RequestException as exc:
+        return _SEND[client](method, attempt, options)
+    except (requests.RequestException, httpx.HTTPError, OSError) as exc:
         return {"status": None, "error": f"{type(exc).__name__}: {exc}"[:500]}
+
+
+def _requests(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    response = requests.request(method, attempt["url"], **options)
     return {"status": response.status_code, "body": response.text[:4000]}
+
+
+def _httpx(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """httpx as it comes (its proxy from the environment, its CAs from SSL_CERT_FILE)."""
+    response = httpx.request(method, attempt["url"], **options)
+    return {
+        "status": response.status_code,
+        "body": response.text[:4000],
+        "version": response.http_version,
+    }
+
+
+def _urllib(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """urllib (its proxy from the environment); with `pin`, trusting only that CA."""
+    context = ssl.create_default_context(cadata=attempt["pin"]) if attempt.get("pin") else None
+    request = urllib.request.Request(
+        attempt["url"], method=method, headers=options.get("headers") or {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20, context=context) as response:
+            return {"status": response.status, "body": response.read(4000).decode("latin-1")}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, "body": exc.read(4000).decode("latin-1")}
+
+
+_SEND = {"requests": _requests, "httpx": _httpx, "urllib": _urllib}
 
 
 def _encoded(text: str, how: str | None) -> str:
