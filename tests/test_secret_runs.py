@@ -12,6 +12,7 @@ without the seam.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,7 +257,7 @@ def test_requests_httpx_and_urllib_get_the_value_and_a_pinning_client_fails_clos
 ) -> None:
     """Acceptance 5: requests, httpx and urllib, each with its own proxy and CA settings,
     get the value put on the wire for the bound host (and refused elsewhere); httpx speaks
-    HTTP/1.1 (the agent image has no `h2`, so no HTTP/2 from the sandbox). A client that
+    HTTP/1.1 here (the agent image has no `h2`; HTTP/2: the test below). A client that
     trusts only the server's own CA (as one that pins certificates) fails closed: nothing
     arrives, and the record says the client refused the interception's certificate. The
     viewer's page and the run's trace (root span events) show where the value went and
@@ -357,3 +358,36 @@ def test_a_passthrough_host_is_relayed_unread_and_recorded(
     assert created["passthrough"] == [OTHER]
     (failed,) = [e for e in events if e["type"] == "egress_failed"]
     assert failed["host"] == BOUND
+
+
+def test_httpx_over_http2_gets_the_value_through_the_interception(
+    agent_image: str,
+    interceptor_image: str,
+    token: str,
+    upstream: tuple[Upstream, DockerBackend],
+    nothing_left: None,
+    tmp_path: Path,
+) -> None:
+    """Acceptance 5, HTTP/2: the probe with `h2` in its requirements (a payload image adds it)
+    speaks HTTP/2 to the interceptor, which puts the value into the bound host's header (and
+    on to the upstream, which speaks HTTP/1.1) and refuses the placeholder elsewhere."""
+    server, backend = upstream
+    payload = tmp_path / "secret_probe_h2"
+    shutil.copytree(PROBE, payload)
+    manifest = payload / "manifest.toml"
+    manifest.write_text(
+        manifest.read_text().replace("[python]\n", '[python]\nrequirements = ["h2"]\n', 1)
+    )
+    attempts = [
+        {"url": f"https://{BOUND}/h2", "client": "httpx2"},
+        {"url": f"https://{OTHER}/h2", "client": "httpx2"},
+    ]
+    spec = RunSpec(payload=payload, additional_args={"attempts": json.dumps(attempts)})
+    seen = found(run(spec, backend=backend))
+    bound, other = seen["outcomes"]
+    assert (bound["status"], bound["version"]) == (200, "HTTP/2"), bound
+    assert seen["env"] in bound["body"] and VALUE not in bound["body"]
+    assert (other["status"], other["version"]) == (403, "HTTP/2"), other
+    # HTTP/2 names its headers in lower case, and so they go on upstream.
+    arrived = {r["path"]: r["headers"].get("x-api-key") for r in server.requests}
+    assert arrived == {"/h2": VALUE}

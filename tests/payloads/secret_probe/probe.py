@@ -12,8 +12,9 @@ under /tmp), `ca` (the CA bundle the runtime made it trust) and `outcomes`, one 
 - `{"url", "header": NAME, "encode": "base64" | "percent"}`: the placeholder so encoded;
 - `{"url", "header": NAME, "host": HOST}`: with the Host header HOST (not the URL's);
 - `{"url", "plain": true}`: GET without the placeholder;
-- `"client": "requests" | "httpx" | "urllib"` (any of the above; urllib: headers only):
-  the client that makes it (requests by default), each with its own proxy and CA settings;
+- `"client": "requests" | "httpx" | "httpx2" | "urllib"` (any of the above; urllib: headers
+  only): the client that makes it (requests by default), each with its own proxy and CA
+  settings; httpx2 offers HTTP/2 (it needs `h2` in the payload's requirements);
 - `{"url", "header": NAME, "pin": PEM}`: urllib with an SSL context that trusts only the
   CA `PEM` (the server's own, as a client that pins certificates);
 - `{"sleep": SECONDS}`: wait (the tests that kill the interceptor mid-run).
@@ -119,6 +120,17 @@ def _httpx(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dic
     }
 
 
+def _httpx2(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """httpx offering HTTP/2 (needs `h2`, which the agent image lacks: a payload image adds it)."""
+    with httpx.Client(http2=True) as client:
+        response = client.request(method, attempt["url"], **options)
+    return {
+        "status": response.status_code,
+        "body": response.text[:4000],
+        "version": response.http_version,
+    }
+
+
 def _urllib(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """urllib (its proxy from the environment); with `pin`, trusting only that CA."""
     context = ssl.create_default_context(cadata=attempt["pin"]) if attempt.get("pin") else None
@@ -132,7 +144,7 @@ def _urllib(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> di
         return {"status": exc.code, "body": exc.read(4000).decode("latin-1")}
 
 
-_SEND = {"requests": _requests, "httpx": _httpx, "urllib": _urllib}
+_SEND = {"requests": _requests, "httpx": _httpx, "httpx2": _httpx2, "urllib": _urllib}
 
 
 def _encoded(text: str, how: str | None) -> str:
