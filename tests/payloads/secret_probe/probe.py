@@ -112,18 +112,16 @@ def _requests(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> 
 
 def _httpx(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """httpx as it comes (its proxy from the environment, its CAs from SSL_CERT_FILE)."""
-    response = httpx.request(method, attempt["url"], **options)
-    return {
-        "status": response.status_code,
-        "body": response.text[:4000],
-        "version": response.http_version,
-    }
+    return _httpx_outcome(httpx.request(method, attempt["url"], **options))
 
 
 def _httpx2(method: str, attempt: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
     """httpx offering HTTP/2 (needs `h2`, which the agent image lacks: a payload image adds it)."""
     with httpx.Client(http2=True) as client:
-        response = client.request(method, attempt["url"], **options)
+        return _httpx_outcome(client.request(method, attempt["url"], **options))
+
+
+def _httpx_outcome(response: httpx.Response) -> dict[str, Any]:
     return {
         "status": response.status_code,
         "body": response.text[:4000],
