@@ -67,7 +67,7 @@ def backend_entries() -> dict[str, BackendEntry]:
     package cannot replace a built-in name: a plugin must not silently take over `docker`).
     Reads every installed distribution's entry points (15 ms of CPU in a large environment),
     once per process: `backend_entry` spares it a run on a built-in backend."""
-    found = {entry.name: entry for entry in _BUILT_IN}
+    found = dict(_BY_NAME)
     for point in entry_points(group=ENTRY_POINT_GROUP):
         if point.name in found:
             continue
