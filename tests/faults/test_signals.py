@@ -121,8 +121,11 @@ def interrupted_starting_python(code: int, err: str) -> bool:
     """The KeyboardInterrupt came while the interpreter was still starting (site's `.pth`
     hooks importing, on a loaded machine up to several hundred ms), before the `-c` program's
     first line: Python exits 1 there, not by SIGINT, and no frame of the program (`<string>`)
-    is in the traceback. Nothing can have been made; the checks below would see it if it had."""
-    return code == 1 and ended_by_ctrl_c(err) and 'File "<string>"' not in err
+    is in the traceback. A `.pth` line that `site` runs shows as `<string>` too, so Python's
+    own "Failed to import the site module" settles it. Nothing can have been made; the checks
+    below would see it if it had."""
+    starting = "init_import_site" in err or 'File "<string>"' not in err
+    return code == 1 and ended_by_ctrl_c(err) and starting
 
 
 def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
