@@ -4,6 +4,7 @@ only the container's limits stand in their way)."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import signal
 import sys
@@ -21,8 +22,12 @@ def misbehave(mode: str) -> str:
             (fork until the process limit stops it), "outlive" (attack the container's
             deadline keeper, then try to outlive it), "flood" (print 64 KiB lines to stderr
             for a minute), "longline-N" (print one line of N MiB, then a newline),
-            "block-K" (one write of a K KiB line to stderr), or "ok" (do nothing).
+            "block-K" (one write of a K KiB line to stderr), "hog" (keep four processes
+            busy for 3 s, then fill /tmp until refused), or "ok" (do nothing).
     """
+    if mode == "hog":
+        spin(processes=4, seconds=3.0)
+        return fill("/tmp")
     if mode.startswith("block-"):
         sys.stderr.write("z" * (int(mode.split("-", 1)[1]) * 1024) + "\n")
         return "written"
@@ -66,6 +71,35 @@ def misbehave(mode: str) -> str:
                         time.sleep(0.2)
             children += 1
     return "ok"
+
+
+def spin(processes: int, seconds: float) -> None:
+    """Keep `processes` processes on the CPU for `seconds` (wall clock), then reap them."""
+    children = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                pass
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+def fill(folder: str) -> str:
+    """Write 1 MiB blocks into `folder` until a write is refused; say how far it got."""
+    written = 0
+    try:
+        with open(os.path.join(folder, "fill"), "wb") as out:
+            while written < 2**20:  # MiB: a bound, never reached under any tmpfs_mb
+                out.write(b"\x01" * 2**20)
+                out.flush()
+                written += 1
+    except OSError as exc:
+        return f"{folder} refused after {written} MiB: {errno.errorcode.get(exc.errno)}"
+    return f"{folder} took {written} MiB"
 
 
 PTRACE_ATTACH = 16
