@@ -146,6 +146,9 @@ def check_requested(runtime: str, runtimes: EngineRuntimes) -> None:
         runtimes.prefetch()
 
 
+#: What the record says holds the sandbox to its `pids` processes, on each runtime.
+PIDS_BY_CGROUP = "the pids cgroup"
+PIDS_BY_GVISOR = "RLIMIT_NPROC in gVisor's kernel"
 #: What the record says of a gVisor sandbox whose runsc was registered without OCI_SECCOMP.
 NO_FILTER_IN_GVISOR = "none: runsc registered without --oci-seccomp (run setup-gvisor.sh again)"
 
@@ -181,7 +184,13 @@ class Placement:
             seccomp = NO_FILTER_IN_GVISOR
         else:
             seccomp = PROFILE_NAME if self.runtime == "runc" else GVISOR_PROFILE_NAME
-        found = {"runtime": self.runtime, "seccomp": seccomp, "requested": self.requested}
+        pids = PIDS_BY_CGROUP if self.runtime == "runc" else PIDS_BY_GVISOR
+        found = {
+            "runtime": self.runtime,
+            "seccomp": seccomp,
+            "pids": pids,
+            "requested": self.requested,
+        }
         if self.engine_runtime != self.runtime:
             found["engine_runtime"] = self.engine_runtime
         return found
