@@ -3,9 +3,11 @@ only the container's limits stand in their way)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
+import resource
 import signal
 import sys
 import time
@@ -19,11 +21,12 @@ def misbehave(mode: str) -> str:
 
     Args:
         mode: "sleep" (sleep for a minute), "memory" (allocate until killed), "forkbomb"
-            (fork until the process limit stops it), "outlive" (attack the container's
-            deadline keeper, then try to outlive it), "flood" (print 64 KiB lines to stderr
-            for a minute), "longline-N" (print one line of N MiB, then a newline),
-            "block-K" (one write of a K KiB line to stderr), "hog" (keep four processes
-            busy for 3 s, then fill /tmp until refused), or "ok" (do nothing).
+            (lift the process limit where it can, then fork until the limit stops it),
+            "outlive" (attack the container's deadline keeper, then try to outlive it),
+            "flood" (print 64 KiB lines to stderr for a minute), "longline-N" (print one
+            line of N MiB, then a newline), "block-K" (one write of a K KiB line to
+            stderr), "hog" (keep four processes busy for 3 s, then fill /tmp until
+            refused), or "ok" (do nothing).
     """
     if mode == "hog":
         spin(processes=4, seconds=3.0)
@@ -57,6 +60,10 @@ def misbehave(mode: str) -> str:
         while True:
             hoard.append(b"\x01" * (16 * 2**20))  # filled, so the pages are really used
     if mode == "forkbomb":
+        # First lift every process limit the sandbox's own process could lift.
+        for both in ((resource.RLIM_INFINITY,) * 2, (resource.getrlimit(NPROC)[1],) * 2):
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(NPROC, both)
         children = 0
         while True:
             try:
@@ -103,6 +110,7 @@ def fill(folder: str) -> str:
 
 
 PTRACE_ATTACH = 16
+NPROC = resource.RLIMIT_NPROC
 
 
 def attack_pid1() -> str:
