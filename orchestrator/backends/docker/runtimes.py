@@ -53,11 +53,11 @@ RUNC = "runc"
 #: that runs it). Measured with a fork bomb held by RLIMIT_NPROC (at most, over a run):
 #: 16 processes 230 host threads, 32 631, 48 1167, 64 1969; with fewer, gVisor itself dies
 #: (exit 2) before the sandbox meets its own limit. Hence 512 + pids**2 / 2, at most
-#: GVISOR_HOST_THREADS_MAX: memory stops a bomb long before that (each gVisor process costs
-#: about 20 MiB, see docs/guides/kernel.md), and one sandbox never takes more of the host's
-#: threads.
+#: GVISOR_HOST_THREADS_MAX: one sandbox never takes more of the host's threads (an eighth of
+#: a kernel's default pid_max, 32768; room for about 80 busy processes), and memory stops a
+#: bomb well before (each gVisor process costs about 20 MiB, see docs/guides/kernel.md).
 GVISOR_HOST_THREADS = 512
-GVISOR_HOST_THREADS_MAX = 8192
+GVISOR_HOST_THREADS_MAX = 4096
 #: The runsc flag that makes gVisor apply the OCI seccomp filter inside the sandbox (without
 #: it the engine's `seccomp=` option is accepted and silently has no effect).
 OCI_SECCOMP = "--oci-seccomp"
