@@ -393,10 +393,11 @@ def test_host_measured_tokens_match_the_servers_own_counts(
 
 @pytest.mark.gvisor
 @pytest.mark.docker
-def test_a_budget_of_n_calls_stops_the_run_at_call_n_plus_one(
+def test_budgets_of_calls_and_of_tokens_stop_the_run(
     agent_image: str, model_key: str, nothing_left: None
 ) -> None:
-    """Acceptance 3, through the command line (flag, exit code, record)."""
+    """Acceptance 3, through the command line (flag, exit code, record); then the token
+    budget, the gateway's other limit, through the API."""
     steps = [code(f"print('step {i}')") for i in range(4)] + [code("final_answer('done')")]
     with ScriptedModelServer(steps) as server:
         done = cli(
@@ -420,6 +421,18 @@ def test_a_budget_of_n_calls_stops_the_run_at_call_n_plus_one(
     assert result["gateway"]["max_model_calls"] == 2 and result["gateway"]["calls"] == 2
     events = [json.loads(x) for x in (Path(result["record_dir"]) / "events.jsonl").open()]
     assert any(e["type"] == "budget_exceeded" and e["source"] == "gateway" for e in events)
+
+    # The token budget: the call that crosses it completes, the next is refused.
+    with ScriptedModelServer(steps) as server:
+        spent = run(
+            RunSpec(
+                payload=PROBE, model="openai:scripted", api_base=server.api_base(), max_tokens=1
+            )
+        )
+        calls = len(server.requests)
+    assert spent.status == "failed" and spent.error, (spent.status, spent.error)
+    assert spent.error["type"] == "budget_exceeded" and "max_tokens = 1" in spent.error["message"]
+    assert calls == 1
 
 
 def _gateway_of(docker_client, run_id: str) -> dict[str, Any] | None:

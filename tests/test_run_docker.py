@@ -12,11 +12,13 @@ import threading
 import time
 from pathlib import Path
 
+import docker
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.spec import Limits
 
 from .conftest import (
     EXAMPLES,
@@ -214,20 +216,70 @@ def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
 
 
 @pytest.mark.gvisor
-def test_fork_bomb_is_contained(agent_image: str, sandbox_runtime: str, no_leftovers) -> None:
+def test_fork_bomb_is_refused(agent_image: str, no_leftovers) -> None:
+    """The process limit refuses a fork bomb's extra fork, and the run goes on to the tool's
+    answer, on runc (the pids cgroup) and on gVisor (RLIMIT_NPROC in gVisor's kernel) alike.
+    Memory enough for 64 processes on gVisor, where each costs about 20 MiB, so that what
+    stops the bomb is the process limit; and gVisor's own threads must not run out first."""
     spec = RunSpec(
-        payload=ADVERSARY, additional_args={"mode": "forkbomb"}, pids=64, timeout_seconds=60
+        payload=ADVERSARY,
+        additional_args={"mode": "forkbomb"},
+        pids=64,
+        memory_mb=2048,
+        timeout_seconds=60,
     )
     result = run(spec)
-    if sandbox_runtime == "runsc" and result.status == "oom_killed":
-        # gVisor's processes cost more memory each: the bomb may meet the memory limit
-        # (256 MiB) before the process limit. Contained either way, and reported as such.
-        assert result.oom_killed and result.timings["duration"] < 60
-        return
-    assert result.status == "succeeded", result.error
+    assert result.status == "succeeded", (result.status, result.error)
     assert str(result.answer).startswith("fork refused after")
     children = int(str(result.answer).rsplit("after ", 1)[1].split()[0])
     assert children < 64
+
+
+@pytest.mark.gvisor
+def test_cpu_and_tmpfs_limits_hold(
+    agent_image: str, docker_client, store_label: str, no_leftovers
+) -> None:
+    """One run, four busy processes under `cpus=0.5`: the kernel throttles the sandbox's
+    cgroup (gVisor's own threads included), as the engine's stats say; then writing /tmp past
+    `tmpfs_mb` (the default's, 256 MiB: not a run option) is refused with ENOSPC. Under
+    gVisor the sandbox's own count of its CPU time is gVisor's, so the host's is read."""
+    tmpfs_mb = Limits().tmpfs_mb
+    spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "hog"}, cpus=0.5, memory_mb=1024)
+    thread, cancel, box = _run_in_thread(spec)
+    try:
+        container = wait_for(lambda: our_containers(docker_client, store_label), timeout=120)[0]
+        assert (
+            docker_client.api.inspect_container(container["Id"])["HostConfig"]["NanoCpus"]
+            == 5 * 10**8
+        )
+
+        def throttled() -> int:
+            try:
+                stats = docker_client.api.stats(container["Id"], stream=False, one_shot=True)
+            except docker.errors.NotFound:
+                raise AssertionError("the run ended, its sandbox never throttled") from None
+            return int(stats["cpu_stats"].get("throttling_data", {}).get("throttled_periods", 0))
+
+        assert wait_for(throttled, timeout=60, interval=0.5) > 0
+    except BaseException:
+        cancel.set()
+        raise
+    finally:
+        thread.join(timeout=120)
+    result = box["result"]
+    assert result.status == "succeeded", (result.status, result.error)
+    written, refusal = str(result.answer).removeprefix("/tmp refused after ").split(" MiB: ")
+    assert refusal == "ENOSPC" and tmpfs_mb - 8 <= int(written) <= tmpfs_mb, result.answer
+
+
+@pytest.mark.gvisor
+def test_max_steps_ends_the_run(agent_image: str, no_leftovers) -> None:
+    """An agent that has not answered after `max_steps` steps is stopped there."""
+    result = run(RunSpec(payload=TEST_PAYLOADS / "forbidden_import", max_steps=1))
+    assert result.status == "failed", (result.status, result.error)
+    assert result.error and result.error["type"] == "AgentMaxStepsError", result.error
+    ran = [e for e in events_of(result) if e["type"] == "step" and e.get("code")]
+    assert [s["step_number"] for s in ran] == [1], ran  # the script holds three
 
 
 def _start_cli_run(tmp_path: Path) -> subprocess.Popen:

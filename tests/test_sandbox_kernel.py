@@ -19,6 +19,8 @@ from orchestrator import RunSpec, Store, run
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.runtimes import (
     NO_FILTER_IN_GVISOR,
+    PIDS_BY_CGROUP,
+    PIDS_BY_GVISOR,
     RUNSC,
     RUNSC_NET,
     SETUP_SCRIPT,
@@ -120,6 +122,7 @@ def test_the_probe_meets_the_runtimes_kernel(
         assert result.sandbox == {
             "runtime": "runsc",
             "seccomp": GVISOR_PROFILE_NAME,
+            "pids": PIDS_BY_GVISOR,
             "requested": "runsc",
         }
         assert seen["host"]["Runtime"] == RUNSC  # no network: gVisor's --network=none
@@ -129,6 +132,7 @@ def test_the_probe_meets_the_runtimes_kernel(
         assert result.sandbox == {
             "runtime": "runc",
             "seccomp": PROFILE_NAME,
+            "pids": PIDS_BY_CGROUP,
             "requested": sandbox_runtime,
         }
         assert seen["host"]["Runtime"] == "runc"
@@ -167,7 +171,12 @@ def test_auto_without_gvisor_runs_on_runc_and_says_so(agent_image: str, no_lefto
     backend.runtimes = NoGvisor(backend.client)
     result = run(RunSpec(payload=KERNEL_PROBE, sandbox_runtime="auto"), backend=backend)
     assert result.status == "succeeded", result.error
-    assert result.sandbox == {"runtime": "runc", "seccomp": PROFILE_NAME, "requested": "auto"}
+    assert result.sandbox == {
+        "runtime": "runc",
+        "seccomp": PROFILE_NAME,
+        "pids": PIDS_BY_CGROUP,
+        "requested": "auto",
+    }
     assert json.loads(result.answer)["io_uring_setup"]["errno"] == "EPERM"
 
 
@@ -193,7 +202,10 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     result = json.loads(done.stdout)
     assert result["sandbox"]["runtime"] == "runsc" and result["sandbox"]["requested"] == "auto"
     shown = cli("runs", "show", result["run_id"])
-    said = f"sandbox runtime: runsc: gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}; asked for auto"
+    said = (
+        f"sandbox runtime: runsc: gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}, processes "
+        f"limited by {PIDS_BY_GVISOR}; asked for auto"
+    )
     assert said in shown.stdout, shown.stdout
     viewer = start_cli("view", "--port", "0")
     try:
@@ -206,7 +218,7 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
         os.killpg(viewer.pid, signal.SIGINT)
         viewer.wait(10)
     assert 'id="sandbox-runtime">runsc' in page
-    assert f"gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}; asked for auto" in page
+    assert f"seccomp {GVISOR_PROFILE_NAME}, processes limited by {PIDS_BY_GVISOR}; asked" in page
 
 
 def test_a_batch_asking_for_runsc_without_gvisor_stops_before_its_first_task(

@@ -47,13 +47,16 @@ STOP_REQUEST = "stop-requested"
 
 def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     """A run's sandbox runtime as `runs show` says it (`RunResult.sandbox`): `runsc: gVisor's
-    kernel, seccomp orchestrator-...; asked for auto`, `runc: the host's kernel, seccomp
-    orchestrator-...; asked for runc`; None when the backend did not say."""
+    kernel, seccomp orchestrator-..., processes limited by RLIMIT_NPROC in gVisor's kernel;
+    asked for auto`, `runc: the host's kernel, seccomp orchestrator-..., processes limited by
+    the pids cgroup; asked for runc`; None when the backend did not say."""
     if not isolation or not isolation.get("runtime"):
         return None
     runtime = str(isolation["runtime"])
     kernel = "gVisor's kernel" if runtime == "runsc" else "the host's kernel"
     kernel = f"{kernel}, seccomp {isolation.get('seccomp') or 'none'}"
+    if isolation.get("pids"):
+        kernel = f"{kernel}, processes limited by {isolation['pids']}"
     asked = f"; asked for {isolation['requested']}" if isolation.get("requested") else ""
     return f"{runtime}: {kernel}{asked}"
 

@@ -39,17 +39,36 @@ from .seccomp import (
 RUNSC, RUNSC_NET = "runsc", "runsc-net"
 #: The engine's default runtime (with our seccomp profile).
 RUNC = "runc"
-#: Under gVisor, the container's pids cgroup holds gVisor's own host threads (the sentry's Go
-#: threads, which grow with blocking network calls, and the gofer's), not the sandbox's
-#: processes: a sandbox's 64 would starve gVisor itself ("failed to create new OS thread",
-#: exit 2). The sandbox's processes are limited inside gVisor (RLIMIT_NPROC, which gVisor
-#: enforces for its tasks); the cgroup gets this many more for gVisor.
+#: Under gVisor, the sandbox's processes are held to the run's `pids` by gVisor's kernel:
+#: RLIMIT_NPROC, which it enforces per user at clone (EAGAIN past the soft limit without
+#: CAP_SYS_ADMIN or CAP_SYS_RESOURCE). The engine sets it, soft = hard, before the sandbox
+#: starts: the sandbox user (non-root, no capabilities) can lower it, never raise it. The
+#: container's pids cgroup cannot do it there: it counts gVisor's own host threads, not the
+#: sandbox's processes.
+#:
+#: The cgroup stays, as a bound on gVisor's host threads, with room for them: about 512 at
+#: rest and under blocking network calls (fewer starved a networked sandbox, "failed to create
+#: new OS thread", exit 2), and, on this runsc's ptrace platform, stub threads that grow with
+#: the square of the sandbox's live processes (each address space gets one per sentry thread
+#: that runs it). Measured with a fork bomb held by RLIMIT_NPROC (at most, over a run):
+#: 16 processes 230 host threads, 32 631, 48 1167, 64 1969; with fewer, gVisor itself dies
+#: (exit 2) before the sandbox meets its own limit. Hence 512 + pids**2 / 2, at most
+#: GVISOR_HOST_THREADS_MAX: one sandbox never takes more of the host's threads (an eighth of
+#: a kernel's default pid_max, 32768; room for about 80 busy processes), and memory stops a
+#: bomb well before (each gVisor process costs about 20 MiB, see docs/guides/kernel.md).
 GVISOR_HOST_THREADS = 512
+GVISOR_HOST_THREADS_MAX = 4096
 #: The runsc flag that makes gVisor apply the OCI seccomp filter inside the sandbox (without
 #: it the engine's `seccomp=` option is accepted and silently has no effect).
 OCI_SECCOMP = "--oci-seccomp"
 #: The set-up step a run that asks for runsc names when the engine lacks it.
 SETUP_SCRIPT = Path(__file__).with_name("setup-gvisor.sh")
+
+
+def gvisor_pids_limit(pids: int) -> int:
+    """The pids cgroup of a gVisor sandbox held to `pids` processes: room for gVisor's own
+    host threads as they grow with them (see GVISOR_HOST_THREADS)."""
+    return pids + min(GVISOR_HOST_THREADS + pids * pids // 2, GVISOR_HOST_THREADS_MAX)
 
 
 class EngineRuntimes:
@@ -127,6 +146,9 @@ def check_requested(runtime: str, runtimes: EngineRuntimes) -> None:
         runtimes.prefetch()
 
 
+#: What the record says holds the sandbox to its `pids` processes, on each runtime.
+PIDS_BY_CGROUP = "the pids cgroup"
+PIDS_BY_GVISOR = "RLIMIT_NPROC in gVisor's kernel"
 #: What the record says of a gVisor sandbox whose runsc was registered without OCI_SECCOMP.
 NO_FILTER_IN_GVISOR = "none: runsc registered without --oci-seccomp (run setup-gvisor.sh again)"
 
@@ -154,7 +176,7 @@ class Placement:
         sandbox to `pids` processes (see GVISOR_HOST_THREADS)."""
         if self.runtime == "runc":
             return pids, []
-        return pids + GVISOR_HOST_THREADS, [Ulimit(name="nproc", soft=pids, hard=pids)]
+        return gvisor_pids_limit(pids), [Ulimit(name="nproc", soft=pids, hard=pids)]
 
     def isolation(self) -> dict[str, str]:
         """What the run record says (`Sandbox.isolation`)."""
@@ -162,7 +184,13 @@ class Placement:
             seccomp = NO_FILTER_IN_GVISOR
         else:
             seccomp = PROFILE_NAME if self.runtime == "runc" else GVISOR_PROFILE_NAME
-        found = {"runtime": self.runtime, "seccomp": seccomp, "requested": self.requested}
+        pids = PIDS_BY_CGROUP if self.runtime == "runc" else PIDS_BY_GVISOR
+        found = {
+            "runtime": self.runtime,
+            "seccomp": seccomp,
+            "pids": pids,
+            "requested": self.requested,
+        }
         if self.engine_runtime != self.runtime:
             found["engine_runtime"] = self.engine_runtime
         return found

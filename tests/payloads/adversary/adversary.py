@@ -3,8 +3,11 @@ only the container's limits stand in their way)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import errno
 import os
+import resource
 import signal
 import sys
 import time
@@ -18,11 +21,16 @@ def misbehave(mode: str) -> str:
 
     Args:
         mode: "sleep" (sleep for a minute), "memory" (allocate until killed), "forkbomb"
-            (fork until the process limit stops it), "outlive" (attack the container's
-            deadline keeper, then try to outlive it), "flood" (print 64 KiB lines to stderr
-            for a minute), "longline-N" (print one line of N MiB, then a newline),
-            "block-K" (one write of a K KiB line to stderr), or "ok" (do nothing).
+            (lift the process limit where it can, then fork until the limit stops it),
+            "outlive" (attack the container's deadline keeper, then try to outlive it),
+            "flood" (print 64 KiB lines to stderr for a minute), "longline-N" (print one
+            line of N MiB, then a newline), "block-K" (one write of a K KiB line to
+            stderr), "hog" (keep four processes busy for 3 s, then fill /tmp until
+            refused), or "ok" (do nothing).
     """
+    if mode == "hog":
+        spin(processes=4, seconds=3.0)
+        return fill("/tmp")
     if mode.startswith("block-"):
         sys.stderr.write("z" * (int(mode.split("-", 1)[1]) * 1024) + "\n")
         return "written"
@@ -52,6 +60,10 @@ def misbehave(mode: str) -> str:
         while True:
             hoard.append(b"\x01" * (16 * 2**20))  # filled, so the pages are really used
     if mode == "forkbomb":
+        # First lift every process limit the sandbox's own process could lift.
+        for both in ((resource.RLIM_INFINITY,) * 2, (resource.getrlimit(NPROC)[1],) * 2):
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(NPROC, both)
         children = 0
         while True:
             try:
@@ -68,7 +80,37 @@ def misbehave(mode: str) -> str:
     return "ok"
 
 
+def spin(processes: int, seconds: float) -> None:
+    """Keep `processes` processes on the CPU for `seconds` (wall clock), then reap them."""
+    children = []
+    for _ in range(processes):
+        pid = os.fork()
+        if pid == 0:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until:
+                pass
+            os._exit(0)
+        children.append(pid)
+    for pid in children:
+        os.waitpid(pid, 0)
+
+
+def fill(folder: str) -> str:
+    """Write 1 MiB blocks into `folder` until a write is refused; say how far it got."""
+    written = 0
+    try:
+        with open(os.path.join(folder, "fill"), "wb") as out:
+            while written < 2**20:  # MiB: a bound, never reached under any tmpfs_mb
+                out.write(b"\x01" * 2**20)
+                out.flush()
+                written += 1
+    except OSError as exc:
+        return f"{folder} refused after {written} MiB: {errno.errorcode.get(exc.errno)}"
+    return f"{folder} took {written} MiB"
+
+
 PTRACE_ATTACH = 16
+NPROC = resource.RLIMIT_NPROC
 
 
 def attack_pid1() -> str:
