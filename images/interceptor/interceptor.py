@@ -444,6 +444,10 @@ async def serve(config: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    # mitmproxy's import (most of its start-up) needs nothing of the run: done before the
+    # configuration arrives, it overlaps the sandbox's own start instead of following it.
+    from mitmproxy.tools.dump import DumpMaster  # noqa: F401
+
     config = json.loads(sys.stdin.readline())  # one line: an attached stdin stays open
     sys.stdin.close()
     asyncio.run(serve(config))
