@@ -37,7 +37,7 @@ SLEEPER = TEST_PAYLOADS / "sleeper"
 MATH = TEST_PAYLOADS / "batch_math"
 SECRET = "warm-s3cr3t-Never-Before-The-Run-9917"
 #: Entrypoint words that differ by design: the keeper's deadline arguments.
-KEEPER_ARGS = {"--deadline-at", "--idle-until", "--run-seconds"}
+KEEPER_ARGS = {"--deadline-at", "--idle-until", "--restorable-idle", "--run-seconds"}
 
 
 def _hardening(info: dict) -> dict:

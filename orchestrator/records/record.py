@@ -48,14 +48,17 @@ STOP_REQUEST = "stop-requested"
 def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     """A run's sandbox runtime as `runs show` says it (`RunResult.sandbox`): `runsc: gVisor's
     kernel, seccomp orchestrator-...; asked for auto`, `runc: the host's kernel, seccomp
-    orchestrator-...; asked for runc`; None when the backend did not say."""
+    orchestrator-...; asked for runc`, and `; restored from snapshot ID` for a sandbox that
+    started from one; None when the backend did not say."""
     if not isolation or not isolation.get("runtime"):
         return None
     runtime = str(isolation["runtime"])
     kernel = "gVisor's kernel" if runtime == "runsc" else "the host's kernel"
     kernel = f"{kernel}, seccomp {isolation.get('seccomp') or 'none'}"
     asked = f"; asked for {isolation['requested']}" if isolation.get("requested") else ""
-    return f"{runtime}: {kernel}{asked}"
+    snapshot = isolation.get("snapshot")
+    restored = f"; restored from snapshot {snapshot}" if snapshot else ""
+    return f"{runtime}: {kernel}{asked}{restored}"
 
 
 def agent_max_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
