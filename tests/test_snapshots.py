@@ -179,3 +179,25 @@ def test_a_restored_run_stops_at_its_time_limit_and_is_removed(
     assert result.status == "timed_out", result.error
     assert took < 30, took
     assert not no_leftovers()
+
+
+def test_only_whole_snapshots_are_listed_each_with_its_image() -> None:
+    """A snapshot's folder counts once its metadata is written (made in a `.partial` folder
+    and renamed); `images list` shows it with the image it was made of."""
+    from orchestrator.backends.docker.prune import KIND_SNAPSHOT, snapshot_row
+
+    root = snapshots.snapshots_root()
+    whole, half = root / "0123456789abcdef", root / "fedcba9876543210"
+    for folder in (whole, half):
+        (folder / "checkpoint").mkdir(parents=True)
+    meta = {"image": "orchestrator-agent:x", "created": 1.0e9, "size": 11 << 20}
+    (whole / snapshots.META_FILE).write_text(json.dumps(meta))
+    try:
+        found = snapshots.list_snapshots()
+        assert [s.id for s in found] == [whole.name]
+        row = snapshot_row(found[0])
+        assert (row["kind"], row["image"], row["size"]) == (KIND_SNAPSHOT, meta["image"], 11 << 20)
+        assert row["tag"] == f"snapshot:{whole.name}"
+    finally:
+        for folder in (whole, half):
+            snapshots.remove(snapshots.Snapshot(folder.name, folder, {}))
