@@ -183,12 +183,13 @@ def find(snapshot: str) -> Snapshot | None:
 
 
 def list_snapshots() -> list[Snapshot]:
-    """Every complete snapshot of this state directory (a folder without its metadata file
-    is one still being made, or one a crash left half made)."""
+    """Every complete snapshot of this state directory (one being made is in a `.partial`
+    folder until it is whole; a crash may leave one there)."""
     root = snapshots_root()
     if not root.is_dir():
         return []
-    found = [find(path.name) for path in sorted(root.iterdir()) if path.is_dir()]
+    folders = [p for p in sorted(root.iterdir()) if p.is_dir() and "." not in p.name]
+    found = [find(path.name) for path in folders]
     return [snapshot for snapshot in found if snapshot is not None]
 
 
