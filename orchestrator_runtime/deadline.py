@@ -234,12 +234,15 @@ def main(argv: list[str]) -> None:
         info = signal.sigtimedwait(WATCHED, remaining)
         if info is None:
             continue
-        if info.si_signo != signal.SIGCHLD:
+        if info.si_signo in FORWARDED:
             try:
                 os.kill(child, info.si_signo)
             except ProcessLookupError:
                 pass
             continue
+        # SIGCHLD, or no signal we know: gVisor's sigtimedwait, when the wait it was in is
+        # restored from a checkpoint, returns a number that is no signal. Reaping with
+        # WNOHANG is harmless then, and a child's end is never missed.
         while True:  # reap every child that has ended, ours last
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

@@ -6,7 +6,9 @@ restores need gVisor with the engine's experimental mode (`docker checkpoint`)."
 from __future__ import annotations
 
 import json
+import struct
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -161,10 +163,33 @@ def test_two_runs_restored_from_one_snapshot_share_nothing(
     assert held_first["urandom"] != held_second["urandom"]
     assert not [name for name in held_second["seen_in_tmp"] if name.startswith("mark-")]
     found = snapshots.find(snapshot)
-    assert found is not None and any(found.checkpoint.iterdir())
-    for needle in ("snap-s3cret-FIRST-4411", "snap-s3cret-SECOND-9025", first.run_id):
+    assert found is not None
+    held = checkpoint_bytes(found.checkpoint)
+    assert b"smolagents" in held  # the process's memory, readable
+    for needle in ("snap-s3cret-FIRST-4411", "snap-s3cret-SECOND-9025", "SNAP_SECRET"):
+        assert needle.encode() not in held, needle
         assert not files_holding(needle, found.folder), needle
-    assert not files_holding(second.run_id, found.folder)
+    for run_id in (first.run_id, second.run_id):
+        assert run_id.encode() not in held, run_id
+
+
+def checkpoint_bytes(folder: Path) -> bytes:
+    """Everything a gVisor checkpoint holds (kernel state and memory), uncompressed: each
+    file is runsc's state file, `gVisorSF`, an 8-byte metadata length, the metadata (JSON),
+    its 32-byte HMAC, the chunk size (4 bytes), then chunks of a 4-byte length and raw
+    deflate data. Searched compressed, a secret would never be found."""
+    held = []
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        assert data[:8] == b"gVisorSF", path
+        at = 16 + struct.unpack(">Q", data[8:16])[0] + 32 + 4
+        while at < len(data):
+            size = struct.unpack(">I", data[at : at + 4])[0]
+            chunk = zlib.decompressobj(-15)
+            held.append(chunk.decompress(data[at + 4 : at + 4 + size]))
+            assert chunk.eof, f"{path}: a chunk at {at} is not whole deflate data"
+            at += 4 + size
+    return b"".join(held)
 
 
 @pytest.mark.gvisor
@@ -193,11 +218,49 @@ def test_only_whole_snapshots_are_listed_each_with_its_image() -> None:
     meta = {"image": "orchestrator-agent:x", "created": 1.0e9, "size": 11 << 20}
     (whole / snapshots.META_FILE).write_text(json.dumps(meta))
     try:
-        found = snapshots.list_snapshots()
-        assert [s.id for s in found] == [whole.name]
-        row = snapshot_row(found[0])
+        found = {s.id: s for s in snapshots.list_snapshots()}  # the session's others too
+        assert whole.name in found and half.name not in found
+        row = snapshot_row(found[whole.name])
         assert (row["kind"], row["image"], row["size"]) == (KIND_SNAPSHOT, meta["image"], 11 << 20)
         assert row["tag"] == f"snapshot:{whole.name}"
     finally:
         for folder in (whole, half):
             snapshots.remove(snapshots.Snapshot(folder.name, folder, {}))
+
+
+@pytest.mark.gvisor
+def test_a_restored_sandbox_stops_by_itself_when_no_host_watches(
+    agent_image: str, checkpoints: None, tmp_path: Path, no_leftovers
+) -> None:
+    """The keeper restored with the runtime holds the run's deadline alone (as if every
+    orchestrator process had died after the start): time limit + grace after the request
+    was read, exit 124."""
+    from orchestrator.backends.docker.deadline import GRACE_SECONDS
+    from orchestrator.lifecycle.prepared import prepare
+    from orchestrator.lifecycle.request import build_request, sandbox_spec
+    from orchestrator_runtime.deadline import DEADLINE_EXIT_CODE
+
+    program = tmp_path / "probe.py"
+    program.write_text(PROBE)
+    (tmp_path / "s.env").write_text("SNAP_SECRET=snap-s3cret-ALONE-5150\n")
+    spec = RunSpec(
+        payload=program,
+        sandbox_runtime="runsc",
+        network="none",
+        env_file=tmp_path / "s.env",
+        program_args=("120",),
+        timeout_seconds=1,
+    )
+    prepared = prepare(spec)
+    backend = DockerBackend()
+    sandbox = backend.create(sandbox_spec(prepared, agent_image), lambda _: None)
+    try:
+        assert sandbox.restored_from
+        sandbox.start(build_request(prepared), dict(prepared.secrets))
+        started = time.monotonic()
+        ended = sandbox.wait(timeout=60)  # nobody supervises it
+        took = time.monotonic() - started
+    finally:
+        sandbox.remove()
+    assert ended.exit_code == DEADLINE_EXIT_CODE, ended
+    assert 1 + GRACE_SECONDS - 1 < took < 1 + GRACE_SECONDS + 5, took
