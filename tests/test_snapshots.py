@@ -264,3 +264,29 @@ def test_a_restored_sandbox_stops_by_itself_when_no_host_watches(
         sandbox.remove()
     assert ended.exit_code == DEADLINE_EXIT_CODE, ended
     assert 1 + GRACE_SECONDS - 1 < took < 1 + GRACE_SECONDS + 5, took
+
+
+@pytest.mark.gvisor
+def test_a_failed_restore_starts_the_run_cold_and_says_so_once(
+    agent_image: str,
+    checkpoints: None,
+    tmp_path: Path,
+    no_leftovers,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A snapshot the engine cannot restore (its state file cut short) costs the run
+    nothing but its speed: it starts cold, the command says so once, and the broken
+    snapshot is removed so that the next run makes a good one."""
+    made, _ = probe_run(tmp_path, "snap-s3cret-MADE-1212")
+    snapshot = snapshots.find(made.sandbox["snapshot"])
+    assert snapshot is not None
+    for state_file in snapshot.checkpoint.iterdir():
+        state_file.write_bytes(state_file.read_bytes()[:4096])
+    snapshots._said_once.clear()
+    capsys.readouterr()
+    cold, held = probe_run(tmp_path, "snap-s3cret-COLD-3434")
+    assert cold.status == "succeeded", (cold.error, cold.output)
+    assert "snapshot" not in cold.sandbox and held
+    said = [line for line in capsys.readouterr().err.splitlines() if "start cold" in line]
+    assert len(said) == 1 and "could not be restored" in said[0], said
+    assert snapshots.find(snapshot.id) is None

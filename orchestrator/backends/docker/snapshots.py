@@ -264,6 +264,7 @@ class Snapshots:
             if not isinstance(exc, docker.errors.APIError | OSError | RuntimeError):
                 raise
             say_cold_once(f"a sandbox could not be restored from {key} ({explained(exc)})")
+            remove(snapshot)  # the next run makes it again rather than fail the same way
             return None
         sandbox.restored_from = key
         sandbox.isolation = {**sandbox.isolation, "snapshot": key}
@@ -298,7 +299,14 @@ class Snapshots:
         image_id = self._image_ids.get(spec.image)
         if image_id is None:
             image_id = self._image_ids[spec.image] = self.api.inspect_image(spec.image)["Id"]
-        runtime = (self.info().get("Runtimes") or {}).get(placement.engine_runtime) or {}
+        info = self.info()
+        runtime = dict((info.get("Runtimes") or {}).get(placement.engine_runtime) or {})
+        # The engine and the kernel it runs on, and the runsc binary itself (an upgrade
+        # keeps its path): a checkpoint restores only into the gVisor that made it.
+        runtime["engine"] = [info.get("ServerVersion"), info.get("KernelVersion")]
+        with contextlib.suppress(OSError):
+            binary = os.stat(str(runtime.get("path") or ""))
+            runtime["binary"] = [binary.st_size, binary.st_mtime_ns]
         return snapshot_id(image_id, runtime, config)
 
     def make(self, snapshot: str, maker: Maker, meta: dict[str, Any]) -> Snapshot:
