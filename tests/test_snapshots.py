@@ -20,7 +20,7 @@ from orchestrator.backends.docker.runtimes import RUNC, RUNSC, RUNSC_NET, Placem
 from orchestrator.spec import Limits, NetworkPolicy
 from orchestrator_runtime.deadline import FROZEN_AFTER, IDLE_SLICE, Deadline
 
-from .conftest import files_holding
+from .conftest import cli, files_holding
 
 #: A program that says what its sandbox holds that another run's could have left or shared:
 #: its random state, fresh entropy, what is in /tmp (it leaves a file there, holding its
@@ -171,6 +171,10 @@ def test_two_runs_restored_from_one_snapshot_share_nothing(
         assert not files_holding(needle, found.folder), needle
     for run_id in (first.run_id, second.run_id):
         assert run_id.encode() not in held, run_id
+    listed = json.loads(cli("images", "list", "--json").stdout)
+    assert {"tag": f"snapshot:{snapshot}", "image": agent_image} in [
+        {"tag": row["tag"], "image": row.get("image")} for row in listed
+    ]
 
 
 def checkpoint_bytes(folder: Path) -> bytes:
