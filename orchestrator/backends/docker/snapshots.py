@@ -194,7 +194,9 @@ def list_snapshots() -> list[Snapshot]:
 
 
 def remove(snapshot: Snapshot) -> None:
+    """The snapshot's folder and its lock file; gone already is fine."""
     shutil.rmtree(snapshot.folder, ignore_errors=True)
+    snapshot.folder.with_name(f"{snapshot.id}.lock").unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -322,15 +324,17 @@ class Snapshots:
             maker.wait_idle(MAKER_READY_TIMEOUT)
             self._checkpoint(maker.id)
             source = self._checkpoints_of(maker.id) / CHECKPOINT_NAME
-            partial = folder.with_name(f"{snapshot}.partial")
+            partial = folder.with_name(f"{snapshot}.{os.getpid()}.partial")
             shutil.rmtree(partial, ignore_errors=True)
             shutil.copytree(source, partial / "checkpoint")
             size = sum(p.stat().st_size for p in partial.rglob("*") if p.is_file())
             took = round(time.monotonic() - started, 3)
             meta = {**meta, "id": snapshot, "created": time.time(), "size": size, "took": took}
             (partial / META_FILE).write_text(json.dumps(meta, indent=2))
-            shutil.rmtree(folder, ignore_errors=True)
-            partial.rename(folder)
+            if find(snapshot) is None:  # else another process made it meanwhile: keep theirs
+                shutil.rmtree(folder, ignore_errors=True)
+                partial.rename(folder)
+            shutil.rmtree(partial, ignore_errors=True)
         finally:
             maker.remove_sandbox_only()
         found = find(snapshot)
