@@ -271,19 +271,26 @@ def test_a_restored_sandbox_stops_by_itself_when_no_host_watches(
 
 
 @pytest.mark.gvisor
-def test_a_failed_restore_starts_the_run_cold_and_says_so_once(
+def test_an_old_snapshot_restores_and_a_broken_one_starts_the_run_cold(
     agent_image: str,
     checkpoints: None,
     tmp_path: Path,
     no_leftovers,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A snapshot the engine cannot restore (its state file cut short) costs the run
-    nothing but its speed: it starts cold, the command says so once, and the broken
-    snapshot is removed so that the next run makes a good one."""
+    """An old snapshot restores (its keeper, frozen past the end of its last wait, wakes
+    late: what every snapshot older than a few seconds does). One the engine cannot restore
+    (its state file cut short) costs the run nothing but its speed: it starts cold, the
+    command says so once, and the broken snapshot is removed so that the next run makes a
+    good one."""
     made, _ = probe_run(tmp_path, "snap-s3cret-MADE-1212")
     snapshot = snapshots.find(made.sandbox["snapshot"])
     assert snapshot is not None
+    while time.time() - snapshot.meta["created"] < IDLE_SLICE + FROZEN_AFTER + 1:
+        time.sleep(0.2)  # until the keeper's wait in the snapshot has long ended
+    old, _ = probe_run(tmp_path, "snap-s3cret-OLD-5656")
+    assert old.status == "succeeded", (old.error, old.output)
+    assert old.sandbox.get("snapshot") == snapshot.id
     for state_file in snapshot.checkpoint.iterdir():
         state_file.write_bytes(state_file.read_bytes()[:4096])
     snapshots._said_once.clear()
