@@ -28,6 +28,7 @@ from typing import Any
 
 from .deadline import KEEPER_FD_ENV
 from .events import EventStream, write_result
+from .idle import await_restore, start_deadline
 from .masking import Masker
 from .payload import PayloadError, load_manager, payload_root, write_payload
 from .protocol import (
@@ -408,25 +409,6 @@ def preload(names: list[str] | None = None) -> None:
         gc.enable()
 
 
-def start_deadline() -> None:
-    """Tell the keeper (pooled sandboxes only) that the run has begun: its deadline becomes
-    the run's. One byte, once; the pipe is closed before any payload code exists."""
-    fd_text = os.environ.pop(KEEPER_FD_ENV, None)
-    if fd_text is None:
-        return
-    try:
-        fd = int(fd_text)
-    except ValueError:
-        return
-    try:
-        os.write(fd, b"1")
-    except OSError:
-        pass  # the keeper keeps its idle deadline, which is earlier
-    finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Read the request, then run it in a child process whose events this one relays
     (relay.py): the payload never holds the host's event channel."""
@@ -441,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(READY_LINE)
         sys.stderr.flush()
     try:
+        await_restore()  # a snapshot's runtime is checkpointed here
         raw = read_request(argv)
     except (OSError, RequestError) as exc:
         start_deadline()

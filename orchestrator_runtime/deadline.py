@@ -2,6 +2,7 @@
 
     python3 -I -S deadline.py --deadline-at EPOCH -- COMMAND [ARG...]
     python3 -I -S deadline.py --idle-until EPOCH --run-seconds S -- COMMAND [ARG...]
+    python3 -I -S deadline.py --restorable-idle R --run-seconds S -- COMMAND [ARG...]
 
 It starts COMMAND as its only child and is its init: it reaps every process, forwards
 SIGTERM/SIGINT/SIGHUP/SIGQUIT to COMMAND, and exits with COMMAND's exit status. At EPOCH
@@ -16,6 +17,15 @@ container at EPOCH (the pool's time-to-live) unless a message comes first. The f
 (the only one read) turns the deadline into now + S, once; the runtime sends it when it has
 read its whole request and closes the pipe before any payload code exists, so payload code
 can never extend anything. The pipe closed without a message leaves the idle deadline.
+
+A sandbox made to be snapshotted (`--restorable-idle`, gVisor only) is idle in the same way,
+with two differences. Its idle deadline is R seconds from now, not an absolute time, because
+the process is checkpointed and restored into new containers long after: a keeper that finds
+itself woken much later than it asked (FROZEN_AFTER) was frozen in between, so it is a new
+container restored from the snapshot, and its idle time starts again. It wakes every
+IDLE_SLICE seconds while idle to notice that (and only while idle: the run's deadline is
+never moved again). And it tells COMMAND it may be restored (`$ORCHESTRATOR_RESTORABLE`), so
+that the runtime waits for the host's word that it was, and reseeds what clones share.
 A thread blocks on the pipe while the main thread waits for signals until the deadline, so an
 idle sandbox wakes for nothing (under gVisor every wake-up costs CPU the running tasks need).
 
@@ -41,6 +51,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 #: Exit status when the deadline ended the container (as coreutils' `timeout`).
 DEADLINE_EXIT_CODE = 124
@@ -51,6 +62,16 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 WATCHED = {signal.SIGCHLD, *FORWARDED}
 #: The environment variable naming the write end of the keeper's pipe (idle mode only).
 KEEPER_FD_ENV = "ORCHESTRATOR_KEEPER_FD"
+#: Set ("1") in COMMAND's environment by a keeper started with `--restorable-idle`.
+RESTORABLE_ENV = "ORCHESTRATOR_RESTORABLE"
+#: While a restorable keeper is idle it wakes this often (seconds), so that a restore is
+#: noticed soon after it; a wake costs microseconds, and the idle phase of a restored
+#: sandbox lasts until its request is read (well under a second).
+IDLE_SLICE = 5.0
+#: A wake this much later (seconds) than asked means the process was frozen in between: a
+#: checkpoint restored (gVisor moves a restored sandbox's monotonic clock on by the real time
+#: that passed). A loaded host delays a wake by milliseconds, not seconds.
+FROZEN_AFTER = 5.0
 
 
 def fail(message: str) -> None:
@@ -70,7 +91,8 @@ def say_without_blocking(message: str) -> None:
 
 USAGE = (
     "usage: deadline.py --deadline-at EPOCH -- COMMAND [ARG...] | "
-    "--idle-until EPOCH --run-seconds S -- COMMAND [ARG...]"
+    "--idle-until EPOCH --run-seconds S -- COMMAND [ARG...] | "
+    "--restorable-idle R --run-seconds S -- COMMAND [ARG...]"
 )
 
 
@@ -82,20 +104,26 @@ def number(flag: str, text: str) -> float:
         raise  # not reached: fail() exits
 
 
-def parse(argv: list[str]) -> tuple[float, float | None, list[str]]:
-    """(EPOCH, run seconds or None for a plain deadline, COMMAND)."""
+def parse(argv: list[str]) -> tuple[float, float | None, list[str], bool]:
+    """(EPOCH, run seconds or None for a plain deadline, COMMAND, restorable); a restorable
+    keeper's EPOCH is now + R."""
     if len(argv) >= 4 and argv[0] == "--deadline-at" and argv[2] == "--":
-        return number(argv[0], argv[1]), None, argv[3:]
+        return number(argv[0], argv[1]), None, argv[3:], False
     if (
         len(argv) >= 6
-        and argv[0] == "--idle-until"
+        and argv[0] in ("--idle-until", "--restorable-idle")
         and argv[2] == "--run-seconds"
         and argv[4] == "--"
     ):
         run_seconds = number(argv[2], argv[3])
         if not run_seconds > 0:
             fail(f"--run-seconds {argv[3]!r} must be positive")
-        return number(argv[0], argv[1]), run_seconds, argv[5:]
+        idle = number(argv[0], argv[1])
+        if argv[0] == "--idle-until":
+            return idle, run_seconds, argv[5:], False
+        if not idle > 0:
+            fail(f"--restorable-idle {argv[1]!r} must be positive")
+        return time.time() + idle, run_seconds, argv[5:], True
     fail(USAGE)
     raise SystemExit(USAGE_EXIT_CODE)  # not reached
 
@@ -114,10 +142,43 @@ def exit_status(status: int) -> int:
 
 
 class Deadline:
-    """The monotonic deadline, moved at most once by the first byte on the idle pipe."""
+    """The monotonic deadline, moved at most once by the first byte on the idle pipe; a
+    restorable one's idle deadline also starts again after a restore (`wait_time`)."""
 
-    def __init__(self, at: float) -> None:
+    def __init__(
+        self,
+        at: float,
+        restorable_idle: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.at = at
+        self.running = False  # set by the first byte on the idle pipe
+        self.restorable_idle = restorable_idle
+        self.clock = clock
+        self.woken_by = clock()  # when the current wait was meant to end
+        self.lock = threading.Lock()  # the pipe's thread and the main thread both move `at`
+
+    def wait_time(self) -> float:
+        """How long to wait now (<= 0: the deadline passed). A restorable keeper still idle
+        waits in IDLE_SLICE steps, and one woken more than FROZEN_AFTER past the end of its
+        last wait was restored from a snapshot: its idle time starts again from now."""
+        with self.lock:
+            now = self.clock()
+            remaining = self.at - now
+            if self.restorable_idle is None or self.running:
+                return remaining
+            if now - self.woken_by > FROZEN_AFTER:
+                self.at = now + self.restorable_idle
+                remaining = self.restorable_idle
+            wait = min(remaining, IDLE_SLICE)
+            self.woken_by = now + wait
+            return wait
+
+    def begin_run(self, run_seconds: float) -> None:
+        """The run has begun: the deadline is `run_seconds` from now, and never moves again."""
+        with self.lock:
+            self.at = self.clock() + run_seconds
+            self.running = True
 
     def watch(self, wake: int, run_seconds: float) -> None:
         """Wait on `wake` in a thread of its own: its first byte sets the deadline to now +
@@ -128,7 +189,7 @@ class Deadline:
         def wait() -> None:
             try:
                 if os.read(wake, 1):
-                    self.at = time.monotonic() + run_seconds
+                    self.begin_run(run_seconds)
                     signal.pthread_kill(main_thread, signal.SIGCHLD)
             finally:
                 os.close(wake)
@@ -137,16 +198,19 @@ class Deadline:
 
 
 def main(argv: list[str]) -> None:
-    deadline_at, run_seconds, command = parse(argv)
+    deadline_at, run_seconds, command, restorable = parse(argv)
     if os.getpid() != 1:
         fail("must run as PID 1 of the container (without --init), or the deadline is not safe")
     make_undumpable()
-    deadline = Deadline(time.monotonic() + (deadline_at - time.time()))
+    idle_seconds = deadline_at - time.time()
+    deadline = Deadline(time.monotonic() + idle_seconds, idle_seconds if restorable else None)
     wake = -1  # idle mode: the read end of the pipe whose first byte starts the run
     if run_seconds is not None:
         wake, handed = os.pipe()
         os.set_inheritable(handed, True)
         os.environ[KEEPER_FD_ENV] = str(handed)
+    if restorable:
+        os.environ[RESTORABLE_ENV] = "1"
     signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
     child = os.fork()
     if child == 0:
@@ -160,21 +224,25 @@ def main(argv: list[str]) -> None:
     if wake >= 0 and run_seconds is not None:
         os.close(handed)
         os.environ.pop(KEEPER_FD_ENV, None)
+        os.environ.pop(RESTORABLE_ENV, None)
         deadline.watch(wake, run_seconds)  # the thread starts with WATCHED blocked, as here
     while True:
-        remaining = deadline.at - time.monotonic()
+        remaining = deadline.wait_time()
         if remaining <= 0:
             say_without_blocking("the sandbox's deadline passed; stopping it")
             os._exit(DEADLINE_EXIT_CODE)
         info = signal.sigtimedwait(WATCHED, remaining)
         if info is None:
             continue
-        if info.si_signo != signal.SIGCHLD:
+        if info.si_signo in FORWARDED:
             try:
                 os.kill(child, info.si_signo)
             except ProcessLookupError:
                 pass
             continue
+        # SIGCHLD, or no signal we know: gVisor's sigtimedwait, when the wait it was in is
+        # restored from a checkpoint, returns a number that is no signal. Reaping with
+        # WNOHANG is harmless then, and a child's end is never missed.
         while True:  # reap every child that has ended, ours last
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)

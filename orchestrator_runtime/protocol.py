@@ -182,6 +182,11 @@ MAX_ATTRIBUTE_CHARS = 32 * 1024
 #: for its request (never on stdout: that is the event channel, and its frames start at 0).
 READY_LINE = "orchestrator_runtime: ready for a request\n"
 
+#: The first line the host writes on the stdin of a sandbox restored from a snapshot (its
+#: runtime was checkpointed waiting for it, `RESTORABLE_ENV` set by the keeper), before the
+#: request: the runtime then reseeds what every clone of the snapshot shares.
+RESTORED_LINE = "orchestrator: restored from a snapshot\n"
+
 #: Set to "1" in the environment of a pooled sandbox's runtime whose idle lifetime is kept
 #: from outside (E2B: the sandbox's own timeout) rather than by the deadline keeper, whose
 #: pipe otherwise says the sandbox is pooled: the runtime then writes READY_LINE too.

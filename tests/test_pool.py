@@ -37,7 +37,7 @@ SLEEPER = TEST_PAYLOADS / "sleeper"
 MATH = TEST_PAYLOADS / "batch_math"
 SECRET = "warm-s3cr3t-Never-Before-The-Run-9917"
 #: Entrypoint words that differ by design: the keeper's deadline arguments.
-KEEPER_ARGS = {"--deadline-at", "--idle-until", "--run-seconds"}
+KEEPER_ARGS = {"--deadline-at", "--idle-until", "--restorable-idle", "--run-seconds"}
 
 
 def _hardening(info: dict) -> dict:
@@ -74,7 +74,9 @@ def test_warm_sandbox_is_hardened_exactly_like_a_cold_one(
     try:
         cold_info = docker_client.api.inspect_container(cold.id)
         warm_info = docker_client.api.inspect_container(warm.id)
-        assert warm_info["State"]["Running"] and not cold_info["State"]["Running"]
+        assert warm_info["State"]["Running"]
+        # Created, not started; unless restored from a snapshot (gVisor, `none`): running.
+        assert cold_info["State"]["Running"] == bool(cold.restored_from)
         assert warm_info["Config"]["Labels"][LABEL_WARM] == "true"
         assert warm_info["Config"]["Labels"][LABEL_RUN_ID] == warm_prepared.run_id
         cold_fields, warm_fields = _hardening(cold_info), _hardening(warm_info)

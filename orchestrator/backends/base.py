@@ -270,8 +270,9 @@ class Sandbox(ABC):
     #: None otherwise.
     secrets_proxy: SecretsProxyHandle | None = None
     #: What isolates the sandbox from the host, for the run record: its `runtime` (the
-    #: kernel its system calls reach), what filters them (`seccomp`) and what holds it to its
-    #: process limit (`pids`); empty when the backend does not say.
+    #: kernel its system calls reach), what filters them (`seccomp`), what holds it to its
+    #: process limit (`pids`) and, for a sandbox restored from a snapshot, its id
+    #: (`snapshot`); empty when the backend does not say.
     isolation: dict[str, str] = {}  # read-only default; set per instance
 
     @abstractmethod

@@ -49,7 +49,8 @@ def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     """A run's sandbox runtime as `runs show` says it (`RunResult.sandbox`): `runsc: gVisor's
     kernel, seccomp orchestrator-..., processes limited by RLIMIT_NPROC in gVisor's kernel;
     asked for auto`, `runc: the host's kernel, seccomp orchestrator-..., processes limited by
-    the pids cgroup; asked for runc`; None when the backend did not say."""
+    the pids cgroup; asked for runc`, and `; restored from snapshot ID` for a sandbox that
+    started from one; None when the backend did not say."""
     if not isolation or not isolation.get("runtime"):
         return None
     runtime = str(isolation["runtime"])
@@ -58,7 +59,9 @@ def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     if isolation.get("pids"):
         kernel = f"{kernel}, processes limited by {isolation['pids']}"
     asked = f"; asked for {isolation['requested']}" if isolation.get("requested") else ""
-    return f"{runtime}: {kernel}{asked}"
+    snapshot = isolation.get("snapshot")
+    restored = f"; restored from snapshot {snapshot}" if snapshot else ""
+    return f"{runtime}: {kernel}{asked}{restored}"
 
 
 def agent_max_steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

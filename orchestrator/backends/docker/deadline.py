@@ -56,6 +56,28 @@ def idle_kept(
     ]
 
 
+def restorable_kept(
+    keeper: tuple[str, str], idle_seconds: float, run_seconds: float, command: list[str]
+) -> list[str]:
+    """`command` under the keeper of a sandbox made to be snapshotted (snapshots.py): it
+    stops `idle_seconds` after it starts, or after it is restored, unless a run takes it
+    first, and then `run_seconds` after the run read its request. No time of day in it, so
+    every run of the same shape has the same command line, and restores the same snapshot."""
+    python, script = keeper
+    return [
+        python,
+        "-I",
+        "-S",
+        script,
+        "--restorable-idle",
+        f"{idle_seconds:.3f}",
+        "--run-seconds",
+        f"{run_seconds:.3f}",
+        "--",
+        *command,
+    ]
+
+
 def run_seconds(limits: Limits) -> float:
     """How long a pooled sandbox may run once taken: the time limit and the grace period."""
     return limits.timeout_seconds + GRACE_SECONDS

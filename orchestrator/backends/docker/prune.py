@@ -1,4 +1,5 @@
-"""Listing and pruning the orchestrator's Docker images."""
+"""Listing and pruning the orchestrator's Docker images, and the gVisor snapshots made of
+them (snapshots.py: kept in this state directory, each pruned with its image)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from ...images.imagedef import Progress, report
 from ...labels import LABEL_KIND
 from .base_image import BASE_IMAGE, KIND_BASE
 from .egress import EGRESS_IMAGE, KIND_EGRESS_IMAGE, plan_egress_image
+from .engine import inspect_image
 from .images import (
     AGENT_IMAGE,
     KIND_AGENT,
@@ -20,6 +22,9 @@ from .images import (
     plan_agent_image,
 )
 from .interceptor import INTERCEPTOR_IMAGE, KIND_INTERCEPTOR_IMAGE, plan_interceptor_image
+from .snapshots import Snapshot, list_snapshots
+from .snapshots import find as find_snapshot
+from .snapshots import remove as remove_snapshot
 
 #: The repositories our images are tagged in. An image built FROM one of ours inherits its
 #: labels; its name tells it apart (another project's image is not ours to list or prune).
@@ -32,6 +37,10 @@ REPOSITORIES = {
 }
 #: The kinds of image listed and pruned.
 KINDS = (KIND_AGENT, KIND_PAYLOAD, KIND_EGRESS_IMAGE, KIND_INTERCEPTOR_IMAGE, KIND_BASE)
+#: The kind of a gVisor snapshot's row; its `tag` is `snapshot:<id>`, its `image` the image
+#: it was made of.
+KIND_SNAPSHOT = "gvisor-snapshot"
+SNAPSHOT_TAG = "snapshot:"
 
 
 def _tags(image: dict[str, Any]) -> list[str]:
@@ -73,8 +82,24 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
                     "labels": image.get("Labels") or {},
                 }
             )
+    rows += [snapshot_row(snapshot) for snapshot in list_snapshots()]
     rows.sort(key=lambda row: row["created"], reverse=True)
     return rows
+
+
+def snapshot_row(snapshot: Snapshot) -> dict[str, Any]:
+    """A snapshot as `list_images` lists it (in use: never, each run restores a copy)."""
+    created = float(snapshot.meta.get("created") or 0)
+    return {
+        "tag": f"{SNAPSHOT_TAG}{snapshot.id}",
+        "id": snapshot.id,
+        "kind": KIND_SNAPSHOT,
+        "created": datetime.fromtimestamp(created, timezone.utc).isoformat(),
+        "size": int(snapshot.meta.get("size") or 0),
+        "in_use": False,
+        "labels": {},
+        "image": snapshot.meta.get("image"),
+    }
 
 
 def dangling_images(client: docker.DockerClient) -> list[str]:
@@ -99,6 +124,7 @@ def prune_images(
 ) -> list[str]:
     """Remove the orchestrator's images other than the current ones; returns what went.
 
+    A gVisor snapshot (this state directory's) goes unless its image is a current one.
     Current: the agent image the configured base would get now (working that out may
     resolve the base and the wheelhouse), its base, the payload images built on it, the
     egress image of that base, and the interceptor image of its trixie base (when that base
@@ -118,6 +144,7 @@ def prune_images(
         if interceptor is not None:
             keep.add(interceptor.tag)
     order = {
+        KIND_SNAPSHOT: -1,
         KIND_PAYLOAD: 0,
         KIND_AGENT: 1,
         KIND_EGRESS_IMAGE: 1,
@@ -129,6 +156,15 @@ def prune_images(
         if row["tag"] in keep or row["in_use"]:
             continue
         if row["kind"] == KIND_BASE and not include_base:
+            continue
+        if row["kind"] == KIND_SNAPSHOT:
+            if row["image"] in keep and inspect_image(client, row["image"]) is not None:
+                continue  # a snapshot of a current image is current
+            found = find_snapshot(row["id"])
+            if not dry_run and found is not None:
+                remove_snapshot(found)
+            report(progress, f"{'would remove' if dry_run else 'removed'} {row['tag']}")
+            removed.append(row["tag"])
             continue
         if not dry_run:
             try:

@@ -78,6 +78,7 @@ class EngineRuntimes:
     def __init__(self, client: docker.DockerClient) -> None:
         self.client = client
         self._runtimes: dict[str, dict[str, Any]] | None = None
+        self._info: dict[str, Any] = {}
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._started = False
@@ -91,7 +92,8 @@ class EngineRuntimes:
 
     def _fetch(self) -> None:
         try:
-            self._runtimes = dict(self.client.api.info().get("Runtimes") or {})
+            self._info = dict(self.client.api.info())
+            self._runtimes = dict(self._info.get("Runtimes") or {})
         except Exception:  # an engine that cannot say has no gVisor for us
             self._runtimes = {}
         finally:
@@ -103,6 +105,11 @@ class EngineRuntimes:
         self.prefetch()
         self._done.wait(timeout=60)
         return self._runtimes or {}
+
+    def info(self) -> dict[str, Any]:
+        """The engine's whole `docker info` as asked (empty when it could not say)."""
+        self.registered()
+        return self._info
 
     def names(self) -> set[str]:
         return set(self.registered())

@@ -1,0 +1,217 @@
+"""One run's Docker container as the runner holds it: its runtime's stdin (the request, once),
+its attached output, its exit, its kill and its removal, with the helpers beside it (egress
+proxy, model gateway, secret interceptor)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import docker
+import docker.errors
+from docker.utils.socket import frames_iter
+
+from orchestrator_runtime.protocol import READY_LINE, RESTORED_LINE
+from orchestrator_runtime.request import Request
+
+from ..base import ExitInfo, Sandbox, SandboxSpec, StreamName
+from .egress import Egress
+from .gateway import Gateway
+from .interceptor import Interceptor
+from .runtimes import Placement
+from .snapshots import start_from_checkpoint
+
+STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+
+
+class DockerSandbox(Sandbox):
+    """A created container; the stream is the attached stdout/stderr of the runtime."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        container_id: str,
+        egress: Egress | None = None,
+        gateway: Gateway | None = None,
+        spec: SandboxSpec | None = None,
+        placement: Placement | None = None,
+        interceptor: Interceptor | None = None,
+    ) -> None:
+        self.client = client
+        self.api = client.api
+        self.id = container_id
+        self.egress = egress
+        self.gateway: Gateway | None = gateway
+        self.interceptor = interceptor
+        self.secrets_proxy = interceptor
+        #: What the egress proxy and the interceptor refused, merged in the order first
+        #: seen (`egress_blocked`), and how much of each source is in it.
+        self._attempts: list[dict[str, Any]] = []
+        self._taken = {"squid": 0, "interceptor": 0}
+        self.spec = spec
+        self._socket: Any = None
+        #: A pooled sandbox's output read while it became ready, and the rest of it.
+        self._early: list[tuple[StreamName, bytes]] = []
+        self._frames: Iterator[tuple[int, bytes]] | None = None
+        self.isolation = placement.isolation() if placement else {}
+        #: The snapshot it was restored from (snapshots.py); None: started cold.
+        self.restored_from: str | None = None
+
+    def start(self, request: Request, secrets: dict[str, str]) -> None:
+        """The request and its secrets go in as one JSON object on the runtime's stdin: a
+        read-only root leaves no other way in, and stdin is in no `docker inspect`. The
+        model's key went to the gateway's stdin alone (`Gateway.open`)."""
+        stdin = replace(request, secrets=secrets).to_json().encode()
+        if self.restored_from is not None:  # its first line: reseed, then the request
+            stdin = RESTORED_LINE.encode() + stdin
+        if not self.started:  # cold, and no gateway's start to overlap with (`_create_all`)
+            self.prestart()
+        if self.egress is not None:
+            self.egress.wait_ready()  # squid started first; its start overlaps this one's
+        # The interceptor listens by now: the runner opened it (`secrets_proxy.open`).
+        if self.gateway is not None:
+            self.gateway.wait_ready()
+        raw: socket.socket = self._socket._sock
+        raw.sendall(stdin)
+        raw.shutdown(socket.SHUT_WR)  # EOF on the runtime's stdin (stdin_once)
+
+    @property
+    def started(self) -> bool:
+        """Whether the container was started idle already (`prestart`)."""
+        return self._socket is not None
+
+    def prestart(self, checkpoint: str | None = None) -> None:
+        """Start the container with its stdin open and nobody writing: the runtime imports
+        what it needs and waits for its request. Output is attached before the start, so not
+        a byte of it is missed; if this process dies, its stdin ends and so does the
+        runtime (and the keeper's idle deadline holds in any case). `checkpoint`: start it
+        from that checkpoint in its own folder (snapshots.py). Raises the engine's errors."""
+        self._socket = self.api.attach_socket(
+            self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+        if checkpoint is None:
+            self.api.start(self.id)
+        else:
+            start_from_checkpoint(self.api, self.id, checkpoint)
+
+    def wait_idle(self, timeout: float) -> None:
+        """Until the runtime of a prestarted sandbox has imported everything (its READY_LINE
+        on stderr). What it wrote before is kept for `stream`. Raises RuntimeError when the
+        output ends first, or when it is not ready within `timeout` (it is killed then)."""
+        self._frames = frames_iter(self._socket, tty=False)
+        marker, seen = READY_LINE.encode(), b""
+        watchdog = threading.Timer(timeout, self.kill)
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            for stream_id, chunk in self._frames:
+                name = STREAM_NAMES.get(stream_id)
+                if name == "stderr":
+                    seen += chunk
+                    if marker in seen:
+                        self._early += [("stderr", p) for p in seen.split(marker, 1) if p]
+                        return
+                elif name and chunk:
+                    self._early.append((name, chunk))
+        except OSError:
+            pass
+        finally:
+            watchdog.cancel()
+        raise RuntimeError(
+            f"the pooled sandbox ended before it was ready (within {timeout:g} s); its last "
+            f"words: {seen[-500:].decode(errors='replace')!r}"
+        )
+
+    def take(self, spec: SandboxSpec) -> None:
+        """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
+        start; its gateway's token is the run's own)."""
+        if self.spec is None or spec.run_id != self.spec.run_id:
+            raise ValueError(f"pooled sandbox {self.id[:12]} is not for run {spec.run_id}")
+        self.spec = spec
+        if self.gateway is not None and spec.gateway is not None:
+            self.gateway.spec = spec.gateway
+
+    def stream(self) -> Iterator[tuple[StreamName, bytes]]:
+        yield from self._early
+        self._early = []
+        try:
+            for stream_id, chunk in self._frames or frames_iter(self._socket, tty=False):
+                name = STREAM_NAMES.get(stream_id)
+                if name and chunk:
+                    yield name, chunk
+        except OSError:
+            return  # closed under us (kill/remove): the exit state says what happened
+
+    def wait(self, timeout: float) -> ExitInfo:
+        try:
+            result = self.api.wait(self.id, timeout=timeout)
+            state = self.api.inspect_container(self.id)["State"]
+        except docker.errors.NotFound:
+            return ExitInfo(None, infra_error="the container vanished during the run")
+        except Exception as exc:
+            return ExitInfo(None, infra_error=f"waiting for the container failed: {exc}")
+        return ExitInfo(int(result.get("StatusCode", -1)), oom_killed=bool(state.get("OOMKilled")))
+
+    def recover_stdout(self) -> bytes:
+        """Nothing: the sandbox keeps no engine-side log to recover from (see
+        `host_config_options`), so a broken live stream ends the run without a result."""
+        return b""
+
+    def kill(self) -> None:
+        with contextlib.suppress(docker.errors.APIError):
+            self.api.kill(self.id)
+
+    def health(self) -> str | None:
+        """None while the sandbox can work; else why not (its egress proxy, secret
+        interceptor or gateway is gone)."""
+        lost = self.egress.alive() if self.egress else None
+        if lost is None and self.interceptor is not None:
+            lost = self.interceptor.alive()
+        if lost is None and self.gateway is not None:
+            lost = self.gateway.alive()
+        return lost
+
+    def egress_blocked(self) -> list[dict[str, Any]]:
+        """Requests the egress proxy and the secret interceptor refused (none without
+        either): each source's new ones appended in time order at each call, so the list
+        only grows, as the runner reads it."""
+        sources = {
+            "squid": self.egress.blocked() if self.egress else [],
+            "interceptor": self.interceptor.attempts() if self.interceptor else [],
+        }
+        new: list[dict[str, Any]] = []
+        for name, attempts in sources.items():
+            new += attempts[self._taken[name] :]
+            self._taken[name] = max(self._taken[name], len(attempts))
+        self._attempts += sorted(new, key=lambda a: float(a.get("ts") or 0.0))
+        return list(self._attempts)
+
+    def remove_sandbox_only(self) -> None:
+        """The sandbox's container (a few ms once it has exited); its network, proxy and
+        gateway stay for `remove` (their removal takes about 0.3 s)."""
+        if self._socket is not None:
+            with contextlib.suppress(Exception):
+                self._socket.close()
+        with contextlib.suppress(docker.errors.NotFound):
+            self.api.remove_container(self.id, force=True, v=True)
+
+    def remove(self) -> None:
+        def remove_containers() -> None:
+            helpers = [h.remove for h in (self.gateway, self.interceptor) if h is not None]
+            workers = [threading.Thread(target=h, name="helper-remove") for h in helpers]
+            for worker in workers:
+                worker.start()
+            try:
+                self.remove_sandbox_only()
+            finally:
+                for worker in workers:
+                    worker.join()
+
+        if self.egress is None:
+            remove_containers()
+        else:  # every container at once, then the network
+            self.egress.remove(also=remove_containers)
