@@ -1,6 +1,8 @@
 """The cold path against the floor: `orchestrator run` of the trivial payload (mock model, one
 CodeAgent step) under runc and under gVisor, next to a bare runc `docker run` of the same
-agent image (the floor) and a bare gVisor one, interleaved in one run (issue 44).
+agent image (the floor) and a bare gVisor one, interleaved in one run. The gVisor run goes
+cold (snapshots off) and, where the engine offers checkpoints (experimental mode:
+scripts/enable-checkpoints.sh), restored from its snapshot too.
 
 Each `orchestrator run` is also split into its phases, from its record and the clock around
 the process: the host's start-up (interpreter, imports, checks, the run record), image check
@@ -81,15 +83,17 @@ def docker_run(image: str, runtime: str, options: tuple[str, ...] = ()) -> dict[
     return {"total": took}
 
 
-def orchestrator_run(image: str, runtime: str | None) -> dict[str, float]:
+def orchestrator_run(image: str, runtime: str | None, snapshot: bool = False) -> dict[str, float]:
     """`orchestrator run` as a user types it (`--sandbox-runtime runc`, or the default), its
-    total and its phases."""
+    total and its phases. `snapshot`: the default (gVisor) run restored from a snapshot, which
+    the engine must offer; otherwise snapshots are off (ORCHESTRATOR_SNAPSHOTS), a cold start."""
     argv = [sys.executable, "-m", "orchestrator", *RUN_ARGS, "--json", "--quiet"]
     argv += ["--sandbox-runtime", runtime] if runtime else []
+    env = {**os.environ, "ORCHESTRATOR_SNAPSHOTS": "on" if snapshot else "off"}
     cpu = children_cpu()
     spawned = time.time()
     started = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     took = time.perf_counter() - started
     ended = time.time()
     cpu = children_cpu() - cpu
@@ -98,6 +102,8 @@ def orchestrator_run(image: str, runtime: str | None) -> dict[str, float]:
         raise SystemExit(f"orchestrator run ({runtime}) went wrong: {out.stderr[-800:]}")
     if runtime is None and result["sandbox"]["runtime"] != "runsc":
         raise SystemExit(f"the default run was not on gVisor: {result['sandbox']}")
+    if snapshot != bool(result["sandbox"].get("snapshot")):
+        raise SystemExit(f"snapshot {snapshot}, but the run's sandbox was {result['sandbox']}")
     events = {}
     for line in (Path(result["record_dir"]) / "events.jsonl").read_text().splitlines():
         event = json.loads(line)
@@ -190,6 +196,10 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
         seccomp = ("--security-opt", f"seccomp={profile}")
         sides["docker run (gVisor)"] = lambda: docker_run(image, "runsc", seccomp)
         sides["orchestrator run (default: gVisor)"] = lambda: orchestrator_run(image, None)
+        if client.api.info().get("ExperimentalBuild"):  # checkpoints: scripts/enable-checkpoints.sh
+            sides["orchestrator run (default: gVisor, from a snapshot)"] = lambda: orchestrator_run(
+                image, None, snapshot=True
+            )
     for side in sides.values():
         side()  # the page cache, the image's layers, the store: warm for every side
 
