@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator.backends.docker import DockerBackend, connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
@@ -158,7 +160,7 @@ def main() -> None:
             order = ("floor", "batch") if i % 2 == 0 else ("batch", "floor")
             measured: dict = {}
             for side in order:
-                before = {"load_1m": round(os.getloadavg()[0], 2), "containers": running(client)}
+                before = {"load_1m": context.load(), "containers": running(client)}
                 if side == "floor":
                     measured[side] = plain_docker(image, args.tasks, concurrency)
                 else:
@@ -192,17 +194,10 @@ def main() -> None:
             }
         )
 
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     report = {
         "what": f"{args.tasks} mock tasks (batch_math, one CodeAgent step each)",
         "image": image,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "docker": client.version().get("Version"),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(client),
         "results": rows,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -210,10 +205,9 @@ def main() -> None:
     lines = [
         "# Batch throughput",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
-        f"{commit}; {report['date']}. `batch` = `orchestrator batch` (hardened sandbox, run "
-        "record, results line, scoring); `docker run` = bare `docker run --rm <same image> "
-        "python -c <same agent>`.",
+        f"{report['what']}; {context.summary(report)}. `batch` = `orchestrator batch` (hardened "
+        "sandbox, run record, results line, scoring); `docker run` = bare `docker run --rm "
+        "<same image> python -c <same agent>`.",
         "",
         "| concurrency | docker run (tasks/min) | batch (tasks/min) | batch / docker run "
         "| batch p50 / p95 run (s) | max load avg before |",

@@ -30,7 +30,6 @@ import collections
 import compileall
 import json
 import os
-import platform
 import re
 import resource
 import shutil
@@ -46,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 from batch_throughput import AGENT_SCRIPT  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
@@ -56,10 +56,6 @@ PAYLOAD = REPO / "tests" / "payloads" / "batch_math"
 RESULTS = REPO / "benchmarks" / "results"
 RUN_ARGS = ["run", str(PAYLOAD), "mul", "--arg", 'op="mul"', "--arg", "a=6", "--arg", "b=7"]
 PHASES = ("host start-up", "image + create", "start -> run_start", "agent", "end")
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def children_cpu() -> float:
@@ -204,7 +200,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
         side()  # the page cache, the image's layers, the store: warm for every side
 
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
-    loads = {"before": load()}
+    loads = {"before": context.load()}
     names = list(sides)
     for i in range(args.rounds):  # interleaved, the order turning, so no side is favoured
         order = names[i % len(names) :] + names[: i % len(names)]
@@ -215,7 +211,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
             + ", ".join(f"{name} {figures[name][-1]['total']:.2f}s" for name in names),
             file=sys.stderr,
         )
-    loads["after"] = load()
+    loads["after"] = context.load()
     imports = import_profile("runc")
 
     floors = [f["total"] for f in figures["docker run (runc)"]]
@@ -232,13 +228,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
         "what": "trivial CodeAgent (batch_math mul: one scripted step, mock model), same image "
         "everywhere; the floor is a bare runc `docker run --rm <image> python -c <agent>`",
         "image": image,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "docker": client.version().get("Version"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(client),
         "rounds": args.rounds,
         "bytecode": "as found" if args.as_is else "compiled",
         "load_1m": loads,
@@ -255,8 +245,7 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
     lines = [
         "# The cold path",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
-        f"{report['commit']}; {report['date']}; {args.rounds} interleaved rounds, medians; "
+        f"{report['what']}; {context.summary(report)}; {args.rounds} interleaved rounds, medians; "
         f"host bytecode {report['bytecode']}; load average {loads}.",
         "",
         "| path | median (s) | x bare runc `docker run` | median of each round's ratio |",

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 from batch_throughput import SameImageBackend, tasks  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
@@ -47,10 +47,6 @@ RESULTS = REPO / "benchmarks" / "results"
 ARGS = {"op": "mul", "a": 6, "b": 7}
 RUNTIMES = ("runc", "runsc")
 SETTLE_SECONDS = 10
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def cold_cli(runtime: str) -> float:
@@ -150,21 +146,21 @@ def main() -> None:
         cold_cli(runtime)  # the page cache and the image layers, for each side
 
     figures: dict[str, dict[str, list[float]]] = {r: {"cold": [], "warm": []} for r in RUNTIMES}
-    loads = {"cold": load()}
+    loads = {"cold": context.load()}
     for i in range(args.rounds):
         for runtime in RUNTIMES:
             figures[runtime]["cold"].append(cold_cli(runtime))
         print(
             f"round {i + 1}: " + ", ".join(f"{r} {figures[r]['cold'][-1]:.2f}s" for r in RUNTIMES)
         )
-    loads["warm"] = load()
+    loads["warm"] = context.load()
     for runtime in RUNTIMES:
         figures[runtime]["warm"] = warm_runs(backend, runtime, args.rounds)
         print(f"warm on {runtime}: {median(figures[runtime]['warm'])}s")
     per_minute = {}
     for runtime in RUNTIMES:
         time.sleep(SETTLE_SECONDS)
-        loads[f"batch {runtime}"] = load()
+        loads[f"batch {runtime}"] = context.load()
         per_minute[runtime] = round(batch(backend, runtime, args.tasks, workdir), 1)
         print(f"batch on {runtime}: {per_minute[runtime]} tasks/min")
 
@@ -172,13 +168,7 @@ def main() -> None:
     report = {
         "what": "trivial CodeAgent (batch_math mul: one scripted step), same image everywhere",
         "image": image,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "docker": client.version().get("Version"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(client),
         "rounds": args.rounds,
         "tasks": args.tasks,
         "loads": loads,
@@ -191,8 +181,7 @@ def main() -> None:
     lines = [
         "# runc vs gVisor (runsc)",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
-        f"{report['commit']}; {report['date']}; {args.rounds} rounds, medians; batch of "
+        f"{report['what']}; {context.summary(report)}; {args.rounds} rounds, medians; batch of "
         f"{args.tasks} at concurrency 2; load average {loads}.",
         "",
         "| path | runc | gVisor | gVisor / runc |",

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 from batch_throughput import SameImageBackend  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
@@ -53,10 +53,6 @@ PAYLOADS = {
     ),
     "research_team": RunSpec(payload=REPO / "agent_payloads" / "research_team"),
 }
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def median(values: list[float]) -> float:
@@ -109,7 +105,7 @@ def main() -> None:
 
     rows = []
     with OtlpReceiver() as receiver:
-        loads = {"warm": load()}
+        loads = {"warm": context.load()}
         for name, base in PAYLOADS.items():
             specs = {"off": base, "on": RunSpec(**{**vars(base), "traces_to": receiver.url})}
             times: dict[str, list[float]] = {"off": [], "on": []}
@@ -141,7 +137,7 @@ def main() -> None:
                     "on_all": times["on"],
                 }
             )
-        loads["cold"] = load()
+        loads["cold"] = context.load()
         payload = str(PAYLOADS["research_team"].payload)
         cold_cli(payload)
         cold: dict[str, list[float]] = {"off": [], "on": []}
@@ -169,13 +165,7 @@ def main() -> None:
     report = {
         "what": "tracing on (exported to a local OTLP/HTTP endpoint) vs off, same image",
         "image": image,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "docker": client.version().get("Version"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(client),
         "rounds": args.rounds,
         "load_average": loads,
         "spans_received": received,
@@ -186,8 +176,7 @@ def main() -> None:
     lines = [
         "# What tracing costs a run",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
-        f"{report['commit']}; {report['date']}; {args.rounds} rounds, interleaved, medians; "
+        f"{report['what']}; {context.summary(report)}; {args.rounds} rounds, interleaved, medians; "
         f"load average {loads}.",
         "",
         "| path | off (s) | on (s) | cost per run (s) | spans per run |",

@@ -28,7 +28,6 @@ import argparse
 import io
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 from batch_throughput import AGENT_SCRIPT, SameImageBackend, tasks  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
@@ -58,10 +58,6 @@ RESULTS = REPO / "benchmarks" / "results"
 ARGS = {"op": "mul", "a": 6, "b": 7}
 #: A pause before each batch, so that neither side pays for the previous part's removals.
 SETTLE_SECONDS = 15
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def docker_run(image: str, a: int = 6, b: int = 7) -> bool:
@@ -247,18 +243,18 @@ def main() -> None:
         fn()  # warm the page cache and the image layers for every side
 
     single: dict[str, list[float]] = {"docker run": [], "session": [], "cold run": []}
-    loads = {"single": load()}
+    loads = {"single": context.load()}
     for i in range(args.rounds):  # interleaved, so a drift in load favours no side
         single["docker run"].append(timed(lambda: docker_run(image)))
         single["session"].append(timed(lambda: session_pattern(client, image)))
         single["cold run"].append(timed(cold_cli))
         print(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in single.items()))
-    loads["warm"] = load()
+    loads["warm"] = context.load()
     with Pool(size=1, backend=backend) as pool:
         ends, starts = warm_runs(pool, args.rounds)
     single["warm run"] = ends
     print(f"warm: end to end {median(ends)}s, submit -> running {median(starts)}s")
-    loads["hosted"] = load()
+    loads["hosted"] = context.load()
     hosted_cold, hosted_warm = hosted_runs(backend, args.rounds)
     single["hosted cold (API)"], single["hosted warm"] = hosted_cold, hosted_warm
     print(f"hosted model: cold {median(hosted_cold)}s, warm {median(hosted_warm)}s")
@@ -266,7 +262,7 @@ def main() -> None:
     batches = []
     for concurrency in args.concurrency:
         time.sleep(SETTLE_SECONDS)  # the engine's cleanup of the previous part is no load here
-        before = load()
+        before = context.load()
         floor = batch_floor(image, args.tasks, concurrency)
         ours = batch_ours(args.tasks, concurrency, workdir, backend, None)
         batches.append(
@@ -285,13 +281,7 @@ def main() -> None:
     report = {
         "what": "trivial CodeAgent (batch_math mul: one scripted step), same image everywhere",
         "image": image,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "docker": client.version().get("Version"),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(client),
         "rounds": args.rounds,
         "load_1m": loads,
         "medians_seconds": medians,
@@ -317,8 +307,7 @@ def main() -> None:
     lines = [
         "# Warm sandboxes and the cold path",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; commit "
-        f"{report['commit']}; {report['date']}; {args.rounds} rounds, medians; load average "
+        f"{report['what']}; {context.summary(report)}; {args.rounds} rounds, medians; load average "
         f"{loads}.",
         "",
         "| path | median (s) |",
