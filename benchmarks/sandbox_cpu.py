@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 from saturation import RESULTS, label, one_batch, save, setup, teardown  # noqa: E402
 
 from orchestrator.backends.docker.sandbox import DockerSandbox  # noqa: E402
@@ -104,7 +105,7 @@ def write(report: dict) -> None:
         "# What one sandbox costs, warm against cold",
         "",
         f"{report['tasks']} mock tasks at {label(report['config'])}; {report['runtime']} "
-        f"runtime; commit {report['commit']}; started {report['date']}. Host CPU per task "
+        f"runtime; {context.summary(report, started=True)}. Host CPU per task "
         "from /proc/stat (of which the orchestrator's process and the engine's daemons); "
         "a sandbox's own CPU from its cgroup (mean over the batch's run sandboxes), the part "
         "before its request, and how long a warm one idled between ready and request.",
@@ -134,15 +135,14 @@ def main() -> None:
     args = parser.parse_args()
     if not CGROUPS.is_dir():
         sys.exit(f"{CGROUPS} is missing: this measures cgroup v1 containers of Docker")
-    workdir, backend, commit = setup()
+    workdir, backend, _ = setup()
     runtime = None if args.runtime == "auto" else args.runtime
     report: dict = {
         "name": args.name,
         "tasks": args.tasks,
         "config": args.config,
         "runtime": args.runtime,
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(backend.client),
         "results": [],
     }
     clock = SandboxClock()

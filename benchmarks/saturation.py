@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import resource
 import shutil
 import statistics
@@ -46,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 from batch_throughput import PAYLOAD, SameImageBackend, running, tasks  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
@@ -396,14 +396,13 @@ def write(report: dict) -> None:
     lines = [
         "# Throughput at saturation: warm against cold, fixed against adaptive concurrency",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; Docker {report['docker']}; sandbox runtime "
-        f"{report.get('runtime', 'auto')}; commit {report['commit']}; started {report['date']}. "
-        "Warm = the default pool; cold = `--no-warm`. Each configuration ran warm and cold "
-        "back to back (the first side alternating), with a pause between; rounds went "
-        "round-major in mirrored pairs (the second round of a pair ran the first's batches "
-        "backwards). Rates are pooled: all tasks over all wall time. CPU s per task: the "
-        "host's busy CPU seconds over the batch per task; "
-        "of which the orchestrator's own process and the engine's daemons (dockerd, "
+        f"{report['what']}; {context.summary(report, started=True)}; sandbox runtime "
+        f"{report.get('runtime', 'auto')}. Warm = the default pool; cold = `--no-warm`. Each "
+        "configuration ran warm and cold back to back (the first side alternating), with a "
+        "pause between; rounds went round-major in mirrored pairs (the second round of a pair "
+        "ran the first's batches backwards). Rates are pooled: all tasks over all wall time. "
+        "CPU s per task: the host's busy CPU seconds over the batch per task; of which the "
+        "orchestrator's own process and the engine's daemons (dockerd, "
         "containerd); the rest is the sandboxes' (shims and runtimes included).",
         "",
         "## Pooled over the rounds",
@@ -456,7 +455,9 @@ def uptime() -> str:
 
 
 def setup() -> tuple[Path, SameImageBackend, str]:
-    """A private store in a temporary directory, the agent image, and the commit measured."""
+    """A private store in a temporary directory, the agent image, and the commit measured
+    (the reports take theirs from context.header; the wrappers quoted in
+    results/warm_*.md use this one)."""
     workdir = Path(tempfile.mkdtemp(prefix="saturation-bench-"))
     os.environ["ORCHESTRATOR_HOME"] = str(workdir / "home")  # a private store
     os.environ.setdefault(
@@ -464,10 +465,7 @@ def setup() -> tuple[Path, SameImageBackend, str]:
     )
     client = connect()
     image = ensure_agent_image(client, progress=lambda m: print(m, file=sys.stderr))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
-    return workdir, SameImageBackend(client, image), commit
+    return workdir, SameImageBackend(client, image), context.commit()
 
 
 def teardown(workdir: Path, client) -> None:  # a docker client
@@ -505,7 +503,7 @@ def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> N
                 out = workdir / f"{n}-{config}-{r}-{side}"
                 out.mkdir()
                 before = {
-                    "load_1m": round(os.getloadavg()[0], 2),
+                    "load_1m": context.load(),
                     "containers": running(client),
                     "uptime": uptime(),
                 }
@@ -565,16 +563,12 @@ def main() -> None:
     parser.add_argument("--name", default="saturation", help="results file name")
     args = parser.parse_args()
 
-    workdir, backend, commit = setup()
+    workdir, backend, _ = setup()
     client = backend.client
     report: dict = {
         "what": "mock tasks (batch_math, one CodeAgent step each)",
         "image": backend.image,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "docker": client.version().get("Version"),
-        "commit": commit,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(client),
         "name": args.name,
         "runtime": args.runtime,
         "uptime_before": uptime(),
