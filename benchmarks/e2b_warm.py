@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator.backends.e2b import E2BSettings, ensure_template  # noqa: E402
 from tests.e2b_server import E2BTestServer  # noqa: E402
@@ -39,10 +41,6 @@ PAYLOAD = REPO / "tests" / "payloads" / "batch_math"
 RESULTS = REPO / "benchmarks" / "results"
 #: The acceptance bar: warm tasks per minute over cold ones at concurrency 1.
 GOAL = 1.5
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def write_tasks(path: Path, n: int) -> Path:
@@ -129,7 +127,7 @@ def main() -> None:
         for i in range(args.rounds):
             order = ["warm", "cold"] if i % 2 == 0 else ["cold", "warm"]
             for side in order:
-                before = load()
+                before = context.load()
                 figures = batch(tasks, args.tasks, workdir / f"{side}-{i}", side == "warm")
                 figures["load_before"] = before
                 sides[side].append(figures)
@@ -146,12 +144,7 @@ def main() -> None:
         "what": f"orchestrator batch --backend e2b --concurrency 1, {args.tasks} batch_math mul "
         "tasks (one scripted CodeAgent step), warm vs --no-warm, against tests/e2b_server",
         "template": template,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **context.header(),
         "rounds": args.rounds,
         "tasks": args.tasks,
         "rounds_figures": sides,
@@ -182,8 +175,7 @@ def main() -> None:
     lines = [
         "# Warm E2B sandboxes: batch at concurrency 1, warm vs --no-warm",
         "",
-        f"{report['what']}; {report['cpus']} CPUs; commit {report['commit']}; "
-        f"{report['date']}; {args.rounds} alternating rounds, medians.",
+        f"{report['what']}; {context.summary(report)}; {args.rounds} alternating rounds, medians.",
         "",
         "| side | tasks/min, batch's own (median) | tasks/min, whole command (median) "
         "| run, created -> ended (median s) |",

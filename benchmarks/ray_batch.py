@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +30,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator.batch import BatchSpec, run_batch  # noqa: E402
 from orchestrator.cluster import RayExecutor  # noqa: E402
@@ -85,7 +87,7 @@ class TimedRay(RayExecutor):
 
 
 def one_batch(executor: AttemptExecutor, tasks: Path, out: Path, concurrency: int) -> dict:
-    before = round(os.getloadavg()[0], 2)
+    before = context.load()
     started = time.perf_counter()
     summary = run_batch(
         BatchSpec(tasks=tasks, output=out, run=RunSpec(payload=PAYLOAD), concurrency=concurrency),
@@ -220,13 +222,8 @@ def main() -> None:
     index = sqlite_rate(work / "index-only")
     local = statistics.median(r["local"]["tasks_per_min"] for r in rounds)
     ray = statistics.median(r["ray"]["tasks_per_min"] for r in rounds)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-    ).stdout.strip()
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "commit": commit,
-        "cpus": os.cpu_count(),
+        **context.header(),
         "python": platform.python_version(),
         "tasks": args.tasks,
         "concurrency": args.concurrency,
@@ -245,7 +242,7 @@ def main() -> None:
         "# A batch on a one-node Ray cluster against the same batch on this machine",
         "",
         f"{args.tasks} mock tasks (batch_math, one CodeAgent step each) at concurrency "
-        f"{args.concurrency}; {os.cpu_count()} CPUs; commit {commit}; {report['date']}. "
+        f"{args.concurrency}; {context.summary(report)}. "
         "`local` = `orchestrator batch`; `ray` = the same with `--ray` on a one-node cluster "
         "on this machine (`orchestrator_sandboxes` = the concurrency). Median of "
         f"{args.rounds} round(s), the side that goes first alternating.",
