@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import secrets
 import statistics
 import sys
@@ -34,6 +33,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator.backends.base import SandboxSpec  # noqa: E402
 from orchestrator.backends.e2b import E2BSettings  # noqa: E402
@@ -105,6 +107,7 @@ def main() -> int:
         "with_gateway_created": [],
     }
     paths: dict[str, list[float]] = {"direct": [], "gateway_by_address": [], "through_gateway": []}
+    load_before = context.load()
     with ScriptedModelServer(outputs) as model, E2BTestServer(templates={"base": base}) as server:
         os.environ.update(server.env())
         os.environ["ORCHESTRATOR_E2B_BASE_IMAGE"] = base
@@ -163,9 +166,8 @@ def main() -> int:
             sandbox.remove()
         assert server.alive_count() == 0
     figures: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "load_before": os.getloadavg()[0],
+        **context.header(),
+        "load_before": load_before,
         "calls_per_path": len(paths["direct"]),
         **{name: summary(times) for name, times in paths.items()},
         "starts_per_kind": args.starts,
@@ -183,7 +185,7 @@ def main() -> int:
     table = [
         "# The model gateway on E2B (local E2B test server)",
         "",
-        f"{figures['date']}, {figures['machine']}, load {figures['load_before']:.2f} before. "
+        f"{context.summary(figures)}; load {figures['load_before']:.2f} before. "
         f"{figures['calls_per_path']} calls per path in {args.rounds} alternating rounds (one "
         f"keep-alive connection each) from inside the run's sandbox; {args.starts} sandbox "
         "starts of each kind, alternating.",

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import secrets
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.deadline import deadline_at  # noqa: E402
@@ -121,6 +121,7 @@ def main() -> int:
     )
     direct: list[float] = []
     through: list[float] = []
+    load_before = context.load()
     with ScriptedModelServer(outputs) as server:
         upstream = f"http://{HOST_ALIAS}:{server.port}/v1"
         spec = GatewaySpec(
@@ -165,9 +166,8 @@ def main() -> int:
                 gateway.remove()
             network.remove()
     figures = {
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "load_before": os.getloadavg()[0],
+        **context.header(docker),
+        "load_before": load_before,
         "calls_per_path": len(direct),
         "direct": summary(direct),
         "through_gateway": summary(through),
@@ -180,7 +180,7 @@ def main() -> int:
     table = [
         "# Model gateway latency",
         "",
-        f"{figures['date']}, {figures['machine']}, {figures['calls_per_path']} calls per path "
+        f"{context.summary(figures)}; {figures['calls_per_path']} calls per path "
         f"in {args.rounds} alternating rounds (one keep-alive connection each), load "
         f"{figures['load_before']:.2f} before.",
         "",

@@ -36,7 +36,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -46,6 +45,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator import RunSpec, run  # noqa: E402
 from orchestrator.backends.docker import connect  # noqa: E402
@@ -219,7 +221,7 @@ def main() -> None:
     args = parser.parse_args()
     runtimes = tuple(args.runtimes.split(","))
     os.environ[TOKEN] = "bench-value-" + os.urandom(8).hex()
-    load_before = os.getloadavg()[0]
+    load_before = context.load()
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         rt: {path: [] for path in PATHS} for rt in runtimes
     }
@@ -265,10 +267,9 @@ def main() -> None:
         assert arrived == [os.environ[TOKEN]] * expected, (len(arrived), expected)
     figures = {rt: {path: summarize(runs[rt][path]) for path in PATHS} for rt in runtimes}
     data = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "load_before": round(load_before, 2),
-        "load_after": round(os.getloadavg()[0], 2),
+        **context.header(client),
+        "load_before": load_before,
+        "load_after": context.load(),
         "rounds": args.rounds,
         "requests_per_way_per_run": args.requests,
         "figures": figures,
@@ -279,7 +280,7 @@ def main() -> None:
     lines = [
         "# HTTPS from a sandbox: through the secret interceptor vs a plain tunnel",
         "",
-        f"{data['date']}, {data['machine']}; per sandbox runtime, {args.rounds} runs per "
+        f"{context.summary(data)}; per sandbox runtime, {args.rounds} runs per "
         "path, alternating (the order flips each round, the runtimes take turns), "
         f"{args.requests} timed GETs each way per run, timed inside the sandbox, to a local "
         "HTTPS server through a CONNECT stand-in for squid; medians over all runs; load "
