@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
+import context  # noqa: E402
 import requests  # noqa: E402
 
 from tests.https_upstream import https_upstream  # noqa: E402
@@ -102,14 +103,13 @@ def main() -> None:
         finally:
             interceptor.process.terminate()
             interceptor.process.wait(timeout=30)
-    machine = f"{platform.machine()}, {platform.system()} {platform.release()}"
-    data = {"requests": args.requests, "machine": machine, "paths": results}
+    data = {"requests": args.requests, **context.header(), "paths": results}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "interception_latency.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = [
         "# HTTPS request through the secret interceptor vs a plain tunnel (this host)",
         "",
-        f"{args.requests} timed requests per path; {machine}.",
+        f"{args.requests} timed requests per path; {context.summary(data)}.",
         "",
         "| path | median ms | p95 ms | mean ms |",
         "|---|---|---|---|",

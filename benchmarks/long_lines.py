@@ -19,10 +19,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
+
 PAYLOAD = REPO / "tests" / "payloads" / "adversary"
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -106,10 +109,12 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d")
-    (RESULTS / "long_lines.json").write_text(json.dumps({"date": stamp, "rows": rows}, indent=2))
+    report = {**context.header(), "rows": rows}
+    (RESULTS / "long_lines.json").write_text(json.dumps(report, indent=2))
     lines = [
-        f"# One endless line ({stamp})",
+        "# One endless line",
+        "",
+        f"{context.summary(report)}.",
         "",
         "| MiB in one line | orchestrator run | host peak RSS | status | docker run (floor) |",
         "|---|---|---|---|---|",

@@ -36,6 +36,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import context  # noqa: E402
 
 from orchestrator.records.store import COLUMNS, Store  # noqa: E402
 from orchestrator.view.queries import RunFilter, list_runs  # noqa: E402
@@ -278,13 +281,12 @@ def main() -> None:
         proc.wait(10)
         shutil.rmtree(home, ignore_errors=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d")
-    cpus = os.cpu_count()
-    (RESULTS / "view_render.json").write_text(
-        json.dumps({"date": stamp, "cpus": cpus, "repeat": args.repeat, "rows": rows}, indent=2)
-    )
+    report = {**context.header(), "repeat": args.repeat, "rows": rows}
+    (RESULTS / "view_render.json").write_text(json.dumps(report, indent=2))
     lines = [
-        f"# Viewer render times ({stamp}, {cpus} CPUs, median of {args.repeat})",
+        "# Viewer render times",
+        "",
+        f"{context.summary(report)}; median of {args.repeat}.",
         "",
         "| page | HTML | floor (data access) | server (HTTP GET) | browser (load event) |",
         "|---|---|---|---|---|",
