@@ -32,8 +32,7 @@ def deadline_at(limits: Limits, now: float | None = None) -> float:
 
 def kept(keeper: tuple[str, str], stop_at: float, command: list[str]) -> list[str]:
     """`command` under the keeper: the container's whole argv (its entrypoint, no CMD)."""
-    python, script = keeper
-    return [python, "-I", "-S", script, "--deadline-at", f"{stop_at:.3f}", "--", *command]
+    return _under(keeper, ["--deadline-at", f"{stop_at:.3f}"], command)
 
 
 def idle_kept(
@@ -41,19 +40,8 @@ def idle_kept(
 ) -> list[str]:
     """`command` under the keeper of a pooled sandbox: it stops at `idle_until` unless a run
     takes it first, and then `run_seconds` after the run read its request."""
-    python, script = keeper
-    return [
-        python,
-        "-I",
-        "-S",
-        script,
-        "--idle-until",
-        f"{idle_until:.3f}",
-        "--run-seconds",
-        f"{run_seconds:.3f}",
-        "--",
-        *command,
-    ]
+    idle = ["--idle-until", f"{idle_until:.3f}", "--run-seconds", f"{run_seconds:.3f}"]
+    return _under(keeper, idle, command)
 
 
 def restorable_kept(
@@ -63,19 +51,15 @@ def restorable_kept(
     stops `idle_seconds` after it starts, or after it is restored, unless a run takes it
     first, and then `run_seconds` after the run read its request. No time of day in it, so
     every run of the same shape has the same command line, and restores the same snapshot."""
+    idle = ["--restorable-idle", f"{idle_seconds:.3f}", "--run-seconds", f"{run_seconds:.3f}"]
+    return _under(keeper, idle, command)
+
+
+def _under(keeper: tuple[str, str], options: list[str], command: list[str]) -> list[str]:
+    """The keeper's argv: its image's python, isolated and without site, its `options`, then
+    `command` after `--`."""
     python, script = keeper
-    return [
-        python,
-        "-I",
-        "-S",
-        script,
-        "--restorable-idle",
-        f"{idle_seconds:.3f}",
-        "--run-seconds",
-        f"{run_seconds:.3f}",
-        "--",
-        *command,
-    ]
+    return [python, "-I", "-S", script, *options, "--", *command]
 
 
 def run_seconds(limits: Limits) -> float:
