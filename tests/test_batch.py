@@ -376,8 +376,8 @@ def test_resume_reruns_only_what_is_unfinished(tmp_path: Path, agent_image: str,
 def test_sigkill_then_same_command_finishes_each_task_once(
     tmp_path: Path, agent_image: str, docker_client, store_label, no_leftovers
 ) -> None:
-    """Acceptance 2."""
-    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(12))
+    """Acceptance 2: killed mid-task, four or more of eight tasks answered."""
+    tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(8))
     out = tmp_path / "out"
     command = batch_cmd(tasks, out, "--concurrency", "2")
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -390,11 +390,11 @@ def test_sigkill_then_same_command_finishes_each_task_once(
     finally:
         proc.kill()
     snapshot = {r["id"]: r for r in lines_of(results)}
-    assert 4 <= len(snapshot) < 12
+    assert 4 <= len(snapshot) < 8
     second = cli(*command[3:])
     assert second.returncode == 0, second.stderr
     final = lines_of(results)
-    assert sorted(r["id"] for r in final) == [f"q{i:03d}" for i in range(12)]  # each once
+    assert sorted(r["id"] for r in final) == [f"q{i:03d}" for i in range(8)]  # each once
     for row in final:
         if row["id"] in snapshot:
             assert row == snapshot[row["id"]]  # finished before the kill: kept as it was
