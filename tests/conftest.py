@@ -74,10 +74,13 @@ def runtime_zygote() -> Iterator[None]:
 ENGINE_FIXTURES = frozenset({"docker_client", "e2b_test_server"})
 
 #: The modules that use the session's E2B test server (`e2b_test_server` below): under
-#: pytest-xdist one worker runs them all, so their templates are built once. Checked at
-#: collection (`pytest_itemcollected`), so a new module cannot be left out unnoticed.
+#: pytest-xdist one worker runs them all, so their templates are built once (the agent
+#: template the conformance kit's runs use is the one test_e2b_backend.py checks: a minute
+#: of building each, when the kit had a server of its own). Checked at collection
+#: (`pytest_itemcollected`), so a new module cannot be left out unnoticed.
 E2B_SERVER_MODULES = frozenset(
     {
+        "tests/test_conformance_e2b.py",
         "tests/test_e2b_backend.py",
         "tests/test_e2b_backend_program.py",
         "tests/test_e2b_gateway.py",
@@ -94,7 +97,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if ENGINE_FIXTURES & fixtures:
         item.add_marker(pytest.mark.docker)
-    module = item.location[0]
+    module = item.nodeid.split("::", 1)[0]  # as `work_unit` reads it: where it is collected
     own_server = hasattr(getattr(item, "module", None), "e2b_test_server")  # test_e2b_server
     if "e2b_test_server" in fixtures and not own_server and module not in E2B_SERVER_MODULES:
         raise pytest.UsageError(f"{module} uses e2b_test_server: add it to E2B_SERVER_MODULES")

@@ -6,7 +6,8 @@ Docker host path is exercised for real) bound to 0.0.0.0 on a free port. It answ
 function makes of the request, for conversations that run at once) (as server-sent events when
 the request says `stream`, with usage in the last event when `stream_options.include_usage`
 asks for it), records every request, counts the tokens it reports (`usage`: its own figures,
-which differ per request), and can be told to fail the next requests with a status.
+which differ per request), can be told to fail the next requests with a status, and to hold
+its later answers until a test lets them go (`hold_after`).
 
 `SinkServer` listens on 0.0.0.0 and records every connection it gets: tests assert it got
 none, whatever the sandbox tried.
@@ -46,6 +47,9 @@ class ScriptedModelServer:
         #: Seconds between the events of a streamed answer.
         self.stream_delay = 0.0
         self._lock = threading.Lock()
+        #: Chat requests come so far, and `hold_after`'s (answers given at once, release).
+        self._chats = 0
+        self._hold: tuple[int, threading.Event] | None = None
         self._server = http.server.ThreadingHTTPServer((host, 0), self._handler())
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
@@ -56,6 +60,21 @@ class ScriptedModelServer:
 
     def api_base(self, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}/v1"
+
+    def hold_after(self, answers: int) -> threading.Event:
+        """Give the first `answers` chat answers at once and hold each later one until the
+        returned event is set (or the server stops): a run then stays alive, inside a model
+        call, exactly as long as a test needs it, not for a time guessed in its script."""
+        release = threading.Event()
+        self._hold = (answers, release)
+        return release
+
+    def _wait_turn(self) -> None:
+        with self._lock:
+            self._chats += 1
+            turn, hold = self._chats, self._hold
+        if hold is not None and turn > hold[0]:
+            hold[1].wait()
 
     def fail_next(self, status: int, count: int = 1) -> None:
         """Answer the next `count` requests with HTTP `status` instead of the script."""
@@ -126,6 +145,7 @@ class ScriptedModelServer:
                         }
                     )
                 if self.command == "POST" and self.path.rstrip("/").endswith("/chat/completions"):
+                    server._wait_turn()
                     status, reply = server._reply(body)
                 else:
                     status, reply = 404, {"error": {"message": "not found"}}
@@ -180,6 +200,8 @@ class ScriptedModelServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._hold is not None:
+            self._hold[1].set()  # a held answer goes out: no run waits on a stopped server
         self._server.shutdown()
         self._server.server_close()
 

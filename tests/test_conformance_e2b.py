@@ -14,12 +14,9 @@ import pytest
 from orchestrator.testing.plugin import conformance_tests
 
 from .e2b_server import E2BTestServer
-from .e2b_server import fixtures as e2b_fixtures
 from .e2b_server.fixtures import base_image
 
 pytestmark = pytest.mark.docker
-
-e2b_test_server = e2b_fixtures.e2b_test_server
 
 
 @pytest.fixture(scope="module", autouse=True)

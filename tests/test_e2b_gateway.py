@@ -267,8 +267,10 @@ def test_two_concurrent_e2b_runs_cannot_use_each_others_tokens(
     e2b_model: str, e2b_env: E2BTestServer
 ) -> None:
     """Acceptance 2: each run's token is refused (401) by the other run's gateway, reached
-    as the sandboxes reach it (the edge, by the gateway's host name); its own is forwarded."""
-    script = [code("print(show_gateway())"), code("hold(seconds=20)\nfinal_answer('done')")]
+    as the sandboxes reach it (the edge, by the gateway's host name); its own is forwarded.
+    Each run is kept going by its model holding the second answer until the tokens were
+    tried."""
+    script = [code("print(show_gateway())"), code("final_answer('done')")]
     seen: dict[str, str] = {}
     results: dict[str, Any] = {}
 
@@ -292,6 +294,7 @@ def test_two_concurrent_e2b_runs_cannot_use_each_others_tokens(
         return answer.status_code
 
     with ScriptedModelServer(script) as server_a, ScriptedModelServer(script) as server_b:
+        releases = [server_a.hold_after(1), server_b.hold_after(1)]
         threads = [
             threading.Thread(target=one, args=("a", server_a)),
             threading.Thread(target=one, args=("b", server_b)),
@@ -310,6 +313,8 @@ def test_two_concurrent_e2b_runs_cannot_use_each_others_tokens(
             assert status(url_a, token_b) == 401 and status(url_b, token_a) == 401
             assert status(url_a, token_a) == 404  # forwarded: the scripted server has no /models
         finally:
+            for release in releases:
+                release.set()
             for thread in threads:
                 thread.join(timeout=300)
     for name in ("a", "b"):

@@ -483,8 +483,9 @@ def test_each_runs_token_works_only_for_its_own_run(
     agent_image: str, docker_client, store_label: str, model_key: str, nothing_left: None
 ) -> None:
     """Acceptance 4: two concurrent runs; each token is refused by the other run's gateway,
-    and once a run has ended its gateway (and with it the token) is gone."""
-    script = [code("print(show_gateway())"), code("hold(seconds=15)\nfinal_answer('done')")]
+    and once a run has ended its gateway (and with it the token) is gone. Each run is kept
+    going by its model holding the second answer until the tokens were tried."""
+    script = [code("print(show_gateway())"), code("final_answer('done')")]
     seen: dict[str, str] = {}
     results: dict[str, Any] = {}
     run_ids = {name: f"r-gwtoken-{name}-{secrets.token_hex(3)}" for name in ("a", "b")}
@@ -501,6 +502,7 @@ def test_each_runs_token_works_only_for_its_own_run(
         results[name] = run(spec, on_event=on_event)
 
     with ScriptedModelServer(script) as server_a, ScriptedModelServer(script) as server_b:
+        releases = [server_a.hold_after(1), server_b.hold_after(1)]
         threads = [
             threading.Thread(target=one, args=("a", server_a)),
             threading.Thread(target=one, args=("b", server_b)),
@@ -521,6 +523,8 @@ def test_each_runs_token_works_only_for_its_own_run(
             # Its own token is accepted (forwarded: the scripted server has no /models).
             assert _try_token(agent_image, net_a, url_a, token_a, store_label) == 404
         finally:
+            for release in releases:
+                release.set()
             for t in threads:
                 t.join(timeout=120)
     for name in ("a", "b"):

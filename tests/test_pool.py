@@ -366,6 +366,9 @@ def test_sigkilled_pool_leaves_nothing_past_the_ttl_and_cleanup_finds_it(
 def test_no_container_serves_two_runs_over_a_warm_batch(
     tmp_path: Path, agent_image: str, no_leftovers
 ) -> None:
+    """20 tasks at concurrency 2: ten rounds of the pool taking and refilling, enough to see
+    a sandbox serve two runs or the pool fall behind (nine in ten warm, as over 50 tasks)."""
+    count = 20
     rows = [
         {
             "id": f"t{i}",
@@ -373,13 +376,13 @@ def test_no_container_serves_two_runs_over_a_warm_batch(
             "additional_args": {"op": "mul", "a": i, "b": 3},
             "expected": i * 3,
         }
-        for i in range(50)
+        for i in range(count)
     ]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), concurrency=2)
     summary = run_batch(spec)
-    assert summary.counts["succeeded"] == 50 and summary.correct == 50, summary.counts
+    assert summary.counts["succeeded"] == count and summary.correct == count, summary.counts
     results = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").open()]
     sandboxes, warm = [], 0
     for row in results:
@@ -391,9 +394,9 @@ def test_no_container_serves_two_runs_over_a_warm_batch(
         sandboxes.append(created[0]["sandbox_id"])
         warm += saved["warm"]
         assert saved["warm"] is created[0]["warm"]
-    assert len(set(sandboxes)) == 50, "a sandbox served two runs"
-    assert warm >= 45, f"only {warm} of 50 runs were warm"
-    assert len({row["run_id"] for row in results}) == 50
+    assert len(set(sandboxes)) == count, "a sandbox served two runs"
+    assert warm >= count * 9 // 10, f"only {warm} of {count} runs were warm"
+    assert len({row["run_id"] for row in results}) == count
 
 
 def events_of_dir(record: Path) -> list[dict]:

@@ -104,8 +104,9 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
     head_id, extra_id = cluster["head_id"], cluster["extra_id"]
     assert head_id != extra_id and head.home != extra.home
 
-    # 1. 16 tasks on two nodes; the extra node killed while it runs some of them.
-    tasks = write_tasks(tmp_path / "tasks.jsonl", sleepers(16, "t"))
+    # 1. 10 tasks on two nodes; the extra node killed while it runs some of them (two
+    # or more answered by then, up to four running, the rest still to give out).
+    tasks = write_tasks(tmp_path / "tasks.jsonl", sleepers(10, "t"))
     out = tmp_path / "out"
     driver = start_cli(*batch_command(tasks, out, address))
     extra_store = Store(extra.home / "ray-node")
@@ -129,7 +130,7 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
         driver.kill()
     assert driver.returncode == 0, stderr
     results = lines_of(out / "results.jsonl")
-    assert sorted(r["id"] for r in results) == [f"t{i:02d}" for i in range(16)]  # each once
+    assert sorted(r["id"] for r in results) == [f"t{i:02d}" for i in range(10)]  # each once
     bad = [r for r in results if r["status"] != "succeeded" or r["score"] != 1.0]
     assert not bad, [(r["id"], r["status"], r["error"], r["attempt_history"]) for r in bad]
     ends = [a for a in lines_of(out / "attempts.jsonl") if a["event"] == "end"]
@@ -147,8 +148,8 @@ def test_a_killed_node_and_a_killed_driver_lose_nothing(
         row = next(r for r in results if r["id"] == attempt["id"])  # ... were retried
         assert row["attempts"] >= 2 and row["run_id"] != attempt["run_id"]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["counts"]["succeeded"] == 16 and summary["pending"] == 0
-    assert summary["retries"] == len(lost) and summary["attempts"] == 16 + len(lost)
+    assert summary["counts"]["succeeded"] == 10 and summary["pending"] == 0
+    assert summary["retries"] == len(lost) and summary["attempts"] == 10 + len(lost)
     nodes = {Store.read_result(r["record_dir"])["node"]["node_id"] for r in results}
     assert nodes <= {head_id, extra_id} and head_id in nodes
 

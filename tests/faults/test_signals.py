@@ -63,8 +63,8 @@ def sweep(args: list[str], steps: list[float]) -> list[tuple[float, int, str]]:
 
 @pytest.mark.parametrize(
     ("network", "step"),
-    [("none", 0.05), ("allowlist", 0.1)],
-    ids=["none-50ms", "allowlist-100ms"],
+    [("none", 0.1), ("allowlist", 0.1)],
+    ids=["none-100ms", "allowlist-100ms"],
 )
 def test_a_signal_at_any_moment_cancels_cleanly(
     agent_image: str, docker_client, store_label: str, network: str, step: float
@@ -142,7 +142,9 @@ def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
         for i in range(3)
     ]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", rows)
-    steps = [round(i * 0.15, 2) for i in range(24)]  # 0 to 3.45 s
+    # 0 to 3.3 s, over start-up, plan, payload check, pool and tasks: where in them each
+    # moment lands moves by more than the 0.3 s between moments with Python's start-up time
+    steps = [round(i * 0.3, 2) for i in range(12)]
     with ThreadPoolExecutor(max_workers=3) as pool:
         outcomes = list(
             pool.map(
