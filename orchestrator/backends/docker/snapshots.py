@@ -226,11 +226,9 @@ class Snapshots:
         self.info = info  # the engine's `docker info`, asked once (`EngineRuntimes.info`)
         self._image_ids: dict[str, str] = {}
 
-    def cold_reason(self, spec: SandboxSpec, placement: Placement) -> str | None:
+    def cold_reason(self) -> str | None:
         """Why a covered run must start cold on this engine (said once), or None."""
-        info = self.info()
-        containers = Path(str(info.get("DockerRootDir") or "/var/lib/docker")) / "containers"
-        return engine_cannot(info, os.access(containers, os.W_OK))
+        return engine_cannot(self.info(), os.access(self._containers_dir(), os.W_OK))
 
     def restored(
         self,
@@ -246,7 +244,7 @@ class Snapshots:
         snapshot (made first if there is none) and started; None when it must start cold:
         the engine cannot, or making or restoring failed (said once, never raised), or
         another process is making the snapshot now."""
-        reason = self.cold_reason(spec, placement)
+        reason = self.cold_reason()
         if reason is not None:
             say_cold_once(reason)
             return None
@@ -359,8 +357,11 @@ class Snapshots:
     def _checkpoints_of(self, container_id: str) -> Path:
         """A container's own checkpoint folder on the engine's host. This Docker refuses
         `--checkpoint-dir` for runsc, so the folder is the one place it reads from."""
-        root = Path(str(self.info().get("DockerRootDir") or "/var/lib/docker"))
-        return root / "containers" / container_id / "checkpoints"
+        return self._containers_dir() / container_id / "checkpoints"
+
+    def _containers_dir(self) -> Path:
+        """Where the engine keeps its containers' folders (under its data root)."""
+        return Path(str(self.info().get("DockerRootDir") or "/var/lib/docker")) / "containers"
 
     def _checkpoint(self, container_id: str) -> None:
         """`docker checkpoint create --leave-running=false` (the SDK has no call for it:
