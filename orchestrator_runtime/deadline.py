@@ -13,18 +13,22 @@ gone.
 
 A pooled (warm) sandbox is started before any run takes it, with `--idle-until`: the keeper
 hands COMMAND the write end of a pipe (its number in `$ORCHESTRATOR_KEEPER_FD`) and stops the
-container at EPOCH (the pool's time-to-live) unless a message comes first. The first byte
-(the only one read) turns the deadline into now + S, once; the runtime sends it when it has
-read its whole request and closes the pipe before any payload code exists, so payload code
-can never extend anything. The pipe closed without a message leaves the idle deadline.
+container at EPOCH (the pool's time-to-live) unless a message comes first. A byte other than
+RESTORED_BYTE turns the deadline into now + S, once, and ends the reading; the runtime sends
+it when it has read its whole request and closes the pipe before any payload code exists, so
+payload code can never extend anything. The pipe closed without a message leaves the idle
+deadline.
 
 A sandbox made to be snapshotted (`--restorable-idle`, gVisor only) is idle in the same way,
-with two differences. Its idle deadline is R seconds from now, not an absolute time, because
+with three differences. Its idle deadline is R seconds from now, not an absolute time, because
 the process is checkpointed and restored into new containers long after: a keeper that finds
 itself woken much later than it asked (FROZEN_AFTER) was frozen in between, so it is a new
 container restored from the snapshot, and its idle time starts again. It wakes every
 IDLE_SLICE seconds while idle to notice that (and only while idle: the run's deadline is
-never moved again). And it tells COMMAND it may be restored (`$ORCHESTRATOR_RESTORABLE`), so
+never moved again). A restore soon after the checkpoint is no such late wake, so the runtime
+also says it, once: RESTORED_BYTE on the pipe, sent when the host's restore line came,
+starts the idle time again from then (once, and only while idle: a sandbox idles at most R
+after its restore). And it tells COMMAND it may be restored (`$ORCHESTRATOR_RESTORABLE`), so
 that the runtime waits for the host's word that it was, and reseeds what clones share.
 A thread blocks on the pipe while the main thread waits for signals until the deadline, so an
 idle sandbox wakes for nothing (under gVisor every wake-up costs CPU the running tasks need).
@@ -72,6 +76,8 @@ IDLE_SLICE = 5.0
 #: checkpoint restored (gVisor moves a restored sandbox's monotonic clock on by the real time
 #: that passed). A loaded host delays a wake by milliseconds, not seconds.
 FROZEN_AFTER = 5.0
+#: The runtime's word on the pipe that the host restored it (restorable keepers only).
+RESTORED_BYTE = b"r"
 
 
 def fail(message: str) -> None:
@@ -156,6 +162,7 @@ class Deadline:
         self.restorable_idle = restorable_idle
         self.clock = clock
         self.woken_by = clock()  # when the current wait was meant to end
+        self.restarted = False  # the runtime's RESTORED_BYTE came (it counts once)
         self.lock = threading.Lock()  # the pipe's thread and the main thread both move `at`
 
     def wait_time(self) -> float:
@@ -174,6 +181,15 @@ class Deadline:
             self.woken_by = now + wait
             return wait
 
+    def restart_idle(self) -> None:
+        """The runtime says it was restored: a restorable keeper still idle, told so for the
+        first time, idles its whole time again from now. Anything else is ignored."""
+        with self.lock:
+            if self.restorable_idle is None or self.running or self.restarted:
+                return
+            self.restarted = True
+            self.at = self.clock() + self.restorable_idle
+
     def begin_run(self, run_seconds: float) -> None:
         """The run has begun: the deadline is `run_seconds` from now, and never moves again."""
         with self.lock:
@@ -181,16 +197,21 @@ class Deadline:
             self.running = True
 
     def watch(self, wake: int, run_seconds: float) -> None:
-        """Wait on `wake` in a thread of its own: its first byte sets the deadline to now +
+        """Wait on `wake` in a thread of its own: RESTORED_BYTE restarts the idle time
+        (`restart_idle`) and the reading goes on; any other byte sets the deadline to now +
         `run_seconds`, then the main thread is woken (a SIGCHLD it finds nothing to reap for)
-        to wait for the new deadline. EOF leaves the deadline as it is."""
+        to wait for the new deadline, and nothing more is read. EOF leaves the deadline as
+        it is."""
         main_thread = threading.get_ident()
 
         def wait() -> None:
             try:
-                if os.read(wake, 1):
-                    self.begin_run(run_seconds)
-                    signal.pthread_kill(main_thread, signal.SIGCHLD)
+                while byte := os.read(wake, 1):
+                    if byte != RESTORED_BYTE:
+                        self.begin_run(run_seconds)
+                        signal.pthread_kill(main_thread, signal.SIGCHLD)
+                        return
+                    self.restart_idle()  # later than the wait in progress: no wake needed
             finally:
                 os.close(wake)
 

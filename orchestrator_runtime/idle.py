@@ -8,22 +8,27 @@ import contextlib
 import os
 import sys
 
-from .deadline import KEEPER_FD_ENV, RESTORABLE_ENV
+from .deadline import KEEPER_FD_ENV, RESTORABLE_ENV, RESTORED_BYTE
 from .protocol import RESTORED_LINE
 from .request import RequestError
+
+#: Any byte but RESTORED_BYTE starts the run's deadline; this one says so.
+RUN_BEGUN_BYTE = b"1"
 
 
 def await_restore() -> None:
     """For a restorable runtime (its keeper set RESTORABLE_ENV; nothing to do otherwise):
-    block until the host's first line (RESTORED_LINE) says this process was restored from a
-    snapshot, then reseed. Raises RequestError for anything else on stdin (a restorable
-    sandbox is only ever started from its snapshot)."""
+    block until the host's first line (RESTORED_LINE, written as soon as it restored this
+    process from a snapshot) says so, reseed, and tell the keeper, whose idle time then
+    starts again (`deadline.RESTORED_BYTE`). Raises RequestError for anything else on stdin
+    (a restorable sandbox is only ever started from its snapshot)."""
     if os.environ.pop(RESTORABLE_ENV, None) != "1":
         return
     line = sys.stdin.buffer.readline()  # the request that follows stays in this buffer
     if line != RESTORED_LINE.encode():
         raise RequestError("a restorable sandbox's stdin did not start with the restore line")
     reseed()
+    tell_keeper(RESTORED_BYTE, close=False)
 
 
 def reseed() -> None:
@@ -49,7 +54,14 @@ def reseed() -> None:
 def start_deadline() -> None:
     """Tell the keeper (pooled sandboxes only) that the run has begun: its deadline becomes
     the run's. One byte, once; the pipe is closed before any payload code exists."""
-    fd_text = os.environ.pop(KEEPER_FD_ENV, None)
+    tell_keeper(RUN_BEGUN_BYTE, close=True)
+
+
+def tell_keeper(byte: bytes, close: bool) -> None:
+    """Write `byte` to the keeper's pipe, if this runtime has one; `close`: and close it, for
+    good (the environment no longer names it). A keeper gone or a bad number leaves the
+    keeper's own deadline, which is earlier: never an error."""
+    fd_text = os.environ.pop(KEEPER_FD_ENV, None) if close else os.environ.get(KEEPER_FD_ENV)
     if fd_text is None:
         return
     try:
@@ -57,9 +69,10 @@ def start_deadline() -> None:
     except ValueError:
         return
     try:
-        os.write(fd, b"1")
+        os.write(fd, byte)
     except OSError:
-        pass  # the keeper keeps its idle deadline, which is earlier
+        pass
     finally:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if close:
+            with contextlib.suppress(OSError):
+                os.close(fd)

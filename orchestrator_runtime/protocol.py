@@ -182,9 +182,10 @@ MAX_ATTRIBUTE_CHARS = 32 * 1024
 #: for its request (never on stdout: that is the event channel, and its frames start at 0).
 READY_LINE = "orchestrator_runtime: ready for a request\n"
 
-#: The first line the host writes on the stdin of a sandbox restored from a snapshot (its
-#: runtime was checkpointed waiting for it, `RESTORABLE_ENV` set by the keeper), before the
-#: request: the runtime then reseeds what every clone of the snapshot shares.
+#: The first line the host writes on the stdin of a sandbox restored from a snapshot, as soon
+#: as it is restored (its runtime was checkpointed waiting for it, `RESTORABLE_ENV` set by
+#: the keeper), before the request: the runtime then reseeds what every clone of the
+#: snapshot shares and tells its keeper, whose idle time starts again.
 RESTORED_LINE = "orchestrator: restored from a snapshot\n"
 
 #: Set to "1" in the environment of a pooled sandbox's runtime whose idle lifetime is kept

@@ -66,8 +66,6 @@ class DockerSandbox(Sandbox):
         read-only root leaves no other way in, and stdin is in no `docker inspect`. The
         model's key went to the gateway's stdin alone (`Gateway.open`)."""
         stdin = replace(request, secrets=secrets).to_json().encode()
-        if self.restored_from is not None:  # its first line: reseed, then the request
-            stdin = RESTORED_LINE.encode() + stdin
         if not self.started:  # cold, and no gateway's start to overlap with (`_create_all`)
             self.prestart()
         if self.egress is not None:
@@ -89,7 +87,10 @@ class DockerSandbox(Sandbox):
         what it needs and waits for its request. Output is attached before the start, so not
         a byte of it is missed; if this process dies, its stdin ends and so does the
         runtime (and the keeper's idle deadline holds in any case). `checkpoint`: start it
-        from that checkpoint in its own folder (snapshots.py). Raises the engine's errors."""
+        from that checkpoint in its own folder (snapshots.py), and tell its runtime at once
+        (RESTORED_LINE: it reseeds, and its keeper's idle time starts again now, not at the
+        snapshot maker's start). Raises the engine's errors, OSError when the line cannot
+        be written."""
         self._socket = self.api.attach_socket(
             self.id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
         )
@@ -97,6 +98,7 @@ class DockerSandbox(Sandbox):
             self.api.start(self.id)
         else:
             start_from_checkpoint(self.api, self.id, checkpoint)
+            self._socket._sock.sendall(RESTORED_LINE.encode())
 
     def wait_idle(self, timeout: float) -> None:
         """Until the runtime of a prestarted sandbox has imported everything (its READY_LINE

@@ -1,5 +1,5 @@
 """Listing and pruning the orchestrator's Docker images, and the gVisor snapshots made of
-them (snapshots.py: kept in this state directory, each pruned with its image)."""
+them (snapshot_store.py: kept in this state directory, each pruned with its image)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ from .images import (
     plan_agent_image,
 )
 from .interceptor import INTERCEPTOR_IMAGE, KIND_INTERCEPTOR_IMAGE, plan_interceptor_image
-from .snapshots import Snapshot, list_snapshots
-from .snapshots import find as find_snapshot
-from .snapshots import remove as remove_snapshot
+from .snapshot_store import Snapshot, list_snapshots
+from .snapshot_store import find as find_snapshot
+from .snapshot_store import remove as remove_snapshot
 
 #: The repositories our images are tagged in. An image built FROM one of ours inherits its
 #: labels; its name tells it apart (another project's image is not ours to list or prune).

@@ -124,9 +124,10 @@ class DockerBackend(EngineHostChecks):
 
     def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> DockerSandbox:
         """A pooled sandbox: created exactly as `create` does (same hardening, labels, network
-        and helpers), then started idle (`DockerSandbox.prestart`). Its keeper stops it `ttl`
-        seconds from now unless a run takes it; a taken one stops at the run's time limit
-        and grace after it read its request. Its helpers stop when an untaken sandbox would
+        and helpers), then started idle (`DockerSandbox.prestart`), or restored from its
+        snapshot where a run's would be (snapshots.py). Its keeper stops it `ttl` seconds
+        from now unless a run takes it; a taken one stops at the run's time limit and grace
+        after it read its request. Its helpers stop when an untaken sandbox would
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
         return self._create_all(
             replace(spec, labels={**spec.labels, LABEL_WARM: "true"}), progress, ttl
@@ -189,8 +190,8 @@ class DockerBackend(EngineHostChecks):
                     )
                 if starting is not None:
                     gateway = starting.result()
-            if ttl is None and egress is None:
-                sandbox = self._restored(spec, command, progress)
+            if egress is None:
+                sandbox = self._restored(spec, command, progress, ttl)
             if ttl is None:
                 argv = kept(AGENT_KEEPER, stop_at, command)
             else:
@@ -221,30 +222,34 @@ class DockerBackend(EngineHostChecks):
         try:
             if not sandbox.started:
                 sandbox.prestart()
-            sandbox.wait_idle(IDLE_READY_TIMEOUT)
+            if sandbox.restored_from is None:  # a restored one was ready when checkpointed
+                sandbox.wait_idle(IDLE_READY_TIMEOUT)
         except BaseException:
             sandbox.remove()
             raise
         return sandbox
 
     def _restored(
-        self, spec: SandboxSpec, command: list[str], progress: Progress
+        self, spec: SandboxSpec, command: list[str], progress: Progress, ttl: float | None
     ) -> DockerSandbox | None:
-        """The run's sandbox restored from its snapshot, started; None: it starts cold."""
+        """The run's sandbox restored from its snapshot, started; None: it starts cold. A
+        pooled one (`ttl`) idles that long after its restore, a run's own RESTORABLE_IDLE:
+        the idle time is in the keeper's argv, so pools and single runs have a snapshot
+        each (one per time-to-live)."""
         if not snapshots.enabled():
             return None
         placement = place(spec.runtime, self.runtimes, networked=False)
         if not snapshots.covered(spec, placement):
             return None
-        argv = restorable_kept(
-            AGENT_KEEPER, snapshots.RESTORABLE_IDLE, run_seconds(spec.limits), command
-        )
+        idle = snapshots.RESTORABLE_IDLE if ttl is None else ttl
+        argv = restorable_kept(AGENT_KEEPER, idle, run_seconds(spec.limits), command)
         return self.snapshots.restored(
             spec,
             placement,
             config=self._config(spec, None, None, argv, None),
             create=lambda s, kind: self._create(s, None, None, argv, kind=kind),
             progress=progress,
+            pooled=ttl is not None,
         )
 
     def _config(
@@ -334,8 +339,11 @@ class DockerBackend(EngineHostChecks):
         )
 
     def remove_sandbox(self, info: SandboxInfo) -> None:
+        """An orphan (`cleanup`); a container's removal also sweeps what containerd
+        unpacked for restores whose containers are gone (`Snapshots.sweep`)."""
         with contextlib.suppress(docker.errors.NotFound):
             if info.kind == KIND_EGRESS_NETWORK:
                 remove_network(self.client, info.id)
-            else:
-                self.client.api.remove_container(info.id, force=True, v=True)
+                return
+            self.client.api.remove_container(info.id, force=True, v=True)
+        self.snapshots.sweep()

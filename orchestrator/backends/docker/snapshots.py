@@ -6,9 +6,12 @@ What a snapshot holds, and what it must not. It is taken of a sandbox made exact
 (image, runtime, limits, seccomp, user, mounts, an empty environment: `none` networks carry no
 proxy settings) whose runtime has imported everything and blocks on its first line of stdin.
 No request, task, token or secret has reached the process yet: those arrive after the
-restore, through stdin, as today. The first line the host writes (RESTORED_LINE) tells the
-runtime it was restored, and it reseeds `random`, tempfile's names and OpenSSL's generator
-before anything else runs (`orchestrator_runtime.__main__.reseed`).
+restore, through stdin, as today. The first line the host writes, as soon as it restored
+the sandbox (RESTORED_LINE), tells the runtime it was restored, and it reseeds `random`,
+tempfile's names and OpenSSL's generator before anything else runs
+(`orchestrator_runtime.idle.reseed`). Warm pools (batches,
+`schedule serve`, cluster nodes) fill from snapshots too: a pooled sandbox is restored, then
+waits for its run as a cold pooled one does (its keeper idles the pool's time-to-live).
 
 Residual risk, accepted: every clone of a snapshot shares its memory layout (the addresses
 ASLR chose when the snapshot was taken) and Python's string-hash seed (fixed at interpreter
@@ -19,8 +22,9 @@ on its own tmpfs, and no two runs share one). The hash seed only orders sets and
 
 The deadline keeper (PID 1) is checkpointed too: it runs in its restorable idle mode
 (`orchestrator_runtime/deadline.py`, `--restorable-idle`), whose idle time starts again
-after a restore and whose run deadline starts when the runtime has read its request, so
-every restored sandbox stops on its own as a cold one does.
+at the restore (the runtime tells it when the restore line came; a keeper that wakes far
+later than it asked notices by itself) and whose run deadline starts when the runtime has
+read its request, so every restored sandbox stops on its own as a cold one does.
 
 Which engines: only gVisor's `runsc` without network. runc's checkpoints need CRIU, which
 fails on these hosts' kernels; gVisor with the host's network (`runsc-net`, hostinet) refuses
@@ -41,16 +45,17 @@ network), or a checkpoint or restore that fails.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -58,25 +63,42 @@ import docker
 import docker.errors
 
 from ...labels import run_labels
-from ...paths import home_dir
 from ..base import Progress, SandboxSpec
 from .runtimes import RUNSC, Placement
+from .snapshot_store import (
+    META_FILE,
+    Snapshot,
+    evict,
+    find,
+    keep_count,
+    making_lock,
+    mark_used,
+    remove,
+    snapshots_root,
+)
 
 #: `ORCHESTRATOR_SNAPSHOTS=off` (or 0, no, false) starts every run cold, silently.
 SNAPSHOTS_ENV = "ORCHESTRATOR_SNAPSHOTS"
 #: The checkpoint's name, in the maker's folder and in each restored container's.
 CHECKPOINT_NAME = "ready"
+#: The file, beside gVisor's state file in a restored container's checkpoint folder, that
+#: names the container (`Snapshots.restore`).
+RESTORED_INTO = "restored-into"
+#: The prefix of the folder containerd unpacks each restored checkpoint into: its task
+#: service makes it with `os.MkdirTemp($XDG_RUNTIME_DIR, "ctrd-checkpoint")` (the temp dir
+#: when that is unset) and never removes it, ~13 MB a restore (containerd 1.6 to 2.x).
+EXTRACTED_PREFIX = "ctrd-checkpoint"
+#: A whole container id, as RESTORED_INTO holds it.
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 #: How long a restorable sandbox idles before its keeper stops it (seconds): the maker until
 #: it is checkpointed, a restored one until its request is read (both take about a second).
 RESTORABLE_IDLE = 60.0
 #: How long the maker may take to import everything before it is given up.
 MAKER_READY_TIMEOUT = 60.0
+#: How long a pool's builder waits beyond that for another maker's checkpoint to be kept.
+MAKER_CHECKPOINT_TIMEOUT = 30.0
 #: The kind label of a snapshot's maker container (its owner's death makes it an orphan).
 KIND_SNAPSHOT_MAKER = "snapshot-maker"
-#: Where the snapshots are kept, under the state directory: one folder per id, holding the
-#: checkpoint's files (`checkpoint/`) and what they were made of (`snapshot.json`).
-SNAPSHOTS_DIR = "snapshots"
-META_FILE = "snapshot.json"
 
 
 class Maker(Protocol):
@@ -132,6 +154,68 @@ def engine_cannot(info: dict[str, Any], data_root_writable: bool) -> str | None:
     return None
 
 
+def containers_dir(info: dict[str, Any]) -> Path:
+    """Where the engine described by `info` keeps its containers' folders (under its data
+    root), a restored container's checkpoint among them."""
+    return Path(str(info.get("DockerRootDir") or "/var/lib/docker")) / "containers"
+
+
+def why_cold(info: dict[str, Any]) -> str | None:
+    """Why gVisor runs on the engine described by `info` start cold, as a sentence; None
+    when they are restored from snapshots."""
+    if not enabled():
+        return f"snapshots are turned off (${SNAPSHOTS_ENV})"
+    return engine_cannot(info, os.access(containers_dir(info), os.W_OK))
+
+
+@functools.cache
+def extracted_roots() -> list[Path]:
+    """Where containerd unpacks checkpoints to restore them: the XDG_RUNTIME_DIR (else TMPDIR)
+    of each containerd process this process may read, and /tmp (its default, and where to
+    look when its environment is not readable). Looked up once per process: it walks /proc."""
+    roots = [Path("/tmp")]
+    for comm in Path("/proc").glob("[0-9]*/comm"):
+        with contextlib.suppress(OSError):
+            if comm.read_text().strip() != "containerd":
+                continue
+            pairs = (comm.parent / "environ").read_bytes().split(b"\0")
+            env = dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+            roots.append(Path(env.get("XDG_RUNTIME_DIR") or env.get("TMPDIR") or "/tmp"))
+    return list(dict.fromkeys(roots))
+
+
+def remove_extracted(
+    containers: Path, restored: str | None = None, roots: list[Path] | None = None
+) -> int:
+    """Remove the folders containerd unpacked our checkpoints into (EXTRACTED_PREFIX): that
+    of the `restored` container (once it runs: gVisor has read its state by then), and
+    those of containers that are gone (`containers`: the engine's containers folder; a
+    restore that failed, or a process killed between the start and this call). A folder
+    is ours only when it holds our RESTORED_INTO file, so nobody else's restore is
+    touched. `roots`: where to look (`extracted_roots()`). Returns how many were removed;
+    never raises."""
+    removed = 0
+    for root in extracted_roots() if roots is None else roots:
+        with contextlib.suppress(OSError):
+            for folder in root.glob(f"{EXTRACTED_PREFIX}*"):
+                into = unpacked_for(folder)
+                if into is not None and (into == restored or not (containers / into).exists()):
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed += 1
+    return removed
+
+
+def unpacked_for(folder: Path) -> str | None:
+    """The container a folder containerd unpacked a checkpoint into was for (its
+    RESTORED_INTO file); None when it is not ours, or its id is not whole yet (read while
+    containerd unpacks it)."""
+    try:
+        into = (folder / RESTORED_INTO).read_text().strip()
+    except OSError:
+        return None
+    return into if CONTAINER_ID.fullmatch(into) else None
+
+
 def snapshot_id(image_id: str, runtime: dict[str, Any], config: dict[str, Any]) -> str:
     """The content address of a snapshot: a hash of the image's id, the engine runtime's
     registration (its path and flags) and the container's whole configuration except its
@@ -156,67 +240,6 @@ def say_cold_once(reason: str) -> None:
     sys.stderr.flush()
 
 
-def snapshots_root() -> Path:
-    return home_dir() / SNAPSHOTS_DIR
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A snapshot on this host: its id, its folder and what it was made of."""
-
-    id: str
-    folder: Path
-    meta: dict[str, Any]
-
-    @property
-    def checkpoint(self) -> Path:
-        return self.folder / "checkpoint"
-
-
-def find(snapshot: str) -> Snapshot | None:
-    folder = snapshots_root() / snapshot
-    try:
-        meta = json.loads((folder / META_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return Snapshot(snapshot, folder, meta)
-
-
-def list_snapshots() -> list[Snapshot]:
-    """Every complete snapshot of this state directory (one being made is in a `.partial`
-    folder until it is whole; a crash may leave one there)."""
-    root = snapshots_root()
-    if not root.is_dir():
-        return []
-    folders = [p for p in sorted(root.iterdir()) if p.is_dir() and "." not in p.name]
-    found = [find(path.name) for path in folders]
-    return [snapshot for snapshot in found if snapshot is not None]
-
-
-def remove(snapshot: Snapshot) -> None:
-    """The snapshot's folder and its lock file; gone already is fine."""
-    shutil.rmtree(snapshot.folder, ignore_errors=True)
-    snapshot.folder.with_name(f"{snapshot.id}.lock").unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def making_lock(snapshot: str) -> Iterator[bool]:
-    """Whether this process may make `snapshot` now (an exclusive lock on its lock file,
-    across processes): a run that finds another making it starts cold rather than wait."""
-    root = snapshots_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{snapshot}.lock", "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 class Snapshots:
     """The snapshots of one engine: made on first need, restored into new containers."""
 
@@ -224,11 +247,8 @@ class Snapshots:
         self.client = client
         self.api = client.api
         self.info = info  # the engine's `docker info`, asked once (`EngineRuntimes.info`)
+        self.keep = keep_count()  # a bad $ORCHESTRATOR_SNAPSHOTS_KEEP is refused up front
         self._image_ids: dict[str, str] = {}
-
-    def cold_reason(self) -> str | None:
-        """Why a covered run must start cold on this engine (said once), or None."""
-        return engine_cannot(self.info(), os.access(self._containers_dir(), os.W_OK))
 
     def restored(
         self,
@@ -238,19 +258,22 @@ class Snapshots:
         config: dict[str, Any],
         create: Callable[[SandboxSpec, str], M],
         progress: Progress,
+        pooled: bool = False,
     ) -> M | None:
         """A covered run's sandbox, created by `create(spec, kind)` with `config` (a
         restorable sandbox's whole configuration but name and labels), restored from its
         snapshot (made first if there is none) and started; None when it must start cold:
         the engine cannot, or making or restoring failed (said once, never raised), or
-        another process is making the snapshot now."""
-        reason = self.cold_reason()
+        another process or thread is making the snapshot now and this is a run's own
+        sandbox (a `pooled` one waits for it: no run waits for a pool's builder)."""
+        reason = why_cold(self.info())
         if reason is not None:
             say_cold_once(reason)
             return None
         try:
             key = self.key(spec, placement, config)
-            snapshot = find(key) or self._make(spec, key, create, progress)
+            wait = MAKER_READY_TIMEOUT + MAKER_CHECKPOINT_TIMEOUT if pooled else 0.0
+            snapshot = find(key) or self._make(spec, key, create, progress, wait)
         except (docker.errors.APIError, OSError, RuntimeError) as exc:
             say_cold_once(f"the snapshot could not be made ({explained(exc)})")
             return None
@@ -266,6 +289,7 @@ class Snapshots:
             say_cold_once(f"a sandbox could not be restored from {key} ({explained(exc)})")
             remove(snapshot)  # the next run makes it again rather than fail the same way
             return None
+        mark_used(snapshot)
         sandbox.restored_from = key
         sandbox.isolation = {**sandbox.isolation, "snapshot": key}
         return sandbox
@@ -276,11 +300,12 @@ class Snapshots:
         key: str,
         create: Callable[[SandboxSpec, str], Maker],
         progress: Progress,
+        wait: float,
     ) -> Snapshot | None:
         """Snapshot `key` made from a sandbox created as `spec`'s would be (its own run id
-        and labels: `cleanup` finds it if this process dies); None when another process is
-        making it now."""
-        with making_lock(key) as mine:
+        and labels: `cleanup` finds it if this process dies), or made meanwhile by another
+        maker we waited up to `wait` seconds for; None when another is making it still."""
+        with making_lock(key, wait) as mine:
             if not mine:
                 return None
             found = find(key)
@@ -292,7 +317,9 @@ class Snapshots:
                 replace(spec, run_id=maker_id, labels=run_labels(maker_id)), KIND_SNAPSHOT_MAKER
             )
             meta = {"image": spec.image, "runtime": RUNSC, "limits": asdict(spec.limits)}
-            return self.make(key, maker, meta)
+            made = self.make(key, maker, meta)
+            evict(self.keep)  # the new one is the most recently used: it stays
+            return made
 
     def key(self, spec: SandboxSpec, placement: Placement, config: dict[str, Any]) -> str:
         """The id of the snapshot a container of `config` would be restored from."""
@@ -347,21 +374,34 @@ class Snapshots:
         files cannot be placed, RuntimeError when the restored sandbox is not running."""
         target = self._checkpoints_of(sandbox.id) / CHECKPOINT_NAME
         shutil.copytree(snapshot.checkpoint, target)
-        sandbox.prestart(checkpoint=CHECKPOINT_NAME)
+        # The engine uploads a checkpoint's folder to containerd as one blob, named by its
+        # hash, for each restore, and deletes it after: two restores of identical folders at
+        # once collide ("content ... already exists"). A file naming the container makes
+        # each folder's hash its own; gVisor reads only its state file.
+        (target / RESTORED_INTO).write_text(sandbox.id)
+        try:
+            sandbox.prestart(checkpoint=CHECKPOINT_NAME)
+        finally:  # containerd leaves its unpacked copy behind, whatever the start did
+            remove_extracted(containers_dir(self.info()), sandbox.id)
         state = self.api.inspect_container(sandbox.id)["State"]
         if not state.get("Running"):
             raise RuntimeError(
                 f"the restored sandbox is not running (exit code {state.get('ExitCode')})"
             )
 
+    def sweep(self) -> int:
+        """Remove what containerd unpacked for restores whose containers are gone
+        (`remove_extracted`); how many. Never raises."""
+        try:
+            containers = containers_dir(self.info())
+        except Exception:  # the engine is gone: nothing can be told apart
+            return 0
+        return remove_extracted(containers)
+
     def _checkpoints_of(self, container_id: str) -> Path:
         """A container's own checkpoint folder on the engine's host. This Docker refuses
         `--checkpoint-dir` for runsc, so the folder is the one place it reads from."""
-        return self._containers_dir() / container_id / "checkpoints"
-
-    def _containers_dir(self) -> Path:
-        """Where the engine keeps its containers' folders (under its data root)."""
-        return Path(str(self.info().get("DockerRootDir") or "/var/lib/docker")) / "containers"
+        return containers_dir(self.info()) / container_id / "checkpoints"
 
     def _checkpoint(self, container_id: str) -> None:
         """`docker checkpoint create --leave-running=false` (the SDK has no call for it:
