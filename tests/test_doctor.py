@@ -89,6 +89,7 @@ def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
         "host.seccomp": "fail",
         "host.cgroup_limits": "pass",
         "host.engine_log": "pass",
+        "host.snapshots": "pass",
     }
     (seccomp,) = [c for c in report["checks"] if c["name"] == "host.seccomp"]
     assert seccomp["fix"] and "seccomp" in seccomp["detail"]
@@ -103,8 +104,8 @@ def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
     assert code == 1
     assert lines[0].startswith("FAIL") and "host.sandbox_kernel" in lines[0]
     assert lines[1].lstrip().startswith("fix:") and "setup-gvisor.sh" in lines[1]
-    assert [line.split()[0] for line in lines[2:5]] == ["PASS", "PASS", "PASS"]
-    assert lines[-1].startswith("4 checks: 3 passed, 1 failed, 0 not applicable")
+    assert [line.split()[0] for line in lines[2:6]] == ["PASS", "PASS", "PASS", "PASS"]
+    assert lines[-1].startswith("5 checks: 4 passed, 1 failed, 0 not applicable")
 
 
 def test_gvisor_registered_without_the_filter_fails_the_kernel_check(
@@ -120,6 +121,28 @@ def test_gvisor_registered_without_the_filter_fails_the_kernel_check(
     assert outcome.status == "fail" and "--oci-seccomp" in outcome.detail, outcome.detail
     assert "runsc-net" not in outcome.detail  # only the one registered without it
     assert outcome.fix and "setup-gvisor.sh" in outcome.fix
+
+
+def test_the_snapshot_check_says_why_gvisor_runs_start_cold_and_never_fails(
+    live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Speed, not safety: an engine without checkpoints passes, saying that gVisor runs
+    start cold and what turns snapshots on."""
+    from orchestrator.backends.docker import snapshots
+
+    only = ["host.snapshots"]
+    plain = {**live_info, "ExperimentalBuild": False}
+    (cold,) = doctor("docker", only=only, facts=plain).outcomes
+    assert cold.status == "pass" and "start cold" in cold.detail, cold
+    assert "enable-checkpoints.sh" in cold.detail
+    (none,) = doctor("docker", only=only, facts=without_gvisor(live_info)).outcomes
+    assert none.status == "pass" and "no gVisor" in none.detail, none
+    able = {**live_info, "ExperimentalBuild": True, "Runtimes": {"runsc": {}, "runsc-net": {}}}
+    (restored,) = doctor("docker", only=only, facts=able).outcomes
+    assert "start from a snapshot" in restored.detail, restored
+    monkeypatch.setenv(snapshots.SNAPSHOTS_ENV, "off")
+    (off,) = doctor("docker", only=only, facts=able).outcomes
+    assert "turned off" in off.detail and snapshots.SNAPSHOTS_ENV in off.detail, off
 
 
 def test_an_engine_in_debug_mode_fails_the_log_check(live_info: dict[str, Any]) -> None:

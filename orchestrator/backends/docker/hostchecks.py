@@ -1,6 +1,7 @@
 """The host's configuration as the Docker engine describes itself (`docker info`), checked
 without a run (`DockerBackend.host_checks`, shown by `orchestrator doctor`): gVisor
-registered, seccomp, cgroup limits, and an engine log that holds no secret (no debug mode).
+registered, seccomp, cgroup limits, an engine log that holds no secret (no debug mode), and
+whether gVisor runs start from snapshots (speed only: that one never fails).
 
 Each check takes the engine's info as data, so that a test can hand it a double (an engine
 without gVisor, one without seccomp) instead of changing the real daemon.
@@ -13,6 +14,7 @@ from typing import Any
 import docker
 
 from ..base import Backend, HostCheck, HostProblem
+from . import snapshots
 from .runtimes import OCI_SECCOMP, RUNSC, RUNSC_NET, SETUP_SCRIPT, without_seccomp
 from .seccomp import PROFILE_NAME
 
@@ -90,6 +92,20 @@ def check_engine_log(info: dict[str, Any]) -> str:
     )
 
 
+def check_snapshots(info: dict[str, Any]) -> str:
+    """Speed, never safety: says whether gVisor runs start from a snapshot, or why they start
+    cold and what turns snapshots on; it does not fail (a cold start is as safe)."""
+    if RUNSC not in (info.get("Runtimes") or {}):
+        return "no gVisor, nothing to restore: runs on runc start cold (no checkpoints there)"
+    reason = snapshots.why_cold(info)
+    if reason is not None:
+        return f"gVisor runs start cold, about 1 s slower each: {reason}"
+    return (
+        "gVisor runs without network start from a snapshot of the ready runtime, restored "
+        "into a new sandbox each time (`images list` shows the snapshots)"
+    )
+
+
 HOST_CHECKS: tuple[HostCheck, ...] = (
     HostCheck(
         "host.sandbox_kernel",
@@ -101,6 +117,11 @@ HOST_CHECKS: tuple[HostCheck, ...] = (
         "host.cgroup_limits", "the engine can enforce memory and pids limits", check_cgroup_limits
     ),
     HostCheck("host.engine_log", "the engine's own log holds no secret", check_engine_log),
+    HostCheck(
+        "host.snapshots",
+        "gVisor runs start from a snapshot where the engine can checkpoint (speed only)",
+        check_snapshots,
+    ),
 )
 
 
