@@ -126,6 +126,25 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return WorkUnitScheduling(config, log)
 
 
+#: Seconds each work unit took so far (its tests' setup, call and teardown), for the summary.
+_unit_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    unit = work_unit(report.nodeid)
+    _unit_seconds[unit] = _unit_seconds.get(unit, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The slowest work units: a worker runs each whole, so one long unit begun late keeps
+    the run going after the other worker has finished (CI's wall time)."""
+    slowest = sorted(_unit_seconds.items(), key=lambda item: -item[1])[:15]
+    if slowest and slowest[0][1] >= 1:
+        terminalreporter.write_sep("=", "slowest work units (each runs whole in one worker)")
+        for unit, seconds in slowest:
+            terminalreporter.write_line(f"{seconds:7.1f}s {unit}")
+
+
 @pytest.fixture(scope="session")
 def e2b_test_server() -> Iterator[Any]:
     """One E2B test server for the whole session (tests/e2b_server/), so a template built by
@@ -160,6 +179,16 @@ def agent_image(docker_client) -> str:
 
 def our_containers(docker_client, store_label: str) -> list[dict]:
     return docker_client.api.containers(all=True, filters={"label": [store_label]})
+
+
+def run_containers(docker_client, store_label: str, run_id: str) -> list[dict]:
+    """This session's containers of one run. A test that inspects its run's sandbox asks by run
+    id: another sandbox of the session (a pool's, a snapshot maker's, one still being removed)
+    may carry the same store label, and be gone between the listing and the inspection."""
+    from orchestrator.labels import LABEL_RUN_ID
+
+    labels = [store_label, f"{LABEL_RUN_ID}={run_id}"]
+    return docker_client.api.containers(all=True, filters={"label": labels})
 
 
 def our_networks(docker_client, store_label: str) -> list[dict]:

@@ -18,6 +18,7 @@ import pytest
 from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.records.store import new_run_id
 from orchestrator.spec import Limits
 
 from .conftest import (
@@ -28,6 +29,7 @@ from .conftest import (
     cli,
     events_of,
     our_containers,
+    run_containers,
     wait_for,
 )
 
@@ -99,10 +101,15 @@ def _run_in_thread(spec: RunSpec, **kwargs):
 def test_container_is_hardened_while_live(
     agent_image: str, docker_client, store_label: str, no_leftovers
 ) -> None:
-    spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "sleep"}, timeout_seconds=60)
+    run_id = new_run_id()
+    spec = RunSpec(
+        payload=ADVERSARY, additional_args={"mode": "sleep"}, timeout_seconds=60, run_id=run_id
+    )
     thread, cancel, box = _run_in_thread(spec)
     try:
-        container = wait_for(lambda: our_containers(docker_client, store_label), timeout=120)[0]
+        container = wait_for(
+            lambda: run_containers(docker_client, store_label, run_id), timeout=120
+        )[0]
         info = docker_client.api.inspect_container(container["Id"])
     finally:
         cancel.set()
@@ -244,10 +251,21 @@ def test_cpu_and_tmpfs_limits_hold(
     `tmpfs_mb` (the default's, 256 MiB: not a run option) is refused with ENOSPC. Under
     gVisor the sandbox's own count of its CPU time is gVisor's, so the host's is read."""
     tmpfs_mb = Limits().tmpfs_mb
-    spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "hog"}, cpus=0.5, memory_mb=1024)
+    run_id = new_run_id()
+    spec = RunSpec(
+        payload=ADVERSARY,
+        additional_args={"mode": "hog"},
+        cpus=0.5,
+        memory_mb=1024,
+        run_id=run_id,
+    )
     thread, cancel, box = _run_in_thread(spec)
     try:
-        container = wait_for(lambda: our_containers(docker_client, store_label), timeout=120)[0]
+        # The run's own container: under gVisor the first such run makes its snapshot first,
+        # in a maker container of the same store that is gone once checkpointed.
+        container = wait_for(
+            lambda: run_containers(docker_client, store_label, run_id), timeout=120
+        )[0]
         assert (
             docker_client.api.inspect_container(container["Id"])["HostConfig"]["NanoCpus"]
             == 5 * 10**8
@@ -338,13 +356,14 @@ def test_sigkill_leaves_container_that_cleanup_removes(
 def test_cleanup_keeps_sandboxes_of_live_runs(
     agent_image: str, docker_client, store_label, no_leftovers
 ) -> None:
-    spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "sleep"})
+    run_id = new_run_id()
+    spec = RunSpec(payload=ADVERSARY, additional_args={"mode": "sleep"}, run_id=run_id)
     thread, cancel, box = _run_in_thread(spec)
     try:
-        wait_for(lambda: our_containers(docker_client, store_label), timeout=120)
+        wait_for(lambda: run_containers(docker_client, store_label, run_id), timeout=120)
         out = cli("cleanup")
         assert "kept sandbox" in out.stdout, out.stdout
-        assert our_containers(docker_client, store_label)
+        assert run_containers(docker_client, store_label, run_id)
     finally:
         cancel.set()
         thread.join(timeout=60)

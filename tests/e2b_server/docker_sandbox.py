@@ -323,9 +323,11 @@ class SandboxContainer:
 
 
 def list_containers(client: docker.DockerClient, **labels: str) -> list[Any]:
-    """All containers (running or not) carrying this server's label and `labels`."""
+    """All containers (running or not) carrying this server's label and `labels`. One
+    removed between the engine's list and the SDK's inspect of each is left out, not an
+    error (another server of the session removes its own meanwhile: a 404 failed a CI)."""
     filters = [f"{LABEL}=1", *(f"{k}={v}" for k, v in labels.items())]
-    return client.containers.list(all=True, filters={"label": filters})
+    return client.containers.list(all=True, filters={"label": filters}, ignore_removed=True)
 
 
 def reap_orphans(client: docker.DockerClient) -> int:

@@ -27,7 +27,10 @@ if ! command -v runsc >/dev/null 2>&1; then
 fi
 RUNSC=$(command -v runsc)
 SECCOMP_FLAG=""
-if "$RUNSC" flags 2>&1 | grep -q -- '-oci-seccomp'; then
+# The list read whole first: piped into `grep -q`, which leaves at the first match, runsc
+# could get SIGPIPE mid-list, and under pipefail the flag counted as missing (seen in CI).
+RUNSC_FLAGS=$("$RUNSC" flags 2>&1 || true)
+if grep -q -- '-oci-seccomp' <<<"$RUNSC_FLAGS"; then
     SECCOMP_FLAG="--oci-seccomp"
 else
     echo "setup-gvisor: this runsc has no --oci-seccomp: gVisor sandboxes will run without our seccomp filter" >&2

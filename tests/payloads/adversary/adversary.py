@@ -25,11 +25,13 @@ def misbehave(mode: str) -> str:
             "outlive" (attack the container's deadline keeper, then try to outlive it),
             "flood" (print 64 KiB lines to stderr for a minute), "longline-N" (print one
             line of N MiB, then a newline), "block-K" (one write of a K KiB line to
-            stderr), "hog" (keep four processes busy for 3 s, then fill /tmp until
+            stderr), "hog" (keep four processes busy for 10 s, then fill /tmp until
             refused), or "ok" (do nothing).
     """
     if mode == "hog":
-        spin(processes=4, seconds=3.0)
+        # Long enough for a test on a busy host (whose every engine call can take a second
+        # or two) to find the running sandbox and read its throttling.
+        spin(processes=4, seconds=10.0)
         return fill("/tmp")
     if mode.startswith("block-"):
         sys.stderr.write("z" * (int(mode.split("-", 1)[1]) * 1024) + "\n")
