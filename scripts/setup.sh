@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 python=${PYTHON:-python3}
 # Each step says what it does first: pip and uv run quietly, and the first time they take
-# about two minutes together (a silent wait reads like a hang).
+# a minute or two together (a silent wait reads like a hang).
 say() { echo "setup: $*" >&2; }
 if [ ! -x .venv/bin/python ]; then
     say "making the virtualenv .venv"
@@ -16,14 +16,19 @@ fi
 # setuptools warns on every editable install that a folder named like the package may shadow
 # it (it does not here: the folder *is* the package); a wall of text that says nothing to do.
 quiet_build="ignore::UserWarning:setuptools.command.editable_wheel"
-say "installing orchestrator and its test tools into .venv (pip, quiet: a minute or two the first time, seconds later)"
-.venv/bin/python -m pip install --quiet --upgrade pip
+say "installing orchestrator and its test tools into .venv (uv, quiet: under a minute the first time, seconds later)"
+# uv (a dev dependency, Astral's installer) first, with pip: it installs the rest about four
+# times faster than pip does (14 s against 56 s here, caches warm), which CI's setup feels.
+# Byte-compiled as pip would (--compile-bytecode): with PYTHONDONTWRITEBYTECODE set, every
+# `orchestrator` command would otherwise compile its dependencies' modules again.
+.venv/bin/python -m pip install --quiet --upgrade pip uv
 # `ray`: the optional extra behind `batch --ray` (orchestrator/cluster/), for tests/test_ray.py.
-PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet -e '.[dev,ray]'
+PYTHONWARNINGS=$quiet_build .venv/bin/uv pip install --quiet --native-tls --compile-bytecode \
+    --python .venv/bin/python -e '.[dev,ray]'
 # Backends defined outside the project, registered through the entry point as a third party's
 # would be (tests/plugins/README.md); the tests use them.
-PYTHONWARNINGS=$quiet_build .venv/bin/python -m pip install --quiet --no-deps \
-    -e tests/plugins/orchestrator_mirror -e tests/plugins/orchestrator_broken
+PYTHONWARNINGS=$quiet_build .venv/bin/uv pip install --quiet --native-tls --no-deps \
+    --python .venv/bin/python -e tests/plugins/orchestrator_mirror -e tests/plugins/orchestrator_broken
 # The project's own modules byte-compiled, as pip compiles an installed package: an editable
 # install leaves them as source, and where PYTHONDONTWRITEBYTECODE is set (CI, these machines)
 # every `orchestrator` command would compile its ~60 host modules again (0.15-0.2 s of each
