@@ -67,6 +67,10 @@ def progress_line(p: BatchProgress) -> str:
     return " · ".join(parts)
 
 
+#: The width a summary is laid out in when no terminal shows it: wider than any row.
+PIPED_WIDTH = 400
+
+
 class BatchDisplay:
     """A live bar on a terminal (rich); a plain line every PLAIN_INTERVAL seconds otherwise,
     so logs of cron jobs and CI stay readable."""
@@ -77,7 +81,12 @@ class BatchDisplay:
         self.stream = stream or sys.stderr
         self.tty = is_terminal(self.stream)  # styled lines (also under FORCE_COLOR=1)
         self.interactive = self.stream.isatty()  # the live bar only where a person watches
-        self.console = Console(file=self.stream, highlight=False, no_color=not self.tty)
+        # Piped (a log, a cron mail): each summary row on one line, however long its figures,
+        # so that a row is found by grep; rich would wrap at 80 columns.
+        width = None if self.tty else PIPED_WIDTH
+        self.console = Console(
+            file=self.stream, highlight=False, no_color=not self.tty, width=width
+        )
         self.quiet = quiet
         self._live: Any = None
         self._progress: Any = None
