@@ -93,6 +93,7 @@ def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
         "host.cgroup_limits": "pass",
         "host.engine_log": "pass",
         "host.snapshots": "pass",
+        "host.storage": "pass",
     }
     (seccomp,) = [c for c in report["checks"] if c["name"] == "host.seccomp"]
     assert seccomp["fix"] and "seccomp" in seccomp["detail"]
@@ -107,8 +108,8 @@ def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
     assert code == 1
     assert lines[0].startswith("FAIL") and "host.sandbox_kernel" in lines[0]
     assert lines[1].lstrip().startswith("fix:") and "setup-gvisor.sh" in lines[1]
-    assert [line.split()[0] for line in lines[2:6]] == ["PASS", "PASS", "PASS", "PASS"]
-    assert lines[-1].startswith("5 checks: 4 passed, 1 failed, 0 not applicable")
+    assert [line.split()[0] for line in lines[2:7]] == ["PASS"] * 5
+    assert lines[-1].startswith("6 checks: 5 passed, 1 failed, 0 not applicable")
 
 
 def test_gvisor_registered_without_the_filter_fails_the_kernel_check(
@@ -146,6 +147,22 @@ def test_the_snapshot_check_says_why_gvisor_runs_start_cold_and_never_fails(
     monkeypatch.setenv(snapshots.SNAPSHOTS_ENV, "off")
     (off,) = doctor("docker", only=only, facts=able).outcomes
     assert "turned off" in off.detail and snapshots.SNAPSHOTS_ENV in off.detail, off
+
+
+def test_the_storage_check_names_a_slow_driver_and_the_way_out_and_never_fails(
+    live_info: dict[str, Any],
+) -> None:
+    """Speed, not safety: fuse-overlayfs or vfs pass, saying what they cost and how to move
+    to overlay2; overlay2 passes, named."""
+    only = ["host.storage"]
+    for slow in ("fuse-overlayfs", "vfs"):
+        (outcome,) = doctor("docker", only=only, facts={**live_info, "Driver": slow}).outcomes
+        assert outcome.status == "pass" and slow in outcome.detail, outcome
+        assert '"storage-driver": "overlay2"' in outcome.detail and "use-overlay2.sh" in (
+            outcome.detail
+        )
+    (native,) = doctor("docker", only=only, facts={**live_info, "Driver": "overlay2"}).outcomes
+    assert native.detail == "the engine stores containers with overlay2", native
 
 
 def test_an_engine_in_debug_mode_fails_the_log_check(live_info: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ DESCRIPTION = """\
 Check that this host and backend keep the orchestrator's promises, with the same checks a
 backend must pass in the conformance kit (orchestrator.testing): the host's configuration
 as the engine reports it (which kernel runs on `auto` pick: gVisor registered or not; the
-seccomp filter; cgroup limits; no debug mode writing request bodies to the engine's log),
+seccomp filter; cgroup limits; no debug mode writing request bodies to the engine's log;
+and, for speed only, whether gVisor runs start from snapshots and the storage driver),
 then short real runs of a probe payload in sandboxes of the backend (one sandbox per run,
 removed after; a cancel ending the run; a warm sandbox serving its one run; payloads with a
 symlink out or over the size cap refused before any sandbox; time, memory, process and
