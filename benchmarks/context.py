@@ -33,7 +33,8 @@ def commit() -> str:
 
 def header(client: Any = None) -> dict[str, Any]:
     """cpus, machine, docker and storage (the engine's version and storage driver, with a
-    Docker SDK `client`), commit and date (UTC, so results from machines in other zones sort and compare as they are)."""
+    Docker SDK `client`), commit and date (UTC, so results from machines in other zones
+    sort and compare as they are)."""
     found: dict[str, Any] = {"cpus": os.cpu_count(), "machine": platform.platform()}
     if client is not None:
         found["docker"] = client.version().get("Version")
@@ -46,9 +47,9 @@ def header(client: Any = None) -> dict[str, Any]:
 
 
 def summary(report: dict[str, Any], *, started: bool = False) -> str:
-    """The header's line for the .md file: `4 CPUs; Docker 27.3.1 (overlay2); commit abc1234; <date>`
-    (the docs' performance page reads the CPUs and the date from it). `started`: the date
-    is when the run began, for reports rewritten as they go."""
+    """The header's line for the .md file: `4 CPUs; Docker 27.3.1 (overlay2); commit
+    abc1234; <date>` (the docs' performance page reads the CPUs and the date from it).
+    `started`: the date is when the run began, for reports rewritten as they go."""
     parts = [f"{report['cpus']} CPUs"]
     if "docker" in report:
         storage = f" ({report['storage']})" if report.get("storage") else ""
