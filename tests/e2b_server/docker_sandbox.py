@@ -345,6 +345,19 @@ def reap_orphans(client: docker.DockerClient) -> int:
     return removed
 
 
+def list_images(client: docker.DockerClient, *labels: str, all_layers: bool = True) -> list[Any]:
+    """The images carrying every one of `labels` (`key=value`). One removed between the
+    engine's list and the SDK's inspect of each is left out, not an error (another server of
+    the session removes its own meanwhile: a 404 failed a CI)."""
+    found = []
+    for row in client.api.images(all=all_layers, filters={"label": list(labels)}):
+        try:
+            found.append(client.images.get(row["Id"]))
+        except docker.errors.NotFound:
+            continue
+    return found
+
+
 def remove_images(client: docker.DockerClient, keep: Callable[[Any], bool] | None = None) -> int:
     """Remove every image carrying this server's label (but those `keep` spares).
 
@@ -353,11 +366,7 @@ def remove_images(client: docker.DockerClient, keep: Callable[[Any], bool] | Non
     """
     removed = 0
     for _ in range(20):
-        images = [
-            i
-            for i in client.images.list(all=True, filters={"label": [f"{LABEL}=1"]})
-            if keep is None or not keep(i)
-        ]
+        images = [i for i in list_images(client, f"{LABEL}=1") if keep is None or not keep(i)]
         progress = False
         for image in images:
             try:

@@ -42,6 +42,7 @@ from .docker_sandbox import (
     ContainerGone,
     SandboxContainer,
     list_containers,
+    list_images,
     remove_images,
 )
 from .errors import ApiError
@@ -481,8 +482,8 @@ class TemplateBuilds:
 
     def images(self) -> list[Any]:
         """The tagged images this cloud built that still exist."""
-        found = self.cloud.docker.images.list(
-            filters={"label": [f"{LABEL_INSTANCE}={self.cloud.instance_id}"]}
+        found = list_images(
+            self.cloud.docker, f"{LABEL_INSTANCE}={self.cloud.instance_id}", all_layers=False
         )
         return [i for i in found if any(t.startswith(IMAGE_REPOSITORY + "/") for t in i.tags)]
 
