@@ -19,14 +19,7 @@ SAY_AS=enable-checkpoints
 WANTED='{"experimental": true, "live-restore": true}'
 
 enable_checkpoints() {
-    if [ "$(id -u)" != 0 ]; then
-        say "needs root (it edits $DAEMON_JSON and restarts dockerd)"
-        return 1
-    fi
-    if ! engine_answers; then
-        say "the Docker engine does not answer; start it first"
-        return 1
-    fi
+    preflight "it edits $DAEMON_JSON and restarts dockerd" || return 1
     local experimental live running
     experimental=$(docker info -f '{{.ExperimentalBuild}}')
     live=$(docker info -f '{{.LiveRestoreEnabled}}')

@@ -47,14 +47,7 @@ overlay_works_in() {
 }
 
 use_overlay2() {
-    if [ "$(id -u)" != 0 ]; then
-        say "needs root (it mounts a test overlay, edits $DAEMON_JSON and restarts dockerd)"
-        return 1
-    fi
-    if ! engine_answers; then
-        say "the Docker engine does not answer; start it first"
-        return 1
-    fi
+    preflight "it mounts a test overlay, edits $DAEMON_JSON and restarts dockerd" || return 1
     local driver root containers images
     driver=$(docker info -f '{{.Driver}}')
     case $driver in

@@ -43,6 +43,19 @@ print("yes")
 
 engine_answers() { docker info >/dev/null 2>&1; }
 
+# Whether this script may go on: run as root, with an engine that answers; says why not.
+# $1: what the script does that needs root.
+preflight() {
+    if [ "$(id -u)" != 0 ]; then
+        say "needs root ($1)"
+        return 1
+    fi
+    if ! engine_answers; then
+        say "the Docker engine does not answer; start it first"
+        return 1
+    fi
+}
+
 wait_for_engine() {
     local waited=0
     until engine_answers; do
@@ -84,9 +97,18 @@ start_engine() {
     wait_for_engine
 }
 
-# Merge the JSON object $1 into daemon.json and restart dockerd for it. If the new engine
-# does not answer, the old daemon.json is put back and the engine started again; returns 1
-# then. The caller has checked that a restart is safe (what runs survives it, or nothing runs).
+# daemon.json as it was: the copy $1, or no file when there was none.
+put_back() {
+    if [ -e "$1" ]; then
+        mv "$1" "$DAEMON_JSON"
+    else
+        rm -f "$DAEMON_JSON"
+    fi
+}
+
+# Merge the JSON object $1 into daemon.json and restart dockerd for it. If the old engine
+# will not stop, or the new one does not answer, the old daemon.json is put back (and the
+# engine started again); returns 1 then. The caller has checked that a restart is safe (what runs survives it, or nothing runs).
 restart_with() {
     local wanted=$1 backup
     backup=$(mktemp)
@@ -96,17 +118,16 @@ restart_with() {
         rm -f "$backup"
     fi
     merge_config "$wanted" >/dev/null
-    stop_engine
+    if ! stop_engine; then  # the old engine runs on: it must keep the file it started with
+        put_back "$backup"
+        return 1
+    fi
     if start_engine; then
         rm -f "$backup"
         return 0
     fi
     say "the new dockerd did not answer within ${ENGINE_WAIT} s (see $DOCKERD_LOG); putting the old daemon.json back"
-    if [ -e "$backup" ]; then
-        mv "$backup" "$DAEMON_JSON"
-    else
-        rm -f "$DAEMON_JSON"
-    fi
+    put_back "$backup"
     stop_engine || true
     if start_engine; then
         say "dockerd runs again with the old configuration"
