@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .registry import DEFAULT_BACKEND
+from .schema import Field
 from .spec import NetworkPolicy
 
 if TYPE_CHECKING:
@@ -35,6 +36,28 @@ HOST_NAME_HELP = (
     "schemes, ports, paths, IP addresses or localhost. For a model server on this machine, "
     "pass --api-base http://127.0.0.1:PORT/v1 instead: the sandbox then reaches that one port."
 )
+
+
+#: The most hosts a run's allowlist may list: the payload's `[network] hosts` (or a program's
+#: `[tool.orchestrator.network]`), a schedule's `allow_hosts` and `--allow-host` together
+#: (the model's own hosts come on top). The egress proxy reads them at its start, and its
+#: start time grows with them: `benchmarks/egress_hosts.py` measures it, at this maximum too.
+MAX_HOSTS = 10_000
+
+
+#: What to do about too long an allowlist (the error's fix, wherever the hosts were listed).
+MAX_HOSTS_HELP = (
+    f"List at most {MAX_HOSTS:,} hosts; a wildcard (*.example.com) covers every name under "
+    "one domain."
+)
+
+
+def hosts_field(fix: str = HOST_NAME_HELP) -> Field:
+    """The schema of a list of hosts in a user's file (a manifest's `[network] hosts`, a
+    schedule's `allow_hosts`): DNS names (`check_host_name`; `fix` for one that is not), at
+    most `MAX_HOSTS`."""
+    entry = Field(str, check=check_host_name, fix=fix)
+    return Field(list, items=entry, max_items=MAX_HOSTS, fix=MAX_HOSTS_HELP)
 
 
 #: The name under which a sandbox reaches a model endpoint on the host its sandboxes run on
@@ -171,18 +194,28 @@ def resolve_policy(
     `open` only when asked for by name.
 
     The allowlist is the model provider's host, the payload's `hosts` and `allow_hosts`
-    (`--allow-host`, checked here). A model endpoint on this host becomes
-    `HOST_ALIAS:port`, the only way to it (with `host_alias`: sandboxes on this host; a
-    backend whose sandboxes run elsewhere takes the endpoint as given, see
-    `check_remote_endpoint`). Raises ConfigError for a bad `--allow-host`, an
-    unknown mode, and for `none` with a model that needs the network (it could only fail,
-    after a sandbox was made: refused before anything starts).
+    (`--allow-host`, checked here, and the two together against `MAX_HOSTS`). A model
+    endpoint on this host becomes `HOST_ALIAS:port`, the only way to it (with `host_alias`:
+    sandboxes on this host; a backend whose sandboxes run elsewhere takes the endpoint as
+    given, see `check_remote_endpoint`). Raises ConfigError for a bad `--allow-host`, for
+    more hosts than `MAX_HOSTS` with it, an unknown mode, and for `none` with a model that
+    needs the network (it could only fail, after a sandbox was made: refused before anything
+    starts).
     """
     for host in allow_hosts:
         problem = check_host_name(host)
         if problem:
             raise ConfigError(f"--allow-host {host!r} {problem}.", HOST_NAME_HELP)
     hosts = tuple(dict.fromkeys(h.lower() for h in (*hosts, *allow_hosts)))
+    if len(hosts) > MAX_HOSTS:
+        listed = "`[network] hosts`" + (
+            " and --allow-host (or a schedule's `allow_hosts`) together" if allow_hosts else ""
+        )
+        raise ConfigError(
+            f"The allowlist has {len(hosts):,} hosts, from {listed}: more than the maximum "
+            f"of {MAX_HOSTS:,}.",
+            MAX_HOSTS_HELP,
+        )
     needs_network = model.needs_network or bool(hosts)
     mode = mode or ("allowlist" if needs_network else "none")
     if mode not in ("none", "allowlist", "open"):

@@ -70,6 +70,7 @@ class Field:
         "maximum",
         "pattern",
         "items",
+        "max_items",
         "table",
         "values",
         "check",
@@ -86,6 +87,7 @@ class Field:
         maximum: float | None = None,
         pattern: re.Pattern[str] | None = None,
         items: Field | None = None,
+        max_items: int | None = None,
         table: Table | None = None,
         values: Field | None = None,
         check: Callable[[Any], str | None] | None = None,
@@ -102,6 +104,8 @@ class Field:
         self.pattern = pattern
         #: For a list: what each item must be.
         self.items = items
+        #: For a list: the most entries it may hold.
+        self.max_items = max_items
         #: For a table with known keys.
         self.table = table
         #: For a table with free keys (`mock.scripts`): what each value must be.
@@ -243,6 +247,11 @@ def check_value(
         phrase = spec.check(value)
         if phrase:
             return bad(f"has an entry {value!r} that {phrase}" if item else f"{value!r} {phrase}")
+    if spec.max_items is not None and len(value) > spec.max_items:
+        return bad(
+            f"has {len(value):,} entries, more than the maximum of {spec.max_items:,}",
+            f"List at most {spec.max_items:,}.",
+        )
     if spec.items is not None:
         kept = [check_value(spec.items, v, path, problems, types, item=True) for v in value]
         return INVALID if any(v is INVALID for v in kept) else kept

@@ -18,6 +18,7 @@ import importlib.util
 import json
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +34,7 @@ from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.backends.docker.egress import KIND_EGRESS, KIND_EGRESS_NETWORK, parse_access_log
 from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
-from orchestrator.policy import HOST_ALIAS
+from orchestrator.policy import HOST_ALIAS, MAX_HOSTS
 
 from .conftest import (
     PAYLOADS,
@@ -105,7 +106,7 @@ def container_of(docker_client, run_id: str, kind: str) -> dict[str, Any] | None
 # ---- the policy (no Docker needed) ---------------------------------------------------------
 
 
-def _render(policy: dict[str, Any]) -> tuple[str, str]:
+def _render(policy: dict[str, Any]) -> tuple[str, str, dict[str, str]]:
     path = REPO / "images" / "egress" / "entrypoint.py"
     spec = importlib.util.spec_from_file_location("egress_entrypoint", path)
     assert spec and spec.loader
@@ -115,7 +116,7 @@ def _render(policy: dict[str, Any]) -> tuple[str, str]:
 
 
 def test_squid_rules_never_resolve_an_unlisted_name() -> None:
-    access, ssl = _render(
+    access, ssl, files = _render(
         {
             "hosts": ["api.example.com"],
             "wildcards": ["example.org"],
@@ -129,8 +130,15 @@ def test_squid_rules_never_resolve_an_unlisted_name() -> None:
     for rule in rules:
         if "blocked_dst" in rule:
             assert rule.split()[2] in ("listed_names", "listed_wild"), rule
-    assert r"^([a-z0-9-]+\.)+example\.org$" in access  # subdomains only, not the apex
-    assert "dstdomain -n api.example.com" in access  # exact, no reverse lookups
+    # Exact names, no reverse lookups; wildcards: subdomains only, not the apex. Each list
+    # is a file of its own, which the ACLs read (a configuration line of any length).
+    assert 'acl listed_names dstdomain -n "/tmp/listed_names"' in access
+    assert 'acl listed_wild dstdom_regex -n -i "/tmp/listed_patterns"' in access
+    assert files == {
+        "/tmp/listed_names": "api.example.com\n",
+        "/tmp/listed_patterns": "^([a-z0-9-]+\\.)+example\\.org$\n",
+    }
+    assert 'ssl::server_name "/tmp/listed_names"' in ssl
     assert "ssl_bump splice listed_sni" in ssl
     with pytest.raises(ValueError):
         _render({"hosts": ["bad name; http_access allow all"], "clients": ["10.0.0.0/8"]})
@@ -405,7 +413,7 @@ def test_the_proxy_never_resolves_an_unlisted_name(
 ) -> None:
     """squid's own DNS log: unlisted names are refused unresolved (no DNS exfiltration through
     the proxy), listed ones are resolved."""
-    from orchestrator.backends.docker.egress import ensure_egress_image
+    from orchestrator.backends.docker.egress import ensure_egress_image, start_with_policy
 
     api = docker_client.api
     labels = dict([store_label.split("=", 1)])
@@ -416,7 +424,7 @@ def test_the_proxy_never_resolves_an_unlisted_name(
     egress = api.create_container(
         ensure_egress_image(docker_client),
         entrypoint=["python3", "-c", _DEBUG_DNS],
-        environment={"EGRESS_POLICY": json.dumps(policy)},
+        stdin_open=True,
         labels=labels,
         host_config=api.create_host_config(
             network_mode="bridge",
@@ -428,7 +436,7 @@ def test_the_proxy_never_resolves_an_unlisted_name(
     client = None
     try:
         api.connect_container_to_network(egress["Id"], network["Id"])
-        api.start(egress["Id"])
+        start_with_policy(api, egress["Id"], policy)
         wait_for(lambda: api.logs(egress["Id"]).count(b"Accepting ") >= 2, timeout=30)
         proxy = api.inspect_container(egress["Id"])["NetworkSettings"]["Networks"][name]
         secret = secrets.token_hex(8)
@@ -462,6 +470,83 @@ def test_the_proxy_never_resolves_an_unlisted_name(
             if container is not None:
                 api.remove_container(container["Id"], force=True)
         api.remove_network(network["Id"])
+
+
+# ---- a long allowlist: handed to the proxy whole, up to its maximum ------------------------
+
+
+def many_hosts(count: int, start: int = 1) -> list[str]:
+    """Generated host names (`.test` is reserved: none of them resolves)."""
+    return [f"h{i:04d}.example.test" for i in range(start, start + count)]
+
+
+def probe_listing(folder: Path, hosts: list[str]) -> Path:
+    """The probe payload copied to `folder`, with `hosts` as its `[network] hosts`."""
+    shutil.copytree(PROBE, folder)
+    manifest = folder / "manifest.toml"
+    text = manifest.read_text()
+    listed = f'hosts = ["{ALLOWED}"]'
+    assert listed in text
+    manifest.write_text(text.replace(listed, f"hosts = {json.dumps(hosts)}"))
+    return folder
+
+
+@pytest.mark.docker
+def test_an_allowlist_of_5000_hosts_validates_and_runs(
+    agent_image: str, tmp_path: Path, nothing_left: None
+) -> None:
+    """A long allowlist reaches squid whole (not in an environment variable, which the
+    kernel caps at 128 KiB): the listed endpoint is reached, the last generated name is let
+    through to its (failing) lookup, and unlisted names are refused unresolved."""
+    hosts = [*many_hosts(5000), ALLOWED]
+    payload = probe_listing(tmp_path / "probe", hosts)
+    checked = cli("validate", str(payload))
+    assert checked.returncode == 0, checked.stderr
+    assert ": ok (" in checked.stdout, checked.stdout
+    attempts = [
+        {"kind": "http", "url": f"http://{ALLOWED}/debian/"},
+        {"kind": "proxied", "url": "http://h5000.example.test/"},
+        {"kind": "http", "url": "http://example.com/"},
+        {"kind": "connect", "host": "h5001.example.test", "port": 443},
+    ]
+    result = run(RunSpec(payload=payload, additional_args={"attempts": json.dumps(attempts)}))
+    reached, listed, unlisted, unlisted_tunnel = outcomes(result)
+    assert reached["ok"] and reached["status"] == 200, reached
+    # Let through, then failed upstream (its name does not resolve): squid's 502 or 503.
+    assert listed["status"] in (502, 503), listed
+    assert unlisted["status"] == 403 and unlisted_tunnel["status"] == 403
+    assert result.network == "allowlist" and result.allowlist == hosts
+    events = [e for e in events_of(result) if e["type"] in ("egress_blocked", "egress_failed")]
+    verdicts = {(e["host"], e["port"]): e["verdict"] for e in events if e["source"] == "egress"}
+    assert verdicts[("h5000.example.test", 80)] == "allowed", events
+    assert verdicts[("example.com", 80)] == verdicts[("h5001.example.test", 443)] == "denied"
+
+
+def test_an_allowlist_over_the_maximum_is_refused_by_validate_and_run(tmp_path: Path) -> None:
+    """Refused before anything starts, naming the field and the maximum: in a manifest, with
+    --allow-host added to a full one, and in a program's PEP 723 block."""
+    limit = f"{MAX_HOSTS:,}"
+    over = probe_listing(tmp_path / "over", many_hosts(MAX_HOSTS + 1))
+    for command in (["validate"], ["run"]):
+        out = cli(*command, str(over))
+        assert out.returncode == 2, out.stderr
+        assert "`network.hosts`" in out.stderr and limit in out.stderr, out.stderr
+        assert "infra_error" not in out.stderr and "egress" not in out.stderr
+    full = probe_listing(tmp_path / "full", many_hosts(MAX_HOSTS))
+    out = cli("validate", "--no-load", str(full))
+    assert out.returncode == 0, out.stderr
+    out = cli("run", str(full), "--allow-host", "one-more.example.test")
+    assert out.returncode == 2, out.stderr
+    assert "--allow-host" in out.stderr and limit in out.stderr, out.stderr
+    program = tmp_path / "listing.py"
+    program.write_text(
+        "# /// script\n# [tool.orchestrator.network]\n"
+        f"# hosts = {json.dumps(many_hosts(MAX_HOSTS + 1))}\n# ///\nprint('never')\n"
+    )
+    for command in (["validate"], ["run"]):
+        out = cli(*command, str(program))
+        assert out.returncode == 2, out.stderr
+        assert "`tool.orchestrator.network.hosts`" in out.stderr and limit in out.stderr
 
 
 # ---- acceptance 4: the egress container dies mid-run ----------------------------------------

@@ -22,8 +22,10 @@ from zoneinfo import ZoneInfo
 import pytest
 from croniter import croniter
 
+from orchestrator.errors import ConfigError
 from orchestrator.execution.executor import Attempt, AttemptExecutor
 from orchestrator.lifecycle.runner import RunObservers, prepare
+from orchestrator.policy import MAX_HOSTS
 from orchestrator.records.store import Store
 from orchestrator.registry import backend_names
 from orchestrator.schedules import (
@@ -548,6 +550,26 @@ def test_webhook_gets_json_and_scheduler_survives_a_crashing_run(tmp_path: Path)
     assert len(received) == 3 and received[0]["status"] == "error"
     assert received[0]["schedule"] == name and received[0]["exit_code"] == 5
     assert all(n["ok"] for n in store.notifications(name))
+
+
+def test_a_schedules_allowlist_is_held_to_the_maximum(tmp_path: Path) -> None:
+    """`allow_hosts` alone past `MAX_HOSTS`, and `allow_hosts` with the payload's own
+    `[network] hosts` past it together: both refused by validation, naming the maximum."""
+    hosts = [f"h{i:05d}.example.test" for i in range(MAX_HOSTS + 1)]
+    name = unique("hosts")
+    path = write_schedules(tmp_path, {"name": name, "cron": "@daily", "allow_hosts": hosts})
+    with pytest.raises(ConfigError) as info:
+        load_schedules(path)
+    assert "allow_hosts" in str(info.value) and f"{MAX_HOSTS:,}" in str(info.value)
+    probe = TEST_PAYLOADS / "egress_probe"  # lists one host itself
+    path = write_schedules(
+        tmp_path,
+        {"name": name, "cron": "@daily", "payload": str(probe), "allow_hosts": hosts[1:]},
+    )
+    with pytest.raises(ConfigError) as info:
+        load_schedules(path)
+    assert f'schedule "{name}" field `network`' in str(info.value)
+    assert f"{MAX_HOSTS + 1:,} hosts" in str(info.value), info.value
 
 
 def test_a_secret_the_schedule_does_not_allow_stops_the_firing(

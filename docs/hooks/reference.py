@@ -239,6 +239,8 @@ def _rule(field: Any) -> str:
         parts.append(f"{low} to {high}" if low and high else (f">= {low}" if low else f"<= {high}"))
     if field.pattern is not None:
         parts.append(f"matches {_code(field.pattern.pattern)}")
+    if field.max_items is not None:
+        parts.append(f"at most {field.max_items:,} entries")
     if field.items is not None:
         item = _type_name(field.items.kind)
         inner = _rule(field.items)

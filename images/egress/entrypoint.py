@@ -1,7 +1,8 @@
 """Render this run's squid configuration into tmpfs, then become squid.
 
-The policy comes in as JSON in `$EGRESS_POLICY` (not secret; set by
-orchestrator/backends/docker/egress.py):
+The policy comes in as one JSON document on stdin, ended by the end of input (not secret;
+written by orchestrator/backends/docker/egress.py; not an environment variable, which the
+kernel caps at 128 KiB: a long allowlist passes that):
 
     {"hosts": ["api.example.com"],             exact names, ports 80 and 443
      "wildcards": ["example.org"],             *.example.org: any subdomain, not the apex
@@ -12,7 +13,9 @@ orchestrator/backends/docker/egress.py):
      "clients": ["172.30.0.0/16"],             the run's private network: the only clients
      "blocked_dst": ["192.0.2.2/32"]}          the Docker host's addresses, Docker's subnets
 
-Every value is validated again here: a malformed one stops the proxy (fail closed).
+Every value is validated again here: a malformed one stops the proxy (fail closed). The
+listed names go into files of their own, one a line, which squid's ACLs read
+(`acl NAME dstdomain "FILE"`): a configuration line holds any number of them that way.
 """
 
 import ipaddress
@@ -23,6 +26,9 @@ import sys
 
 HERE = "/etc/squid/orchestrator"
 CONF = "/tmp/squid.conf"
+#: The listed names (exact) and the wildcards' patterns, one a line (tmpfs, like CONF).
+NAMES = "/tmp/listed_names"
+PATTERNS = "/tmp/listed_patterns"
 NAME = re.compile(r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
@@ -48,8 +54,9 @@ def suffix_regex(suffix: str) -> str:
     return r"^([a-z0-9-]+\.)+" + re.escape(suffix) + "$"
 
 
-def render(policy: dict) -> tuple[str, str]:
-    """The run's `http_access` rules and `ssl_bump` rules, as squid.conf text."""
+def render(policy: dict) -> tuple[str, str, dict[str, str]]:
+    """The run's `http_access` rules and `ssl_bump` rules, as squid.conf text, and the files
+    they read (path: text)."""
     hosts = [name(h) for h in policy.get("hosts", [])]
     wildcards = [name(w) for w in policy.get("wildcards", [])]
     endpoints = [(name(h), port(p)) for h, p in policy.get("endpoints", [])]
@@ -91,14 +98,16 @@ def render(policy: dict) -> tuple[str, str]:
         ]
         sni.append((f"endpoint{i}_sni", f"ssl::server_name {host}"))
     listed = []
+    files = {}
     if hosts:
-        rules.append(f"acl listed_names dstdomain -n {' '.join(hosts)}")
-        sni.append(("listed_sni", f"ssl::server_name {' '.join(hosts)}"))
+        files[NAMES] = "".join(f"{h}\n" for h in dict.fromkeys(hosts))
+        rules.append(f'acl listed_names dstdomain -n "{NAMES}"')
+        sni.append(("listed_sni", f'ssl::server_name "{NAMES}"'))
         listed.append("listed_names")
     if wildcards:
-        regexes = " ".join(suffix_regex(w) for w in wildcards)
-        rules.append(f"acl listed_wild dstdom_regex -n -i {regexes}")
-        sni.append(("listed_wild_sni", f"ssl::server_name_regex -i {regexes}"))
+        files[PATTERNS] = "".join(f"{suffix_regex(w)}\n" for w in dict.fromkeys(wildcards))
+        rules.append(f'acl listed_wild dstdom_regex -n -i "{PATTERNS}"')
+        sni.append(("listed_wild_sni", f'ssl::server_name_regex -i "{PATTERNS}"'))
         listed.append("listed_wild")
     for acl in listed:
         rules += [
@@ -108,20 +117,25 @@ def render(policy: dict) -> tuple[str, str]:
         ]
     ssl = [f"acl {acl} {definition}" for acl, definition in sni]
     ssl += [f"ssl_bump splice {acl}" for acl, _ in sni]
-    return "\n".join(rules), "\n".join(ssl)
+    return "\n".join(rules), "\n".join(ssl), files
 
 
 def main() -> None:
     try:
-        access, ssl = render(json.loads(os.environ.get("EGRESS_POLICY") or "{}"))
+        # The whole input: the host ends it after the policy (an input cut short is no JSON).
+        access, ssl, files = render(json.loads(sys.stdin.buffer.read() or b"{}"))
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         print(f"egress: refusing to start: bad policy: {exc}", file=sys.stderr)
         sys.exit(2)
+    for path, text in files.items():
+        with open(path, "w") as out:
+            out.write(text)
     with open(f"{HERE}/squid.conf.template") as template:
         conf = template.read().replace("@ACCESS_RULES@", access).replace("@SSL_RULES@", ssl)
     with open(CONF, "w") as out:
         out.write(conf)
     sys.stdout.flush()
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # squid reads nothing of the host's
     os.execv("/usr/sbin/squid", ["squid", "-N", "-f", CONF])
 
 

@@ -15,13 +15,7 @@ from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE,
 from ..defaults import SANDBOX_RUNTIME
 from ..errors import ManifestError, Problem
 from ..paths import examples_dir
-from ..policy import (
-    HOST_NAME_HELP,
-    REQUIREMENT_HELP,
-    AllowedRequirement,
-    check_host_name,
-    check_requirement,
-)
+from ..policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement, hosts_field
 from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_named
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
@@ -111,9 +105,7 @@ SCHEMA = Table(
             dict,
             table=Table(
                 {
-                    "hosts": Field(
-                        list, items=Field(str, check=check_host_name, fix=HOST_NAME_HELP)
-                    ),
+                    "hosts": hosts_field(),
                     "passthrough": PASSTHROUGH_FIELD,
                 }
             ),

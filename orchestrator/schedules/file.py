@@ -16,7 +16,7 @@ from orchestrator_runtime.protocol import ENV_NAME_RE
 from ..defaults import NETWORK_MODES, SANDBOX_RUNTIME
 from ..errors import ConfigError, OrchestratorError, Problem
 from ..payloads.manifest import payload_path
-from ..policy import check_host_name
+from ..policy import hosts_field
 from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8
 from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
@@ -83,16 +83,9 @@ SCHEDULE = Table(
         "backend": Field(str, choices=backend_names),  # None: the payload's, else the default
         "network": Field(str, choices=NETWORK_MODES),
         "sandbox_runtime": SANDBOX_RUNTIME,  # None: the payload's, else auto
-        "allow_hosts": Field(
-            list,
-            items=Field(
-                str,
-                check=check_host_name,
-                fix=(
-                    "List DNS names (api.example.com, *.example.com); for a model server on this "
-                    'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
-                ),
-            ),
+        "allow_hosts": hosts_field(
+            "List DNS names (api.example.com, *.example.com); for a model server on this "
+            'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
         ),
         "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
         "secrets": Field(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -204,9 +205,10 @@ class Egress:
         stop_at: float,
         progress: Progress | None = None,
     ) -> None:
-        """Start squid on the network; on failure `remove` removes what was made. Does not
-        wait for squid to listen: call `wait_ready` before the sandbox makes its first
-        request (the sandbox's own start overlaps squid's)."""
+        """Start squid on the network, its policy on its stdin (`start_with_policy`); on failure
+        `remove` removes what was made. Does not wait for squid to listen: call `wait_ready`
+        before the sandbox makes its first request (the sandbox's own start overlaps
+        squid's). Raises the engine's errors."""
         if progress is not None:
             progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
         api = self.client.api
@@ -241,14 +243,15 @@ class Egress:
             entrypoint=kept(EGRESS_KEEPER, stop_at, EGRESS_COMMAND),
             command=[],
             name=f"orchestrator-egress-{run_id}",
-            environment={"EGRESS_POLICY": json.dumps(config)},
             labels={**labels, LABEL_KIND: KIND_EGRESS},
             hostname="egress",
+            stdin_open=True,  # the SDK sets StdinOnce with it: the policy, then end of input
+            tty=False,
             host_config=host_config,
         )
         self.container_id = container["Id"]
         api.connect_container_to_network(self.container_id, self.network_id)
-        api.start(self.container_id)
+        start_with_policy(api, self.container_id, config)
         networks = api.inspect_container(self.container_id)["NetworkSettings"]["Networks"]
         self.proxy_ip = networks[self.network_name]["IPAddress"]
 
@@ -344,6 +347,28 @@ class Egress:
         finally:
             worker.join()
         remove_network(self.client, self.network_id)
+
+
+def start_with_policy(api: docker.APIClient, container_id: str, config: dict[str, Any]) -> None:
+    """Start an egress container (made with `stdin_open`, which sets StdinOnce) and write its
+    policy to its stdin, as one JSON document, then end its input.
+
+    Not an environment variable: the kernel caps one at 128 KiB (MAX_ARG_STRLEN), which a
+    long allowlist passes; and the root filesystem is read-only (no copying a file in). The
+    entrypoint reads to the end of input; an input cut short fails to parse, and the proxy
+    refuses to start (fail closed). Raises the engine's errors; a proxy that exited before
+    reading it all is left to `Egress.wait_ready`, which reports its log.
+    """
+    attached = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
+    raw: socket.socket = attached._sock
+    try:
+        api.start(container_id)
+        with contextlib.suppress(OSError):  # it exited: `wait_ready` says why
+            raw.sendall(json.dumps(config).encode())
+            raw.shutdown(socket.SHUT_WR)  # the end of its input (StdinOnce)
+    finally:
+        attached.close()
+        raw.close()
 
 
 def remove_network(client: docker.DockerClient, network_id: str) -> None:
