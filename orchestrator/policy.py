@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
@@ -261,6 +261,19 @@ def describe_allowlist(policy: NetworkPolicy) -> list[str]:
     items += [f"{host}:{port}" for host, port in policy.endpoints]
     items += [f"{host}:{port} (the Docker host)" for host, port in policy.host_endpoints]
     return items
+
+
+#: How many hosts a line of output names before it counts the rest.
+SHOWN_HOSTS = 8
+
+
+def hosts_line(items: Sequence[str], shown: int = SHOWN_HOSTS) -> str:
+    """`a, b, c`, or for a long allowlist its first `shown` and how many more: for a line of
+    output (the record keeps them all)."""
+    text = ", ".join(items[:shown])
+    if len(items) > shown:
+        text += f" and {len(items) - shown:,} more"
+    return text
 
 
 def sandbox_api_base(api_base: str | None, policy: NetworkPolicy) -> str | None:

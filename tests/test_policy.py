@@ -9,7 +9,13 @@ from orchestrator.backends.e2b.sandbox import network_options
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle.runner import prepare
 from orchestrator.models import parse_model
-from orchestrator.policy import HOST_ALIAS, is_this_host, resolve_policy, sandbox_api_base
+from orchestrator.policy import (
+    HOST_ALIAS,
+    hosts_line,
+    is_this_host,
+    resolve_policy,
+    sandbox_api_base,
+)
 from orchestrator.spec import NetworkPolicy
 
 from .conftest import PAYLOADS
@@ -38,6 +44,16 @@ def test_policy_defaults_and_allowlist() -> None:
     assert resolve_policy("open", model=mock, hosts=()).mode == "open"
     with pytest.raises(ConfigError, match="Unknown network policy"):
         resolve_policy("wide-open", model=mock, hosts=())
+
+
+def test_a_long_allowlist_is_named_in_short_on_a_line_of_output() -> None:
+    from orchestrator.cli.display import network_of
+
+    hosts = [f"h{i:04d}.example.test" for i in range(5000)]
+    assert hosts_line(hosts[:3]) == "h0000.example.test, h0001.example.test, h0002.example.test"
+    assert hosts_line(hosts) == ", ".join(hosts[:8]) + " and 4,992 more"
+    line = network_of({"network": "allowlist", "allowlist": hosts})
+    assert line == f"allowlist ({', '.join(hosts[:8])} and 4,992 more)"
 
 
 def test_open_is_never_a_default(openai_key: str) -> None:

@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any
 
 from ..images.imagedef import is_detail
+from ..policy import hosts_line
 from .output import PREFIX, is_terminal
 
 #: Show detail progress lines (build tools' output, repeated notices): `-v`, set by `main`.
@@ -118,7 +119,8 @@ def network_of(event: dict[str, Any]) -> str | None:
     and those bound to hosts, whose placeholders alone are inside."""
     mode = event.get("network")
     hosts = event.get("allowlist") or []
-    text = f"{mode} ({', '.join(map(str, hosts))})" if mode == "allowlist" and hosts else mode
+    listed = hosts_line([str(h) for h in hosts])
+    text = f"{mode} ({listed})" if mode == "allowlist" and hosts else mode
     inside = event.get("secrets_inside") or []
     if inside and text is not None:
         text += f" · secrets in the sandbox: {', '.join(map(str, inside))}"

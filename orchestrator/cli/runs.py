@@ -267,6 +267,7 @@ def cmd_runs_show(args: argparse.Namespace) -> int:
 
 def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, Any]]:
     """What `runs show` prints, from the index row and result.json (absent ones left out)."""
+    from ..policy import hosts_line
     from ..records.record import describe_isolation, describe_max_steps
 
     r = {**row, **{k: v for k, v in result.items() if v not in (None, "", {}, [])}}
@@ -303,7 +304,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
         ("network", r.get("network")),
         ("sandbox runtime", describe_isolation(result.get("sandbox"))),
         ("node", _node(result.get("node"))),
-        ("allowlist", ", ".join(result.get("allowlist") or []) or None),
+        ("allowlist", hosts_line(result.get("allowlist") or []) or None),
         ("limits", _limits(result.get("limits"))),
         ("max steps", describe_max_steps(result.get("agent_max_steps"))),
         ("egress blocked", result.get("egress_blocked") or None),

@@ -32,7 +32,7 @@ from ...errors import OrchestratorError
 from ...images.imagedef import RUNTIME_DIR, build_lock, digest, report, sha256
 from ...labels import LABEL_KIND
 from ...paths import VERSION, data_root
-from ...policy import HOST_ALIAS, describe_allowlist, host_networks
+from ...policy import HOST_ALIAS, describe_allowlist, host_networks, hosts_line
 from ...spec import NetworkPolicy
 from .base_image import resolve_base
 from .deadline import EGRESS_KEEPER, kept
@@ -210,7 +210,7 @@ class Egress:
         before the sandbox makes its first request (the sandbox's own start overlaps
         squid's). Raises the engine's errors."""
         if progress is not None:
-            progress(f"egress proxy for {', '.join(describe_allowlist(policy)) or 'nothing'}")
+            progress(f"egress proxy for {hosts_line(describe_allowlist(policy)) or 'nothing'}")
         api = self.client.api
         subnets = self.subnets()
         config = {
