@@ -40,8 +40,9 @@ HOST_NAME_HELP = (
 
 #: The most hosts a run's allowlist may list: the payload's `[network] hosts` (or a program's
 #: `[tool.orchestrator.network]`), a schedule's `allow_hosts` and `--allow-host` together
-#: (the model's own hosts come on top). The egress proxy reads them at its start, and its
-#: start time grows with them: `benchmarks/egress_hosts.py` measures it, at this maximum too.
+#: (the model's own hosts come on top). The egress proxy reads them at its start: its start
+#: time grows with them, and its memory with wildcards (each a compiled pattern), which at
+#: twice this many come near its limit (`benchmarks/egress_hosts.py`).
 MAX_HOSTS = 10_000
 
 
