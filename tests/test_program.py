@@ -22,6 +22,7 @@ from orchestrator import RunSpec
 from orchestrator.errors import ConfigError, ManifestError
 from orchestrator.lifecycle.runner import build_request, prepare
 from orchestrator.payloads.manifest import load_manifest
+from orchestrator.payloads.program import SMOLAGENTS_EXTRAS, image_smolagents
 
 from .conftest import REPO, cli
 from .model_server import ScriptedModelServer
@@ -196,6 +197,44 @@ def test_bad_metadata_is_refused_with_its_line(tmp_path: Path) -> None:
     assert "line 3" in text and "smolagents 1.26.0" in text
     assert "line 5" in text and "entrypoint" in text
     assert "line 7" in text and "max_steps" in text  # did you mean
+
+
+def test_smolagents_extras_are_installed_at_the_images_version(tmp_path: Path) -> None:
+    """`smolagents[mcp]` keeps its extras (their packages resolved with the program's
+    others), at the image's smolagents: the image's own is never replaced."""
+    program = tmp_path / "tools.py"
+    program.write_text(
+        "# /// script\n"
+        "# dependencies = [\"smolagents[MCP, toolkit]>=1.20; python_version >= '3.10'\", "
+        '"tabulate", "smolagents"]\n'
+        "# ///\n"
+        "print('hi')\n"
+    )
+    manifest = load_manifest(program)
+    assert manifest.requirements == (
+        f'smolagents[mcp,toolkit]=={image_smolagents()}; python_version >= "3.10"',
+        "tabulate",
+    )
+
+
+def test_an_extra_smolagents_lacks_is_refused_naming_those_it_has(tmp_path: Path) -> None:
+    program = tmp_path / "tools.py"
+    program.write_text('# /// script\n# dependencies = ["smolagents[mcpp]"]\n# ///\n')
+    result = cli("validate", str(program))
+    assert result.returncode == 2, result.stderr
+    assert f"{program}:2: field `dependencies` has 'smolagents[mcpp]'" in result.stderr
+    assert f"smolagents {image_smolagents()} has no extra 'mcpp'" in result.stderr
+    assert "(it has all, audio, " in result.stderr and "Did you mean mcp?" in result.stderr
+
+
+def test_the_extras_listed_are_those_of_the_images_smolagents() -> None:
+    """SMOLAGENTS_EXTRAS against smolagents' own metadata (the test environment's
+    smolagents, which must be the image's version for the comparison to hold)."""
+    import importlib.metadata
+
+    metadata = importlib.metadata.metadata("smolagents")
+    assert metadata["Version"] == image_smolagents()
+    assert sorted(SMOLAGENTS_EXTRAS) == sorted(metadata.get_all("Provides-Extra") or [])
 
 
 def test_a_syntax_error_names_file_and_line(tmp_path: Path) -> None:
