@@ -284,10 +284,10 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     with ScriptedModelServer(outputs) as server:
         result = cli(
             "run",
-            str(FIB_TEAM),
             "--api-base",
             server.api_base(),
             "--json",
+            str(FIB_TEAM),
             env={"HF_TOKEN": token},
         )
     assert result.returncode == 0, result.stderr
@@ -330,10 +330,10 @@ def test_no_process_in_the_sandbox_holds_the_key() -> None:
     with ScriptedModelServer([code("final_answer('done')")]) as server:
         result = cli(
             "run",
-            str(PROGRAMS / "env_probe.py"),
             "--api-base",
             server.api_base(),
             "--json",
+            str(PROGRAMS / "env_probe.py"),
             env={"HF_TOKEN": token},
         )
     assert result.returncode == 0, result.stderr
@@ -500,7 +500,7 @@ def test_run_refuses_a_mock_script_for_no_agent_before_any_sandbox(
     batch = cli("batch", str(folder), str(tasks), "-o", str(tmp_path / "out"), "-q")
     assert batch.returncode == 2 and batch.stderr.startswith(where + LIBRARAIN), batch.stderr
     program = typo_program(tmp_path)
-    typo = cli("run", str(program), "--model", "mock")
+    typo = cli("run", "--model", "mock", str(program))
     assert typo.returncode == 2, typo.stderr
     assert typo.stderr.startswith(
         f"orchestrator: error: {program}:3: field `tool.orchestrator.mock.scripts.reseacher`: "
@@ -579,17 +579,36 @@ def test_agent_names_are_read_from_the_source_only_where_it_tells_them(tmp_path:
 
 
 @pytest.mark.docker
+def test_a_program_gets_the_options_after_its_path() -> None:
+    """`run [OPTIONS] PROGRAM --question X`: the program's argparse reads them; an option
+    orchestrator also has goes to the program too (and `run` says so), unless after `--`."""
+    ask = PROGRAMS / "ask.py"
+    ran = cli("run", "--json", str(ask), "--question", "Who wrote Dune?", "--model", "its")
+    assert ran.returncode == 0, ran.stderr
+    outcome = json.loads(ran.stdout)
+    assert outcome["output"].strip() == "question='Who wrote Dune?' model='its'", outcome
+    assert outcome["model"].startswith("mock")  # not orchestrator's --model
+    assert "--model came after the program's path, so the program gets it" in ran.stderr
+    start = next(e for e in events_in(outcome["record_dir"]) if e["type"] == "run_start")
+    assert start["program"]["argv"] == ["--question", "Who wrote Dune?", "--model", "its"]
+    separated = cli("run", "--json", str(ask), "--", "--question", "Q", "--model", "m")
+    assert separated.returncode == 0, separated.stderr
+    assert json.loads(separated.stdout)["output"].strip() == "question='Q' model='m'"
+    assert "came after the program's path" not in separated.stderr
+
+
+@pytest.mark.docker
 def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:
     made = cli("new", "--program", "facts", "--dir", str(tmp_path))
     assert made.returncode == 0, made.stderr
     program = tmp_path / "facts.py"
     assert program.read_text().startswith("# /// script\n")
-    result = cli("run", str(program), "--json")
+    result = cli("run", "--json", str(program))
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["answer"] == "100" and outcome["model"].startswith("mock")
     # --model program: its own InferenceClientModel, whose key must then be set.
-    own = cli("run", str(program), "--model", "program", env={"HF_TOKEN": ""})
+    own = cli("run", "--model", "program", str(program), env={"HF_TOKEN": ""})
     assert own.returncode == 2 and "HF_TOKEN" in own.stderr
 
 
