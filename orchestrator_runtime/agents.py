@@ -86,6 +86,7 @@ class Recorder:
             step_type="planning" if planning else "action",
             model_output=step.plan if planning else step.model_output,
             code=None if planning else step.code_action,
+            tool_calls=None if planning else tool_calls_of(step),
             observations=None if planning else step.observations,
             error=error_dict(error),
             token_usage=None
@@ -284,3 +285,12 @@ def not_granted(agent: MultiStepAgent) -> list[str]:
     return sorted(
         {m for m in declared if m not in granted and not (prefixes and m.startswith(prefixes))}
     )
+
+
+def tool_calls_of(step: ActionStep) -> list[dict[str, Any]] | None:
+    """The tools an action step called, as smolagents read them from the model (a
+    ToolCallingAgent's: its model output may be empty when the provider returns its calls as
+    data, an MCP server's tools among them); None when none. A CodeAgent's one call, its
+    code, is the step's `code` already."""
+    calls = [c for c in step.tool_calls or () if c.name != "python_interpreter"]
+    return [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in calls] or None

@@ -187,6 +187,42 @@ def test_inputs_a_user_mistypes_are_refused_with_the_fix() -> None:
     assert typo.returncode == 2 and "Did you mean research_team?" in typo.stderr, typo.stderr
 
 
+ASK = REPO / "tests" / "programs" / "ask.py"
+
+
+def test_the_words_after_a_programs_path_are_the_programs() -> None:
+    """As after `uv run script.py` or `docker run IMAGE`: orchestrator's options go before
+    the program's path, every word after it is the program's sys.argv[1:] (orchestrator's
+    option names too, listed so that `run` can say so); a `--` right after it is dropped."""
+    parser = build_parser(["run"])
+    given = parser.parse_args(["run", "--model", "mock", str(ASK), "--question", "X", "-q"])
+    assert (given.model, given.quiet, given.args) == ("mock", False, ["--question", "X", "-q"])
+    assert given.own_options_handed_on == ["-q"]
+    after = parser.parse_args(["run", str(ASK), "--", "--model", "m", "--", "x"])
+    assert (after.model, after.args) == (None, ["--model", "m", "--", "x"])
+    assert after.own_options_handed_on == []
+    quoted = parser.parse_args(["run", "--json", "--", str(ASK), "--", "-a"])
+    assert (quoted.json, quoted.payload, quoted.args) == (True, str(ASK), ["-a"])
+    # A payload folder keeps orchestrator's options anywhere, its task among them.
+    payload = parser.parse_args(["run", "research_team", "Who?", "--model", "mock"])
+    assert (payload.args, payload.model) == (["Who?"], "mock")
+
+
+def test_an_option_in_the_wrong_place_says_where_it_goes() -> None:
+    """An option `run` does not have: before a program's path, it goes after; after a payload
+    folder, a payload takes none of its own. Exit 2 before anything starts."""
+    before = cli("run", "--question", "Who?", str(ASK))
+    assert before.returncode == 2, before.stderr
+    assert "--question: not an option of `orchestrator run`" in before.stderr
+    assert f"put it after the path: orchestrator run [OPTIONS] {ASK} --question" in before.stderr
+    folder = cli("run", "research_team", "--question", "Who?", "--json")
+    assert folder.returncode == 2, folder.stderr
+    error = json.loads(folder.stdout)["error"]
+    assert error["cause"] == "--question Who?: not an option of `orchestrator run`", error
+    assert error["fix"].startswith("research_team is a payload folder, which takes no options")
+    assert 'orchestrator run research_team "your task"' in error["fix"], error
+
+
 def test_every_message_line_has_the_prefix_and_an_empty_prune_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,12 +35,12 @@ def test_the_guides_program_runs_unchanged_on_e2b(
         api_base = server.api_base(docker_bridge_address())  # as E2B's sandboxes reach it
         result = cli(
             "run",
-            str(FIB_TEAM),
             "--backend",
             "e2b",
             "--api-base",
             api_base,
             "--json",
+            str(FIB_TEAM),
             env={"HF_TOKEN": token, ALLOW_LOCAL: "1"},
             timeout=600,
         )

@@ -203,6 +203,52 @@ def test_requirements_the_agent_image_has_need_no_payload_image(docker_client, a
     assert tag == agent_image and not progress.saw("building")
 
 
+#: What a program with `smolagents[mcp]` imports, run in its derived image: the versions.
+MCP_IMPORTS = (
+    "import importlib.metadata as m\n"
+    "from mcp import StdioServerParameters\n"
+    "from mcp.server.fastmcp import FastMCP\n"
+    "from mcpadapt.core import MCPAdapt\n"
+    "from smolagents import MCPClient, ToolCollection\n"
+    "print(m.version('mcp'), m.version('mcpadapt'), m.version('smolagents'))\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("pin", "constrained"),
+    [((), True), (("mcp==1.25.0",), False)],
+    ids=["constrained", "pinned"],
+)
+def test_smolagents_extras_import_together_and_a_pin_wins_over_the_constraint(
+    docker_client, agent_image: str, pin: tuple[str, ...], constrained: bool
+):
+    """`smolagents[mcp]` at the image's version: the newest mcp and mcpadapt do not import
+    together, so images/agent/constraints.txt bounds mcp (the build says so); a payload's
+    own pin of mcp wins over it."""
+    from orchestrator.payloads.program import image_smolagents
+
+    version = image_smolagents()
+    requirements = [f"smolagents[mcp]=={version}", *pin]
+    progress = Recorder()
+    tag = docker_images.ensure_agent_image(
+        docker_client, extra_requirements=requirements, progress=progress
+    )
+    assert tag.startswith(f"{docker_images.PAYLOAD_IMAGE}:")
+    if not progress.saw(f"building {tag}"):  # an earlier session's: built again, to be read
+        docker_client.api.remove_image(tag)
+        progress = Recorder()
+        docker_images.ensure_agent_image(
+            docker_client, extra_requirements=requirements, progress=progress
+        )
+    said = "constraint mcp<2 applied (images/agent/constraints.txt: "
+    assert progress.saw(said) == constrained, progress.messages
+    status, output = run_in_image(docker_client, tag, ["python", "-c", MCP_IMPORTS])
+    assert status == 0, output
+    mcp, _, smolagents = output.split()
+    assert smolagents == version  # the image's own, not replaced
+    assert mcp == "1.25.0" if pin else mcp.split(".")[0] == "1", output
+
+
 def test_runtime_change_changes_the_tag(
     docker_client, agent_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_rebuild
 ):

@@ -223,6 +223,24 @@ def test_package_specifications_pass(tmp_path: Path) -> None:
     assert load_manifest(write_payload(tmp_path, with_requirements(*specs))).requirements == specs
 
 
+def test_smolagents_is_the_images_with_the_extras_named(tmp_path: Path) -> None:
+    """A manifest's `smolagents[mcp]` is the image's smolagents with the extra's packages;
+    a version the image does not have, or an extra smolagents lacks, is refused up front."""
+    from orchestrator.payloads.program import image_smolagents
+
+    folder = write_payload(tmp_path, with_requirements("smolagents[mcp]", "smolagents>=1"))
+    version = image_smolagents()
+    assert load_manifest(folder).requirements == (f"smolagents[mcp]=={version}",)
+    (tmp_path / "bad").mkdir()
+    bad = write_payload(tmp_path / "bad", with_requirements("smolagents<1", "smolagents[gpu]"))
+    with pytest.raises(ManifestError) as info:
+        load_manifest(bad)
+    message = str(info.value)
+    assert "2 problems" in message and "python.requirements" in message
+    assert f"the sandbox's image has smolagents {version}" in message
+    assert "has no extra 'gpu'" in message and "mcp" in message
+
+
 def test_a_direct_reference_passes_when_allowed_by_name(tmp_path: Path) -> None:
     from orchestrator.images.imagedef import normalize_requirements
     from orchestrator.policy import AllowedRequirement

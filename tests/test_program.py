@@ -22,6 +22,7 @@ from orchestrator import RunSpec
 from orchestrator.errors import ConfigError, ManifestError
 from orchestrator.lifecycle.runner import build_request, prepare
 from orchestrator.payloads.manifest import load_manifest
+from orchestrator.payloads.program import SMOLAGENTS_EXTRAS, image_smolagents
 
 from .conftest import REPO, cli
 from .model_server import ScriptedModelServer
@@ -198,6 +199,44 @@ def test_bad_metadata_is_refused_with_its_line(tmp_path: Path) -> None:
     assert "line 7" in text and "max_steps" in text  # did you mean
 
 
+def test_smolagents_extras_are_installed_at_the_images_version(tmp_path: Path) -> None:
+    """`smolagents[mcp]` keeps its extras (their packages resolved with the program's
+    others), at the image's smolagents: the image's own is never replaced."""
+    program = tmp_path / "tools.py"
+    program.write_text(
+        "# /// script\n"
+        "# dependencies = [\"smolagents[MCP, toolkit]>=1.20; python_version >= '3.10'\", "
+        '"tabulate", "smolagents"]\n'
+        "# ///\n"
+        "print('hi')\n"
+    )
+    manifest = load_manifest(program)
+    assert manifest.requirements == (
+        f'smolagents[mcp,toolkit]=={image_smolagents()}; python_version >= "3.10"',
+        "tabulate",
+    )
+
+
+def test_an_extra_smolagents_lacks_is_refused_naming_those_it_has(tmp_path: Path) -> None:
+    program = tmp_path / "tools.py"
+    program.write_text('# /// script\n# dependencies = ["smolagents[mcpp]"]\n# ///\n')
+    result = cli("validate", str(program))
+    assert result.returncode == 2, result.stderr
+    assert f"{program}:2: field `dependencies` has 'smolagents[mcpp]'" in result.stderr
+    assert f"smolagents {image_smolagents()} has no extra 'mcpp'" in result.stderr
+    assert "(it has all, audio, " in result.stderr and "Did you mean mcp?" in result.stderr
+
+
+def test_the_extras_listed_are_those_of_the_images_smolagents() -> None:
+    """SMOLAGENTS_EXTRAS against smolagents' own metadata (the test environment's
+    smolagents, which must be the image's version for the comparison to hold)."""
+    import importlib.metadata
+
+    metadata = importlib.metadata.metadata("smolagents")
+    assert metadata["Version"] == image_smolagents()
+    assert sorted(SMOLAGENTS_EXTRAS) == sorted(metadata.get_all("Provides-Extra") or [])
+
+
 def test_a_syntax_error_names_file_and_line(tmp_path: Path) -> None:
     program = tmp_path / "broken.py"
     program.write_text("print('ok')\n\ndef f(:\n    pass\n")
@@ -245,10 +284,10 @@ def test_the_guides_program_runs_unchanged_with_its_key_on_the_host() -> None:
     with ScriptedModelServer(outputs) as server:
         result = cli(
             "run",
-            str(FIB_TEAM),
             "--api-base",
             server.api_base(),
             "--json",
+            str(FIB_TEAM),
             env={"HF_TOKEN": token},
         )
     assert result.returncode == 0, result.stderr
@@ -291,10 +330,10 @@ def test_no_process_in_the_sandbox_holds_the_key() -> None:
     with ScriptedModelServer([code("final_answer('done')")]) as server:
         result = cli(
             "run",
-            str(PROGRAMS / "env_probe.py"),
             "--api-base",
             server.api_base(),
             "--json",
+            str(PROGRAMS / "env_probe.py"),
             env={"HF_TOKEN": token},
         )
     assert result.returncode == 0, result.stderr
@@ -461,7 +500,7 @@ def test_run_refuses_a_mock_script_for_no_agent_before_any_sandbox(
     batch = cli("batch", str(folder), str(tasks), "-o", str(tmp_path / "out"), "-q")
     assert batch.returncode == 2 and batch.stderr.startswith(where + LIBRARAIN), batch.stderr
     program = typo_program(tmp_path)
-    typo = cli("run", str(program), "--model", "mock")
+    typo = cli("run", "--model", "mock", str(program))
     assert typo.returncode == 2, typo.stderr
     assert typo.stderr.startswith(
         f"orchestrator: error: {program}:3: field `tool.orchestrator.mock.scripts.reseacher`: "
@@ -540,17 +579,36 @@ def test_agent_names_are_read_from_the_source_only_where_it_tells_them(tmp_path:
 
 
 @pytest.mark.docker
+def test_a_program_gets_the_options_after_its_path() -> None:
+    """`run [OPTIONS] PROGRAM --question X`: the program's argparse reads them; an option
+    orchestrator also has goes to the program too (and `run` says so), unless after `--`."""
+    ask = PROGRAMS / "ask.py"
+    ran = cli("run", "--json", str(ask), "--question", "Who wrote Dune?", "--model", "its")
+    assert ran.returncode == 0, ran.stderr
+    outcome = json.loads(ran.stdout)
+    assert outcome["output"].strip() == "question='Who wrote Dune?' model='its'", outcome
+    assert outcome["model"].startswith("mock")  # not orchestrator's --model
+    assert "--model came after the program's path, so the program gets it" in ran.stderr
+    start = next(e for e in events_in(outcome["record_dir"]) if e["type"] == "run_start")
+    assert start["program"]["argv"] == ["--question", "Who wrote Dune?", "--model", "its"]
+    separated = cli("run", "--json", str(ask), "--", "--question", "Q", "--model", "m")
+    assert separated.returncode == 0, separated.stderr
+    assert json.loads(separated.stdout)["output"].strip() == "question='Q' model='m'"
+    assert "came after the program's path" not in separated.stderr
+
+
+@pytest.mark.docker
 def test_new_program_writes_one_that_runs_as_generated(tmp_path: Path) -> None:
     made = cli("new", "--program", "facts", "--dir", str(tmp_path))
     assert made.returncode == 0, made.stderr
     program = tmp_path / "facts.py"
     assert program.read_text().startswith("# /// script\n")
-    result = cli("run", str(program), "--json")
+    result = cli("run", "--json", str(program))
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout)
     assert outcome["answer"] == "100" and outcome["model"].startswith("mock")
     # --model program: its own InferenceClientModel, whose key must then be set.
-    own = cli("run", str(program), "--model", "program", env={"HF_TOKEN": ""})
+    own = cli("run", "--model", "program", str(program), env={"HF_TOKEN": ""})
     assert own.returncode == 2 and "HF_TOKEN" in own.stderr
 
 

@@ -72,10 +72,10 @@ def run_text_to_sql(token: str) -> tuple[subprocess.CompletedProcess[str], Scrip
     with ScriptedModelServer([QUERY_STEP]) as server:
         result = cli(
             "run",
-            str(TEXT_TO_SQL_PEP723),
             "--api-base",
             server.api_base(),
             "--json",
+            str(TEXT_TO_SQL_PEP723),
             env={"HF_TOKEN": token},
             timeout=900,  # the first run may build the image
         )

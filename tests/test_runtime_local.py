@@ -580,6 +580,10 @@ def test_planning_steps_and_tool_calling_managed_agents_are_reported() -> None:
     assert "Ask the helper" in steps[0]["model_output"]
     helper_steps = [s for s in steps if s["agent"] == "helper"]
     assert helper_steps and helper_steps[0]["is_final_answer"]
+    # The ToolCallingAgent's call as smolagents read it; the CodeAgent's is its code.
+    (call,) = helper_steps[0]["tool_calls"]
+    assert (call["name"], call["arguments"]) == ("final_answer", {"answer": "hi there"})
+    assert [s["tool_calls"] for s in steps if s["agent"] == "manager"] == [None, None, None]
     assert outcome.of_type("managed_agent_result")[0]["output"].endswith("hi there")
 
 

@@ -51,7 +51,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     print(folder)
     say(f"try it: orchestrator run {folder}   (then: orchestrator validate {folder})")
     if args.program:
-        say(f"with its own models: HF_TOKEN=... orchestrator run {folder} --model program")
+        say(f"with its own models: HF_TOKEN=... orchestrator run --model program {folder}")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -191,14 +191,36 @@ def commands_named(argv: Sequence[str]) -> list[str]:
     return [word] if word in HELP else []
 
 
+@dataclass(frozen=True)
+class HandOn:
+    """Words a command hands on unread: those after its first positional, when `applies` to
+    that word (`run PROGRAM --flag`: the program's own sys.argv, as `uv run script.py --flag`
+    and `docker run IMAGE --flag` do; the command's own options go before it). A `--` right
+    after it is dropped (`run PROGRAM -- --flag` says the same). `dest`: the namespace
+    attribute the words go to; `unknown_fix(unknown words, target, applies)`: the fix of an
+    option the command does not have, given the word it applies to (an option put before
+    it), else the first positional (or None)."""
+
+    applies: Callable[[str], bool]
+    dest: str
+    unknown_fix: Callable[[list[str], str | None, bool], str]
+
+
+#: The namespace attribute listing the command's own options among the words handed on
+#: (`run PROGRAM --model x`: the program gets `--model x`; the command may say so).
+OWN_OPTIONS_HANDED_ON = "own_options_handed_on"
+
+
 class CommandParser(Parser):
     """A command's parser that may also hold verbs beside its own positionals, as `batch`
     does: `batch report DIR` goes to the `report` parser and `batch PAYLOAD TASKS` keeps
-    working (argparse's subparsers would make every first word a verb)."""
+    working (argparse's subparsers would make every first word a verb); and that may hand
+    the words after its first positional on unread (`hand_on`, as `run PROGRAM ...` does)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.verbs: dict[str, argparse.ArgumentParser] = {}
+        self.hand_on: HandOn | None = None
 
     def add_verb(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
         verb = Parser(prog=f"{self.prog} {name}", **kwargs)
@@ -210,7 +232,94 @@ class CommandParser(Parser):
     ) -> tuple[argparse.Namespace, list[str]]:
         if args and args[0] in self.verbs:
             return self.verbs[args[0]].parse_known_args(args[1:], namespace)
-        return super().parse_known_args(args, namespace)
+        if self.hand_on is None:
+            return super().parse_known_args(args, namespace)
+        return self._parse_handing_on(list(args or ()), namespace, self.hand_on)
+
+    def _parse_handing_on(
+        self, words: list[str], namespace: argparse.Namespace | None, hand_on: HandOn
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Parse the words up to the first positional, hand the rest on when `hand_on`
+        applies to it; an option this command does not have is refused with the fix that
+        says where it goes (UsageError)."""
+        at = first_positional(self, words)
+        first = words[at] if at is not None else None
+        handing = first is not None and hand_on.applies(first)
+        head, tail = (words, [])
+        if at is not None and handing:
+            head, tail = words[: at + 1], words[at + 1 :]
+        parsed, unknown = super().parse_known_args(head, namespace)
+        if unknown:
+            later = (w for w in head if not w.startswith("-") and hand_on.applies(w))
+            applied = first if handing else next(later, None)  # `run --flag X PROGRAM`
+            error = UsageError(self, f"{' '.join(unknown)}: not an option of `{self.prog}`")
+            error.fix = hand_on.unknown_fix(unknown, applied or first, applied is not None)
+            raise error
+        if handing:
+            separated = tail[:1] == ["--"]
+            setattr(parsed, hand_on.dest, tail[1:] if separated else tail)
+            own = [] if separated else own_options(self, tail)
+            setattr(parsed, OWN_OPTIONS_HANDED_ON, own)
+        return parsed, []
+
+
+def first_positional(parser: argparse.ArgumentParser, words: Sequence[str]) -> int | None:
+    """Where the first positional argument is among `words`, as the parser would read
+    them: options and the values they take skipped, the word after `--`. None: no such."""
+    at = 0
+    while at < len(words):
+        word = words[at]
+        if word == "--":
+            return at + 1 if at + 1 < len(words) else None
+        if not word.startswith("-") or word == "-":
+            return at
+        at += 1 + _values_taken(parser, word)
+    return None
+
+
+def _values_taken(parser: argparse.ArgumentParser, word: str) -> int:
+    """How many of the next words the option `word` takes as its values: none when its
+    value is in the word (`--opt=V`, `-oV`), or when it is not an option of the parser."""
+    if word.startswith("--"):
+        name, equals, _ = word.partition("=")
+        action = _option(parser, name)
+        return 0 if action is None or equals else _arity(action)
+    action = _option(parser, word[:2])
+    if action is None:
+        return 0
+    if len(word) > 2:  # `-qv` (flags together: the last one may take a value) or `-oV`
+        return _values_taken(parser, "-" + word[2:]) if action.nargs == 0 else 0
+    return _arity(action)
+
+
+def _option(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The parser's option of this name, or the one it is the unique prefix of (argparse
+    takes `--mod` for `--model`)."""
+    actions = parser._option_string_actions
+    if name in actions:
+        return actions[name]
+    if not name.startswith("--"):
+        return None
+    matches = {actions[o] for o in actions if o.startswith(name) and o.startswith("--")}
+    return matches.pop() if len(matches) == 1 else None
+
+
+def _arity(action: argparse.Action) -> int:
+    if action.nargs is None:
+        return 1
+    return action.nargs if isinstance(action.nargs, int) else 0
+
+
+def own_options(parser: argparse.ArgumentParser, words: Sequence[str]) -> list[str]:
+    """The parser's own option strings among `words`, up to a `--` (as written, `--opt=V`
+    as `--opt`)."""
+    found = []
+    for word in words:
+        if word == "--":
+            break
+        if word.startswith("-") and word.partition("=")[0] in parser._option_string_actions:
+            found.append(word.partition("=")[0])
+    return found
 
 
 def subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

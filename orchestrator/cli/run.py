@@ -16,7 +16,7 @@ from .common import (
     tidy_store,
 )
 from .output import human_duration, print_json, say
-from .parser import HELP
+from .parser import HELP, OWN_OPTIONS_HANDED_ON, HandOn
 
 
 def add_run_parser(sub: Any) -> None:
@@ -28,11 +28,15 @@ def add_run_parser(sub: Any) -> None:
         "fresh, hardened sandbox; stream its events and keep a run record. A program's "
         "models keep its choices and reach their endpoint only through the run's model "
         "gateway, which holds the key on the host.",
-        epilog="Examples:\n"
+        epilog="A program's own arguments and options go after its path, as they would "
+        "after `python program.py`: orchestrator's options go before the path (everything "
+        "after it is the program's sys.argv[1:]; a `--` right after the path is dropped). A "
+        "payload folder takes one task, and orchestrator's options anywhere.\n\n"
+        "Examples:\n"
         "  orchestrator run agent_payloads/research_team --model mock\n"
         "  HF_TOKEN=... orchestrator run fib_team.py\n"
-        "  orchestrator run my_script.py input.csv --api-base http://127.0.0.1:8080/v1\n"
-        + EPILOG_EXIT,
+        "  orchestrator run --api-base http://127.0.0.1:8080/v1 my_script.py input.csv\n"
+        '  orchestrator run --model mock ask.py --question "Who wrote Dune?"\n' + EPILOG_EXIT,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -45,8 +49,8 @@ def add_run_parser(sub: Any) -> None:
         nargs="*",
         metavar="TASK | ARG",
         help="a payload's task (default: the manifest's example_task; - reads it from "
-        "stdin); a program's arguments, its sys.argv[1:] (after --, arguments may start "
-        "with -)",
+        "stdin); a program's arguments and options, its sys.argv[1:]: every word after the "
+        "program's path, orchestrator's option names too",
     )
     p.add_argument(
         "--task",
@@ -66,6 +70,46 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live output")
     p.set_defaults(handler=cmd_run, watches_stop=True, leaves_at_once=True)
+    p.hand_on = HandOn(applies=names_a_program, dest="args", unknown_fix=unknown_option_fix)
+
+
+def names_a_program(word: str) -> bool:
+    """Whether `run WORD ...` runs a program (whose own arguments the words after it are)."""
+    from ..payloads.manifest import payload_path
+    from ..payloads.program import is_program
+
+    return is_program(payload_path(word))
+
+
+def unknown_option_fix(unknown: list[str], target: str | None, program: bool) -> str:
+    """What to do with options `run` does not have (`unknown`), by what it was given to run:
+    a program (`target`, the options were put before its path), a payload folder, else
+    neither."""
+    words = " ".join(unknown)
+    if program:
+        return (
+            f"An option before the program's path is orchestrator's. To pass it to the "
+            f"program, put it after the path: orchestrator run [OPTIONS] {target} {words} ... "
+            "(orchestrator run --help lists orchestrator's own options)."
+        )
+    if target is not None and names_a_payload_folder(target):
+        return (
+            f"{target} is a payload folder, which takes no options of its own: give its task "
+            f'as one quoted argument (orchestrator run {target} "your task") and values for '
+            "its agent with --arg KEY=JSON. Only a program (a .py file, or a folder with "
+            "main.py) takes its own options, after its path. orchestrator run --help lists "
+            "orchestrator's options."
+        )
+    return (
+        "orchestrator run --help lists its options. A program's own options go after the "
+        f"program's path: orchestrator run [OPTIONS] PROGRAM {words}."
+    )
+
+
+def names_a_payload_folder(word: str) -> bool:
+    from ..payloads.manifest import MANIFEST_NAME, payload_path
+
+    return (payload_path(word) / MANIFEST_NAME).is_file()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -74,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .display import RunDisplay
 
     program = split_task(args)
+    handed_on_notice(args)
     if args.task == "-":
         args.task = task_from_stdin()
     tidy_store()
@@ -124,6 +169,22 @@ def split_task(args: argparse.Namespace) -> tuple[str, ...]:
         )
     args.task = args.args[0] if args.args else args.task_option
     return ()
+
+
+def handed_on_notice(args: argparse.Namespace) -> None:
+    """Say so when orchestrator's own option names were handed to the program (they came
+    after its path), and how to give them to orchestrator instead; `PROGRAM -- ...` says
+    they are the program's, and nothing is said."""
+    own = getattr(args, OWN_OPTIONS_HANDED_ON, None)
+    if own:
+        say(
+            f"{', '.join(own)} came after the program's path, so the program gets "
+            f"{'it' if len(own) == 1 else 'them'} (its sys.argv), not orchestrator; for "
+            f"orchestrator's, put {'it' if len(own) == 1 else 'them'} before the path "
+            f"(orchestrator run {own[0]} ... {args.payload}); `{args.payload} -- ...` says "
+            "they are the program's",
+            kind="notice",
+        )
 
 
 def shadow_notice(payload: str) -> None:

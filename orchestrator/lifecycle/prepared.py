@@ -23,6 +23,7 @@ from ..payloads.manifest import Manifest, load_manifest
 from ..payloads.payload import ShippedFile, check_task
 from ..payloads.program import choose_model, key_names
 from ..payloads.secrets import needed_secrets, run_secrets
+from ..payloads.servers import check_servers
 from ..policy import describe_allowlist, resolve_policy
 from ..records.otlp import TraceTarget, trace_target
 from ..records.store import new_run_id
@@ -99,8 +100,9 @@ class PreparedRun:
 
 def load_payload(spec: RunSpec) -> tuple[Manifest, dict[str, ShippedFile]]:
     """The payload's manifest and the files it ships. Raises ManifestError for a manifest
-    that grants imports which escape the inner executor (unless accepted by name), and for
-    files that cannot be shipped (links out, devices, FIFOs, sizes)."""
+    that grants imports which escape the inner executor (unless accepted by name), for
+    files that cannot be shipped (links out, devices, FIFOs, sizes), and for source that
+    starts an MCP server with a command the sandbox lacks (`npx`, `uvx`: servers.py)."""
     manifest = load_manifest(spec.payload, allowed_requirements=spec.allowed_requirements)
     dangerous = manifest.dangerous_imports()
     if dangerous and not spec.allow_dangerous_imports:
@@ -111,7 +113,9 @@ def load_payload(spec: RunSpec) -> tuple[Manifest, dict[str, ShippedFile]]:
             "Remove them, or accept the risk by name with --i-understand-dangerous-imports "
             "(the container stays the boundary).",
         )
-    return manifest, manifest.payload_files()
+    files = manifest.payload_files()
+    check_servers(files, manifest.folder, "payload" if manifest.program is None else "program")
+    return manifest, files
 
 
 def choose_task(spec: RunSpec, manifest: Manifest) -> str:

@@ -24,6 +24,7 @@ from .binding import BIND_FIELD, PASSTHROUGH_FIELD, SecretBinding, check_binding
 from .payload import ShippedFile, payload_files, program_file
 from .program import (
     ModelUse,
+    block_named,
     check_requires_python,
     check_syntax,
     derive_name,
@@ -337,9 +338,6 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
             )
         )
         dependencies = []
-    dependencies, too_new = filter_smolagents(dependencies, image_smolagents())
-    if too_new:
-        found.append(Problem("dependencies", too_new, "Accept that version of smolagents."))
     requirements = _requirements(dependencies, "dependencies", allowed_requirements, found)
     binding_problems: list[Problem] = []
     bindings = check_bindings(sections, binding_problems)
@@ -349,7 +347,7 @@ def load_program(path: Path, allowed_requirements: Collection[str] = ()) -> Mani
         found.append(Problem("requires-python", problem, "Fix the specifier."))
     if found:
         placed = problems_in_block(
-            [p.replace(message=f"{toml_named(p.field)} {p.message}") for p in found],
+            [p.replace(message=f"{block_named(p.field)} {p.message}") for p in found],
             toml_text,
             first_line,
         )
@@ -436,9 +434,11 @@ def _parse(
 def _requirements(
     items: list[str], field: str, allowed: Collection[str], found: list[Problem]
 ) -> list[str]:
-    """The requirements of `field`, each checked (a problem added to `found`); one that
-    passes only because the run allowed it by name (--allow-requirement) is marked so, and
-    the mark is carried to the image build."""
+    """The requirements of `field` checked (problems added to `found`), smolagents at the
+    image's version (`filter_smolagents`); one that passes only because the run allowed it
+    by name (--allow-requirement) is marked so, and the mark is carried to the image build."""
+    items, problems = filter_smolagents(items, image_smolagents())
+    found += [Problem(field, p.message, p.fix) for p in problems]
     requirements: list[str] = []
     for item in items:
         problem = check_requirement(item, allowed)

@@ -272,12 +272,58 @@ def program_model(
     return spec.chosen_by_program(first.cls)
 
 
-def filter_smolagents(dependencies: list[str], image_version: str) -> tuple[list[str], str | None]:
-    """The dependencies less `smolagents` (the image has its own, which the runtime is built
-    against), and what is wrong when the program's specifier excludes the image's version."""
-    from packaging.requirements import InvalidRequirement, Requirement
+#: The extras smolagents declares (its `Provides-Extra`) at the version the agent image pins
+#: (`image_smolagents`): a payload's `smolagents[...]` may name these only (pip skips an
+#: unknown one with a warning, and the program then fails at its import, in the sandbox).
+#: tests/test_program.py compares the list with smolagents' own metadata.
+SMOLAGENTS_EXTRAS = (
+    "all",
+    "audio",
+    "bedrock",
+    "blaxel",
+    "dev",
+    "docker",
+    "e2b",
+    "gradio",
+    "litellm",
+    "mcp",
+    "mlx-lm",
+    "modal",
+    "openai",
+    "quality",
+    "telemetry",
+    "test",
+    "toolkit",
+    "torch",
+    "transformers",
+    "vision",
+    "vllm",
+)
 
-    kept = []
+
+@dataclass(frozen=True)
+class SmolagentsProblem:
+    """What is wrong with a payload's `smolagents` requirement, and what to do."""
+
+    message: str
+    fix: str
+
+
+def filter_smolagents(
+    dependencies: list[str], image_version: str
+) -> tuple[list[str], list[SmolagentsProblem]]:
+    """The dependencies with smolagents taken at the image's own version (the runtime is
+    built against it): a plain `smolagents` dropped (the image has it), `smolagents[x,...]`
+    kept as `smolagents[x,...]==<image_version>`, so that its extras' packages are resolved
+    with the payload's other requirements, at the versions that smolagents asks for.
+
+    Also what is wrong: a specifier that excludes the image's version, an extra smolagents
+    does not have (`SMOLAGENTS_EXTRAS`). Raises nothing."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    kept: list[str] = []
+    problems: list[SmolagentsProblem] = []
     for item in dependencies:
         try:
             requirement = Requirement(item)
@@ -286,9 +332,37 @@ def filter_smolagents(dependencies: list[str], image_version: str) -> tuple[list
             continue
         if requirement.name.lower() != "smolagents":
             kept.append(item)
-        elif not requirement.specifier.contains(image_version, prereleases=True):
-            return kept, (f"has {item!r}, and the sandbox's image has smolagents {image_version}")
-    return kept, None
+            continue
+        if not requirement.specifier.contains(image_version, prereleases=True):
+            problems.append(
+                SmolagentsProblem(
+                    f"has {item!r}, and the sandbox's image has smolagents {image_version}",
+                    f"Accept that version of smolagents (smolagents>={image_version}, or no "
+                    "version at all).",
+                )
+            )
+            continue
+        extras = sorted({str(canonicalize_name(e)) for e in requirement.extras})
+        unknown = [e for e in extras if e not in SMOLAGENTS_EXTRAS]
+        if unknown:
+            problems.append(_unknown_extras(item, unknown, image_version))
+        elif extras:
+            marker = f"; {requirement.marker}" if requirement.marker else ""
+            kept.append(f"smolagents[{','.join(extras)}]=={image_version}{marker}")
+    return kept, problems
+
+
+def _unknown_extras(item: str, unknown: list[str], image_version: str) -> SmolagentsProblem:
+    """The problem of extras smolagents does not have: its own named, the nearest first."""
+    import difflib
+
+    near = [m for e in unknown for m in difflib.get_close_matches(e, SMOLAGENTS_EXTRAS, 1)]
+    hint = f"Did you mean {', '.join(near)}? " if near else ""
+    return SmolagentsProblem(
+        f"has {item!r}, and smolagents {image_version} has no extra "
+        f"{', '.join(repr(e) for e in unknown)} (it has {', '.join(SMOLAGENTS_EXTRAS)})",
+        f"{hint}Name only extras smolagents has, e.g. smolagents[mcp] for MCP tools.",
+    )
 
 
 @functools.cache
@@ -315,6 +389,14 @@ def check_requires_python(value: Any) -> str | None:
     except InvalidSpecifier:
         return f'= {value!r} is not a version specifier (e.g. ">=3.10")'
     return None
+
+
+def block_named(path: str) -> str:
+    """How a message names a field of the block: its top-level entries (`dependencies`,
+    `requires-python`) are keys, not tables as a manifest's top-level entries are."""
+    from ..schema import toml_named
+
+    return f"field `{path}`" if "." not in path and path != "tool" else toml_named(path)
 
 
 def problems_in_block(problems: list[Problem], toml_text: str, first_line: int) -> list[Problem]:

@@ -28,6 +28,7 @@ from typing import IO
 import docker.errors
 
 from ...errors import ImageBuildError
+from ...images.constraints import applicable, constraints_text, read_constraints, report_applied
 from ...images.imagedef import (
     AGENT_IMAGE_DIR,
     BASE_IMAGE_ENV,
@@ -211,7 +212,8 @@ def _ensure_payload_image(
     progress: Progress | None,
 ) -> str:
     requirements_text = "\n".join(requirements) + "\n"
-    constraints = plan.wheelhouse.pins()
+    in_force = applicable(requirements, read_constraints())
+    constraints = constraints_text(plan.wheelhouse.pins(), in_force)
     wheelhouse = ensure_wheelhouse(
         requirements_text, plan.target, constraints=constraints, progress=progress
     )
@@ -236,6 +238,7 @@ def _ensure_payload_image(
         if inspect_image(client, tag) is not None:
             return tag
         report(progress, f"building {tag} from {plan.tag} with {' '.join(requirements)}")
+        report_applied(in_force, wheelhouse.wheels, progress)
         files = {
             "Dockerfile": dockerfile.encode(),
             "requirements.txt": requirements_text.encode(),

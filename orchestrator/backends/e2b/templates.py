@@ -51,6 +51,9 @@ class TemplatePlan:
     wheels: dict[str, Path]  # file name -> path in a host wheelhouse
     scripts: dict[str, bytes]  # install.sh, harden.sh
     runtime_files: dict[str, bytes]
+    #: The constraints (images/agent/constraints.txt) that bore on the extra requirements'
+    #: resolution, as the build says them.
+    constraints: tuple[str, ...] = ()
 
 
 def local_engine_target(image: str) -> PythonTarget:
@@ -99,6 +102,12 @@ def plan_template(
 ) -> TemplatePlan:
     """The template for a run: the agent environment plus the payload's extra requirements
     (one template per set; E2B has no cheap derived layers to share)."""
+    from ...images.constraints import (
+        applicable,
+        constraints_text,
+        read_constraints,
+        report_applied,
+    )
     from ...images.imagedef import (
         AGENT_IMAGE_DIR,
         RUNTIME_DIR,
@@ -116,9 +125,13 @@ def plan_template(
     wheels = {name: agent.path / name for name in agent.wheels}
     digests = dict(agent.wheels)
     extra = normalize_requirements(extra_requirements)
+    constrained: list[str] = []
     if extra:
         extra_text = "\n".join(extra) + "\n"
-        more = ensure_wheelhouse(extra_text, target, constraints=agent.pins(), progress=progress)
+        in_force = applicable(extra, read_constraints())
+        constraints = constraints_text(agent.pins(), in_force)
+        more = ensure_wheelhouse(extra_text, target, constraints=constraints, progress=progress)
+        constrained = report_applied(in_force, more.wheels, None)
         wheels |= {name: more.path / name for name in more.wheels}
         digests |= more.wheels
         requirements = requirements.rstrip("\n") + "\n" + extra_text
@@ -146,6 +159,7 @@ def plan_template(
         wheels=wheels,
         scripts=scripts,
         runtime_files=runtime,
+        constraints=tuple(constrained),
     )
 
 
@@ -219,6 +233,8 @@ def ensure_template(
 def _build_template(plan: TemplatePlan, settings: E2BSettings, progress: Progress) -> None:
     e2b = sdk()
     progress(f"e2b: building template {plan.name} on {plan.base} ({plan.target.describe()})")
+    for message in plan.constraints:
+        progress(f"e2b: {message}")
     started = time.monotonic()
     tail: list[str] = []
 
