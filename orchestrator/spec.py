@@ -218,7 +218,8 @@ class RunResult:
     #: `[{"agent": "manager", "max_steps": 6, "from": "program"}]` (`from`: program,
     #: manifest or run); empty when the run ended before its agents were built.
     agent_max_steps: list[dict[str, Any]] = field(default_factory=list)
-    #: What isolated the sandbox (`Sandbox.isolation`): runtime, seccomp profile, pids, and
+    #: What isolated the sandbox (`Sandbox.isolation`): runtime, seccomp profile, `pids` (what
+    #: held its processes; on gVisor RLIMIT_NPROC's figure, and why when memory set it), and
     #: `snapshot`: the id of the snapshot it was restored from (absent: started cold).
     sandbox: dict[str, str] = field(default_factory=dict)
     #: The cluster node the run ran on (a Ray node: node_id, address, hostname); empty on

@@ -16,6 +16,7 @@ import docker
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
+from orchestrator.backends.docker.runtimes import PIDS_BY_CGROUP, gvisor_nproc
 from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.records.store import new_run_id
@@ -223,23 +224,37 @@ def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
 
 
 @pytest.mark.gvisor
-def test_fork_bomb_is_refused(agent_image: str, no_leftovers) -> None:
+@pytest.mark.parametrize(
+    "limits",
+    [{}, {"pids": 16, "memory_mb": 1024}],
+    ids=["manifest-256MB-64-pids", "pids-16-1024MB"],
+)
+def test_fork_bomb_is_refused(agent_image: str, limits: dict, no_leftovers) -> None:
     """The process limit refuses a fork bomb's extra fork, and the run goes on to the tool's
-    answer, on runc (the pids cgroup) and on gVisor (RLIMIT_NPROC in gVisor's kernel) alike.
-    Memory enough for 64 processes on gVisor, where each costs about 20 MiB, so that what
-    stops the bomb is the process limit; and gVisor's own threads must not run out first."""
+    answer, on runc (the pids cgroup) and on gVisor (RLIMIT_NPROC in gVisor's kernel) alike:
+    at the adversary's own limits (256 MB, 64 processes), where under gVisor the memory
+    carries fewer processes than `pids` (about 30 MiB each there) and RLIMIT_NPROC is held
+    to them; and with memory to spare, where `pids` itself is what holds. The record says
+    which limit held, and on gVisor its figure and why."""
     spec = RunSpec(
-        payload=ADVERSARY,
-        additional_args={"mode": "forkbomb"},
-        pids=64,
-        memory_mb=2048,
-        timeout_seconds=60,
+        payload=ADVERSARY, additional_args={"mode": "forkbomb"}, timeout_seconds=60, **limits
     )
     result = run(spec)
     assert result.status == "succeeded", (result.status, result.error)
-    assert str(result.answer).startswith("fork refused after")
+    assert str(result.answer).startswith("fork refused after"), result.answer
     children = int(str(result.answer).rsplit("after ", 1)[1].split()[0])
-    assert children < 64
+    pids, memory_mb = result.limits["pids"], result.limits["memory_mb"]
+    assert children < pids
+    if result.sandbox["runtime"] == "runc":
+        assert result.sandbox["pids"] == PIDS_BY_CGROUP
+        return
+    nproc = gvisor_nproc(Limits(pids=pids, memory_mb=memory_mb))
+    said = result.sandbox["pids"]
+    assert said.startswith(f"RLIMIT_NPROC {nproc} in gVisor's kernel"), said
+    if memory_mb == 256:
+        assert nproc < pids and f"not pids {pids}: what memory_mb 256 carries" in said, said
+    else:
+        assert nproc == pids and "not pids" not in said, said
 
 
 @pytest.mark.gvisor

@@ -15,16 +15,23 @@ import signal
 
 import pytest
 
-from orchestrator import RunSpec, Store, run
+from orchestrator import Limits, RunSpec, Store, run
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.runtimes import (
+    GVISOR_NPROC_FLOOR,
+    GVISOR_PROCESS_MB,
+    GVISOR_RUNTIME_MB,
+    GVISOR_RUNTIME_TASKS,
     NO_FILTER_IN_GVISOR,
     PIDS_BY_CGROUP,
-    PIDS_BY_GVISOR,
     RUNSC,
     RUNSC_NET,
     SETUP_SCRIPT,
     EngineRuntimes,
+    Placement,
+    gvisor_nproc,
+    gvisor_pids_limit,
+    pids_by_gvisor,
     place,
 )
 from orchestrator.backends.docker.seccomp import (
@@ -42,6 +49,9 @@ from .test_view import started
 pytestmark = pytest.mark.docker
 
 KERNEL_PROBE = TEST_PAYLOADS / "kernel_probe"
+#: What the kernel probe's manifest asks for: under gVisor its 256 MiB carry fewer than its
+#: 64 processes, and the record says so.
+PROBE_PIDS = pids_by_gvisor(Limits(memory_mb=256, pids=64))
 
 
 class NoGvisor(EngineRuntimes):
@@ -123,7 +133,7 @@ def test_the_probe_meets_the_runtimes_kernel(
         assert isolation == {
             "runtime": "runsc",
             "seccomp": GVISOR_PROFILE_NAME,
-            "pids": PIDS_BY_GVISOR,
+            "pids": PROBE_PIDS,
             "requested": "runsc",
         }
         assert seen["host"]["Runtime"] == RUNSC  # no network: gVisor's --network=none
@@ -140,13 +150,34 @@ def test_the_probe_meets_the_runtimes_kernel(
         assert seen["host"]["SecurityOpt"] == security_options()
 
 
+def test_gvisor_holds_processes_to_what_the_memory_carries_and_runc_to_pids() -> None:
+    """Under gVisor RLIMIT_NPROC is the sandbox's `pids`, or fewer where its memory carries
+    fewer forked processes (never under the runtime's own floor), and the record gives the
+    figure and why; runc's pids cgroup is `pids` as ever, with no nproc ulimit."""
+    gvisor, runc = Placement("runsc", RUNSC, "runsc"), Placement("runc", "runc", "runc")
+    small, roomy = Limits(memory_mb=256, pids=64), Limits(memory_mb=4096, pids=64)
+    carried = GVISOR_RUNTIME_TASKS + (256 - GVISOR_RUNTIME_MB) // GVISOR_PROCESS_MB
+    assert gvisor_nproc(small) == carried < 64
+    assert gvisor_nproc(roomy) == 64
+    assert gvisor_nproc(Limits(memory_mb=64, pids=64)) == GVISOR_NPROC_FLOOR
+    cgroup, (nproc,) = gvisor.pids_options(small)
+    assert (nproc.name, nproc.soft, nproc.hard) == ("nproc", carried, carried)
+    assert cgroup == gvisor_pids_limit(64)  # room for gVisor's threads, as before
+    assert runc.pids_options(small) == (64, [])
+    said = gvisor.isolation(small)["pids"]
+    assert said.startswith(f"RLIMIT_NPROC {carried} in gVisor's kernel, not pids 64: "), said
+    assert "memory_mb 256" in said and f"{GVISOR_PROCESS_MB} MiB a process" in said
+    assert gvisor.isolation(roomy)["pids"] == "RLIMIT_NPROC 64 in gVisor's kernel"
+    assert runc.isolation(small)["pids"] == PIDS_BY_CGROUP
+
+
 def test_gvisor_without_the_filter_claims_none(docker_client) -> None:
     """A runsc registered without `--oci-seccomp` ignores the engine's seccomp option: the
     sandbox is not given one, and the record says none is in force and how to fix it."""
     placement = place("auto", GvisorWithoutFilter(docker_client), networked=False)
     assert placement.runtime == "runsc" and not placement.seccomp
     assert placement.security_options() == ["no-new-privileges:true"]
-    assert placement.isolation()["seccomp"] == NO_FILTER_IN_GVISOR
+    assert placement.isolation(Limits())["seccomp"] == NO_FILTER_IN_GVISOR
     assert "setup-gvisor.sh" in NO_FILTER_IN_GVISOR
 
 
@@ -205,7 +236,7 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     shown = cli("runs", "show", result["run_id"])
     said = (
         f"sandbox runtime: runsc: gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}, processes "
-        f"limited by {PIDS_BY_GVISOR}; asked for auto"
+        f"limited by {PROBE_PIDS}; asked for auto"
     )
     assert said in shown.stdout, shown.stdout
     viewer = start_cli("view", "--port", "0")
@@ -219,7 +250,7 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
         os.killpg(viewer.pid, signal.SIGINT)
         viewer.wait(10)
     assert 'id="sandbox-runtime">runsc' in page
-    assert f"seccomp {GVISOR_PROFILE_NAME}, processes limited by {PIDS_BY_GVISOR}; asked" in page
+    assert f"seccomp {GVISOR_PROFILE_NAME}, processes limited by {PROBE_PIDS}; asked" in page
 
 
 def test_a_batch_asking_for_runsc_without_gvisor_stops_before_its_first_task(

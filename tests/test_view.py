@@ -274,3 +274,20 @@ def test_a_run_page_shows_where_bound_secrets_went_and_what_was_refused(tmp_path
     )
     assert "secret_not_bound (other.example.net is not a host" in page
     assert "blocked <code>evil.example</code>" in page  # squid's refusals as before
+
+
+def test_a_batch_folder_is_shown_as_its_user_knows_it(tmp_path, monkeypatch):
+    """Relative to the folder the viewer was started in when inside it, `~/...` inside the
+    home folder, else whole; the batch pages show it so."""
+    from orchestrator.view.render import folder
+
+    home, work = tmp_path / "home", tmp_path / "home" / "project"
+    (work / "runs" / "eval-1").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert folder(work / "runs" / "eval-1") == "runs/eval-1"
+    assert folder(str(home / "other" / "eval-2")) == "~/other/eval-2"
+    assert folder("/srv/evals/eval-3") == "/srv/evals/eval-3"
+    assert folder(None) == ""
+    monkeypatch.chdir("/")
+    assert folder(work / "runs" / "eval-1") == "~/project/runs/eval-1"

@@ -11,6 +11,7 @@ import select
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class World:
     batch_a_id: str
     schedules: Path
     root: Path
+    #: pytest's temporary folder for the session: no docs picture may show it.
+    basetemp: Path
 
 
 def run_json(*args: str) -> dict:
@@ -70,9 +73,11 @@ def run_json(*args: str) -> dict:
 
 
 def batch(root: Path, name: str, tasks: list[dict]) -> Path:
+    """A batch's output folder, `batches/NAME` under `root`, where a user keeps theirs (the
+    viewer runs in `root` and shows it so)."""
     path = root / f"{name}.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
-    out = root / name
+    out = root / "batches" / name
     done = cli(
         "batch",
         str(TEST_PAYLOADS / "batch_math"),
@@ -109,7 +114,16 @@ def world(tmp_path_factory: pytest.TempPathFactory, agent_image: str) -> World:
     rescored = cli("batch", "rescore", str(batch_a), "--scorer", "numeric", "--tolerance", "0.5")
     assert rescored.returncode == 0, rescored.stderr
     batch_a_id = json.loads((batch_a / "batch.json").read_text())["batch_id"]
-    return World(team["run_id"], hostile["run_id"], batch_a, batch_b, batch_a_id, schedules, root)
+    return World(
+        team["run_id"],
+        hostile["run_id"],
+        batch_a,
+        batch_b,
+        batch_a_id,
+        schedules,
+        root,
+        tmp_path_factory.getbasetemp(),
+    )
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float = 30) -> str:
@@ -131,6 +145,8 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 @pytest.fixture(scope="module")
 def server(world: World) -> Iterator[str]:
+    """The viewer over the world, started in its folder as a user starts it in their project
+    (batch folders shown relative to it: `batches/batch-a`)."""
     proc = start_cli(
         "view",
         str(world.batch_a),
@@ -139,6 +155,7 @@ def server(world: World) -> Iterator[str]:
         "0",
         "--schedules",
         str(world.schedules),
+        cwd=world.root,
     )
     try:
         line = read_line(proc)
@@ -183,6 +200,15 @@ def all_text(driver, css: str) -> list[str]:
     return [e.get_attribute("textContent") for e in driver.find_elements(By.CSS_SELECTOR, css)]
 
 
+def docs_shot(driver, name: str, world: World) -> None:
+    """A screenshot that becomes a docs picture: what it shows is what a user would see, so
+    no temporary folder of the test session is on the page."""
+    page = driver.execute_script("return document.body.innerText")
+    for temporary in (tempfile.gettempdir().rstrip("/") + "/", str(world.basetemp)):
+        assert temporary not in page, f"{temporary} on the page of docs picture {name}"
+    shot(driver, name)
+
+
 def shot(driver, name: str) -> None:
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(1400, min(max(900, height + 40), 6000))
@@ -224,7 +250,7 @@ def test_run_page_shows_the_tree_and_every_step(browser, server: str, world: Wor
     check_run_page(browser, world)
     assert "mock:scripted" in text(browser, "dl.facts")
     browser.execute_script("document.querySelector('button.expand-all').click()")
-    shot(browser, "run")
+    docs_shot(browser, "run", world)
 
 
 def test_hostile_output_runs_nothing(browser, server: str, world: World):
@@ -258,7 +284,8 @@ def test_batch_page_wrong_first_sortable_and_charts(browser, server: str, world:
             "return i && i.complete ? i.naturalWidth : 0"
         )
         assert width > 100, name
-    shot(browser, "batch")
+    assert text(browser, "dl.facts dd") == "batches/batch-a"  # the folder, as its user has it
+    docs_shot(browser, "batch", world)
     browser.execute_script("document.querySelector('#tasks th').click()")
     assert all_text(browser, "#tasks tbody td.task-id") == sorted(ids)
     href = browser.execute_script("return document.querySelector('#tasks tbody a').href")

@@ -47,10 +47,10 @@ STOP_REQUEST = "stop-requested"
 
 def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     """A run's sandbox runtime as `runs show` says it (`RunResult.sandbox`): `runsc: gVisor's
-    kernel, seccomp orchestrator-..., processes limited by RLIMIT_NPROC in gVisor's kernel;
-    asked for auto`, `runc: the host's kernel, seccomp orchestrator-..., processes limited by
-    the pids cgroup; asked for runc`, and `; restored from snapshot ID` for a sandbox that
-    started from one; None when the backend did not say."""
+    kernel, seccomp orchestrator-..., processes limited by RLIMIT_NPROC 64 in gVisor's
+    kernel; asked for auto`, `runc: the host's kernel, seccomp orchestrator-..., processes
+    limited by the pids cgroup; asked for runc`, and `; restored from snapshot ID` for a
+    sandbox that started from one; None when the backend did not say."""
     if not isolation or not isolation.get("runtime"):
         return None
     runtime = str(isolation["runtime"])

@@ -89,13 +89,13 @@ def check_memory_limit(kit: Kit) -> str:
 
 def check_pids_limit(kit: Kit) -> str:
     pids, count = 32, 64
-    # Memory enough for `count` forked probes, so that what stops them is the process limit,
-    # not the memory limit (a backend ignoring pids must be seen): an out-of-memory end is a
-    # failure too. gVisor's forks cost more (its copy-on-write copies in larger pieces): the
-    # ~29 children a limit of 32 lets start were sampled at 450-650 MiB, and ended a 1024 MiB
-    # sandbox out of memory once in CI, so twice that.
+    # Memory enough for `count` forked probes where a fork costs little (runc: about 2 MiB),
+    # so that what stops them is the process limit, not the memory limit (a backend ignoring
+    # pids must be seen): an out-of-memory end is a failure too. gVisor's forks cost more (it
+    # copies in larger pieces at copy-on-write); there the process limit is held to what the
+    # memory carries, so it still refuses them first.
     result = kit.run(
-        "forks", "forks", {"count": count}, pids=pids, memory_mb=2048, timeout_seconds=60
+        "forks", "forks", {"count": count}, pids=pids, memory_mb=1024, timeout_seconds=60
     )
     said = str(kit.answer(result))
     if not said.startswith("fork refused after"):

@@ -5,9 +5,11 @@ is shown as text), and links that fit where the page will be opened."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -91,6 +93,21 @@ def shown(value: Any) -> str:
     return json.dumps(value, indent=2, default=str, ensure_ascii=False)
 
 
+def folder(value: str | Path | None) -> str:
+    """A batch's folder as the person who gave it knows it: relative to the folder the viewer
+    was started in when inside it (`runs/eval-1`), `~/...` inside the home folder, else
+    whole (an absolute path is mostly the same long prefix on every page)."""
+    if value is None or _missing(value):
+        return ""
+    path = Path(value)
+    cwd, home = Path.cwd(), Path(os.path.expanduser("~"))
+    if cwd != Path("/") and path.is_relative_to(cwd):
+        return str(path.relative_to(cwd))
+    if home.is_absolute() and home != Path("/") and path.is_relative_to(home):
+        return str(Path("~") / path.relative_to(home))
+    return str(path)
+
+
 def percent(value: float | None) -> str:
     return "n/a" if _missing(value) else f"{value:.1%}"
 
@@ -102,7 +119,7 @@ def make_env() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, seconds=seconds, shown=shown, percent=percent)
+    env.filters.update(when=when, seconds=seconds, shown=shown, percent=percent, folder=folder)
     return env
 
 

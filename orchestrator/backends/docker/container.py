@@ -18,6 +18,7 @@ from docker.utils.socket import frames_iter
 from orchestrator_runtime.protocol import READY_LINE, RESTORED_LINE
 from orchestrator_runtime.request import Request
 
+from ...spec import Limits
 from ..base import ExitInfo, Sandbox, SandboxSpec, StreamName
 from .egress import Egress
 from .gateway import Gateway
@@ -57,7 +58,8 @@ class DockerSandbox(Sandbox):
         #: A pooled sandbox's output read while it became ready, and the rest of it.
         self._early: list[tuple[StreamName, bytes]] = []
         self._frames: Iterator[tuple[int, bytes]] | None = None
-        self.isolation = placement.isolation() if placement else {}
+        limits = spec.limits if spec is not None else Limits()
+        self.isolation = placement.isolation(limits) if placement else {}
         #: The snapshot it was restored from (snapshots.py); None: started cold.
         self.restored_from: str | None = None
 

@@ -24,7 +24,7 @@ def host_config_options(
     `placement`'s runtime (default runc), under runc with our seccomp profile.
     """
     placement = placement or Placement("runc", "runc", spec.runtime)
-    pids, ulimits = placement.pids_options(spec.limits.pids)
+    pids, ulimits = placement.pids_options(spec.limits)
     limits = spec.limits
     memory = f"{limits.memory_mb}m"
     tmpfs = f"rw,nosuid,nodev,noexec,size={limits.tmpfs_mb}m,mode=1777"

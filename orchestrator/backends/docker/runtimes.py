@@ -28,6 +28,7 @@ import docker
 from docker.types import Ulimit
 
 from ...errors import ConfigError
+from ...spec import Limits
 from .seccomp import (
     GVISOR_PROFILE_NAME,
     PROFILE_NAME,
@@ -54,10 +55,28 @@ RUNC = "runc"
 #: 16 processes 230 host threads, 32 631, 48 1167, 64 1969; with fewer, gVisor itself dies
 #: (exit 2) before the sandbox meets its own limit. Hence 512 + pids**2 / 2, at most
 #: GVISOR_HOST_THREADS_MAX: one sandbox never takes more of the host's threads (an eighth of
-#: a kernel's default pid_max, 32768; room for about 80 busy processes), and memory stops a
-#: bomb well before (each gVisor process costs about 20 MiB, see docs/guides/kernel.md).
+#: a kernel's default pid_max, 32768; room for about 80 busy processes).
 GVISOR_HOST_THREADS = 512
 GVISOR_HOST_THREADS_MAX = 4096
+#: What one more process costs a gVisor sandbox's memory: a Python process forked by a tool
+#: from the runtime's agent process (smolagents and the runtime imported), in MiB. gVisor
+#: breaks copy-on-write in 2 MiB pieces where Linux copies 4 KiB pages, so each such process
+#: took about 29 MiB (the container's peak memory against the number of sleeping children,
+#: restored from a snapshot and cold alike; under 2 MiB each on runc), rounded up here
+#: because what a process touches after its fork varies. RLIMIT_NPROC holds a gVisor
+#: sandbox to what its memory carries at this price (`gvisor_nproc`), so that a fork bomb
+#: is refused a fork, as on runc, rather than killed for memory.
+GVISOR_PROCESS_MB = 32
+#: A gVisor sandbox's memory before any process of the payload's, in MiB: gVisor's own, the
+#: deadline keeper, the runtime's relay and its agent process (a trivial run peaked at 150 to
+#: 170 restored from a snapshot, about 110 started cold; the rest is room for the agent's own
+#: work). GVISOR_RUNTIME_TASKS: the tasks those three processes are, which RLIMIT_NPROC
+#: counts as it counts every thread.
+GVISOR_RUNTIME_MB = 176
+GVISOR_RUNTIME_TASKS = 3
+#: The least RLIMIT_NPROC of a gVisor sandbox, whatever its memory: the runtime's own tasks
+#: and the keeper's idle thread, still alive for a moment as the run begins.
+GVISOR_NPROC_FLOOR = GVISOR_RUNTIME_TASKS + 1
 #: The runsc flag that makes gVisor apply the OCI seccomp filter inside the sandbox (without
 #: it the engine's `seccomp=` option is accepted and silently has no effect).
 OCI_SECCOMP = "--oci-seccomp"
@@ -69,6 +88,27 @@ def gvisor_pids_limit(pids: int) -> int:
     """The pids cgroup of a gVisor sandbox held to `pids` processes: room for gVisor's own
     host threads as they grow with them (see GVISOR_HOST_THREADS)."""
     return pids + min(GVISOR_HOST_THREADS + pids * pids // 2, GVISOR_HOST_THREADS_MAX)
+
+
+def gvisor_nproc(limits: Limits) -> int:
+    """The RLIMIT_NPROC of a gVisor sandbox: its `pids`, held to the processes its
+    `memory_mb` carries (see GVISOR_PROCESS_MB), never under GVISOR_NPROC_FLOOR."""
+    room = max(0, limits.memory_mb - GVISOR_RUNTIME_MB) // GVISOR_PROCESS_MB
+    return min(limits.pids, max(GVISOR_NPROC_FLOOR, GVISOR_RUNTIME_TASKS + room))
+
+
+def pids_by_gvisor(limits: Limits) -> str:
+    """What the record says holds a gVisor sandbox to its processes: RLIMIT_NPROC, its
+    figure, and why when it is less than `pids`."""
+    nproc = gvisor_nproc(limits)
+    said = f"RLIMIT_NPROC {nproc} in gVisor's kernel"
+    if nproc < limits.pids:
+        said += (
+            f", not pids {limits.pids}: what memory_mb {limits.memory_mb} carries under gVisor "
+            f"(about {GVISOR_RUNTIME_MB} MiB for the runtime's {GVISOR_RUNTIME_TASKS} "
+            f"processes, then {GVISOR_PROCESS_MB} MiB a process)"
+        )
+    return said
 
 
 class EngineRuntimes:
@@ -153,9 +193,9 @@ def check_requested(runtime: str, runtimes: EngineRuntimes) -> None:
         runtimes.prefetch()
 
 
-#: What the record says holds the sandbox to its `pids` processes, on each runtime.
+#: What the record says holds a runc sandbox to its `pids` processes (`pids_by_gvisor`
+#: under gVisor).
 PIDS_BY_CGROUP = "the pids cgroup"
-PIDS_BY_GVISOR = "RLIMIT_NPROC in gVisor's kernel"
 #: What the record says of a gVisor sandbox whose runsc was registered without OCI_SECCOMP.
 NO_FILTER_IN_GVISOR = "none: runsc registered without --oci-seccomp (run setup-gvisor.sh again)"
 
@@ -178,20 +218,23 @@ class Placement:
             return ["no-new-privileges:true"]
         return security_options() if self.runtime == "runc" else gvisor_security_options()
 
-    def pids_options(self, pids: int) -> tuple[int, list[Ulimit]]:
+    def pids_options(self, limits: Limits) -> tuple[int, list[Ulimit]]:
         """The container's pids limit and the ulimits beyond the common ones that hold a
-        sandbox to `pids` processes (see GVISOR_HOST_THREADS)."""
+        sandbox to its `pids` processes: under gVisor RLIMIT_NPROC, at most what its memory
+        carries (`gvisor_nproc`), and a pids cgroup with room for gVisor's own threads (see
+        GVISOR_HOST_THREADS)."""
         if self.runtime == "runc":
-            return pids, []
-        return gvisor_pids_limit(pids), [Ulimit(name="nproc", soft=pids, hard=pids)]
+            return limits.pids, []
+        nproc = gvisor_nproc(limits)
+        return gvisor_pids_limit(limits.pids), [Ulimit(name="nproc", soft=nproc, hard=nproc)]
 
-    def isolation(self) -> dict[str, str]:
-        """What the run record says (`Sandbox.isolation`)."""
+    def isolation(self, limits: Limits) -> dict[str, str]:
+        """What the run record says (`Sandbox.isolation`) of a sandbox with `limits`."""
         if not self.seccomp:
             seccomp = NO_FILTER_IN_GVISOR
         else:
             seccomp = PROFILE_NAME if self.runtime == "runc" else GVISOR_PROFILE_NAME
-        pids = PIDS_BY_CGROUP if self.runtime == "runc" else PIDS_BY_GVISOR
+        pids = PIDS_BY_CGROUP if self.runtime == "runc" else pids_by_gvisor(limits)
         found = {
             "runtime": self.runtime,
             "seccomp": seccomp,
