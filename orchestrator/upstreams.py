@@ -145,13 +145,25 @@ def _write_cache(path: Path, data: dict[str, Any]) -> None:
 
 
 def _probe(model_id: str) -> Upstream:
-    """Run `_probe_main` in a child process and read its answer."""
+    """Where LiteLLM sends `model_id`, learned in a child process. Raises ConfigError."""
+    answer = probe_many([model_id])[model_id]
+    if isinstance(answer, str):
+        raise ConfigError(
+            f"Where LiteLLM sends {model_id!r} could not be learned from it: {answer}.",
+            "Check the model's name (`provider/model`, as LiteLLM's docs list them), or pass "
+            "--api-base with the provider's base URL.",
+        )
+    return answer
+
+
+def probe_many(model_ids: list[str]) -> dict[str, Upstream | str]:
+    """Each model's upstream, or why it could not be learned, from one child process (one
+    import of LiteLLM). Uncached. Raises ConfigError when the child does not answer in time."""
     code = "from orchestrator.upstreams import _probe_main; _probe_main()"
-    command = [sys.executable, "-c", code]
     environment = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     try:
         done = subprocess.run(
-            [*command, model_id],
+            [sys.executable, "-c", code, *model_ids],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT,
@@ -159,27 +171,24 @@ def _probe(model_id: str) -> Upstream:
         )
     except subprocess.TimeoutExpired:
         raise ConfigError(
-            f"LiteLLM did not say where {model_id!r} is served within {PROBE_TIMEOUT} s.",
+            f"LiteLLM did not say where {', '.join(model_ids)} is served within {PROBE_TIMEOUT} s.",
             "Pass --api-base with the provider's base URL.",
         ) from None
-    lines = done.stdout.strip().splitlines()
-    try:
-        answer = json.loads(lines[-1]) if lines else {}
-    except ValueError:
-        answer = {}
-    if "error" in answer or "base" not in answer:
-        why = answer.get("error") or (done.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ConfigError(
-            f"Where LiteLLM sends {model_id!r} could not be learned from it: {why}.",
-            "Check the model's name (`provider/model`, as LiteLLM's docs list them), or pass "
-            "--api-base with the provider's base URL.",
-        )
-    return Upstream.from_dict(answer)
+    answers: dict[str, Upstream | str] = {}
+    for line in done.stdout.splitlines():
+        try:
+            answer = json.loads(line)
+            model_id = answer.pop("model_id")
+            answers[model_id] = answer["error"] if "error" in answer else Upstream.from_dict(answer)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # LiteLLM's own chatter on stdout
+    last = (done.stderr.strip().splitlines() or ["no answer"])[-1]
+    return {m: answers.get(m, f"the probe said nothing of it ({last})") for m in model_ids}
 
 
 def _probe_main() -> None:
     """The child process: shut the network, let LiteLLM build its requests, print what the
-    two requests say as one JSON line (or `{"error": ...}`)."""
+    two requests say, one JSON line per model (`{"model_id", "error"}` when it cannot)."""
     import socket
 
     def refused(*args: object, **kwargs: object) -> None:
@@ -188,11 +197,12 @@ def _probe_main() -> None:
     socket.socket.connect = refused  # type: ignore[method-assign]
     socket.getaddrinfo = refused  # type: ignore[assignment]
     socket.create_connection = refused  # type: ignore[assignment]
-    model_id = sys.argv[1]
-    try:
-        print(json.dumps(_learn(model_id)))
-    except Exception as exc:  # any failure of LiteLLM's is the answer
-        print(json.dumps({"error": " ".join(str(exc).split())[:500]}))
+    for model_id in sys.argv[1:]:
+        try:
+            answer: dict[str, str | None] = {"model_id": model_id, **_learn(model_id)}
+        except Exception as exc:  # any failure of LiteLLM's is the answer
+            answer = {"model_id": model_id, "error": " ".join(str(exc).split())[:500]}
+        print(json.dumps(answer), flush=True)
 
 
 def _learn(model_id: str) -> dict[str, str | None]:

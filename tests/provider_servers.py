@@ -167,9 +167,9 @@ class ProviderServer:
                     if done:
                         candidate["finishReason"] = "STOP"
                     usage = {"promptTokenCount": i, "candidatesTokenCount": o if done else 1}
-                    usage["totalTokenCount"] = usage["promptTokenCount"] + usage[
-                        "candidatesTokenCount"
-                    ]
+                    usage["totalTokenCount"] = (
+                        usage["promptTokenCount"] + usage["candidatesTokenCount"]
+                    )
                     return {"candidates": [candidate], "usageMetadata": usage}
 
                 if not streamed:
@@ -192,11 +192,15 @@ class ProviderServer:
                     {
                         **base,
                         "object": "chat.completion.chunk",
-                        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": "stop"}],
+                        "choices": [
+                            {"index": 0, "delta": {"content": text}, "finish_reason": "stop"}
+                        ],
                     }
                 ]
                 if (body.get("stream_options") or {}).get("include_usage"):
-                    events.append({**base, "object": "chat.completion.chunk", "choices": [], "usage": usage})
+                    events.append(
+                        {**base, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+                    )
                 self._sse([*(f"data: {json.dumps(e)}\n\n" for e in events), "data: [DONE]\n\n"])
 
             def _json(self, status: int, reply: dict[str, Any]) -> None:
