@@ -228,3 +228,26 @@ def test_each_protocol_reaches_its_server_with_the_hosts_key(
     assert model["class"] == aliases.get(MODELS[kind][0], MODELS[kind][0])
     assert model["routed_to"] == "gateway"
     assert "runs" not in model  # its own model, not another in its place
+
+
+@pytest.mark.docker
+def test_a_litellm_model_with_no_endpoint_is_served_where_litellm_says(tmp_path: Path) -> None:
+    """No --api-base, no LiteLLM setting: validate accepts it, and the run's gateway forwards
+    to Anthropic's own endpoint (unreachable from here: the run fails there, not before)."""
+    program = tmp_path / "anthropic_plain.py"
+    program.write_text(
+        "from smolagents import CodeAgent, LiteLLMModel\n"
+        'model = LiteLLMModel(model_id="anthropic/claude-sonnet-4-5")\n'
+        'CodeAgent(tools=[], model=model).run("Say hi.")\n'
+    )
+    env = {"ANTHROPIC_API_KEY": f"sk-ant-{secrets.token_hex(8)}", "ANTHROPIC_API_BASE": ""}
+    checked = cli("validate", str(program), "--no-load", env=env)
+    assert checked.returncode == 0, checked.stderr
+    done = cli("run", str(program), "--json", "--timeout", "120", env=env, timeout=600)
+    outcome = json.loads(done.stdout)
+    assert outcome["status"] != "succeeded"
+    gateway = outcome["gateway"]
+    assert gateway["upstream"] == "https://api.anthropic.com"
+    assert gateway["upstream_host"] == "api.anthropic.com"
+    assert (gateway["protocol"], gateway["key_header"]) == ("POST /v1/messages", "x-api-key")
+    assert gateway["key_from"] == "ANTHROPIC_API_KEY"
