@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import secrets as random_tokens
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -49,6 +49,9 @@ class GatewaySpec:
     #: The endpoint is a server on this machine, the host the sandboxes run on (`upstream`
     #: names it as `HOST_ALIAS`): the backend lets the gateway reach the host.
     on_this_host: bool = False
+    #: What the model's client library said of its endpoint (provider, protocol, upstream
+    #: host, key header), for the record; empty when the run named the endpoint.
+    route: dict[str, str | None] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         """For the run record (no token, no key: the key's variable by name only)."""
@@ -58,6 +61,7 @@ class GatewaySpec:
             "max_model_calls": self.max_calls,
             "max_tokens": self.max_tokens,
             "key_from": self.credential_env,
+            **self.route,
         }
 
 
@@ -95,9 +99,8 @@ def plan_gateway(
     if upstream is None:
         raise ConfigError(
             f"The model gateway needs the endpoint of the {model.provider} model "
-            f"{model.model_id!r}, and there is none: LiteLLM picks it per provider.",
-            "Pass --api-base with the provider's base URL (the gateway forwards there), or "
-            "run with --no-gateway to put the key into the sandbox as before.",
+            f"{model.model_id!r}, and there is none.",
+            "Pass --api-base with the provider's base URL (the gateway forwards there).",
         )
     parts = urlsplit(upstream)
     on_host = bool(network.host_endpoints) and is_this_host(parts.hostname or "")
@@ -111,6 +114,7 @@ def plan_gateway(
         max_tokens=limits.max_tokens,
         credential_env=model.credential_env,
         on_this_host=on_host,
+        route=model.upstream.describe() if model.upstream else {},
     )
     return gateway, None
 

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from orchestrator_runtime.protocol import PROVIDERS as RUNTIME_PROVIDERS
 
 from .errors import ConfigError
+from .upstreams import Upstream, litellm_upstream
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,13 @@ class ModelSpec:
     #: The program's own model class when a program chose this model (program.py); None
     #: when the run chose it (--model, a payload's model).
     program_class: str | None = None
+    #: Where the model's own client sends its calls when the run named no endpoint, as its
+    #: client library says (a LiteLLM provider's base URL, protocol and key header):
+    #: `with_own_endpoint`.
+    upstream: Upstream | None = None
+    #: Variables a program reads its models' endpoint from (`os.getenv("X")`, or the one
+    #: its client reads): inside the sandbox each holds the endpoint the run gives it.
+    endpoint_env: tuple[str, ...] = ()
 
     def chosen_by_program(self, cls: str) -> ModelSpec:
         """This model as the one a program's `cls` makes (kept in the sandbox, served by
@@ -108,6 +116,21 @@ class ModelSpec:
     @property
     def needs_network(self) -> bool:
         return self.provider != "mock"
+
+    def with_own_endpoint(self, *, key_env_given: bool) -> ModelSpec:
+        """This model with the endpoint its own client would reach: for a LiteLLM model
+        with no api_base, the provider's base URL and key variable as LiteLLM knows them
+        (`upstreams.litellm_upstream`), so that the run's gateway forwards there in the
+        provider's own protocol. `key_env_given`: the key's variable was named (by
+        --model-key-env or the program's source) and stays. Raises ConfigError when
+        LiteLLM cannot say."""
+        if self.provider != "litellm" or self.api_base is not None:
+            return self
+        upstream = litellm_upstream(self.model_id)
+        key_env = self.credential_env
+        if not key_env_given and upstream.key_env:
+            key_env = upstream.key_env
+        return replace(self, api_base=upstream.base, credential_env=key_env, upstream=upstream)
 
     def describe(self) -> str:
         base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""

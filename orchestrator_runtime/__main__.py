@@ -413,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     """Read the request, then run it in a child process whose events this one relays
     (relay.py): the payload never holds the host's event channel."""
     events_fd = isolate_stdout()
+    # LiteLLM fetches its model price table from the internet at import unless told not to:
+    # in a sandbox that cannot reach it, seconds of retries before a program's first step.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     names, argv = split_preload(sys.argv[1:] if argv is None else argv)
     try:
         preload(names)

@@ -232,6 +232,8 @@ class Program:
         os.chdir(path.parent)
         if self.task_given:
             os.environ[TASK_ENV] = request.task
+        for name in request.endpoint_env:  # a client reading its endpoint finds the run's
+            os.environ[name] = request.api_base or ""
         try:
             runpy.run_path(str(path), run_name="__main__")
         except CheckDone:
@@ -256,12 +258,15 @@ def walk_known(agent: MultiStepAgent, nodes: list[AgentNode]) -> list[AgentNode]
 
 def route_model(model: Model, request: Request) -> None:
     """Send a program's model's calls to `request.api_base` (the run's gateway) with the
-    run's credential, keeping its class, model id and provider. Nothing to do without an
-    api_base (the model then reaches its own endpoint, the run's network permitting).
+    run's credential, through the model's own client: its class, model id, provider and
+    protocol stay (LiteLLM still speaks Anthropic's messages to an Anthropic model; Azure's
+    client its deployments). Nothing to do without an api_base (the model then reaches its
+    own endpoint, the run's network permitting).
     Raises ProgramError for a model class that cannot be routed."""
     if getattr(model, ROUTED, False) or isinstance(model, ScriptedModel):
         return
-    kind = next((c.__name__ for c in type(model).__mro__ if c.__name__ in ROUTABLE_MODELS), None)
+    mro = [c.__name__ for c in type(model).__mro__]
+    kind = next((name for name in ROUTABLE_MODELS if name in mro), None)
     provider = getattr(model, "client_kwargs", {}).get("provider") if kind else None
     if kind is None:
         if not request.api_base:
@@ -276,25 +281,42 @@ def route_model(model: Model, request: Request) -> None:
     info = note(model, "program", model, provider=provider)
     if not request.api_base:
         return
+    key = os.environ.get(request.credential_env or "") or "unused"
+    if request.options:
+        model.kwargs = {**getattr(model, "kwargs", {}), **request.options}
+    if kind == "LiteLLMModel":  # LiteLLM reads both at each call
+        model.api_base, model.api_key = request.api_base, key
+    elif kind == "InferenceClientModel":
+        _route_inference_client(model, request, key, provider)
+    else:  # OpenAI's client, or Azure's (same SDK, its endpoint named azure_endpoint)
+        endpoint = "azure_endpoint" if kind.startswith("Azure") else "base_url"
+        client_kwargs = {**model.client_kwargs, endpoint: request.api_base, "api_key": key}
+        client_kwargs.pop("azure_ad_token", None)  # the key goes as `api-key` to the gateway
+        model.client_kwargs = client_kwargs
+        model.client = model.create_client()
+    setattr(model, ROUTED, True)
+    info["routed_to"] = "gateway" if request.credential_env else "api_base"
+
+
+def _route_inference_client(model: Model, request: Request, key: str, provider: Any) -> None:
+    """Hugging Face's router speaks OpenAI's protocol, and huggingface_hub's client cannot
+    take both a base URL and a model id: its calls go through an OpenAI client."""
     from smolagents.models import OpenAIServerModel
 
     model_id = model.model_id or ""
-    if kind == "InferenceClientModel" and provider not in (None, "auto"):
+    if provider not in (None, "auto"):
         model_id = f"{model_id}:{provider}"  # how Hugging Face's router picks a provider
-    key = os.environ.get(request.credential_env or "") or "unused"
     delegate = OpenAIServerModel(
         model_id,
         api_base=request.api_base,
         api_key=key,
         custom_role_conversions=getattr(model, "custom_role_conversions", None),
         flatten_messages_as_text=getattr(model, "flatten_messages_as_text", False),
-        **{**getattr(model, "kwargs", {}), **request.options},
+        **getattr(model, "kwargs", {}),
     )
     model.client = delegate.client
     model.generate = delegate.generate
     model.generate_stream = delegate.generate_stream
-    setattr(model, ROUTED, True)
-    info["routed_to"] = "gateway" if request.credential_env else "api_base"
 
 
 def note(model: Any, source: str, chosen: Any, provider: str | None = None) -> dict[str, Any]:

@@ -45,14 +45,23 @@ def unknown_script_problem(name: str, agents: list[str]) -> str:
 
 #: Model providers the runtime can build (`provider:model_id` on the host's command line).
 PROVIDERS = ("mock", "openai", "hf", "litellm")
-#: smolagents' model classes whose calls a run's model gateway can serve (one OpenAI-compatible
-#: endpoint; Hugging Face's router is one), each with the provider the host knows it by: a
-#: program's own models of these classes keep their class and go through the gateway.
+#: smolagents' model classes whose calls a run's model gateway can serve, each with the
+#: provider the host knows it by: a program's own models of these classes keep their class,
+#: their client and its protocol; only the client's endpoint (the gateway) and key (the run
+#: token) change. Azure's classes first: they subclass OpenAI's.
 ROUTABLE_MODELS = {
+    "AzureOpenAIServerModel": "openai",
+    "AzureOpenAIModel": "openai",
     "InferenceClientModel": "hf",
     "OpenAIServerModel": "openai",
     "OpenAIModel": "openai",
     "LiteLLMModel": "litellm",
+}
+#: The variable a routable class's client reads its key from when given none, where it is
+#: not its provider's (`openai`'s is OPENAI_API_KEY; Azure's client reads its own).
+CLASS_KEY_ENV = {
+    "AzureOpenAIServerModel": "AZURE_OPENAI_API_KEY",
+    "AzureOpenAIModel": "AZURE_OPENAI_API_KEY",
 }
 
 #: The client libraries a model may import when the runtime builds it, which the runtime can

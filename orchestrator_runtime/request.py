@@ -89,6 +89,11 @@ class Request:
     api_base: str | None = _field("api_base", str, section="model", default=None)
     credential_env: str | None = _field("credential_env", str, section="model", default=None)
     options: dict[str, Any] = _field("options", dict, section="model", default_factory=dict)
+    #: Variables a program reads its models' endpoint from: each set to `api_base` before
+    #: the program runs (a client that reads its endpoint from the environment finds it).
+    endpoint_env: list[str] = _field(
+        "endpoint_env", list, section="model", default_factory=list, omit_empty=True
+    )
     #: Whose models the agents use: "run" (the model above replaces every model; `mock`
     #: plays scripts per agent) or "program" (a program's own models, each sent to
     #: `api_base` with the `credential_env` value when there is one).
@@ -281,6 +286,11 @@ def _check(request: Request) -> None:
             f"dangerous modules in authorized_imports: {', '.join(dangerous)}. They would let "
             "agent code escape the executor's guard; set allow_dangerous_imports to allow them."
         )
+    for name in request.endpoint_env:
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            raise RequestError(f"endpoint_env {name!r} is not a variable name")
+    if request.endpoint_env and not request.api_base:
+        raise RequestError("endpoint_env names variables for an api_base, and there is none")
     secret_names = {*request.secrets, *request.secret_env}
     if request.credential_env and request.credential_env not in secret_names:
         raise RequestError(f"credential_env {request.credential_env!r} is not among the secrets")

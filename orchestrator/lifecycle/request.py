@@ -75,6 +75,7 @@ def build_request(
         api_base=api_base or sandbox_api_base(model.api_base, prepared.network),
         credential_env=model.credential_env,
         options=dict(model.options),
+        endpoint_env=list(model.endpoint_env),
         model_source=prepared.model_source,
         mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
         result_path=RESULT_PATH,

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator_runtime.protocol import ROUTABLE_MODELS
+from orchestrator_runtime.protocol import CLASS_KEY_ENV, ROUTABLE_MODELS
 
 from ..errors import ConfigError, ManifestError, Problem
 from ..models import PROVIDERS, ModelSpec, parse_model
@@ -41,16 +42,16 @@ BLOCK_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .
 #: provider the host knows each by, and the variable its client reads a key from when the
 #: program passes none (that provider's credential).
 ROUTABLE: dict[str, tuple[str, str]] = {
-    cls: (provider, str(PROVIDERS[provider].credential_env))
+    cls: (provider, CLASS_KEY_ENV.get(cls) or str(PROVIDERS[provider].credential_env))
     for cls, provider in ROUTABLE_MODELS.items()
 }
+#: Where Azure's OpenAI client reads its endpoint from when the program gives none.
+AZURE_ENDPOINT_ENV = "AZURE_OPENAI_ENDPOINT"
 #: smolagents' model classes that cannot go through the gateway: a model in the sandbox
-#: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or speaks
-#: another protocol (Azure's deployments, LiteLLM's router of several endpoints).
+#: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or sends
+#: each call to one of several endpoints (LiteLLM's router).
 NOT_ROUTABLE = frozenset(
     {
-        "AzureOpenAIServerModel",
-        "AzureOpenAIModel",
         "AmazonBedrockModel",
         "AmazonBedrockServerModel",
         "TransformersModel",
@@ -74,6 +75,9 @@ class ModelUse:
     #: given as an expression the host cannot read.
     api_base: str | None = None
     api_base_dynamic: bool = False
+    #: The environment variable an endpoint expression reads (`os.getenv("X")`), which the
+    #: host reads too; or the one the class's client reads when given none (Azure's).
+    api_base_env: str | None = None
     #: The environment variable its key is read from (`os.getenv("X")` as `token=`/`api_key=`).
     key_env: str | None = None
 
@@ -182,8 +186,11 @@ def _callee(func: ast.expr) -> str | None:
 def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
     keywords = {k.arg: k.value for k in call.keywords if k.arg}
     model_id = keywords.get("model_id") or (call.args[0] if call.args else None)
-    base = keywords.get("api_base") or keywords.get("base_url")
+    base = keywords.get("api_base") or keywords.get("base_url") or keywords.get("azure_endpoint")
     key = keywords.get("token") or keywords.get("api_key")
+    base_env = _env_name(base)
+    if base is None and cls in CLASS_KEY_ENV:
+        base_env = AZURE_ENDPOINT_ENV  # where Azure's client looks when given none
     return ModelUse(
         cls=cls,
         file=file,
@@ -191,7 +198,8 @@ def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
         model_id=_literal(model_id),
         provider=_literal(keywords.get("provider")),
         api_base=_literal(base),
-        api_base_dynamic=base is not None and _literal(base) is None,
+        api_base_dynamic=base is not None and _literal(base) is None and base_env is None,
+        api_base_env=base_env,
         key_env=_env_name(key),
     )
 
@@ -253,6 +261,18 @@ def program_model(
             "with --api-base and --model-key-env, or replace them with --model.",
         )
     first = uses[0]
+    endpoint_env = tuple(dict.fromkeys(u.api_base_env for u in uses if u.api_base_env))
+    if endpoint_env and not api_base and not bases:  # the host reads what the program reads
+        name = endpoint_env[0]
+        api_base = os.environ.get(name) or None
+        if api_base is None:
+            use = next(u for u in uses if u.api_base_env == name)
+            raise ConfigError(
+                f"{source}/{use.where}: the {use.cls}'s endpoint comes from {name}, which "
+                "is not set on this host (the run's gateway must know where to forward). "
+                "Nothing was started.",
+                f"Set {name} to the endpoint on this host, or pass --api-base with it.",
+            )
     dynamic = [u for u in uses if u.api_base_dynamic]
     if dynamic and not api_base:
         raise ConfigError(
@@ -263,13 +283,15 @@ def program_model(
         )
     (provider,) = providers
     model_id = next((u.model_id for u in uses if u.model_id), None)
+    named_key = key_env or next((u.key_env for u in uses if u.key_env), None)
     spec = parse_model(
         f"{provider}:{model_id or 'default'}",  # the class's own default, in the sandbox
         api_base=api_base or next(iter(bases), None),
-        credential_env=key_env or next(iter(keys)),
+        credential_env=named_key or next(iter(keys)),
         options=options,
     )
-    return spec.chosen_by_program(first.cls)
+    spec = spec.with_own_endpoint(key_env_given=named_key is not None)
+    return replace(spec, endpoint_env=endpoint_env).chosen_by_program(first.cls)
 
 
 #: The extras smolagents declares (its `Provides-Extra`) at the version the agent image pins
@@ -464,7 +486,7 @@ def choose_model(spec: RunSpec, payload: ReadPayload) -> tuple[ModelSpec, ModelS
             credential_env=spec.model_key_env,
             options=spec.model_options,
         )
-        return model, None
+        return model.with_own_endpoint(key_env_given=spec.model_key_env is not None), None
     own = program_model(
         payload.model_uses,
         str(payload.folder),

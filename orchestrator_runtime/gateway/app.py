@@ -295,7 +295,7 @@ class Gateway:
             "method": scope["method"],
             "path": path,
         }
-        if (model := requested_model(body)) is not None:
+        if (model := requested_model(body, path)) is not None:
             event["model"] = model  # what the provider bills the call at
         try:
             response = await self.client.send(request, stream=True)

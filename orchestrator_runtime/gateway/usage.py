@@ -4,7 +4,9 @@ OpenAI-compatible servers (OpenAI, vLLM, llama.cpp, Ollama, Hugging Face's route
 `usage: {prompt_tokens, completion_tokens}` in a JSON response, and in the last event of a
 streamed one (`stream_options.include_usage`). Anthropic-style responses say
 `input_tokens`/`output_tokens`, in a stream spread over `message_start` (input) and
-`message_delta` (output so far). Reading the last value seen of each field is right for all
+`message_delta` (output so far). Gemini's say `usageMetadata: {promptTokenCount,
+candidatesTokenCount, thoughtsTokenCount}` (thoughts are billed as output), in each streamed
+chunk the running figures. Reading the last value seen of each field is right for all
 of them. The model a call names is read from its request (`requested_model`): a batch's cost
 cap prices each call by it.
 
@@ -25,9 +27,12 @@ MAX_SSE_LINE = 1024 * 1024
 MAX_MODEL_NAME = 200
 
 
-def requested_model(body: bytes) -> str | None:
-    """The model a JSON request body names (`model`: OpenAI's and Anthropic's APIs both say
-    it there; the provider bills that one), cut to MAX_MODEL_NAME; None when it names none."""
+def requested_model(body: bytes, path: str = "") -> str | None:
+    """The model a call names: in its JSON body (`model`: OpenAI's and Anthropic's APIs both
+    say it there; the provider bills that one), or in its `path` (Gemini's
+    `/models/NAME:generateContent`), cut to MAX_MODEL_NAME; None when it names none."""
+    if "/models/" in path and ":" in path.rsplit("/", 1)[-1]:  # Gemini: in the path
+        return path.rsplit("/", 1)[-1].split(":")[0][:MAX_MODEL_NAME] or None
     if b'"model"' not in body:  # no parse of a large body that names none
         return None
     try:
@@ -42,6 +47,14 @@ def usage_of(obj: Any) -> tuple[int | None, int | None]:
     """(input, output) tokens of one response object or stream event, None where absent."""
     if not isinstance(obj, dict):
         return None, None
+    gemini = obj.get("usageMetadata")  # Gemini's generateContent and each streamed chunk
+    if isinstance(gemini, dict):
+        prompt, candidates = (
+            _count(gemini, "promptTokenCount"),
+            _count(gemini, "candidatesTokenCount"),
+        )
+        thoughts = _count(gemini, "thoughtsTokenCount") or 0  # billed as output
+        return prompt, None if candidates is None else candidates + thoughts
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         message = obj.get("message")  # Anthropic's `message_start` event
@@ -57,6 +70,13 @@ def usage_of(obj: Any) -> tuple[int | None, int | None]:
         return None
 
     return number("prompt_tokens", "input_tokens"), number("completion_tokens", "output_tokens")
+
+
+def _count(table: dict[str, Any], name: str) -> int | None:
+    value = table.get(name)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
 
 
 class UsageReader:
