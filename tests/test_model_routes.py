@@ -136,7 +136,7 @@ def test_a_model_litellm_cannot_place_is_refused_by_validate_with_the_fix(tmp_pa
         'agent = CodeAgent(tools=[], model=LiteLLMModel(model_id="no-such-provider/m"))\n'
         'agent.run("hi")\n'
     )
-    done = cli("validate", str(program), "--no-load")
+    done = cli("validate", "--no-load", str(program))
     assert done.returncode == 2, done.stderr
     assert "no-such-provider/m" in done.stderr and "--api-base" in done.stderr
 
@@ -176,7 +176,7 @@ def test_each_protocol_reaches_its_server_with_the_hosts_key(
     _, _, key_env = MODELS[kind]
     with ProviderServer([ANSWER], key=key) as server:
         env = {key_env: key}
-        args = ["run", str(program), "--json", "--timeout", "300"]
+        args = ["run", "--json", "--timeout", "300"]
         if kind == "azure":
             env["AZURE_OPENAI_ENDPOINT"] = server.base()  # where Azure's client looks
         elif kind == "anthropic":
@@ -185,7 +185,7 @@ def test_each_protocol_reaches_its_server_with_the_hosts_key(
             args += ["--api-base", server.base() + "/v1beta"]
         else:
             args += ["--api-base", server.base() + "/v1"]
-        done = cli(*args, env=env, timeout=600)
+        done = cli(*args, str(program), env=env, timeout=600)
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
     assert outcome["status"] == "succeeded" and outcome["answer"] == "routed"
@@ -241,9 +241,9 @@ def test_a_litellm_model_with_no_endpoint_is_served_where_litellm_says(tmp_path:
         'CodeAgent(tools=[], model=model).run("Say hi.")\n'
     )
     env = {"ANTHROPIC_API_KEY": f"sk-ant-{secrets.token_hex(8)}", "ANTHROPIC_API_BASE": ""}
-    checked = cli("validate", str(program), "--no-load", env=env)
+    checked = cli("validate", "--no-load", str(program), env=env)
     assert checked.returncode == 0, checked.stderr
-    done = cli("run", str(program), "--json", "--timeout", "120", env=env, timeout=600)
+    done = cli("run", "--json", "--timeout", "120", str(program), env=env, timeout=600)
     outcome = json.loads(done.stdout)
     assert outcome["status"] != "succeeded"
     gateway = outcome["gateway"]
