@@ -160,7 +160,14 @@ def probe_many(model_ids: list[str]) -> dict[str, Upstream | str]:
     """Each model's upstream, or why it could not be learned, from one child process (one
     import of LiteLLM). Uncached. Raises ConfigError when the child does not answer in time."""
     code = "from orchestrator.upstreams import _probe_main; _probe_main()"
-    environment = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    # No credential goes to the child: it needs none (the probe passes a key of its own),
+    # and LiteLLM then names the variable it would read.
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.endswith(("_KEY", "_TOKEN", "_SECRET", "_PASSWORD", "_CREDENTIALS"))
+    }
+    environment["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     try:
         done = subprocess.run(
             [sys.executable, "-c", code, *model_ids],
@@ -221,8 +228,6 @@ def _learn(model_id: str) -> dict[str, str | None]:
         raise ValueError(f"its own URL {own_url} and ours do not share the path {path}")
     base = own_path[: len(own_path) - len(path.split("?")[0])]
     header = next((name.lower() for name, value in own.headers.items() if PROBE_KEY in value), None)
-    for name in [n for n in os.environ if n.endswith(("_KEY", "_TOKEN"))]:
-        del os.environ[name]  # so that LiteLLM names the variable it would read
     missing = litellm.validate_environment(model_id).get("missing_keys") or []
     key_env = next((n for n in missing if n.endswith(("_KEY", "_TOKEN"))), None)
     return {

@@ -25,13 +25,15 @@ def misbehave(mode: str) -> str:
             "outlive" (attack the container's deadline keeper, then try to outlive it),
             "flood" (print 64 KiB lines to stderr for a minute), "longline-N" (print one
             line of N MiB, then a newline), "block-K" (one write of a K KiB line to
-            stderr), "hog" (keep four processes busy for 10 s, then fill /tmp until
-            refused), or "ok" (do nothing).
+            stderr), "hog" (keep four processes busy for 2.5 CPU-seconds each, then fill
+            /tmp until refused), or "ok" (do nothing).
     """
     if mode == "hog":
-        # Long enough for a test on a busy host (whose every engine call can take a second
-        # or two) to find the running sandbox and read its throttling.
-        spin(processes=4, seconds=10.0)
+        # Measured in CPU the processes got, not wall time: on a busy host they get little
+        # of it, and a hog that stopped by the clock could end before its quota was ever
+        # reached (the test then saw no throttling). 10 CPU-seconds take at least 20 s
+        # under cpus=0.5: time for a test to find the sandbox and read its throttling.
+        spin(processes=4, cpu_seconds=2.5, at_most=120.0)
         return fill("/tmp")
     if mode.startswith("block-"):
         sys.stderr.write("z" * (int(mode.split("-", 1)[1]) * 1024) + "\n")
@@ -82,14 +84,15 @@ def misbehave(mode: str) -> str:
     return "ok"
 
 
-def spin(processes: int, seconds: float) -> None:
-    """Keep `processes` processes on the CPU for `seconds` (wall clock), then reap them."""
+def spin(processes: int, cpu_seconds: float, at_most: float) -> None:
+    """Keep `processes` processes on the CPU until each has used `cpu_seconds` of it (or
+    `at_most` seconds have passed on the clock), then reap them."""
     children = []
     for _ in range(processes):
         pid = os.fork()
         if pid == 0:
-            until = time.monotonic() + seconds
-            while time.monotonic() < until:
+            until = time.monotonic() + at_most
+            while time.process_time() < cpu_seconds and time.monotonic() < until:
                 pass
             os._exit(0)
         children.append(pid)
