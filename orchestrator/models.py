@@ -9,7 +9,6 @@ from urllib.parse import urlsplit
 from orchestrator_runtime.protocol import PROVIDERS as RUNTIME_PROVIDERS
 
 from .errors import ConfigError
-from .upstreams import Upstream, litellm_upstream
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,51 @@ if tuple(PROVIDERS) != RUNTIME_PROVIDERS:  # the names are the runtime's; this a
 
 
 @dataclass(frozen=True)
+class Upstream:
+    """Where one model's calls go and how they carry its key, as its client library says."""
+
+    #: LiteLLM's name of the provider (`anthropic`, `gemini`, `groq`, ...).
+    provider: str
+    #: The provider's base URL (the gateway's upstream): the client appends `path` to it.
+    base: str
+    #: The path (and query) the client posts a chat to, after its base: the protocol.
+    path: str
+    #: The header the client puts its key in (`authorization` as Bearer, `x-api-key`, ...).
+    key_header: str | None
+    #: The variable the client reads its key from when given none.
+    key_env: str | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Upstream:
+        """From the probe's answer or the cache. Raises ValueError for a wrong shape."""
+        provider, base, path = data.get("provider"), data.get("base"), data.get("path")
+        if not (isinstance(provider, str) and isinstance(base, str) and isinstance(path, str)):
+            raise ValueError("provider, base and path must be strings")
+        header, key_env = data.get("key_header"), data.get("key_env")
+        return cls(
+            provider=provider,
+            base=base,
+            path=path,
+            key_header=header if isinstance(header, str) else None,
+            key_env=key_env if isinstance(key_env, str) else None,
+        )
+
+    @property
+    def protocol(self) -> str:
+        """The protocol, named by the call the client makes (`POST /v1/messages`)."""
+        return f"POST {self.path.split('?')[0]}"
+
+    def describe(self) -> dict[str, str | None]:
+        """For the run record."""
+        return {
+            "provider": self.provider,
+            "protocol": self.protocol,
+            "upstream_host": urlsplit(self.base).hostname,
+            "key_header": self.key_header,
+        }
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A model as the runtime will build it: `provider:model_id` plus endpoint and options."""
 
@@ -83,7 +127,7 @@ class ModelSpec:
     program_class: str | None = None
     #: Where the model's own client sends its calls when the run named no endpoint, as its
     #: client library says (a LiteLLM provider's base URL, protocol and key header):
-    #: `with_own_endpoint`.
+    #: `payloads.upstreams.own_endpoint`.
     upstream: Upstream | None = None
     #: Variables a program reads its models' endpoint from (`os.getenv("X")`, or the one
     #: its client reads): inside the sandbox each holds the endpoint the run gives it.
@@ -116,21 +160,6 @@ class ModelSpec:
     @property
     def needs_network(self) -> bool:
         return self.provider != "mock"
-
-    def with_own_endpoint(self, *, key_env_given: bool) -> ModelSpec:
-        """This model with the endpoint its own client would reach: for a LiteLLM model
-        with no api_base, the provider's base URL and key variable as LiteLLM knows them
-        (`upstreams.litellm_upstream`), so that the run's gateway forwards there in the
-        provider's own protocol. `key_env_given`: the key's variable was named (by
-        --model-key-env or the program's source) and stays. Raises ConfigError when
-        LiteLLM cannot say."""
-        if self.provider != "litellm" or self.api_base is not None:
-            return self
-        upstream = litellm_upstream(self.model_id)
-        key_env = self.credential_env
-        if not key_env_given and upstream.key_env:
-            key_env = upstream.key_env
-        return replace(self, api_base=upstream.base, credential_env=key_env, upstream=upstream)
 
     def describe(self) -> str:
         base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""

@@ -91,9 +91,7 @@ class Request:
     options: dict[str, Any] = _field("options", dict, section="model", default_factory=dict)
     #: Variables a program reads its models' endpoint from: each set to `api_base` before
     #: the program runs (a client that reads its endpoint from the environment finds it).
-    endpoint_env: list[str] = _field(
-        "endpoint_env", list, section="model", default_factory=list, omit_empty=True
-    )
+    endpoint_env: list[str] = _field("endpoint_env", list, section="model", default_factory=list)
     #: Whose models the agents use: "run" (the model above replaces every model; `mock`
     #: plays scripts per agent) or "program" (a program's own models, each sent to
     #: `api_base` with the `credential_env` value when there is one).

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.models import Upstream
 from orchestrator.paths import home_dir
-from orchestrator.upstreams import Upstream, litellm_upstream, probe_many
+from orchestrator.payloads.upstreams import litellm_upstream, probe_many
 from orchestrator_runtime.gateway.usage import UsageReader, requested_model
 
 from .conftest import cli

@@ -182,20 +182,24 @@ def test_every_field_of_the_request_is_documented(monkeypatch: pytest.MonkeyPatc
 
 
 #: The request's fields only a program sets.
-PROGRAM_FIELDS = ("program", "argv", "requires_python", "model_source")
+PROGRAM_FIELDS = ("program", "argv", "requires_python", "endpoint_env", "model_source")
 
 
 def test_a_programs_request_comes_back_equal_from_its_json(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A program's request keeps its own fields on the round trip: the program,
-    its arguments, its requires-python and its own models as the model source."""
+    its arguments, its requires-python, the variable its endpoint is read from and its own
+    models as the model source."""
     monkeypatch.setenv("HF_TOKEN", "hf-in-the-environment")
+    monkeypatch.setenv("TEAM_BASE", "http://127.0.0.1:9/v1")
     program = tmp_path / "team.py"
     program.write_text(
         '# /// script\n# requires-python = ">=3.10"\n# ///\n'
-        "import os\nfrom smolagents import CodeAgent, InferenceClientModel\n"
-        "agent = CodeAgent(tools=[], model=InferenceClientModel(token=os.getenv('HF_TOKEN')))\n"
+        "import os\nfrom smolagents import CodeAgent, OpenAIServerModel\n"
+        "model = OpenAIServerModel('m', api_base=os.getenv('TEAM_BASE'),"
+        " api_key=os.getenv('HF_TOKEN'))\n"
+        "agent = CodeAgent(tools=[], model=model)\n"
         "agent.run('hi')\n"
     )
     prepared = prepare(
@@ -203,7 +207,6 @@ def test_a_programs_request_comes_back_equal_from_its_json(
             payload=program,
             program_args=("--verbose", "x"),
             task="replaced",
-            api_base="http://127.0.0.1:9/v1",
             gateway=False,
         )
     )
@@ -212,9 +215,15 @@ def test_a_programs_request_comes_back_equal_from_its_json(
         "team.py",
         ["--verbose", "x"],
         ">=3.10",
+        ["TEAM_BASE"],
         "program",
     ]
-    assert (request.entrypoint, request.provider, request.credential_env) == ("", "hf", "HF_TOKEN")
+    assert request.api_base.endswith(":9/v1")  # TEAM_BASE read on the host, as the program would
+    assert (request.entrypoint, request.provider, request.credential_env) == (
+        "",
+        "openai",
+        "HF_TOKEN",
+    )
     assert parse_request(json.loads(request.to_json())) == request
 
 

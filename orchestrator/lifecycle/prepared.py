@@ -21,7 +21,7 @@ from ..payloads.agentnames import check_mock_scripts
 from ..payloads.binding import SecretBinding
 from ..payloads.manifest import Manifest, load_manifest
 from ..payloads.payload import ShippedFile, check_task
-from ..payloads.program import choose_model, key_names
+from ..payloads.program_models import choose_model, key_names
 from ..payloads.secrets import needed_secrets, run_secrets
 from ..payloads.servers import check_servers
 from ..policy import describe_allowlist, resolve_policy

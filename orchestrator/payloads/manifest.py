@@ -23,13 +23,11 @@ from . import pysource
 from .binding import BIND_FIELD, PASSTHROUGH_FIELD, SecretBinding, check_bindings, passthrough_hosts
 from .payload import ShippedFile, payload_files, program_file
 from .program import (
-    ModelUse,
     block_named,
     check_requires_python,
     check_syntax,
     derive_name,
     filter_smolagents,
-    find_models,
     image_smolagents,
     is_program,
     main_file,
@@ -38,6 +36,7 @@ from .program import (
     shipped_files,
     unknown_script_keys,
 )
+from .program_models import ModelUse, find_models
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -6,29 +6,20 @@ inline metadata (a `# /// script` block of TOML): `dependencies` become the run'
 image as a manifest's `[python] requirements` do, `requires-python` is checked against the
 sandbox's interpreter, and a `[tool.orchestrator]` table takes the manifest's own sections
 (`payload`, `python`, `secrets`, `network`, `limits`, `mock`) plus `payload.model`, the
-model its runs use unless the run names one.
-
-Which model the run's gateway serves is read from the source, never by running it: each
-call of a smolagents model class (`ModelUse`) names its class, its model id, and the
-environment variable its key comes from (`os.getenv("HF_TOKEN")`, or the class's own). The
-host then holds that key; inside, the variable holds the run token (`program_model`).
+model its runs use unless the run names one. The models it makes are read from its
+source by `program_models.py`.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import os
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from orchestrator_runtime.protocol import CLASS_KEY_ENV, ROUTABLE_MODELS
-
-from ..errors import ConfigError, ManifestError, Problem
-from ..models import PROVIDERS, ModelSpec, parse_model
-from ..spec import RunSpec
+from ..errors import ManifestError, Problem
 from . import pysource
 from .payload import ShippedFile, payload_files, program_file
 
@@ -37,56 +28,6 @@ MAIN_FILES = ("__main__.py", "main.py")
 
 #: PEP 723's reference expression for a metadata block.
 BLOCK_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
-
-#: The routable model classes (`protocol.ROUTABLE_MODELS`, shared with the runtime): the
-#: provider the host knows each by, and the variable its client reads a key from when the
-#: program passes none (that provider's credential).
-ROUTABLE: dict[str, tuple[str, str]] = {
-    cls: (provider, CLASS_KEY_ENV.get(cls) or str(PROVIDERS[provider].credential_env))
-    for cls, provider in ROUTABLE_MODELS.items()
-}
-#: Where Azure's OpenAI client reads its endpoint from when the program gives none.
-AZURE_ENDPOINT_ENV = "AZURE_OPENAI_ENDPOINT"
-#: smolagents' model classes that cannot go through the gateway: a model in the sandbox
-#: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or sends
-#: each call to one of several endpoints (LiteLLM's router).
-NOT_ROUTABLE = frozenset(
-    {
-        "AmazonBedrockModel",
-        "AmazonBedrockServerModel",
-        "TransformersModel",
-        "VLLMModel",
-        "MLXModel",
-        "LiteLLMRouterModel",
-    }
-)
-
-
-@dataclass(frozen=True)
-class ModelUse:
-    """One place the program makes a smolagents model, as its source says."""
-
-    cls: str
-    file: str
-    line: int
-    model_id: str | None = None
-    provider: str | None = None
-    #: The endpoint given as a literal (`api_base=`/`base_url=`); `api_base_dynamic`: one
-    #: given as an expression the host cannot read.
-    api_base: str | None = None
-    api_base_dynamic: bool = False
-    #: The environment variable an endpoint expression reads (`os.getenv("X")`), which the
-    #: host reads too; or the one the class's client reads when given none (Azure's).
-    api_base_env: str | None = None
-    #: The environment variable its key is read from (`os.getenv("X")` as `token=`/`api_key=`).
-    key_env: str | None = None
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}:{self.line}"
-
-    def describe(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if v not in (None, False)}
 
 
 def is_program(path: Path) -> bool:
@@ -160,138 +101,6 @@ def check_syntax(files: dict[str, ShippedFile], folder: Path) -> dict[str, ast.M
                 "Fix the program (`python -m py_compile FILE` shows the same error).",
             ) from None
     return trees
-
-
-def find_models(trees: dict[str, ast.Module]) -> tuple[ModelUse, ...]:
-    """Every call of a smolagents model class in the program's files, in file order."""
-    uses = []
-    for name, tree in trees.items():
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            cls = _callee(node.func)
-            if cls in ROUTABLE or cls in NOT_ROUTABLE:
-                uses.append(_use(cls, name, node))
-    return tuple(sorted(uses, key=lambda u: (u.file, u.line)))
-
-
-def _callee(func: ast.expr) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return None
-
-
-def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
-    keywords = {k.arg: k.value for k in call.keywords if k.arg}
-    model_id = keywords.get("model_id") or (call.args[0] if call.args else None)
-    base = keywords.get("api_base") or keywords.get("base_url") or keywords.get("azure_endpoint")
-    key = keywords.get("token") or keywords.get("api_key")
-    base_env = _env_name(base)
-    if base is None and cls in CLASS_KEY_ENV:
-        base_env = AZURE_ENDPOINT_ENV  # where Azure's client looks when given none
-    return ModelUse(
-        cls=cls,
-        file=file,
-        line=call.lineno,
-        model_id=_literal(model_id),
-        provider=_literal(keywords.get("provider")),
-        api_base=_literal(base),
-        api_base_dynamic=base is not None and _literal(base) is None and base_env is None,
-        api_base_env=base_env,
-        key_env=_env_name(key),
-    )
-
-
-def _literal(node: ast.expr | None) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    return None
-
-
-def _env_name(node: ast.expr | None) -> str | None:
-    """X of `os.getenv("X")`, `os.environ.get("X")`, `os.environ["X"]`, `getenv("X")`."""
-    if isinstance(node, ast.Call) and node.args:
-        name = _callee(node.func)
-        if name in ("getenv", "get"):
-            return _literal(node.args[0])
-    if isinstance(node, ast.Subscript) and _callee(node.value) == "environ":
-        return _literal(node.slice)
-    return None
-
-
-def program_model(
-    uses: tuple[ModelUse, ...],
-    source: str,
-    *,
-    api_base: str | None,
-    key_env: str | None,
-    options: dict[str, Any] | None = None,
-) -> ModelSpec:
-    """The model the run serves for a program's own models (the gateway's one endpoint and
-    key): read from where the program makes them. `api_base` (--api-base) sends them all to
-    that endpoint; `key_env` (--model-key-env) reads the key from that variable.
-
-    Raises ConfigError naming file and line for a class that cannot be routed, for models of
-    two providers or two keys (one gateway, one endpoint), and for an endpoint given as an
-    expression with no --api-base. A program that makes no model the host can see gets the
-    mock model: its agents then fail closed at their first call."""
-    if not uses:
-        return parse_model("mock")
-    refused = [u for u in uses if u.cls in NOT_ROUTABLE]
-    if refused:
-        where = ", ".join(f"{u.cls} at {source}/{u.where}" for u in refused)
-        raise ConfigError(
-            f"The program makes a model that cannot be routed through the run's model "
-            f"gateway ({where}), so its key would have to be inside the sandbox. Nothing was "
-            "started.",
-            f"Use {', '.join(ROUTABLE)} (an OpenAI-compatible endpoint), or replace every "
-            "model of the program with --model provider:model_id.",
-        )
-    providers = {ROUTABLE[u.cls][0] for u in uses}
-    keys = {u.key_env or ROUTABLE[u.cls][1] for u in uses}
-    bases = {u.api_base for u in uses if u.api_base}
-    if len(providers) > 1 or (len(keys) > 1 and not key_env) or (len(bases) > 1 and not api_base):
-        listed = "; ".join(f"{u.cls} at {source}/{u.where}" for u in uses)
-        raise ConfigError(
-            f"The program's models need more than one endpoint or key ({listed}); a run's "
-            "model gateway serves one. Nothing was started.",
-            "Give them one provider and one key variable, or send them all to one endpoint "
-            "with --api-base and --model-key-env, or replace them with --model.",
-        )
-    first = uses[0]
-    endpoint_env = tuple(dict.fromkeys(u.api_base_env for u in uses if u.api_base_env))
-    if endpoint_env and not api_base and not bases:  # the host reads what the program reads
-        name = endpoint_env[0]
-        api_base = os.environ.get(name) or None
-        if api_base is None:
-            use = next(u for u in uses if u.api_base_env == name)
-            raise ConfigError(
-                f"{source}/{use.where}: the {use.cls}'s endpoint comes from {name}, which "
-                "is not set on this host (the run's gateway must know where to forward). "
-                "Nothing was started.",
-                f"Set {name} to the endpoint on this host, or pass --api-base with it.",
-            )
-    dynamic = [u for u in uses if u.api_base_dynamic]
-    if dynamic and not api_base:
-        raise ConfigError(
-            f"{source}/{dynamic[0].where}: the {dynamic[0].cls}'s endpoint is an expression "
-            "the host cannot read before the run, and the run's gateway must know where to "
-            "forward. Nothing was started.",
-            "Pass the endpoint with --api-base URL (every model of the program goes there).",
-        )
-    (provider,) = providers
-    model_id = next((u.model_id for u in uses if u.model_id), None)
-    named_key = key_env or next((u.key_env for u in uses if u.key_env), None)
-    spec = parse_model(
-        f"{provider}:{model_id or 'default'}",  # the class's own default, in the sandbox
-        api_base=api_base or next(iter(bases), None),
-        credential_env=named_key or next(iter(keys)),
-        options=options,
-    )
-    spec = spec.with_own_endpoint(key_env_given=named_key is not None)
-    return replace(spec, endpoint_env=endpoint_env).chosen_by_program(first.cls)
 
 
 #: The extras smolagents declares (its `Provides-Extra`) at the version the agent image pins
@@ -452,53 +261,3 @@ def derive_name(path: Path) -> str:
     stem = path.stem if path.is_file() else path.name
     name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_") or "program"
     return name[:63]
-
-
-#: `--model program`: a program's own models (over its `payload.model`).
-PROGRAM_MODEL = "program"
-
-
-class ReadPayload(Protocol):
-    """What `choose_model` reads of a payload (manifest.Manifest, which imports this)."""
-
-    @property
-    def program(self) -> str | None: ...
-    @property
-    def model(self) -> str | None: ...
-    @property
-    def model_uses(self) -> tuple[ModelUse, ...]: ...
-    @property
-    def folder(self) -> Path: ...
-
-
-def choose_model(spec: RunSpec, payload: ReadPayload) -> tuple[ModelSpec, ModelSpec | None]:
-    """The run's model, and the program's own model when the program's models are used (the
-    run names no model, nor the program's `payload.model`): read from its source
-    (`program_model`, which raises ConfigError for a model that cannot be routed). A check
-    (`validate`) checks the program's model but runs the mock in its place."""
-    chosen = spec.model or payload.model
-    if chosen == PROGRAM_MODEL:  # `--model program`: the program's own, whatever it says
-        chosen = None
-    if payload.program is None or chosen is not None:
-        model = parse_model(
-            chosen or "mock",
-            api_base=spec.api_base,
-            credential_env=spec.model_key_env,
-            options=spec.model_options,
-        )
-        return model.with_own_endpoint(key_env_given=spec.model_key_env is not None), None
-    own = program_model(
-        payload.model_uses,
-        str(payload.folder),
-        api_base=spec.api_base,
-        key_env=spec.model_key_env,
-        options=spec.model_options,
-    )
-    if spec.check_only:
-        return parse_model("mock"), own
-    return own, own
-
-
-def key_names(uses: tuple[ModelUse, ...]) -> list[str]:
-    """The variables a program's models read their keys from, as its source says."""
-    return list(dict.fromkeys(u.key_env or ROUTABLE[u.cls][1] for u in uses if u.cls in ROUTABLE))

@@ -22,14 +22,14 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from .errors import ConfigError
-from .paths import home_dir
+from ..errors import ConfigError
+from ..models import ModelSpec, Upstream
+from ..paths import home_dir
 
 #: The base URL the probe gives LiteLLM the second time (never reached: the transport
 #: catches the request).
@@ -44,49 +44,19 @@ ENDPOINT_SETTINGS = ("API_BASE", "BASE_URL", "ENDPOINT", "API_VERSION")
 PROBE_TIMEOUT = 120
 
 
-@dataclass(frozen=True)
-class Upstream:
-    """Where one model's calls go and how they carry its key, as its client library says."""
-
-    #: LiteLLM's name of the provider (`anthropic`, `gemini`, `groq`, ...).
-    provider: str
-    #: The provider's base URL (the gateway's upstream): the client appends `path` to it.
-    base: str
-    #: The path (and query) the client posts a chat to, after its base: the protocol.
-    path: str
-    #: The header the client puts its key in (`authorization` as Bearer, `x-api-key`, ...).
-    key_header: str | None
-    #: The variable the client reads its key from when given none.
-    key_env: str | None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Upstream:
-        """From the probe's answer or the cache. Raises ValueError for a wrong shape."""
-        provider, base, path = data.get("provider"), data.get("base"), data.get("path")
-        if not (isinstance(provider, str) and isinstance(base, str) and isinstance(path, str)):
-            raise ValueError("provider, base and path must be strings")
-        header, key_env = data.get("key_header"), data.get("key_env")
-        return cls(
-            provider=provider,
-            base=base,
-            path=path,
-            key_header=header if isinstance(header, str) else None,
-            key_env=key_env if isinstance(key_env, str) else None,
-        )
-
-    @property
-    def protocol(self) -> str:
-        """The protocol, named by the call the client makes (`POST /v1/messages`)."""
-        return f"POST {self.path.split('?')[0]}"
-
-    def describe(self) -> dict[str, str | None]:
-        """For the run record."""
-        return {
-            "provider": self.provider,
-            "protocol": self.protocol,
-            "upstream_host": urlsplit(self.base).hostname,
-            "key_header": self.key_header,
-        }
+def own_endpoint(model: ModelSpec, *, key_env_given: bool) -> ModelSpec:
+    """`model` with the endpoint its own client would reach: for a LiteLLM model with no
+    api_base, the provider's base URL and key variable as LiteLLM knows them, so that the
+    run's gateway forwards there in the provider's own protocol. `key_env_given`: the key's
+    variable was named (by --model-key-env or the program's source) and stays. Raises
+    ConfigError when LiteLLM cannot say."""
+    if model.provider != "litellm" or model.api_base is not None:
+        return model
+    upstream = litellm_upstream(model.model_id)
+    key_env = model.credential_env
+    if not key_env_given and upstream.key_env:
+        key_env = upstream.key_env
+    return replace(model, api_base=upstream.base, credential_env=key_env, upstream=upstream)
 
 
 def litellm_upstream(model_id: str) -> Upstream:
@@ -159,7 +129,7 @@ def _probe(model_id: str) -> Upstream:
 def probe_many(model_ids: list[str]) -> dict[str, Upstream | str]:
     """Each model's upstream, or why it could not be learned, from one child process (one
     import of LiteLLM). Uncached. Raises ConfigError when the child does not answer in time."""
-    code = "from orchestrator.upstreams import _probe_main; _probe_main()"
+    code = "from orchestrator.payloads.upstreams import _probe_main; _probe_main()"
     # No credential goes to the child: it needs none (the probe passes a key of its own),
     # and LiteLLM then names the variable it would read.
     environment = {
