@@ -26,6 +26,7 @@ from ..schema import TomlLines, did_you_mean, toml_named
 from . import pysource
 from .manifest import Manifest
 from .payload import ShippedFile
+from .pysource import callee
 
 #: smolagents' agent classes (smolagents/agents.py).
 AGENT_CLASSES = frozenset({"MultiStepAgent", "CodeAgent", "ToolCallingAgent"})
@@ -76,7 +77,7 @@ def _names(trees: dict[str, ast.Module], local: set[str] | None) -> list[str]:
             for node in ast.walk(tree):
                 new: set[str] = set()
                 if isinstance(node, ast.ClassDef) and any(
-                    _callee(base) in classes for base in node.bases
+                    callee(base) in classes for base in node.bases
                 ):
                     new.add(node.name)
                     subclasses[node.name] = node
@@ -92,9 +93,9 @@ def _names(trees: dict[str, ast.Module], local: set[str] | None) -> list[str]:
         allowed = _allowed_references(tree)
         for node in ast.walk(tree):
             _check_node(node, local)
-            if isinstance(node, ast.Call) and _callee(node.func) in classes:
+            if isinstance(node, ast.Call) and callee(node.func) in classes:
                 names.append(_name_of(node))
-            elif isinstance(node, (ast.Name, ast.Attribute)) and _callee(node) in classes:
+            elif isinstance(node, (ast.Name, ast.Attribute)) and callee(node) in classes:
                 if id(node) not in allowed:
                     raise _Unknown  # an alias, a partial, a classmethod: not read here
     return list(dict.fromkeys(names))
@@ -115,7 +116,7 @@ def _check_subclass(cls: ast.ClassDef) -> None:
 
 def _check_node(node: ast.AST, local: set[str] | None) -> None:
     """Refuse to tell for code that names agents out of sight."""
-    if isinstance(node, ast.Call) and _callee(node.func) in DYNAMIC_CALLS:
+    if isinstance(node, ast.Call) and callee(node.func) in DYNAMIC_CALLS:
         raise _Unknown
     if isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRIBUTES:
         raise _Unknown
@@ -146,7 +147,7 @@ def _allowed_references(tree: ast.Module) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
             allowed.add(id(node.func))
-            if _callee(node.func) in ("isinstance", "issubclass"):
+            if callee(node.func) in ("isinstance", "issubclass"):
                 for arg in node.args[1:]:
                     add(arg)
         elif isinstance(node, ast.ClassDef):
@@ -176,14 +177,6 @@ def _name_of(call: ast.Call) -> str:
                 return value.value
             raise _Unknown
     return UNNAMED
-
-
-def _callee(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    return None
 
 
 def check_mock_scripts(manifest: Manifest, files: dict[str, ShippedFile], provider: str) -> None:

@@ -21,6 +21,7 @@ from orchestrator_runtime.protocol import CLASS_KEY_ENV, ROUTABLE_MODELS
 from ..errors import ConfigError
 from ..models import PROVIDERS, ModelSpec, parse_model
 from ..spec import RunSpec
+from .pysource import callee
 from .upstreams import own_endpoint
 
 #: The routable model classes (`protocol.ROUTABLE_MODELS`, shared with the runtime): the
@@ -81,18 +82,10 @@ def find_models(trees: dict[str, ast.Module]) -> tuple[ModelUse, ...]:
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue
-            cls = _callee(node.func)
+            cls = callee(node.func)
             if cls in ROUTABLE or cls in NOT_ROUTABLE:
                 uses.append(_use(cls, name, node))
     return tuple(sorted(uses, key=lambda u: (u.file, u.line)))
-
-
-def _callee(func: ast.expr) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    if isinstance(func, ast.Attribute):
-        return func.attr
-    return None
 
 
 def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
@@ -125,10 +118,10 @@ def _literal(node: ast.expr | None) -> str | None:
 def _env_name(node: ast.expr | None) -> str | None:
     """X of `os.getenv("X")`, `os.environ.get("X")`, `os.environ["X"]`, `getenv("X")`."""
     if isinstance(node, ast.Call) and node.args:
-        name = _callee(node.func)
+        name = callee(node.func)
         if name in ("getenv", "get"):
             return _literal(node.args[0])
-    if isinstance(node, ast.Subscript) and _callee(node.value) == "environ":
+    if isinstance(node, ast.Subscript) and callee(node.value) == "environ":
         return _literal(node.slice)
     return None
 

@@ -1,4 +1,4 @@
-"""Python source parsed on the host, one thread at a time.
+"""Python source parsed on the host, one thread at a time, and the name a call is made by.
 
 CPython 3.11's `ast.parse` keeps its AST-building recursion depth in interpreter-wide state;
 two threads parsing at once (eight runs started by a batch's threads, say) can interleave
@@ -20,3 +20,12 @@ def parse(source: str | bytes, filename: str = "<unknown>") -> ast.Module:
     ValueError for a NUL byte)."""
     with _PARSING:
         return ast.parse(source, filename=filename)
+
+
+def callee(func: ast.expr) -> str | None:
+    """The name a call or reference is made by: `X` of `X(...)` and of `a.b.X(...)`."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None

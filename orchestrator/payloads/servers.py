@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from ..errors import ManifestError
 from . import pysource
 from .payload import ShippedFile
+from .pysource import callee
 
 #: The class that starts a stdio server (mcp's, re-exported by smolagents' MCP guides).
 STDIO_PARAMETERS = "StdioServerParameters"
@@ -72,17 +73,11 @@ def server_starts(files: dict[str, ShippedFile]) -> list[ServerStart]:
         except (SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and _callee(node.func) == STDIO_PARAMETERS:
+            if isinstance(node, ast.Call) and callee(node.func) == STDIO_PARAMETERS:
                 command = next((k.value for k in node.keywords if k.arg == "command"), None)
                 if isinstance(command, ast.Constant) and isinstance(command.value, str):
                     found.append(ServerStart(name, node.lineno, command.value))
     return sorted(found, key=lambda s: (s.file, s.line))
-
-
-def _callee(func: ast.expr) -> str | None:
-    if isinstance(func, ast.Name):
-        return func.id
-    return func.attr if isinstance(func, ast.Attribute) else None
 
 
 def check_servers(files: dict[str, ShippedFile], folder: Path, noun: str = "program") -> None:
