@@ -238,12 +238,31 @@ def _status_code(exc: BaseException) -> int | None:
     return None
 
 
+#: Packages whose connection errors are a tool server's, never the model's: MCP's client and
+#: smolagents' adapter of it ("Couldn't connect to the MCP server" is a TimeoutError).
+_TOOL_CLIENTS = frozenset({"mcp", "mcpadapt"})
+
+
+def _raised_in_tool_client(exc: BaseException) -> bool:
+    """True when the traceback of `exc` passes through a tool client's code."""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if module.split(".", 1)[0] in _TOOL_CLIENTS:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def is_model_unavailable(exc: BaseException) -> bool:
-    """True when the exception chain shows a connection error or an HTTP 429/5xx answer."""
+    """True when the exception chain shows a connection error or an HTTP 429/5xx answer,
+    unless it came from an MCP client (its server out of reach: the program's error)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        if _raised_in_tool_client(current):
+            return False
         if isinstance(current, ConnectionError | TimeoutError):
             return True
         if any(cls.__name__ in _UNAVAILABLE_NAMES for cls in type(current).__mro__):

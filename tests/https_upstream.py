@@ -14,6 +14,7 @@ import socketserver
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -110,6 +111,8 @@ class Upstream:
     tunnels: list[str] = field(default_factory=list)
     proxy_port: int = 0
     ca: Path = Path()  # the server's CA certificate
+    #: Set to end the event stream `/events` holds open after its first event.
+    release: threading.Event = field(default_factory=threading.Event)
 
     def holding(self, text: str) -> list[dict[str, Any]]:
         """The requests that arrived with `text` anywhere in them."""
@@ -137,6 +140,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             "body": body,
         }
         self.upstream.requests.append(record)
+        if self.path.startswith("/events"):
+            self._events()
+            return
         if self.path.startswith("/redirect"):
             self.send_response(302)
             self.send_header("location", self.path.split("to=", 1)[1])
@@ -154,6 +160,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+    def _events(self) -> None:
+        """An event stream (Server-Sent Events, chunked): a first event echoing the request's
+        X-Api-Key, sent in two chunks split inside the value, then held open until the test
+        sets `release`, then a last event."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        key = self.headers.get("x-api-key") or ""
+        half = len(key) // 2
+        first = f"event: echo\ndata: {key[:half]}".encode(), f"{key[half:]}\n\n".encode()
+        for index, part in enumerate(first):
+            self._chunk(part)
+            if index == 0:  # the halves in separate reads at the proxy, not one
+                time.sleep(0.2)
+        self.upstream.release.wait(timeout=120)
+        self._chunk(b"event: end\ndata: bye\n\n")
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
 
     do_GET = do_POST = do_PUT = _any
 
@@ -215,7 +244,24 @@ def https_upstream(
     context.load_cert_chain(cert, key)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     upstream.port = server.server_address[1]
-    listener = socket.create_server((address, 0))
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    try:
+        with stand_in(upstream):
+            yield upstream, ca[1]
+    finally:
+        upstream.release.set()  # an event stream still held open ends
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def stand_in(upstream: Upstream) -> Iterator[None]:
+    """The CONNECT stand-in for squid on `upstream.address` (its port: `proxy_port`): every
+    tunnel, whatever name it asks for, joined to the server at `upstream.port`."""
+    listener = socket.create_server((upstream.address, 0))
     upstream.proxy_port = listener.getsockname()[1]
 
     def accept() -> None:
@@ -224,18 +270,10 @@ def https_upstream(
                 client, _ = listener.accept()
                 threading.Thread(target=_tunnel, args=(client, upstream), daemon=True).start()
 
-    threads = [
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}),
-        threading.Thread(target=accept),
-    ]
-    for thread in threads:
-        thread.daemon = True
-        thread.start()
+    threading.Thread(target=accept, daemon=True).start()
     try:
-        yield upstream, ca[1]
+        yield
     finally:
-        server.shutdown()
-        server.server_close()
         with suppress(OSError):
             listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread
         listener.close()

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 import requests
@@ -40,6 +41,7 @@ from orchestrator.payloads.binding import BoundSecret, SecretBinding
 
 from .conftest import REPO, wait_for
 from .https_upstream import Upstream, https_upstream
+from .mcp_upstream import mcp_server
 
 MITMPROXY_PYTHON = Path(
     os.environ.get("TEST_MITMPROXY_PYTHON") or REPO / ".venv-mitmproxy" / "bin" / "python"
@@ -146,6 +148,7 @@ def fresh(proxy: Interceptor) -> Interceptor:
     proxy.output.clear()
     proxy.upstream.requests.clear()
     proxy.upstream.tunnels.clear()
+    proxy.upstream.release.clear()
     return proxy
 
 
@@ -239,6 +242,75 @@ def test_httpx_over_http1_and_http2(fresh: Interceptor, http2: bool) -> None:
     wait_for(lambda: fresh.decisions("refused"), timeout=10)  # its record, not the next test's
     (arrived,) = fresh.upstream.requests
     assert arrived["headers"]["x-api-key"] == VALUE
+
+
+def test_an_event_stream_is_relayed_as_it_comes_each_event_scrubbed(fresh: Interceptor) -> None:
+    """Server-Sent Events (MCP's streamable HTTP and SSE transports): the first event reaches
+    the client while the server still holds the stream open (a proxy that waited for the
+    body's end would never deliver it), with the value the server echoed, sent in two chunks
+    split inside it, back as the placeholder; the last event follows when the server ends."""
+    context = ssl.create_default_context(cafile=str(fresh.ca_cert))
+    timeout = httpx.Timeout(30.0)  # a proxy holding the stream back fails here, not forever
+    with httpx.Client(proxy=fresh.url, verify=context, trust_env=False, timeout=timeout) as client:
+        headers = {"x-api-key": PLACEHOLDER}
+        with client.stream("GET", "https://api.example.com/events", headers=headers) as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"] == "text/event-stream"
+            lines = stream.iter_lines()
+            first = [next(lines) for _ in range(3)]
+            assert first == ["event: echo", f"data: {PLACEHOLDER}", ""], first
+            assert not fresh.upstream.release.is_set()  # the server still holds it open
+            fresh.upstream.release.set()
+            assert list(lines) == ["event: end", "data: bye", ""]
+    (arrived,) = fresh.upstream.requests
+    assert arrived["headers"]["x-api-key"] == VALUE
+
+
+@pytest.mark.parametrize("transport", ["streamable-http", "sse"])
+def test_an_mcp_client_gets_its_bound_token_to_a_remote_server(
+    tmp_path: Path, transport: str
+) -> None:
+    """The `mcp` package's own client, over streamable HTTP and over SSE, through the
+    interceptor to a FastMCP server that wants the real bearer token: its session opens,
+    lists and calls the tool, and every request the server saw carried the value, none the
+    placeholder (SSE's answers come on an event stream held open for the whole session)."""
+    with mcp_server(tmp_path, "api.example.com", VALUE, "127.0.0.1") as server:
+        proxy = start_interceptor(tmp_path, server.upstream, server.upstream.ca)
+        try:
+            answer = anyio.run(mcp_session, proxy, transport)
+        finally:
+            proxy.process.terminate()
+            proxy.process.wait(timeout=30)
+    assert answer == server.facts("Dune")
+    seen = server.upstream.requests
+    assert len(seen) >= 4 and server.upstream.holding(PLACEHOLDER) == []
+    assert {r["headers"]["authorization"] for r in seen} == {f"Bearer {VALUE}"}
+
+
+async def mcp_session(proxy: Interceptor, transport: str) -> str:
+    """Open a session to the almanac through `proxy`, call its tool; the tool's answer."""
+    from mcp import ClientSession
+    from mcp.client.sse import sse_client
+    from mcp.client.streamable_http import streamable_http_client
+
+    context = ssl.create_default_context(cafile=str(proxy.ca_cert))
+
+    def client(**kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(proxy=proxy.url, verify=context, trust_env=False, **kwargs)
+
+    headers = {"Authorization": f"Bearer {PLACEHOLDER}"}
+    if transport == "sse":
+        url = "https://api.example.com/sse"
+        opened = sse_client(url, headers=headers, httpx_client_factory=client)
+    else:
+        url = "https://api.example.com/mcp"
+        opened = streamable_http_client(url, http_client=client(headers=headers))
+    with anyio.fail_after(60):  # a proxy holding an event stream back fails here
+        async with opened as streams, ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            assert [t.name for t in (await session.list_tools()).tools] == ["book_facts"]
+            result = await session.call_tool("book_facts", {"title": "Dune"})
+    return str(result.content[0].text)  # type: ignore[union-attr]
 
 
 def test_urllib(fresh: Interceptor) -> None:

@@ -26,7 +26,7 @@ from orchestrator.payloads.program import SMOLAGENTS_EXTRAS, image_smolagents
 
 from .conftest import REPO, cli
 from .model_server import ScriptedModelServer
-from .test_runtime_local import Outcome, run_runtime
+from .test_runtime_local import Outcome, free_port, run_runtime
 
 PROGRAMS = REPO / "tests" / "programs"
 FIB_TEAM = PROGRAMS / "fib_team.py"
@@ -93,6 +93,28 @@ def test_an_uncaught_exception_fails_the_run_with_its_traceback() -> None:
     (error,) = out.of_type("error")
     assert "raises.py" in error["traceback"] and "RuntimeError" in error["traceback"]
     assert "Traceback (most recent call last)" in out.stderr  # as Python prints it
+
+
+def test_an_mcp_server_out_of_reach_is_the_programs_error_not_the_models(
+    tmp_path: Path,
+) -> None:
+    """A program whose MCP server cannot be reached (smolagents' MCPClient, mcpadapt: "Couldn't
+    connect to the MCP server", a TimeoutError) fails as the program's error, not as
+    `model_unavailable`: that would make it an infrastructure fault, retried by a batch and
+    explained as the model's endpoint out of reach."""
+    program = tmp_path / "remote_tools.py"
+    program.write_text(
+        "from smolagents import MCPClient\n"
+        f"url = 'http://127.0.0.1:{free_port()}/mcp'\n"
+        "server = {'url': url, 'transport': 'streamable-http'}\n"
+        "with MCPClient(server, adapter_kwargs={'connect_timeout': 2}) as tools:\n"
+        "    print(tools)\n"
+    )
+    out = run_runtime(program_request(program, {}))
+    assert out.returncode == 1, out.stderr
+    error = out.end["error"]
+    assert (error["type"], error["kind"]) == ("TimeoutError", "program"), error
+    assert "connect to the MCP server" in error["message"]
 
 
 @pytest.mark.parametrize("code_", [0, 3])

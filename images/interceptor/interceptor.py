@@ -8,7 +8,8 @@ included; `query`; `body`). A placeholder anywhere else (another host, an undecl
 plain HTTP, a Host that differs from the SNI, percent-, base64- or hex-encoded) refuses the
 request with 403 before any connection upstream is made (the upstream connection is lazy); in a
 WebSocket message it ends the connection. What is not HTTP inside a tunnel is never relayed
-(`rawtcp` off). Responses have each value replaced by its placeholder, its encoded forms by `***`.
+(`rawtcp` off). Responses have each value replaced by its placeholder, its encoded forms by `***`;
+an event stream (Server-Sent Events) is relayed as it arrives, each event scrubbed whole.
 
 TLS and HTTP are mitmproxy's; this file decides only where a value may go. It runs in its own
 interpreter (mitmproxy's), imports nothing from the orchestrator package, and finds
@@ -64,6 +65,8 @@ from masking import Masker  # beside this file, in the image and in tests
 PLACES = ("header", "query", "body")
 REASON = "secret_not_bound"
 LOG_PREFIX = "ORCH-SECRET"
+EVENT_STREAM = "text/event-stream"
+EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
 READY_PREFIX = "ORCH-INTERCEPTOR-READY"
 _NAME = re.compile(
     r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
@@ -152,6 +155,37 @@ class Scrubber:
         return self.masker(text.replace(self.value, self.placeholder))
 
 
+class EventScrubber:
+    """A Server-Sent Events body relayed as it arrives, scrubbed one whole event at a time:
+    bytes are held until the blank line that ends an event (the unit a client acts on), so a
+    value split across chunks is still found; what is left at the end is scrubbed too.
+    mitmproxy calls it with each chunk, and with b"" when the body ends; it sends each item
+    of the list returned (none while an event is incomplete: an empty chunk would end a
+    chunked body)."""
+
+    def __init__(self, scrubbers: list[Scrubber]) -> None:
+        self.scrubbers = scrubbers
+        self.held = b""
+
+    def __call__(self, chunk: bytes) -> list[bytes]:
+        self.held += chunk
+        end = len(self.held) if not chunk else event_end(self.held)
+        done, self.held = self.held[:end], self.held[end:]
+        if not done:
+            return []
+        text = done.decode("latin-1")
+        for scrub in self.scrubbers:
+            text = scrub(text)
+        return [text.encode("latin-1")]
+
+
+def event_end(data: bytes) -> int:
+    """Where the last complete event of a Server-Sent Events stream ends (after its blank
+    line: LF, CR or CRLF line ends), 0 when none has ended yet."""
+    ends = [data.rfind(blank) + len(blank) for blank in EVENT_ENDS if blank in data]
+    return max(ends, default=0)
+
+
 def emit(record: dict[str, Any]) -> None:
     print(f"{LOG_PREFIX}\t{json.dumps({'ts': round(time.time(), 3), **record})}", flush=True)
 
@@ -194,12 +228,37 @@ class SecretBinder:
                 self.refuse(flow, binding, *refusal)
                 return
 
+    def responseheaders(self, flow: Any) -> None:
+        """The response's headers scrubbed before anything of it goes on; an event stream
+        (`text/event-stream`: MCP's streamable HTTP and SSE transports, streamed model
+        answers) is then relayed as it comes, one event at a time (`EventScrubber`): held
+        whole until its end it would never reach the client (a stream stays open)."""
+        response = flow.response
+        self.scrub_headers(response)
+        kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        encoded = response.headers.get("content-encoding", "identity").strip().lower()
+        if kind == EVENT_STREAM and encoded == "identity":  # else buffered and decoded
+            response.stream = EventScrubber([self.scrubbers[b.name] for b in self.bindings])
+
     def response(self, flow: Any) -> None:
         """Each value echoed back becomes its placeholder; an encoded form of it (base64,
-        hex, percent, as `masking` knows them) becomes `***`: the sandbox never reads one."""
+        hex, percent, as `masking` knows them) becomes `***`: the sandbox never reads one.
+        Headers were scrubbed as they arrived (`responseheaders`), a stream as it went."""
         if flow.response is None or flow.metadata.get("orchestrator_refused"):
             return
         response = flow.response
+        self.scrub_headers(response)  # again: one an addon or mitmproxy itself made
+        if response.stream:
+            return
+        for binding in self.bindings:
+            scrub = self.scrubbers[binding.name]
+            content = response.get_content(strict=False)
+            if content:
+                text = content.decode("latin-1")
+                if scrub(text) != text:
+                    response.set_content(scrub(text).encode("latin-1"))
+
+    def scrub_headers(self, response: Any) -> None:
         for binding in self.bindings:
             scrub = self.scrubbers[binding.name]
             for name in list(response.headers.keys()):
@@ -207,11 +266,6 @@ class SecretBinder:
                 scrubbed = [scrub(v) for v in values]
                 if scrubbed != values:
                     response.headers.set_all(name, scrubbed)
-            content = response.get_content(strict=False)
-            if content:
-                text = content.decode("latin-1")
-                if scrub(text) != text:
-                    response.set_content(scrub(text).encode("latin-1"))
 
     def websocket_message(self, flow: Any) -> None:
         self.refuse_message(flow, flow.websocket.messages[-1], "websocket")
