@@ -1,0 +1,296 @@
+"""Amazon Bedrock with no AWS secret in the sandbox.
+
+The sandbox's Bedrock client signs with AWS credentials of the run's own (random, made on
+the host for this run) and is pointed at the run's gateway; the gateway checks that
+signature with botocore, signs the request again with the host's credentials and forwards it
+to Bedrock (here a scripted Bedrock server that checks the host's signature in turn,
+tests/bedrock_server.py), measuring converse's and converse-stream's tokens on the way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import socket
+import string
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+from botocore.eventstream import EventStreamBuffer
+
+from orchestrator_runtime.gateway.app import Gateway, GatewayConfig
+from orchestrator_runtime.gateway.usage import UsageReader, requested_model
+
+from .bedrock_server import BedrockServer, event_frame
+from .conftest import REPO
+
+MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
+REGION = "us-east-1"
+CONVERSE = f"/model/{MODEL.replace(':', '%3A')}/converse"
+ANSWER = "Thought: I answer.\n<code>\nfinal_answer('from bedrock')\n</code>"
+
+
+def aws_keys(token: bool = False) -> Credentials:
+    """Random AWS-shaped credentials (a key id of 20 capitals and digits, a 40-character
+    secret), with a session token when asked."""
+    alphabet = string.ascii_uppercase + string.digits
+    key_id = "AKIA" + "".join(secrets.choice(alphabet) for _ in range(16))
+    return Credentials(
+        key_id, secrets.token_urlsafe(30), secrets.token_urlsafe(40) if token else None
+    )
+
+
+def signing_config(run: Credentials, host: Credentials) -> dict[str, Any]:
+    """The gateway's configuration's signing part, and its key (the host's credentials)."""
+    return {
+        "signing": {
+            "kind": "aws-sigv4",
+            "region": REGION,
+            "service": "bedrock",
+            "access_key_id": run.access_key,
+            "secret_access_key": run.secret_key,
+        },
+        "key": json.dumps(
+            {
+                "access_key_id": host.access_key,
+                "secret_access_key": host.secret_key,
+                "session_token": host.token,
+            }
+        ),
+    }
+
+
+def signed(keys: Credentials, url: str, body: bytes, *, region: str = REGION) -> dict[str, str]:
+    """The headers botocore's SigV4 puts on a POST of `body` to `url`."""
+    request = AWSRequest(
+        method="POST", url=url, data=body, headers={"Content-Type": "application/json"}
+    )
+    SigV4Auth(keys, "bedrock", region).add_auth(request)
+    return dict(request.headers.items())
+
+
+# ---- what the gateway reads of Bedrock's answers ---------------------------------------------
+
+
+def test_event_frames_are_botocores_and_converse_usage_is_read_split_anywhere() -> None:
+    frames = [
+        event_frame("messageStart", {"role": "assistant"}),
+        event_frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "hi"}}),
+        event_frame("metadata", {"usage": {"inputTokens": 31, "outputTokens": 4}}),
+    ]
+    parser = EventStreamBuffer()
+    parser.add_data(b"".join(frames))
+    parsed = list(parser)
+    assert [m.headers[":event-type"] for m in parsed] == [
+        "messageStart",
+        "contentBlockDelta",
+        "metadata",
+    ]
+    assert json.loads(parsed[1].payload)["delta"]["text"] == "hi"
+
+    stream = b"".join(frames)
+    reader = UsageReader("application/vnd.amazon.eventstream")
+    for i in range(0, len(stream), 7):
+        reader.feed(stream[i : i + 7])
+    reader.close()
+    assert (reader.input_tokens, reader.output_tokens, reader.streamed) == (31, 4, True)
+
+    broken = UsageReader("application/vnd.amazon.eventstream")
+    broken.feed(frames[0][:-1] + b"\x00" + frames[2])  # a bad checksum: read no further
+    broken.close()
+    assert (broken.input_tokens, broken.output_tokens) == (None, None)
+
+    reader = UsageReader("application/json")
+    reader.feed(json.dumps({"usage": {"inputTokens": 12, "outputTokens": 3}}).encode())
+    reader.close()
+    assert (reader.input_tokens, reader.output_tokens) == (12, 3)
+    assert requested_model(b"{}", f"/model/{MODEL}/converse-stream") == MODEL
+    arn = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.anthropic.claude"
+    assert requested_model(b"{}", f"/model/{arn}/converse") == arn
+
+
+# ---- the gateway's check of the sandbox's signature, in process -------------------------------
+
+
+def test_a_forged_signature_is_refused_and_nothing_is_forwarded() -> None:
+    """Only a request signed with the run's credentials, for its region, now, over the body
+    it carries, goes on: a wrong secret, another key id, a tampered body, another region,
+    a body whose declared hash is not its own, a bearer token or no signature are 401."""
+    run, host, other = aws_keys(), aws_keys(), aws_keys()
+    body = json.dumps({"messages": [{"role": "user", "content": [{"text": "hi"}]}]}).encode()
+    base = "http://gateway.test"
+    good = signed(run, base + CONVERSE, body)
+    forged_headers = {
+        "wrong secret": signed(
+            Credentials(run.access_key, other.secret_key), base + CONVERSE, body
+        ),
+        "other key id": signed(other, base + CONVERSE, body),
+        "other region": signed(run, base + CONVERSE, body, region="eu-west-1"),
+        "tampered body": good,
+        "declared hash": {**good, "X-Amz-Content-SHA256": hashlib.sha256(b"{}").hexdigest()},
+        "bearer token": {"Authorization": f"Bearer {run.secret_key}"},
+        "none": {},
+    }
+    events: list[dict[str, Any]] = []
+    with BedrockServer([ANSWER], keys=host) as server:
+        config = GatewayConfig.from_json(
+            {
+                "token": secrets.token_urlsafe(32),
+                "upstream": server.base(),
+                "clients": ["127.0.0.0/8"],
+                "max_calls": 10,
+                "max_tokens": 10**6,
+                **signing_config(run, host),
+            }
+        )
+
+        async def send_all() -> dict[str, httpx.Response]:
+            upstream = httpx.AsyncClient()
+            app = Gateway(config, events.append, upstream)
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 40000))
+            answers = {}
+            async with upstream, httpx.AsyncClient(transport=transport, base_url=base) as client:
+                for case, headers in forged_headers.items():
+                    content = body + b" " if case == "tampered body" else body
+                    answers[case] = await client.post(CONVERSE, content=content, headers=headers)
+                answers["good"] = await client.post(CONVERSE, content=body, headers=good)
+            return answers
+
+        answers = asyncio.run(send_all())
+    for case in forged_headers:
+        assert answers[case].status_code == 401, case
+        assert answers[case].headers["x-amzn-errortype"] == "bad_signature"
+    assert answers["good"].status_code == 200, answers["good"].text
+    assert answers["good"].json()["output"]["message"]["content"][0]["text"] == ANSWER
+    # Only the good call reached Bedrock, signed by the host and by nobody else.
+    assert len(server.requests) == 1 and not server.refused
+    authorization = server.requests[0]["headers"]["authorization"]
+    assert f"Credential={host.access_key}/" in authorization and run.access_key not in authorization
+    refused = [e for e in events if e["type"] == "model_call_refused"]
+    assert len(refused) == len(forged_headers) and {e["reason"] for e in refused} == {
+        "bad_signature"
+    }
+    (call,) = [e for e in events if e["type"] == "model_call"]
+    assert call["model"] == MODEL
+    assert (call["input_tokens"], call["output_tokens"]) == tuple(server.usage.values())
+
+
+def test_a_signature_from_another_time_is_refused() -> None:
+    """The date signed is checked against the gateway's clock (AWS's 15 minutes either way):
+    a request recorded now does not pass later."""
+    from orchestrator_runtime.gateway.sigv4 import Signing
+
+    run, host = aws_keys(), aws_keys()
+    parts = signing_config(run, host)
+    signing = Signing.from_json(parts["signing"], parts["key"])
+    body = b'{"messages": []}'
+    url = "http://gateway.test" + CONVERSE
+    headers = [(k.lower().encode(), v.encode()) for k, v in signed(run, url, body).items()]
+    headers.append((b"host", b"gateway.test"))
+    now = time.time()
+    assert signing.check("POST", CONVERSE, "", headers, body, now) is None
+    later = signing.check("POST", CONVERSE, "", headers, body, now + 16 * 60)
+    assert later == "the signature's date is not now"
+
+
+# ---- the real gateway process, and a real boto3 client ----------------------------------------
+
+
+class SigningGateway:
+    """The real gateway (`python -m orchestrator_runtime.gateway`) on a free port of this
+    host, configured to check the run's AWS signature and sign with the host's."""
+
+    def __init__(self, upstream: str, run: Credentials, host: Credentials) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.events: list[dict[str, Any]] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator_runtime.gateway"],
+            cwd=REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        config = {
+            "token": secrets.token_urlsafe(32),
+            "upstream": upstream,
+            "port": self.port,
+            "clients": ["127.0.0.0/8"],
+            "max_calls": 10,
+            "max_tokens": 10**6,
+            **signing_config(run, host),
+        }
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(config) + "\n")
+        self.proc.stdin.flush()
+        assert json.loads(self.proc.stdout.readline())["type"] == "gateway_ready"
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout
+        for line in self.proc.stdout:
+            self.events.append(json.loads(line))
+
+    def stop(self) -> int:
+        assert self.proc.stdin
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.flush()
+        code = self.proc.wait(timeout=10)
+        self.reader.join(timeout=5)
+        return code
+
+
+def test_a_boto3_client_with_the_runs_credentials_converses_through_the_gateway() -> None:
+    """boto3's own bedrock-runtime client, signing with the run's credentials, gets its
+    converse and converse-stream answers through the gateway; Bedrock sees only the host's
+    signature and session token; the gateway measures both calls' tokens as Bedrock
+    counted them; the streamed answer comes whole through botocore's own parser."""
+    import boto3
+
+    run, host = aws_keys(), aws_keys(token=True)
+    with BedrockServer([ANSWER, "streamed " * 20], keys=host) as server:
+        gateway = SigningGateway(server.base(), run, host)
+        try:
+            client = boto3.client(
+                "bedrock-runtime",
+                region_name=REGION,
+                endpoint_url=f"http://127.0.0.1:{gateway.port}",
+                aws_access_key_id=run.access_key,
+                aws_secret_access_key=run.secret_key,
+            )
+            messages = [{"role": "user", "content": [{"text": "hi"}]}]
+            answer = client.converse(modelId=MODEL, messages=messages)
+            assert answer["output"]["message"]["content"][0]["text"] == ANSWER
+            assert answer["usage"]["inputTokens"] > 0
+            stream = client.converse_stream(modelId=MODEL, messages=messages)["stream"]
+            events = list(stream)
+            text = "".join(
+                e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e
+            )
+            assert text == "streamed " * 20
+            assert events[-1]["metadata"]["usage"]["outputTokens"] > 0
+        finally:
+            assert gateway.stop() == 0
+    assert len(server.requests) == 2 and not server.refused
+    for request in server.requests:
+        assert request["headers"]["x-amz-security-token"] == host.token
+        assert run.access_key not in request["headers"]["authorization"]
+    calls = [e for e in gateway.events if e["type"] == "model_call"]
+    assert [c["streamed"] for c in calls] == [False, True]
+    measured = {
+        "input_tokens": sum(c["input_tokens"] for c in calls),
+        "output_tokens": sum(c["output_tokens"] for c in calls),
+    }
+    assert measured == server.usage
+    assert gateway.events[-1]["type"] == "gateway_closed"
