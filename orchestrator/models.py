@@ -9,7 +9,14 @@ from urllib.parse import urlsplit
 from orchestrator_runtime.protocol import PROVIDERS as RUNTIME_PROVIDERS
 
 from .errors import ConfigError
-from .upstreams import Upstream, litellm_upstream
+from .upstreams import (
+    ENDPOINT_ENV,
+    REGION_ENV,
+    Upstream,
+    bedrock_endpoint,
+    host_region,
+    litellm_upstream,
+)
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,10 @@ class Provider:
     summary: str = ""
     #: Hosts its client reaches when no api_base is given (the `allowlist` policy's share).
     hosts: tuple[str, ...] = ()
+    #: Its client signs each call with AWS credentials (SigV4) instead of sending a key: the
+    #: host's credentials come from botocore's chain and stay with the run's gateway
+    #: (`upstreams.py`); `credential_env` names only the variable the sandbox's stand-in is in.
+    aws_signed: bool = False
 
 
 #: What the host knows of each provider the runtime can build (orchestrator_runtime.protocol).
@@ -63,6 +74,15 @@ PROVIDERS: dict[str, Provider] = {
             extra_requirements=("litellm",),
             summary="LiteLLMModel (optional; adds litellm to the image)",
         ),
+        Provider(
+            "bedrock",
+            "AWS_SECRET_ACCESS_KEY",
+            None,
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            summary="AmazonBedrockModel (Amazon Bedrock's converse; the host's AWS "
+            "credentials stay with the run's gateway)",
+            aws_signed=True,
+        ),
     )
 }
 if tuple(PROVIDERS) != RUNTIME_PROVIDERS:  # the names are the runtime's; this adds host facts
@@ -88,6 +108,9 @@ class ModelSpec:
     #: Variables a program reads its models' endpoint from (`os.getenv("X")`, or the one
     #: its client reads): inside the sandbox each holds the endpoint the run gives it.
     endpoint_env: tuple[str, ...] = ()
+    #: A Bedrock model's AWS region (the program's `region_name`, else the host's): where
+    #: its calls go and what they are signed for.
+    aws_region: str | None = None
 
     def chosen_by_program(self, cls: str) -> ModelSpec:
         """This model as the one a program's `cls` makes (kept in the sandbox, served by
@@ -117,6 +140,17 @@ class ModelSpec:
     def needs_network(self) -> bool:
         return self.provider != "mock"
 
+    @property
+    def aws_signed(self) -> bool:
+        """Its client signs its calls with AWS credentials (Bedrock), never one key."""
+        return PROVIDERS[self.provider].aws_signed
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Variables the model's client reads that are not secret (a Bedrock model's region),
+        set in the sandbox before any payload code runs."""
+        return dict.fromkeys(REGION_ENV, self.aws_region) if self.aws_region else {}
+
     def with_own_endpoint(self, *, key_env_given: bool) -> ModelSpec:
         """This model with the endpoint its own client would reach: for a LiteLLM model
         with no api_base, the provider's base URL and key variable as LiteLLM knows them
@@ -124,6 +158,8 @@ class ModelSpec:
         provider's own protocol. `key_env_given`: the key's variable was named (by
         --model-key-env or the program's source) and stays. Raises ConfigError when
         LiteLLM cannot say."""
+        if self.aws_signed:
+            return self.on_bedrock()
         if self.provider != "litellm" or self.api_base is not None:
             return self
         upstream = litellm_upstream(self.model_id)
@@ -131,6 +167,36 @@ class ModelSpec:
         if not key_env_given and upstream.key_env:
             key_env = upstream.key_env
         return replace(self, api_base=upstream.base, credential_env=key_env, upstream=upstream)
+
+    def on_bedrock(self) -> ModelSpec:
+        """This Bedrock model with its region (its own, else the host's: `upstreams.host_region`)
+        and endpoint (the run's --api-base, else as botocore resolves it on the host:
+        `upstreams.bedrock_endpoint`); inside the sandbox, its client finds the run's endpoint in
+        AWS_ENDPOINT_URL_BEDROCK_RUNTIME. Raises ConfigError without a region."""
+        region = self.aws_region or host_region()
+        if region is None:
+            raise ConfigError(
+                f"The Bedrock model {self.model_id!r} has no AWS region: its program gives "
+                "no region_name and none is set on this host. Nothing was started.",
+                "Set AWS_REGION (or AWS_DEFAULT_REGION, or a profile's region) on this host, "
+                'or give the model client_kwargs={"region_name": "us-east-1"}.',
+            )
+        base = self.api_base or bedrock_endpoint(region)
+        upstream = Upstream(
+            provider="bedrock",
+            base=base,
+            path=f"/model/{self.model_id}/converse",
+            key_header="authorization (AWS SigV4)",
+            key_env=None,
+        )
+        return replace(
+            self,
+            api_base=base,
+            aws_region=region,
+            upstream=upstream,
+            endpoint_env=tuple(dict.fromkeys((*self.endpoint_env, ENDPOINT_ENV))),
+            credential_env=PROVIDERS[self.provider].credential_env,  # the stand-in's, always
+        )
 
     def describe(self) -> str:
         base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""

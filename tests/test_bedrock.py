@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import secrets
 import socket
 import string
@@ -19,14 +20,21 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer
 
+from orchestrator import RunSpec
+from orchestrator.errors import ConfigError
+from orchestrator.gateway import sandbox_secrets
+from orchestrator.lifecycle.runner import build_request, prepare
 from orchestrator_runtime.gateway.app import Gateway, GatewayConfig
 from orchestrator_runtime.gateway.usage import UsageReader, requested_model
 
@@ -76,6 +84,115 @@ def signed(keys: Credentials, url: str, body: bytes, *, region: str = REGION) ->
     )
     SigV4Auth(keys, "bedrock", region).add_auth(request)
     return dict(request.headers.items())
+
+
+@pytest.fixture
+def host_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Credentials:
+    """This host's AWS settings, for botocore: these credentials (with a session token) in
+    the environment, no region, no files, no instance role."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    keys = aws_keys(token=True)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", keys.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", keys.secret_key)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", str(keys.token))
+    return keys
+
+
+def bedrock_program(folder: Path, client_kwargs: str = '{"region_name": "us-east-1"}') -> Path:
+    """A program whose agent's model is Bedrock's, as smolagents' docs write it."""
+    path = folder / "bedrock_program.py"
+    path.write_text(
+        "from smolagents import AmazonBedrockModel, CodeAgent\n"
+        f"model = AmazonBedrockModel(model_id={MODEL!r}, client_kwargs={client_kwargs})\n"
+        "agent = CodeAgent(tools=[], model=model)\n"
+        'print("answer:", agent.run("Say hi."))\n'
+    )
+    return path
+
+
+# ---- the host: what a Bedrock run's sandbox and gateway get -----------------------------------
+
+
+def test_the_sandbox_gets_the_runs_own_aws_credentials_and_the_gateway_the_hosts(
+    tmp_path: Path, host_keys: Credentials
+) -> None:
+    prepared = prepare(RunSpec(payload=bedrock_program(tmp_path)))
+    model, gateway = prepared.model, prepared.gateway
+    assert (model.provider, model.model_id, model.aws_region) == ("bedrock", MODEL, REGION)
+    assert gateway is not None and gateway.aws is not None and gateway.aws.region == REGION
+    assert gateway.upstream == "https://bedrock-runtime.us-east-1.amazonaws.com"
+    assert gateway.describe()["protocol"] == f"POST /model/{MODEL}/converse"
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(prepared.secrets_inside)
+    # Inside: the run's own credentials, no session token, nothing of the host's.
+    inside, key = sandbox_secrets(prepared.secrets, gateway)
+    assert inside["AWS_ACCESS_KEY_ID"] == gateway.aws.access_key_id != host_keys.access_key
+    assert inside["AWS_SECRET_ACCESS_KEY"] == gateway.aws.secret_access_key
+    assert "AWS_SESSION_TOKEN" not in inside
+    for value in (host_keys.access_key, host_keys.secret_key, str(host_keys.token)):
+        assert all(value not in v for v in inside.values())
+    # The client inside finds the gateway and the region; the request holds no secret.
+    request = build_request(prepared, api_base="http://gateway.test:8000")
+    assert request.endpoint_env == ["AWS_ENDPOINT_URL_BEDROCK_RUNTIME"]
+    assert request.model_env == {"AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION}
+    assert request.credential_env == "AWS_SECRET_ACCESS_KEY"
+    assert host_keys.secret_key not in request.to_json()
+    # The gateway gets the host's on its stdin, and the run's to check signatures against.
+    config = GatewayConfig.from_json(gateway.stdin_config(key, ["10.0.0.0/8"], 8000))
+    assert config.signing is not None and config.key is None
+    assert config.signing.host.secret_access_key == host_keys.secret_key
+    assert config.signing.host.session_token == host_keys.token
+    assert config.signing.run.access_key_id == gateway.aws.access_key_id
+    assert host_keys.secret_key not in json.dumps(gateway.describe())
+
+
+def test_the_region_and_endpoint_come_from_the_program_else_the_host(
+    tmp_path: Path, host_keys: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The program's literal region; else AWS_REGION (or botocore's own settings) on the
+    host; the endpoint botocore resolves for it, or the user's endpoint setting."""
+    no_region = bedrock_program(tmp_path, client_kwargs="{}")
+    with pytest.raises(ConfigError) as missing:
+        prepare(RunSpec(payload=no_region))
+    assert "AWS_REGION" in missing.value.fix and "region_name" in missing.value.fix
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    assert prepare(RunSpec(payload=no_region)).model.api_base == (
+        "https://bedrock-runtime.eu-west-1.amazonaws.com"
+    )
+    monkeypatch.setenv("AWS_REGION", "ap-northeast-1")
+    assert prepare(RunSpec(payload=no_region)).model.aws_region == "ap-northeast-1"
+    assert prepare(RunSpec(payload=bedrock_program(tmp_path))).model.aws_region == REGION
+    monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", "http://127.0.0.1:9")
+    prepared = prepare(RunSpec(payload=no_region))
+    assert prepared.model.api_base == "http://127.0.0.1:9"
+    assert prepared.gateway is not None and prepared.gateway.on_this_host  # reached from it
+    # The run's own model as well: --model bedrock:ID.
+    chosen = prepare(RunSpec(payload=no_region, model="bedrock:amazon.nova-pro-v1:0"))
+    assert (chosen.model.model_id, chosen.model_source) == ("amazon.nova-pro-v1:0", "run")
+    assert chosen.gateway is not None and chosen.gateway.aws is not None
+
+
+def test_no_aws_credentials_two_regions_or_no_gateway_start_nothing(
+    tmp_path: Path, host_keys: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = bedrock_program(tmp_path)
+    with pytest.raises(ConfigError, match="--no-gateway"):
+        prepare(RunSpec(payload=program, gateway=False))
+    two = tmp_path / "two.py"
+    two.write_text(
+        program.read_text()
+        + f"other = AmazonBedrockModel({MODEL!r}, client_kwargs={{'region_name': 'eu-west-1'}})\n"
+    )
+    with pytest.raises(ConfigError, match="more than one endpoint"):
+        prepare(RunSpec(payload=two))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name)
+    with pytest.raises(ConfigError) as missing:
+        prepare(RunSpec(payload=program))
+    assert "AWS credentials" in str(missing.value) and "AWS_PROFILE" in missing.value.fix
 
 
 # ---- what the gateway reads of Bedrock's answers ---------------------------------------------
@@ -207,9 +324,9 @@ def test_a_signature_from_another_time_is_refused() -> None:
 
 class SigningGateway:
     """The real gateway (`python -m orchestrator_runtime.gateway`) on a free port of this
-    host, configured to check the run's AWS signature and sign with the host's."""
+    host, given `config` (its port added) on its stdin as a backend gives it."""
 
-    def __init__(self, upstream: str, run: Credentials, host: Credentials) -> None:
+    def __init__(self, config: dict[str, Any]) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
@@ -221,21 +338,13 @@ class SigningGateway:
             stdout=subprocess.PIPE,
             text=True,
         )
-        config = {
-            "token": secrets.token_urlsafe(32),
-            "upstream": upstream,
-            "port": self.port,
-            "clients": ["127.0.0.0/8"],
-            "max_calls": 10,
-            "max_tokens": 10**6,
-            **signing_config(run, host),
-        }
         assert self.proc.stdin and self.proc.stdout
-        self.proc.stdin.write(json.dumps(config) + "\n")
+        self.proc.stdin.write(json.dumps({**config, "port": self.port}) + "\n")
         self.proc.stdin.flush()
         assert json.loads(self.proc.stdout.readline())["type"] == "gateway_ready"
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
+        self.url = f"http://127.0.0.1:{self.port}"
 
     def _read(self) -> None:
         assert self.proc.stdout
@@ -260,12 +369,21 @@ def test_a_boto3_client_with_the_runs_credentials_converses_through_the_gateway(
 
     run, host = aws_keys(), aws_keys(token=True)
     with BedrockServer([ANSWER, "streamed " * 20], keys=host) as server:
-        gateway = SigningGateway(server.base(), run, host)
+        gateway = SigningGateway(
+            {
+                "token": secrets.token_urlsafe(32),
+                "upstream": server.base(),
+                "clients": ["127.0.0.0/8"],
+                "max_calls": 10,
+                "max_tokens": 10**6,
+                **signing_config(run, host),
+            }
+        )
         try:
             client = boto3.client(
                 "bedrock-runtime",
                 region_name=REGION,
-                endpoint_url=f"http://127.0.0.1:{gateway.port}",
+                endpoint_url=gateway.url,
                 aws_access_key_id=run.access_key,
                 aws_secret_access_key=run.secret_key,
             )
@@ -294,3 +412,42 @@ def test_a_boto3_client_with_the_runs_credentials_converses_through_the_gateway(
     }
     assert measured == server.usage
     assert gateway.events[-1]["type"] == "gateway_closed"
+
+
+def test_a_programs_bedrock_model_answers_through_the_gateway_from_the_runtime(
+    tmp_path: Path, host_keys: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's plan, the real gateway and the real runtime (no container): the program's
+    AmazonBedrockModel, built as written, signs with the run's credentials for the run's
+    region and reaches Bedrock through the gateway; smolagents reads the answer (the runtime
+    gives it the `tool_calls` it expects of Bedrock's answer)."""
+    from .test_runtime_local import run_runtime
+
+    with BedrockServer([ANSWER], keys=host_keys) as server:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.base())
+        prepared = prepare(RunSpec(payload=bedrock_program(tmp_path)))
+        assert prepared.gateway is not None
+        inside, key = sandbox_secrets(prepared.secrets, prepared.gateway)
+        config = prepared.gateway.stdin_config(key, ["127.0.0.0/8"], 1)
+        gateway = SigningGateway({**config, "upstream": server.base()})  # HOST_ALIAS: Docker's
+        try:
+            request = replace(build_request(prepared, api_base=gateway.url), secrets=inside)
+            for name in [n for n in os.environ if n.startswith("AWS_")]:
+                monkeypatch.delenv(name)  # the runtime's process has only what it is given
+            outcome = run_runtime(request.to_wire(), fresh=True)
+        finally:
+            assert gateway.stop() == 0
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    assert outcome.end["state"] == "success" and outcome.end["answer"] == "from bedrock"
+    (start,) = outcome.of_type("run_start")
+    model = start["agents"][0]["model"]
+    assert (model["class"], model["model_id"], model["routed_to"]) == (
+        "AmazonBedrockModel",
+        MODEL,
+        "gateway",
+    )
+    assert len(server.requests) == 1 and not server.refused
+    (call,) = [e for e in gateway.events if e["type"] == "model_call"]
+    assert {"input_tokens": call["input_tokens"], "output_tokens": call["output_tokens"]} == (
+        server.usage
+    )

@@ -68,6 +68,9 @@ def request_with_every_field(monkeypatch: pytest.MonkeyPatch) -> Request:
         },
         # with bound secrets: the intercepting proxy's CA (its certificate only)
         trust_ca="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        # a program's endpoint variables, and a Bedrock model's region (not secret)
+        endpoint_env=["OPENAI_BASE_URL"],
+        model_env={"AWS_REGION": "us-east-1"},
     )
 
 

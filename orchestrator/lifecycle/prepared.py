@@ -28,6 +28,7 @@ from ..records.otlp import TraceTarget, trace_target
 from ..records.store import new_run_id
 from ..registry import DEFAULT_BACKEND
 from ..spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunSpec
+from ..upstreams import CREDENTIAL_ENV, host_credentials
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ class PreparedRun:
         """The secrets whose values the sandbox holds (the record and the start line say
         so): every one the run gets, but the model's key when a gateway holds it and the
         bound ones (the sandbox holds their placeholders)."""
-        held = self.gateway.credential_env if self.gateway else None
+        held = self.gateway.held if self.gateway else ()
         bound = {b.name for b in self.manifest.bindings}
-        return tuple(name for name in self.secret_names if name != held and name not in bound)
+        return tuple(n for n in self.secret_names if n not in held and n not in bound)
 
     @property
     def bindings(self) -> tuple[SecretBinding, ...]:
@@ -131,6 +132,22 @@ def choose_task(spec: RunSpec, manifest: Manifest) -> str:
     with at_field("task"):
         check_task(task)
     return task
+
+
+def host_aws_credentials(manifest: Manifest, skip: bool) -> dict[str, str]:
+    """The host's AWS credentials for a Bedrock run's gateway (botocore's chain; none read
+    when `skip`: a check or schedule validation). Raises ConfigError when there are none, or
+    when the payload declares AWS credentials of its own: inside, those names hold the
+    run's own credentials, which would shadow them."""
+    own = [name for name in manifest.secrets if name in CREDENTIAL_ENV]
+    if own:
+        raise ConfigError(
+            f"{manifest.path}: the payload declares {', '.join(own)} as its secret, and its "
+            "Bedrock model's sandbox holds AWS credentials of the run's own under those "
+            "names (the host's stay with the run's gateway). Nothing was started.",
+            "Remove them from [secrets] required; the model signs through the gateway.",
+        )
+    return {} if skip else host_credentials()
 
 
 def prepare(
@@ -201,6 +218,11 @@ def prepare(
             if own_model is None or spec.check_only
             else (),
         )
+    if gateway is not None and gateway.aws is not None:
+        with at_field("secrets"):
+            signing = host_aws_credentials(manifest, spec.check_only or not secret_values)
+        secrets.update(signing)
+        needed += [name for name in signing if name not in needed]
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),
