@@ -30,6 +30,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.eventstream import EventStreamBuffer
+from botocore.exceptions import ClientError
 
 from orchestrator import RunSpec
 from orchestrator.errors import ConfigError
@@ -39,7 +40,8 @@ from orchestrator_runtime.gateway.app import Gateway, GatewayConfig
 from orchestrator_runtime.gateway.usage import UsageReader, requested_model
 
 from .bedrock_server import BedrockServer, event_frame
-from .conftest import REPO
+from .conftest import REPO, cli
+from .test_model_routes import HASHING_PRELUDE
 
 MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
 REGION = "us-east-1"
@@ -398,9 +400,22 @@ def test_a_boto3_client_with_the_runs_credentials_converses_through_the_gateway(
             )
             assert text == "streamed " * 20
             assert events[-1]["metadata"]["usage"]["outputTokens"] > 0
+            # Bedrock itself (the server) refuses the run's credentials: only the host's pass.
+            direct = boto3.client(
+                "bedrock-runtime",
+                region_name=REGION,
+                endpoint_url=server.base(),
+                aws_access_key_id=run.access_key,
+                aws_secret_access_key=run.secret_key,
+            )
+            with pytest.raises(ClientError) as refused:
+                direct.converse(modelId=MODEL, messages=messages)
+            assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
         finally:
             assert gateway.stop() == 0
-    assert len(server.requests) == 2 and not server.refused
+    assert len(server.refused) == 1 and run.access_key in server.refused[0]
+    server.requests = [r for r in server.requests if run.access_key not in str(r["headers"])]
+    assert len(server.requests) == 2
     for request in server.requests:
         assert request["headers"]["x-amz-security-token"] == host.token
         assert run.access_key not in request["headers"]["authorization"]
@@ -451,3 +466,71 @@ def test_a_programs_bedrock_model_answers_through_the_gateway_from_the_runtime(
     assert {"input_tokens": call["input_tokens"], "output_tokens": call["output_tokens"]} == (
         server.usage
     )
+
+
+# ---- the whole path on the real engine ----------------------------------------------------------
+
+#: After the agent's run (converse, through smolagents), the model's own client streams
+#: (converse-stream): smolagents' AmazonBedrockModel has no streaming of its own.
+STREAMING_EPILOGUE = """
+stream = model.client.converse_stream(
+    modelId=model.model_id, messages=[{"role": "user", "content": [{"text": "Stream."}]}]
+)["stream"]
+text = "".join(e["contentBlockDelta"]["delta"]["text"] for e in stream if "contentBlockDelta" in e)
+print("streamed:", text)
+"""
+
+
+@pytest.mark.docker
+def test_a_bedrock_program_runs_through_the_gateway_with_no_aws_secret_inside(
+    tmp_path: Path,
+) -> None:
+    """The program as smolagents' docs write it, the host's AWS credentials (a session token
+    too) in its environment and Bedrock at the user's endpoint setting: the agent's converse
+    and the client's converse-stream reach Bedrock signed by the host only, the record has
+    the gateway's tokens (Bedrock's own figures), and a program hashing every environment
+    value and file under /tmp and $HOME in its sandbox finds none of the host's credentials."""
+    host = aws_keys(token=True)
+    program = tmp_path / "bedrock_agent.py"
+    program.write_text(HASHING_PRELUDE + bedrock_program(tmp_path).read_text() + STREAMING_EPILOGUE)
+    with BedrockServer([ANSWER, "a streamed answer " * 5], keys=host) as server:
+        env = {
+            "AWS_ACCESS_KEY_ID": host.access_key,
+            "AWS_SECRET_ACCESS_KEY": host.secret_key,
+            "AWS_SESSION_TOKEN": str(host.token),
+            "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.base(),  # the user's own setting
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
+            "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        done = cli("run", str(program), "--json", "--timeout", "300", env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout)
+    assert outcome["status"] == "succeeded" and outcome["answer"] == "from bedrock"
+    record = Path(outcome["record_dir"])
+    logs = (record / "stderr.log").read_text()
+    assert "streamed: " + "a streamed answer " * 5 in logs
+    # Bedrock saw both calls signed by the host (it refuses any other signature).
+    assert not server.refused and len(server.requests) == 2
+    assert [r["path"].rsplit("/", 1)[-1] for r in server.requests] == [
+        "converse",
+        "converse-stream",
+    ]
+    for request in server.requests:
+        assert f"Credential={host.access_key}/" in request["headers"]["authorization"]
+        assert request["headers"]["x-amz-security-token"] == host.token
+    # The gateway's measured tokens are Bedrock's own figures, for both calls.
+    assert outcome["token_usage_source"] == "gateway"
+    assert {k: outcome["token_usage"][k] for k in server.usage} == server.usage
+    assert outcome["gateway"]["signing"] == f"AWS SigV4, {REGION}"
+    events = [json.loads(line) for line in (record / "events.jsonl").read_text().splitlines()]
+    calls = [e for e in events if e["type"] == "model_call" and e.get("source") == "gateway"]
+    assert [c["streamed"] for c in calls] == [False, True] and calls[0]["model"] == MODEL
+    start = next(e for e in events if e["type"] == "run_start")
+    assert start["agents"][0]["model"]["routed_to"] == "gateway"
+    # Nothing of the host's credentials anywhere inside; the prelude did look (the region).
+    hashes = {line.split()[1] for line in logs.splitlines() if line.startswith("sha256 ")}
+    assert hashlib.sha256(REGION.encode()).hexdigest() in hashes and len(hashes) > 5
+    for value in (host.secret_key, str(host.token), host.access_key):
+        assert hashlib.sha256(value.encode()).hexdigest() not in hashes
+        assert value not in done.stdout + done.stderr
