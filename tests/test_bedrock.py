@@ -481,29 +481,27 @@ print("streamed:", text)
 """
 
 
-@pytest.mark.docker
-def test_a_bedrock_program_runs_through_the_gateway_with_no_aws_secret_inside(
-    tmp_path: Path,
-) -> None:
+def run_bedrock_program(folder: Path, *args: str, host_address: str = "127.0.0.1") -> None:
     """The program as smolagents' docs write it, the host's AWS credentials (a session token
-    too) in its environment and Bedrock at the user's endpoint setting: the agent's converse
-    and the client's converse-stream reach Bedrock signed by the host only, the record has
-    the gateway's tokens (Bedrock's own figures), and a program hashing every environment
-    value and file under /tmp and $HOME in its sandbox finds none of the host's credentials."""
+    too) in its environment and Bedrock at the user's endpoint setting (reached at
+    `host_address`), run with `args`: the agent's converse and the client's converse-stream
+    reach Bedrock signed by the host only, the record has the gateway's tokens (Bedrock's own
+    figures), and a program hashing every environment value and file under /tmp and $HOME
+    in its sandbox finds none of the host's credentials."""
     host = aws_keys(token=True)
-    program = tmp_path / "bedrock_agent.py"
-    program.write_text(HASHING_PRELUDE + bedrock_program(tmp_path).read_text() + STREAMING_EPILOGUE)
+    program = folder / "bedrock_agent.py"
+    program.write_text(HASHING_PRELUDE + bedrock_program(folder).read_text() + STREAMING_EPILOGUE)
     with BedrockServer([ANSWER, "a streamed answer " * 5], keys=host) as server:
         env = {
             "AWS_ACCESS_KEY_ID": host.access_key,
             "AWS_SECRET_ACCESS_KEY": host.secret_key,
             "AWS_SESSION_TOKEN": str(host.token),
-            "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.base(),  # the user's own setting
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-credentials"),
-            "AWS_CONFIG_FILE": str(tmp_path / "no-config"),
+            "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": server.base(host_address),  # the user's own
+            "AWS_SHARED_CREDENTIALS_FILE": str(folder / "no-credentials"),
+            "AWS_CONFIG_FILE": str(folder / "no-config"),
             "AWS_EC2_METADATA_DISABLED": "true",
         }
-        done = cli("run", str(program), "--json", "--timeout", "300", env=env, timeout=900)
+        done = cli("run", str(program), "--json", "--timeout", "300", *args, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(done.stdout)
     assert outcome["status"] == "succeeded" and outcome["answer"] == "from bedrock"
@@ -534,3 +532,10 @@ def test_a_bedrock_program_runs_through_the_gateway_with_no_aws_secret_inside(
     for value in (host.secret_key, str(host.token), host.access_key):
         assert hashlib.sha256(value.encode()).hexdigest() not in hashes
         assert value not in done.stdout + done.stderr
+
+
+@pytest.mark.docker
+def test_a_bedrock_program_runs_through_the_gateway_with_no_aws_secret_inside(
+    tmp_path: Path,
+) -> None:
+    run_bedrock_program(tmp_path)
