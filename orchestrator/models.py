@@ -10,6 +10,7 @@ from orchestrator_runtime.protocol import PROVIDERS as RUNTIME_PROVIDERS
 
 from .errors import ConfigError
 from .upstreams import (
+    AWS_NO_INSTANCE_ROLE,
     ENDPOINT_ENV,
     REGION_ENV,
     Upstream,
@@ -147,9 +148,11 @@ class ModelSpec:
 
     @property
     def client_env(self) -> dict[str, str]:
-        """Variables the model's client reads that are not secret (a Bedrock model's region),
-        set in the sandbox before any payload code runs."""
-        return dict.fromkeys(REGION_ENV, self.aws_region) if self.aws_region else {}
+        """Variables the model's client reads that are not secret (a Bedrock model's region,
+        and no instance role to look for), set in the sandbox before any payload code runs."""
+        if not self.aws_region:
+            return {}
+        return {**dict.fromkeys(REGION_ENV, self.aws_region), **AWS_NO_INSTANCE_ROLE}
 
     def with_own_endpoint(self, *, key_env_given: bool) -> ModelSpec:
         """This model with the endpoint its own client would reach: for a LiteLLM model

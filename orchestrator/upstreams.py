@@ -300,6 +300,9 @@ CREDENTIAL_ENV = (ACCESS_KEY_ENV, SECRET_KEY_ENV, SESSION_TOKEN_ENV)
 #: AWS_DEFAULT_REGION and profile, on the host; both, in the sandbox).
 ENDPOINT_ENV = BEDROCK_ENDPOINT_ENV
 REGION_ENV = AWS_REGION_ENV
+#: Set in a Bedrock model's sandbox: no instance role there, so botocore's credential chain
+#: must not wait on the metadata endpoint for one.
+AWS_NO_INSTANCE_ROLE = {"AWS_EC2_METADATA_DISABLED": "true"}
 #: Bedrock Runtime's name for signatures (the SigV4 scope's service).
 SERVICE = "bedrock"
 #: The client botocore makes for it.

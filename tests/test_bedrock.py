@@ -139,7 +139,11 @@ def test_the_sandbox_gets_the_runs_own_aws_credentials_and_the_gateway_the_hosts
     # The client inside finds the gateway and the region; the request holds no secret.
     request = build_request(prepared, api_base="http://gateway.test:8000")
     assert request.endpoint_env == ["AWS_ENDPOINT_URL_BEDROCK_RUNTIME"]
-    assert request.model_env == {"AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION}
+    assert request.model_env == {
+        "AWS_REGION": REGION,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",  # no instance role inside to look for
+    }
     assert request.credential_env == "AWS_SECRET_ACCESS_KEY"
     assert host_keys.secret_key not in request.to_json()
     # The gateway gets the host's on its stdin, and the run's to check signatures against.
@@ -195,6 +199,36 @@ def test_no_aws_credentials_two_regions_or_no_gateway_start_nothing(
     with pytest.raises(ConfigError) as missing:
         prepare(RunSpec(payload=program))
     assert "AWS credentials" in str(missing.value) and "AWS_PROFILE" in missing.value.fix
+
+
+def test_a_check_or_another_model_still_makes_the_programs_bedrock_model(
+    tmp_path: Path, host_keys: Credentials, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boto3 makes no client without a region: when the run does not use the program's
+    Bedrock model (`validate`, or --model in its place), the sandbox still gets one (the
+    program's, the host's, else a fixed one), so the program runs as far as its agents;
+    and botocore looks for no instance role there (no metadata endpoint to wait for)."""
+    from .test_runtime_local import run_runtime
+
+    no_region = bedrock_program(tmp_path, client_kwargs="{}")
+    replaced = prepare(RunSpec(payload=no_region, model="mock"))
+    assert build_request(replaced).model_env == {
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    assert replaced.gateway is None and host_keys.secret_key not in str(replaced.secrets)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")  # the host's, not the program's
+    checked = prepare(RunSpec(payload=no_region, check_only=True))
+    request = replace(build_request(checked), secrets=dict(checked.secrets))
+    assert request.model_env["AWS_REGION"] == "eu-west-1"
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)  # the runtime's process has only what it is given
+    outcome = run_runtime(request.to_wire(), fresh=True)
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    (start,) = outcome.of_type("run_start")  # the tree was built: the model was made
+    assert start["agents"][0]["model"]["class"] == "AmazonBedrockModel"
+    assert not outcome.of_type("step") and not outcome.of_type("egress_blocked")
 
 
 # ---- what the gateway reads of Bedrock's answers ---------------------------------------------

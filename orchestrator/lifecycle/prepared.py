@@ -21,7 +21,7 @@ from ..payloads.agentnames import check_mock_scripts
 from ..payloads.binding import SecretBinding
 from ..payloads.manifest import Manifest, load_manifest
 from ..payloads.payload import ShippedFile, check_task
-from ..payloads.program import choose_model, key_names
+from ..payloads.program import choose_model, key_names, unused_model_env
 from ..payloads.secrets import needed_secrets, run_secrets
 from ..policy import describe_allowlist, resolve_policy
 from ..records.otlp import TraceTarget, trace_target
@@ -55,6 +55,9 @@ class PreparedRun:
     sandbox_runtime: str = "auto"
     trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
     model_source: str = "run"  # "run": `model` replaces the agents' models; "program": theirs
+    #: Variables the models' clients read that are not secret (a Bedrock model's region; a
+    #: program's Bedrock models need one to be made even when the run replaces them).
+    client_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -218,6 +221,9 @@ def prepare(
             if own_model is None or spec.check_only
             else (),
         )
+    client_env = model.client_env
+    if own_model is None or spec.check_only:  # the program's models are made, never called
+        client_env = {**unused_model_env(manifest.model_uses), **client_env}
     if gateway is not None and gateway.aws is not None:
         with at_field("secrets"):
             signing = host_aws_credentials(manifest, spec.check_only or not secret_values)
@@ -240,4 +246,5 @@ def prepare(
         sandbox_runtime=sandbox_runtime,
         trace=trace,
         model_source="program" if manifest.program is not None and own_model else "run",
+        client_env=client_env,
     )

@@ -79,7 +79,7 @@ def build_request(
         else model.credential_env,
         options=dict(model.options),
         endpoint_env=list(model.endpoint_env),
-        model_env=model.client_env,
+        model_env=prepared.client_env,
         model_source=prepared.model_source,
         mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
         result_path=RESULT_PATH,

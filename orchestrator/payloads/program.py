@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator_runtime.protocol import CLASS_KEY_ENV, ROUTABLE_MODELS
+from orchestrator_runtime.protocol import AWS_REGION_ENV, CLASS_KEY_ENV, ROUTABLE_MODELS
 
 from ..errors import ConfigError, ManifestError, Problem
 from ..models import PROVIDERS, ModelSpec, parse_model
 from ..spec import RunSpec
+from ..upstreams import AWS_NO_INSTANCE_ROLE, host_region
 from . import pysource
 from .payload import ShippedFile, payload_files, program_file
 
@@ -449,6 +450,25 @@ def choose_model(spec: RunSpec, payload: ReadPayload) -> tuple[ModelSpec, ModelS
     if spec.check_only:
         return parse_model("mock"), own
     return own, own
+
+
+#: The region an unused Bedrock model is made with when neither it nor the host names one.
+UNUSED_REGION = "us-east-1"
+
+
+def unused_model_env(uses: tuple[ModelUse, ...]) -> dict[str, str]:
+    """What a program's Bedrock models need to be made at all when they are not the run's
+    (replaced by --model, or a check that runs no step): a region (boto3 refuses to make a
+    client without one), theirs, else the host's, else UNUSED_REGION; and no instance role
+    for botocore to wait on the metadata endpoint for. They make no call."""
+    bedrock = [u for u in uses if ROUTABLE.get(u.cls, ("",))[0] == "bedrock"]
+    if not bedrock:
+        return {}
+    region = next(
+        (r for u in bedrock if (r := u.region or os.environ.get(u.region_env or ""))), None
+    )
+    region = region or host_region() or UNUSED_REGION
+    return {**dict.fromkeys(AWS_REGION_ENV, region), **AWS_NO_INSTANCE_ROLE}
 
 
 def key_names(uses: tuple[ModelUse, ...]) -> list[str]:
