@@ -463,19 +463,23 @@ def test_a_boto3_client_with_the_runs_credentials_converses_through_the_gateway(
     assert gateway.events[-1]["type"] == "gateway_closed"
 
 
-def test_a_programs_bedrock_model_answers_through_the_gateway_from_the_runtime(
-    tmp_path: Path, host_keys: Credentials, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("chosen_by", ["program", "run"])
+def test_a_bedrock_model_answers_through_the_gateway_from_the_runtime(
+    tmp_path: Path, host_keys: Credentials, monkeypatch: pytest.MonkeyPatch, chosen_by: str
 ) -> None:
     """The host's plan, the real gateway and the real runtime (no container): the program's
-    AmazonBedrockModel, built as written, signs with the run's credentials for the run's
-    region and reaches Bedrock through the gateway; smolagents reads the answer (the runtime
-    gives it the `tool_calls` it expects of Bedrock's answer)."""
+    AmazonBedrockModel as written, or the run's (`--model bedrock:ID`, in its place), signs
+    with the run's credentials for the run's region and reaches Bedrock through the gateway;
+    smolagents reads the answer (the runtime gives it the `tool_calls` it expects of
+    Bedrock's answer)."""
     from .test_runtime_local import run_runtime
 
+    chosen = f"bedrock:{MODEL}" if chosen_by == "run" else None
     with BedrockServer([ANSWER], keys=host_keys) as server:
         monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", server.base())
-        prepared = prepare(RunSpec(payload=bedrock_program(tmp_path)))
-        assert prepared.gateway is not None
+        monkeypatch.setenv("AWS_REGION", REGION)  # the run's model has no region_name
+        prepared = prepare(RunSpec(payload=bedrock_program(tmp_path), model=chosen))
+        assert prepared.gateway is not None and prepared.model_source == chosen_by
         inside, key = sandbox_secrets(prepared.secrets, prepared.gateway)
         config = prepared.gateway.stdin_config(key, ["127.0.0.0/8"], 1)
         gateway = SigningGateway({**config, "upstream": server.base()})  # HOST_ALIAS: Docker's
@@ -490,11 +494,8 @@ def test_a_programs_bedrock_model_answers_through_the_gateway_from_the_runtime(
     assert outcome.end["state"] == "success" and outcome.end["answer"] == "from bedrock"
     (start,) = outcome.of_type("run_start")
     model = start["agents"][0]["model"]
-    assert (model["class"], model["model_id"], model["routed_to"]) == (
-        "AmazonBedrockModel",
-        MODEL,
-        "gateway",
-    )
+    assert (model["class"], model["model_id"]) == ("AmazonBedrockModel", MODEL)
+    assert model.get("routed_to") == ("gateway" if chosen_by == "program" else None)
     assert len(server.requests) == 1 and not server.refused
     (call,) = [e for e in gateway.events if e["type"] == "model_call"]
     assert {"input_tokens": call["input_tokens"], "output_tokens": call["output_tokens"]} == (
