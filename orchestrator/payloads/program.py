@@ -17,6 +17,7 @@ host then holds that key; inside, the variable holds the run token (`program_mod
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import os
 import re
@@ -467,8 +468,10 @@ def unused_model_env(uses: tuple[ModelUse, ...]) -> dict[str, str]:
     region = next(
         (r for u in bedrock if (r := u.region or os.environ.get(u.region_env or ""))), None
     )
-    region = region or host_region() or UNUSED_REGION
-    return {**dict.fromkeys(AWS_REGION_ENV, region), **AWS_NO_INSTANCE_ROLE}
+    if region is None:
+        with contextlib.suppress(ConfigError):  # no botocore on this host: any region will do
+            region = host_region()
+    return {**dict.fromkeys(AWS_REGION_ENV, region or UNUSED_REGION), **AWS_NO_INSTANCE_ROLE}
 
 
 def key_names(uses: tuple[ModelUse, ...]) -> list[str]:
