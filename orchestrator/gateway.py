@@ -7,6 +7,10 @@ says --no-gateway: the sandbox holds a random run token in place of the key and 
 model only through the gateway, which swaps the token for the key, forwards, measures every
 call and keeps the run's budget (`orchestrator_runtime/gateway/`). The backend starts it
 (`backends/docker/gateway.py`, `backends/e2b/gateway.py`); this module holds the rules.
+
+A Bedrock model's client signs its calls (AWS SigV4) instead of sending a key: its sandbox
+holds AWS credentials of the run's own (`models.aws.RunSigning`) in place of the run token,
+and the gateway holds the host's AWS credentials, as botocore's chain found them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .models import ModelSpec
+from .models.aws import CREDENTIAL_ENV, RunSigning, gateway_key
 from .policy import HOST_ALIAS, is_this_host
 from .registry import DEFAULT_BACKEND
 from .spec import Limits, NetworkPolicy
@@ -52,17 +57,46 @@ class GatewaySpec:
     #: What the model's client library said of its endpoint (provider, protocol, upstream
     #: host, key header), for the record; empty when the run named the endpoint.
     route: dict[str, str | None] = field(default_factory=dict)
+    #: A signing model's (Bedrock's): the region the calls are signed for and the run's own
+    #: AWS credentials, which the sandbox signs with; the host's go to the gateway.
+    aws: RunSigning | None = None
+
+    @property
+    def held(self) -> tuple[str, ...]:
+        """The secrets the gateway holds in the sandbox's place (their values never enter
+        it): the model's key, or the host's AWS credentials."""
+        if self.aws is not None:
+            return CREDENTIAL_ENV
+        return (self.credential_env,) if self.credential_env else ()
 
     def describe(self) -> dict[str, Any]:
         """For the run record (no token, no key: the key's variable by name only)."""
+        signed = {"signing": f"AWS SigV4, {self.aws.region}"} if self.aws else {}
         return {
             "enabled": True,
             "upstream": self.upstream,
             "max_model_calls": self.max_calls,
             "max_tokens": self.max_tokens,
-            "key_from": self.credential_env,
+            "key_from": "the host's AWS credentials" if self.aws else self.credential_env,
             **self.route,
+            **signed,
         }
+
+    def stdin_config(self, key: str | None, clients: list[str], port: int) -> dict[str, Any]:
+        """The configuration a backend hands the gateway on its stdin (`key`: the real key;
+        `clients`: the address ranges it answers; `port`: where it listens)."""
+        config: dict[str, Any] = {
+            "token": self.token,
+            "key": key,
+            "upstream": self.upstream,
+            "clients": clients,
+            "max_calls": self.max_calls,
+            "max_tokens": self.max_tokens,
+            "port": port,
+        }
+        if self.aws is not None:
+            config["signing"] = self.aws.gateway_config()
+        return config
 
 
 def plan_gateway(
@@ -83,8 +117,18 @@ def plan_gateway(
     """
     if not model.needs_network:
         return None, "the mock model makes no network calls"
+    if not enabled and model.aws_signed:
+        raise ConfigError(
+            f"The Bedrock model {model.model_id!r} is served only through the run's model "
+            "gateway: the host's AWS credentials never go into a sandbox, so --no-gateway "
+            "cannot put them there. Nothing was started.",
+            "Run without --no-gateway (the sandbox then signs with credentials of the run's "
+            "own, and the gateway signs with this host's).",
+        )
     if not enabled:
         return None, "turned off with --no-gateway: the model key is in the sandbox"
+    if model.aws_signed and model.aws_region is None:
+        model = model.on_bedrock()  # its region and endpoint, as the host's botocore says
     if network.mode == "none":
         return None, "the run has no network (--network none)"
     if provision == "none":
@@ -115,6 +159,7 @@ def plan_gateway(
         credential_env=model.credential_env,
         on_this_host=on_host,
         route=model.upstream.describe() if model.upstream else {},
+        aws=RunSigning.new(model.aws_region) if model.aws_region and model.aws_signed else None,
     )
     return gateway, None
 
@@ -153,7 +198,12 @@ def sandbox_secrets(
     secrets: dict[str, str], gateway: GatewaySpec | None
 ) -> tuple[dict[str, str], str | None]:
     """The secrets the sandbox gets, and the key the gateway gets: with a gateway, the
-    model's credential is replaced by the run token and never enters the sandbox."""
+    model's credential is replaced by the run token and never enters the sandbox; a signing
+    gateway's sandbox gets the run's own AWS credentials, and the gateway the host's (as
+    one JSON key), which never enter it."""
+    if gateway is not None and gateway.aws is not None:
+        inside = {k: v for k, v in secrets.items() if k not in CREDENTIAL_ENV}
+        return {**inside, **gateway.aws.sandbox_env()}, gateway_key(secrets)
     if gateway is None or gateway.credential_env is None:
         return dict(secrets), None
     key = secrets.get(gateway.credential_env)

@@ -141,6 +141,7 @@ class Run:
         except RequestError as exc:
             return self.fail("request", exc, "payload", EXIT_BAD_REQUEST)
         os.environ.update(request.secrets)
+        os.environ.update(request.model_env)  # not secret: a Bedrock model's region
         if request.trust_ca:  # the intercepting proxy's CA, before any payload code
             from .trust import trust_ca
 

@@ -200,13 +200,34 @@ def build_model(request: Request) -> Model:
         from smolagents.models import InferenceClientModel
 
         return InferenceClientModel(request.model_id, token=key, **options)
+    if request.provider == "bedrock":  # signs with the AWS credentials in the environment
+        from smolagents.models import AmazonBedrockModel
+
+        client_kwargs = {"endpoint_url": request.api_base} if request.api_base else {}
+        model = AmazonBedrockModel(request.model_id, client_kwargs=client_kwargs, **options)
+        keep_tool_calls(model.client)
+        return model
     from smolagents.models import LiteLLMModel
 
     return LiteLLMModel(request.model_id, api_base=request.api_base, api_key=key, **options)
 
 
+def keep_tool_calls(client: Any) -> None:
+    """Have a Bedrock client's parsed converse answers hold `tool_calls` (None when absent).
+    smolagents' AmazonBedrockModel reads `message["tool_calls"]`, a field Bedrock's converse
+    never returns, and fails on every answer without it; botocore's own event hook adds
+    it to each answer as the client parses it, and the client is otherwise untouched."""
+
+    def add_tool_calls(parsed: dict[str, Any], **_: Any) -> None:
+        message = (parsed.get("output") or {}).get("message")
+        if isinstance(message, dict):
+            message.setdefault("tool_calls", None)
+
+    client.meta.events.register("after-call.bedrock-runtime.Converse", add_tool_calls)
+
+
 #: Exception class names (anywhere in the MRO) meaning "the model endpoint could not answer":
-#: openai, httpx, requests, urllib3, litellm and socket spell them differently.
+#: openai, httpx, requests, urllib3, litellm, botocore and socket spell them differently.
 _UNAVAILABLE_NAMES = frozenset(
     {
         "APIConnectionError",
@@ -219,6 +240,9 @@ _UNAVAILABLE_NAMES = frozenset(
         "TransportError",
         "ConnectError",
         "ConnectTimeout",
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
         "ReadTimeout",
         "TimeoutException",
         "RemoteProtocolError",

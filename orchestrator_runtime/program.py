@@ -35,14 +35,17 @@ from .agents import (
     take_control,
     walk,
 )
-from .models import ScriptedModel
-from .protocol import ROUTABLE_MODELS
+from .models import ScriptedModel, keep_tool_calls
+from .protocol import AWS_REGION_ENV, ROUTABLE_MODELS
 from .request import Request
 
 #: The environment variable holding the task the host gave a program (a batch's task).
 TASK_ENV = "ORCHESTRATOR_TASK"
 #: Set on a model once its calls go where the run says (so it is routed once).
 ROUTED = "orchestrator_routed"
+#: A Bedrock client's arguments that carry credentials: the run's own (in the environment)
+#: sign in their place.
+AWS_CREDENTIAL_ARGS = ("aws_access_key_id", "aws_secret_access_key", "aws_session_token")
 
 
 class ProgramError(Exception):
@@ -288,6 +291,8 @@ def route_model(model: Model, request: Request) -> None:
         model.api_base, model.api_key = request.api_base, key
     elif kind == "InferenceClientModel":
         _route_inference_client(model, request, key, provider)
+    elif kind.startswith("AmazonBedrock"):  # boto3's client signs: made again
+        _route_bedrock(model, request)
     else:  # OpenAI's client, or Azure's (same SDK, its endpoint named azure_endpoint)
         endpoint = "azure_endpoint" if kind.startswith("Azure") else "base_url"
         client_kwargs = {**model.client_kwargs, endpoint: request.api_base, "api_key": key}
@@ -296,6 +301,20 @@ def route_model(model: Model, request: Request) -> None:
         model.client = model.create_client()
     setattr(model, ROUTED, True)
     info["routed_to"] = "gateway" if request.credential_env else "api_base"
+
+
+def _route_bedrock(model: Model, request: Request) -> None:
+    """Bedrock's boto3 client, made again with the run's gateway as its endpoint, signing
+    with the run's own AWS credentials (the environment's) for the run's region; whatever
+    client or credentials the program gave it are dropped."""
+    client_kwargs = {k: v for k, v in model.client_kwargs.items() if k not in AWS_CREDENTIAL_ARGS}
+    client_kwargs["endpoint_url"] = request.api_base
+    region = os.environ.get(AWS_REGION_ENV[0])
+    if region:  # the run's, which the gateway checks signatures for
+        client_kwargs["region_name"] = region
+    model.client_kwargs = client_kwargs
+    model.client = model.create_client()
+    keep_tool_calls(model.client)
 
 
 def _route_inference_client(model: Model, request: Request, key: str, provider: Any) -> None:

@@ -44,11 +44,12 @@ def unknown_script_problem(name: str, agents: list[str]) -> str:
 
 
 #: Model providers the runtime can build (`provider:model_id` on the host's command line).
-PROVIDERS = ("mock", "openai", "hf", "litellm")
+PROVIDERS = ("mock", "openai", "hf", "litellm", "bedrock")
 #: smolagents' model classes whose calls a run's model gateway can serve, each with the
 #: provider the host knows it by: a program's own models of these classes keep their class,
 #: their client and its protocol; only the client's endpoint (the gateway) and key (the run
-#: token) change. Azure's classes first: they subclass OpenAI's.
+#: token; for Bedrock, whose client signs, the run's own AWS credentials) change. Azure's
+#: classes first: they subclass OpenAI's.
 ROUTABLE_MODELS = {
     "AzureOpenAIServerModel": "openai",
     "AzureOpenAIModel": "openai",
@@ -56,7 +57,13 @@ ROUTABLE_MODELS = {
     "OpenAIServerModel": "openai",
     "OpenAIModel": "openai",
     "LiteLLMModel": "litellm",
+    "AmazonBedrockModel": "bedrock",
+    "AmazonBedrockServerModel": "bedrock",
 }
+#: Where an AWS client reads its region (a Bedrock model's sandbox gets both: AWS's SDKs
+#: read the first, botocore the second) and Bedrock Runtime's endpoint (the run's gateway).
+AWS_REGION_ENV = ("AWS_REGION", "AWS_DEFAULT_REGION")
+BEDROCK_ENDPOINT_ENV = "AWS_ENDPOINT_URL_BEDROCK_RUNTIME"
 #: The variable a routable class's client reads its key from when given none, where it is
 #: not its provider's (`openai`'s is OPENAI_API_KEY; Azure's client reads its own).
 CLASS_KEY_ENV = {

@@ -92,6 +92,11 @@ class Request:
     #: Variables a program reads its models' endpoint from: each set to `api_base` before
     #: the program runs (a client that reads its endpoint from the environment finds it).
     endpoint_env: list[str] = _field("endpoint_env", list, section="model", default_factory=list)
+    #: Variables the model's client reads that are not secret (a Bedrock model's region),
+    #: set before any payload code runs.
+    model_env: dict[str, str] = _field(
+        "env", dict, section="model", default_factory=dict, omit_empty=True
+    )
     #: Whose models the agents use: "run" (the model above replaces every model; `mock`
     #: plays scripts per agent) or "program" (a program's own models, each sent to
     #: `api_base` with the `credential_env` value when there is one).
@@ -289,6 +294,9 @@ def _check(request: Request) -> None:
             raise RequestError(f"endpoint_env {name!r} is not a variable name")
     if request.endpoint_env and not request.api_base:
         raise RequestError("endpoint_env names variables for an api_base, and there is none")
+    for variable, setting in request.model_env.items():
+        if not ENV_NAME_RE.match(variable) or not isinstance(setting, str):
+            raise RequestError(f"model env {variable!r} is not a variable with a string value")
     secret_names = {*request.secrets, *request.secret_env}
     if request.credential_env and request.credential_env not in secret_names:
         raise RequestError(f"credential_env {request.credential_env!r} is not among the secrets")

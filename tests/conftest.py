@@ -81,6 +81,7 @@ ENGINE_FIXTURES = frozenset({"docker_client", "e2b_test_server"})
 E2B_SERVER_MODULES = frozenset(
     {
         "tests/test_conformance_e2b.py",
+        "tests/test_e2b_bedrock.py",
         "tests/test_e2b_backend.py",
         "tests/test_e2b_backend_program.py",
         "tests/test_e2b_gateway.py",

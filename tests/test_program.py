@@ -268,16 +268,21 @@ def test_a_syntax_error_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_a_model_that_cannot_be_routed_is_refused_before_anything_starts(tmp_path: Path) -> None:
-    program = tmp_path / "bedrock.py"
+    """Local weights have no endpoint for the gateway to serve: refused, and the fix says
+    what to do (a hosted model in their place, `--model provider:model_id`)."""
+    program = tmp_path / "local.py"
     program.write_text(
-        "from smolagents import AmazonBedrockModel, CodeAgent\n"
-        "agent = CodeAgent(tools=[], model=AmazonBedrockModel('anthropic.claude'))\n"
+        "from smolagents import CodeAgent, TransformersModel\n"
+        "agent = CodeAgent(tools=[], model=TransformersModel('Qwen/Qwen2.5-0.5B'))\n"
         "agent.run('hi')\n"
     )
-    with pytest.raises(ConfigError, match="AmazonBedrockModel at .*bedrock.py:2"):
+    with pytest.raises(ConfigError, match="TransformersModel at .*local.py:2") as refused:
         prepare(RunSpec(payload=program))
+    assert "--model provider:model_id" in refused.value.fix
+    assert "bedrock" in refused.value.fix and "local weights" in str(refused.value)
     result = cli("run", str(program))
-    assert result.returncode == 2 and "cannot be routed" in result.stderr
+    assert result.returncode == 2 and "cannot serve" in result.stderr
+    assert "--model provider:model_id" in result.stderr
     assert "run " not in result.stderr.split("error:")[0]  # no run was started
 
 

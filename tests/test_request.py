@@ -68,6 +68,9 @@ def request_with_every_field(monkeypatch: pytest.MonkeyPatch) -> Request:
         },
         # with bound secrets: the intercepting proxy's CA (its certificate only)
         trust_ca="-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+        # a program's endpoint variables, and a Bedrock model's region (not secret)
+        endpoint_env=["OPENAI_BASE_URL"],
+        model_env={"AWS_REGION": "us-east-1"},
     )
 
 
@@ -182,7 +185,7 @@ def test_every_field_of_the_request_is_documented(monkeypatch: pytest.MonkeyPatc
 
 
 #: The request's fields only a program sets.
-PROGRAM_FIELDS = ("program", "argv", "requires_python", "endpoint_env", "model_source")
+PROGRAM_FIELDS = ("program", "argv", "requires_python", "model_source")
 
 
 def test_a_programs_request_comes_back_equal_from_its_json(
@@ -215,9 +218,9 @@ def test_a_programs_request_comes_back_equal_from_its_json(
         "team.py",
         ["--verbose", "x"],
         ">=3.10",
-        ["TEAM_BASE"],
         "program",
     ]
+    assert request.endpoint_env == ["TEAM_BASE"]
     assert request.api_base.endswith(":9/v1")  # TEAM_BASE read on the host, as the program would
     assert (request.entrypoint, request.provider, request.credential_env) == (
         "",

@@ -17,11 +17,12 @@ from ..defaults import choose_sandbox_runtime
 from ..errors import ConfigError, ManifestError, at_field
 from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network
 from ..models import ModelSpec
+from ..models.aws import CREDENTIAL_ENV, host_credentials
 from ..payloads.agentnames import check_mock_scripts
 from ..payloads.binding import SecretBinding
 from ..payloads.manifest import Manifest, load_manifest
 from ..payloads.payload import ShippedFile, check_task
-from ..payloads.program_models import choose_model, key_names
+from ..payloads.program_models import choose_model, key_names, unused_model_env
 from ..payloads.secrets import needed_secrets, run_secrets
 from ..payloads.servers import check_servers
 from ..policy import describe_allowlist, resolve_policy
@@ -55,6 +56,9 @@ class PreparedRun:
     sandbox_runtime: str = "auto"
     trace: TraceTarget | None = None  # where its trace goes (None: tracing is off)
     model_source: str = "run"  # "run": `model` replaces the agents' models; "program": theirs
+    #: Variables the models' clients read that are not secret (a Bedrock model's region; a
+    #: program's Bedrock models need one to be made even when the run replaces them).
+    client_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def sandbox_network(self) -> NetworkPolicy:
@@ -67,9 +71,9 @@ class PreparedRun:
         """The secrets whose values the sandbox holds (the record and the start line say
         so): every one the run gets, but the model's key when a gateway holds it and the
         bound ones (the sandbox holds their placeholders)."""
-        held = self.gateway.credential_env if self.gateway else None
+        held = self.gateway.held if self.gateway else ()
         bound = {b.name for b in self.manifest.bindings}
-        return tuple(name for name in self.secret_names if name != held and name not in bound)
+        return tuple(n for n in self.secret_names if n not in held and n not in bound)
 
     @property
     def bindings(self) -> tuple[SecretBinding, ...]:
@@ -135,6 +139,22 @@ def choose_task(spec: RunSpec, manifest: Manifest) -> str:
     with at_field("task"):
         check_task(task)
     return task
+
+
+def host_aws_credentials(manifest: Manifest, skip: bool) -> dict[str, str]:
+    """The host's AWS credentials for a Bedrock run's gateway (botocore's chain; none read
+    when `skip`: a check or schedule validation). Raises ConfigError when there are none, or
+    when the payload declares AWS credentials of its own: inside, those names hold the
+    run's own credentials, which would shadow them."""
+    own = [name for name in manifest.secrets if name in CREDENTIAL_ENV]
+    if own:
+        raise ConfigError(
+            f"{manifest.path}: the payload declares {', '.join(own)} as its secret, and its "
+            "Bedrock model's sandbox holds AWS credentials of the run's own under those "
+            "names (the host's stay with the run's gateway). Nothing was started.",
+            "Remove them from [secrets] required; the model signs through the gateway.",
+        )
+    return {} if skip else host_credentials()
 
 
 def prepare(
@@ -205,6 +225,14 @@ def prepare(
             if own_model is None or spec.check_only
             else (),
         )
+    client_env = model.client_env
+    if own_model is None or spec.check_only:  # the program's models are made, never called
+        client_env = {**unused_model_env(manifest.model_uses), **client_env}
+    if gateway is not None and gateway.aws is not None:
+        with at_field("secrets"):
+            signing = host_aws_credentials(manifest, spec.check_only or not secret_values)
+        secrets.update(signing)
+        needed += [name for name in signing if name not in needed]
     return PreparedRun(
         backend=backend,
         secret_names=tuple(needed),
@@ -222,4 +250,5 @@ def prepare(
         sandbox_runtime=sandbox_runtime,
         trace=trace,
         model_source="program" if manifest.program is not None and own_model else "run",
+        client_env=client_env,
     )

@@ -73,9 +73,13 @@ def build_request(
         provider=model.provider,
         model_id=model.model_id,
         api_base=api_base or sandbox_api_base(model.api_base, prepared.network),
-        credential_env=model.credential_env,
+        # A Bedrock model without a gateway (no network) has no credentials inside at all.
+        credential_env=None
+        if model.aws_signed and prepared.gateway is None
+        else model.credential_env,
         options=dict(model.options),
         endpoint_env=list(model.endpoint_env),
+        model_env=prepared.client_env,
         model_source=prepared.model_source,
         mock_scripts=manifest.mock_scripts if model.provider == "mock" else {},
         result_path=RESULT_PATH,

@@ -11,15 +11,17 @@ is served where LiteLLM says (`upstreams.own_endpoint`).
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator_runtime.protocol import CLASS_KEY_ENV, ROUTABLE_MODELS
+from orchestrator_runtime.protocol import AWS_REGION_ENV, CLASS_KEY_ENV, ROUTABLE_MODELS
 
 from ..errors import ConfigError
 from ..models import PROVIDERS, ModelSpec, parse_model
+from ..models.aws import AWS_NO_INSTANCE_ROLE, host_region
 from ..spec import RunSpec
 from .pysource import callee
 from .upstreams import own_endpoint
@@ -34,12 +36,10 @@ ROUTABLE: dict[str, tuple[str, str]] = {
 #: Where Azure's OpenAI client reads its endpoint from when the program gives none.
 AZURE_ENDPOINT_ENV = "AZURE_OPENAI_ENDPOINT"
 #: smolagents' model classes that cannot go through the gateway: a model in the sandbox
-#: itself (weights, a GPU), or a client that signs its own requests (Bedrock) or sends
-#: each call to one of several endpoints (LiteLLM's router).
+#: itself (weights, a GPU), or a client that sends each call to one of several endpoints
+#: (LiteLLM's router).
 NOT_ROUTABLE = frozenset(
     {
-        "AmazonBedrockModel",
-        "AmazonBedrockServerModel",
         "TransformersModel",
         "VLLMModel",
         "MLXModel",
@@ -66,6 +66,10 @@ class ModelUse:
     api_base_env: str | None = None
     #: The environment variable its key is read from (`os.getenv("X")` as `token=`/`api_key=`).
     key_env: str | None = None
+    #: A Bedrock model's region (`client_kwargs={"region_name": ...}`): a literal, or the
+    #: variable it is read from, which the host reads too.
+    region: str | None = None
+    region_env: str | None = None
 
     @property
     def where(self) -> str:
@@ -91,7 +95,13 @@ def find_models(trees: dict[str, ast.Module]) -> tuple[ModelUse, ...]:
 def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
     keywords = {k.arg: k.value for k in call.keywords if k.arg}
     model_id = keywords.get("model_id") or (call.args[0] if call.args else None)
-    base = keywords.get("api_base") or keywords.get("base_url") or keywords.get("azure_endpoint")
+    client = _dict_items(keywords.get("client_kwargs"))  # Bedrock's: region, endpoint_url
+    base = (
+        keywords.get("api_base")
+        or keywords.get("base_url")
+        or keywords.get("azure_endpoint")
+        or client.get("endpoint_url")
+    )
     key = keywords.get("token") or keywords.get("api_key")
     base_env = _env_name(base)
     if base is None and cls in CLASS_KEY_ENV:
@@ -106,7 +116,20 @@ def _use(cls: str, file: str, call: ast.Call) -> ModelUse:
         api_base_dynamic=base is not None and _literal(base) is None and base_env is None,
         api_base_env=base_env,
         key_env=_env_name(key),
+        region=_literal(client.get("region_name")),
+        region_env=_env_name(client.get("region_name")),
     )
+
+
+def _dict_items(node: ast.expr | None) -> dict[str, ast.expr]:
+    """The string-keyed items of a dict literal (`{"region_name": ...}`), else none."""
+    if not isinstance(node, ast.Dict):
+        return {}
+    return {
+        key.value: value
+        for key, value in zip(node.keys, node.values, strict=True)
+        if isinstance(key, ast.Constant) and isinstance(key.value, str)
+    }
 
 
 def _literal(node: ast.expr | None) -> str | None:
@@ -139,7 +162,7 @@ def program_model(
     that endpoint; `key_env` (--model-key-env) reads the key from that variable.
 
     Raises ConfigError naming file and line for a class that cannot be routed, for models of
-    two providers or two keys (one gateway, one endpoint), and for an endpoint given as an
+    two providers, keys or AWS regions (one gateway, one endpoint), and for an endpoint given as an
     expression with no --api-base. A program that makes no model the host can see gets the
     mock model: its agents then fail closed at their first call."""
     if not uses:
@@ -148,16 +171,25 @@ def program_model(
     if refused:
         where = ", ".join(f"{u.cls} at {source}/{u.where}" for u in refused)
         raise ConfigError(
-            f"The program makes a model that cannot be routed through the run's model "
-            f"gateway ({where}), so its key would have to be inside the sandbox. Nothing was "
-            "started.",
-            f"Use {', '.join(ROUTABLE)} (an OpenAI-compatible endpoint), or replace every "
-            "model of the program with --model provider:model_id.",
+            f"The program makes a model the run's model gateway cannot serve ({where}): "
+            "local weights (Transformers, vLLM, MLX) run inside the sandbox with no endpoint "
+            "to send calls to, and LiteLLM's router picks among several endpoints. Nothing "
+            "was started.",
+            "Replace every model of the program with a hosted one: --model provider:model_id "
+            f"(providers: {', '.join(p for p in PROVIDERS if p != 'mock')}; e.g. --model "
+            "openai:gpt-4o-mini), or make it with one of "
+            f"{', '.join(ROUTABLE)} in the program.",
         )
     providers = {ROUTABLE[u.cls][0] for u in uses}
     keys = {u.key_env or ROUTABLE[u.cls][1] for u in uses}
     bases = {u.api_base for u in uses if u.api_base}
-    if len(providers) > 1 or (len(keys) > 1 and not key_env) or (len(bases) > 1 and not api_base):
+    regions = {r for u in uses if (r := u.region or os.environ.get(u.region_env or ""))}
+    if (
+        len(providers) > 1
+        or (len(keys) > 1 and not key_env)
+        or (len(bases) > 1 and not api_base)
+        or len(regions) > 1
+    ):
         listed = "; ".join(f"{u.cls} at {source}/{u.where}" for u in uses)
         raise ConfigError(
             f"The program's models need more than one endpoint or key ({listed}); a run's "
@@ -195,7 +227,11 @@ def program_model(
         credential_env=named_key or next(iter(keys)),
         options=options,
     )
+    region = next(iter(regions), None)
+    if region:  # a Bedrock model's own (else the host's: upstreams.on_bedrock)
+        spec = replace(spec, aws_region=region)
     spec = own_endpoint(spec, key_env_given=named_key is not None)
+    endpoint_env = tuple(dict.fromkeys((*endpoint_env, *spec.endpoint_env)))
     return replace(spec, endpoint_env=endpoint_env).chosen_by_program(first.cls)
 
 
@@ -242,6 +278,27 @@ def choose_model(spec: RunSpec, payload: ReadPayload) -> tuple[ModelSpec, ModelS
     if spec.check_only:
         return parse_model("mock"), own
     return own, own
+
+
+#: The region an unused Bedrock model is made with when neither it nor the host names one.
+UNUSED_REGION = "us-east-1"
+
+
+def unused_model_env(uses: tuple[ModelUse, ...]) -> dict[str, str]:
+    """What a program's Bedrock models need to be made at all when they are not the run's
+    (replaced by --model, or a check that runs no step): a region (boto3 refuses to make a
+    client without one), theirs, else the host's, else UNUSED_REGION; and no instance role
+    for botocore to wait on the metadata endpoint for. They make no call."""
+    bedrock = [u for u in uses if ROUTABLE.get(u.cls, ("",))[0] == "bedrock"]
+    if not bedrock:
+        return {}
+    region = next(
+        (r for u in bedrock if (r := u.region or os.environ.get(u.region_env or ""))), None
+    )
+    if region is None:
+        with contextlib.suppress(ConfigError):  # no botocore on this host: any region will do
+            region = host_region()
+    return {**dict.fromkeys(AWS_REGION_ENV, region or UNUSED_REGION), **AWS_NO_INSTANCE_ROLE}
 
 
 def key_names(uses: tuple[ModelUse, ...]) -> list[str]:

@@ -20,9 +20,11 @@ if TYPE_CHECKING:
 
 
 def needed_secrets(manifest: Manifest, model: ModelSpec) -> list[str]:
-    """The secrets a run gets: exactly the payload's declared ones plus the model's credential."""
-    needed = [*manifest.secrets, *([model.credential_env] if model.credential_env else [])]
-    return list(dict.fromkeys(needed))
+    """The secrets a run gets: exactly the payload's declared ones plus the model's credential
+    (but a Bedrock model's: the host's AWS credentials come from botocore's chain, and only
+    to its gateway, `models.aws.host_credentials`)."""
+    key = [model.credential_env] if model.credential_env and not model.aws_signed else []
+    return list(dict.fromkeys([*manifest.secrets, *key]))
 
 
 #: What a program's key variables hold when its own models are not used (see `run_secrets`).

@@ -11,7 +11,8 @@ left of the first is the provider's base URL. The run's gateway forwards there, 
 sandbox's client, given the gateway as its base, posts exactly what LiteLLM would have.
 
 Learned once per (model, LiteLLM's version, the base-URL settings in the environment) and
-kept in the state directory (importing LiteLLM takes seconds).
+kept in the state directory (importing LiteLLM takes seconds). A Bedrock model's endpoint
+and region come from botocore (`ModelSpec.on_bedrock`, `models/aws.py`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def own_endpoint(model: ModelSpec, *, key_env_given: bool) -> ModelSpec:
     run's gateway forwards there in the provider's own protocol. `key_env_given`: the key's
     variable was named (by --model-key-env or the program's source) and stays. Raises
     ConfigError when LiteLLM cannot say."""
+    if model.aws_signed:
+        return model.on_bedrock()
     if model.provider != "litellm" or model.api_base is not None:
         return model
     upstream = litellm_upstream(model.model_id)

@@ -11,6 +11,10 @@ token (401), a path outside the upstream's base path or with dot segments (404),
 that is not a model call (403: the key is for the model, not for the provider's account,
 its files or its billing), a body over MAX_REQUEST_BYTES (413), and once the run's budget
 of calls or tokens is spent, every further call (429).
+
+A signing gateway (Bedrock's) has no run token: the sandbox signs each request with the
+run's own AWS credentials, the gateway checks that signature (`sigv4.py`: 401 when it is not
+the run's) and signs the request anew with the host's credentials.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from .usage import UsageReader, requested_model
+
+if TYPE_CHECKING:
+    from .sigv4 import Signing
 
 Emit = Callable[[dict[str, Any]], None]
 Scope = dict[str, Any]
@@ -43,8 +50,9 @@ CREDENTIAL_HEADERS = {
     b"x-goog-api-key": "",
 }
 #: What a model call looks like: POST to a generation or embedding endpoint (OpenAI and
-#: compatible servers, Azure deployments, Anthropic's messages, Gemini's `:generateContent`),
-#: or GET of the model list. Matched on the end of the path.
+#: compatible servers, Azure deployments, Anthropic's messages, Gemini's `:generateContent`,
+#: Bedrock's `/model/ID/converse` and `converse-stream`), or GET of the model list. Matched on
+#: the end of the path.
 MODEL_CALLS = {
     "POST": (
         "/chat/completions",
@@ -54,6 +62,8 @@ MODEL_CALLS = {
         "/messages",
         ":generateContent",
         ":streamGenerateContent",
+        "/converse",
+        "/converse-stream",
     ),
     "GET": ("/models",),
 }
@@ -89,10 +99,14 @@ class GatewayConfig:
     max_tokens: int
     key: str | None = None
     port: int = 8000
+    #: A signing gateway's scope and credentials (`signing` in the configuration, the host's
+    #: credentials in its `key`): requests carry an AWS signature, not the run's token.
+    signing: Signing | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GatewayConfig:
-        """Raises ValueError naming the first bad field."""
+        """Raises ValueError naming the first bad field (botocore is imported only for a
+        `signing` one)."""
         given: dict[str, Any] = {  # unchecked until the checks below
             name: data.get(name)
             for name in ("token", "upstream", "clients", "max_calls", "max_tokens", "key")
@@ -111,6 +125,11 @@ class GatewayConfig:
                 raise ValueError(f"`{name}` must be a positive whole number")
         if config.key is not None and not isinstance(config.key, str):
             raise ValueError("`key` must be a string")
+        if data.get("signing") is not None:
+            from .sigv4 import Signing
+
+            config.signing = Signing.from_json(data["signing"], config.key)
+            config.key = None  # the host's credentials sign; no header carries them
         return config
 
 
@@ -163,25 +182,18 @@ class Gateway:
         started = time.time()
         problem = self._refusal(scope, path)
         if problem is not None:
-            status, kind, message = problem
-            self.ledger.refused += 1
-            if self.ledger.refused <= MAX_REFUSAL_EVENTS:
-                self.emit(
-                    {
-                        "type": "model_call_refused",
-                        "ts": started,
-                        "path": path[:200],
-                        "method": scope.get("method"),
-                        "status": status,
-                        "reason": kind,
-                    }
-                )
-            await _reply(send, status, kind, message)
+            await self._refuse(send, scope, path, started, problem)
             return
         body = await _read_body(receive)
         if body is None:
             await _reply(send, 413, "request_too_large", "the request body is too large")
             return
+        if self.config.signing is not None:
+            wrong = self._unsigned(scope, body, started)
+            if wrong is not None:
+                problem = (401, "bad_signature", f"the request's AWS signature is refused: {wrong}")
+                await self._refuse(send, scope, path, started, problem)
+                return
         over = self._over_budget()
         if over is not None:
             self.ledger.refused += 1
@@ -189,6 +201,36 @@ class Gateway:
             return
         self.ledger.calls += 1
         await self._forward(scope, path, body, send, started)
+
+    async def _refuse(
+        self, send: Send, scope: Scope, path: str, started: float, problem: tuple[int, str, str]
+    ) -> None:
+        status, kind, message = problem
+        self.ledger.refused += 1
+        if self.ledger.refused <= MAX_REFUSAL_EVENTS:
+            self.emit(
+                {
+                    "type": "model_call_refused",
+                    "ts": started,
+                    "path": path[:200],
+                    "method": scope.get("method"),
+                    "status": status,
+                    "reason": kind,
+                }
+            )
+        await _reply(send, status, kind, message)
+
+    def _unsigned(self, scope: Scope, body: bytes, now: float) -> str | None:
+        """Why the request is not signed with the run's AWS credentials, or None."""
+        assert self.config.signing is not None
+        raw = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+        query = (scope.get("query_string") or b"").decode("latin-1")
+        try:
+            return self.config.signing.check(
+                scope["method"], raw, query, list(scope.get("headers") or []), body, now
+            )
+        except Exception as exc:  # a request botocore cannot even read is not signed
+            return f"the request cannot be read as signed ({type(exc).__name__})"
 
     def _refusal(self, scope: Scope, path: str) -> tuple[int, str, str] | None:
         if self.closed:
@@ -200,7 +242,7 @@ class Gateway:
             address = None
         if address is None or not any(address in net for net in self.clients):
             return 403, "not_this_run", "this gateway serves one run's sandbox only"
-        if not self._token_of(scope):
+        if self.config.signing is None and not self._token_of(scope):
             return 401, "bad_token", "missing or wrong run token"
         segments = path.split("/")
         if ".." in segments or "." in segments or "//" in path or "\\" in path:
@@ -286,9 +328,10 @@ class Gateway:
         query = scope.get("query_string") or b""
         raw = (scope.get("raw_path") or path.encode()).decode("latin-1")  # as the client sent it
         url = self.origin + raw + (f"?{query.decode('latin-1')}" if query else "")
-        request = self.client.build_request(
-            scope["method"], url, headers=self._upstream_headers(scope), content=body
-        )
+        headers = self._upstream_headers(scope)
+        if self.config.signing is not None:  # the host's signature, for the real endpoint
+            headers = self.config.signing.sign(scope["method"], url, headers, body)
+        request = self.client.build_request(scope["method"], url, headers=headers, content=body)
         event: dict[str, Any] = {
             "type": "model_call",
             "ts": started,
@@ -365,8 +408,14 @@ async def _read_body(receive: Receive) -> bytes | None:
 
 
 async def _reply(send: Send, status: int, kind: str, message: str) -> None:
-    """An error in the OpenAI shape, which every client here reports readably."""
-    body = json.dumps({"error": {"type": kind, "code": kind, "message": message}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    """An error in the OpenAI shape, which every client here reports readably (botocore
+    reads AWS's: the `x-amzn-errortype` header and the top-level `message`)."""
+    error = {"type": kind, "code": kind, "message": message}
+    body = json.dumps({"error": error, "message": message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"x-amzn-errortype", kind.encode()),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -6,11 +6,14 @@ streamed one (`stream_options.include_usage`). Anthropic-style responses say
 `input_tokens`/`output_tokens`, in a stream spread over `message_start` (input) and
 `message_delta` (output so far). Gemini's say `usageMetadata: {promptTokenCount,
 candidatesTokenCount, thoughtsTokenCount}` (thoughts are billed as output), in each streamed
-chunk the running figures. Reading the last value seen of each field is right for all
-of them. The model a call names is read from its request (`requested_model`): a batch's cost
-cap prices each call by it.
+chunk the running figures. Bedrock's converse says `usage: {inputTokens, outputTokens}`, and
+its converse-stream (AWS's binary event stream, not server-sent events) the same in its last
+event, `metadata`. Reading the last value seen of each field is right for all of them. The
+model a call names is read from its request (`requested_model`): a batch's cost cap prices
+each call by it.
 
-Standard library only.
+Standard library only, but for botocore's event-stream parser (Bedrock's binary frames are
+never parsed by hand), imported when such a stream comes.
 """
 
 from __future__ import annotations
@@ -25,12 +28,19 @@ MAX_USAGE_BODY = 16 * 1024 * 1024
 MAX_SSE_LINE = 1024 * 1024
 #: The longest model name recorded from a request.
 MAX_MODEL_NAME = 200
+#: AWS's binary event stream (Bedrock's converse-stream).
+EVENT_STREAM = "application/vnd.amazon.eventstream"
+#: Where Bedrock names the model: `/model/ID/converse` (an ID may hold `/`: an ARN).
+BEDROCK_MODEL = "/model/"
 
 
 def requested_model(body: bytes, path: str = "") -> str | None:
     """The model a call names: in its JSON body (`model`: OpenAI's and Anthropic's APIs both
     say it there; the provider bills that one), or in its `path` (Gemini's
-    `/models/NAME:generateContent`), cut to MAX_MODEL_NAME; None when it names none."""
+    `/models/NAME:generateContent`, Bedrock's `/model/ID/converse`), cut to MAX_MODEL_NAME;
+    None when it names none."""
+    if path.startswith(BEDROCK_MODEL) and path.count("/") >= 3:  # Bedrock: in the path
+        return path[len(BEDROCK_MODEL) :].rsplit("/", 1)[0][:MAX_MODEL_NAME] or None
     if "/models/" in path and ":" in path.rsplit("/", 1)[-1]:  # Gemini: in the path
         return path.rsplit("/", 1)[-1].split(":")[0][:MAX_MODEL_NAME] or None
     if b'"model"' not in body:  # no parse of a large body that names none
@@ -69,7 +79,10 @@ def usage_of(obj: Any) -> tuple[int | None, int | None]:
                 return value
         return None
 
-    return number("prompt_tokens", "input_tokens"), number("completion_tokens", "output_tokens")
+    return (
+        number("prompt_tokens", "input_tokens", "inputTokens"),
+        number("completion_tokens", "output_tokens", "outputTokens"),
+    )
 
 
 def _count(table: dict[str, Any], name: str) -> int | None:
@@ -84,13 +97,20 @@ class UsageReader:
     `output_tokens` hold what the response said, None if it said nothing."""
 
     def __init__(self, content_type: str) -> None:
-        self.streamed = "text/event-stream" in content_type.lower()
+        lowered = content_type.lower()
+        #: AWS's binary event stream: parsed by botocore, frame by frame.
+        self.events = EVENT_STREAM in lowered
+        self.streamed = "text/event-stream" in lowered or self.events
         self.input_tokens: int | None = None
         self.output_tokens: int | None = None
         self._buffer = bytearray()
         self._overflow = False
+        self._frames: Any = None
 
     def feed(self, chunk: bytes) -> None:
+        if self.events:
+            self._feed_events(chunk)
+            return
         if self._overflow:
             if self.streamed and b"\n" in chunk:  # resynchronise at the next line
                 self._overflow = False
@@ -108,8 +128,28 @@ class UsageReader:
             self._buffer.clear()
             self._overflow = True
 
+    def _feed_events(self, chunk: bytes) -> None:
+        """Frames of AWS's event stream, each event's JSON payload read for usage. A stream
+        botocore cannot parse (a bad checksum, a frame over its limits) is read no further:
+        its usage is what came before."""
+        if self._overflow:
+            return
+        try:
+            if self._frames is None:
+                from botocore.eventstream import EventStreamBuffer
+
+                self._frames = EventStreamBuffer()
+            self._frames.add_data(chunk)
+            for message in self._frames:
+                if message.headers.get(":message-type") == "event":
+                    self._take(json.loads(message.payload))
+        except Exception:  # botocore's ParserError, a payload that is not JSON
+            self._overflow, self._frames = True, None
+
     def close(self) -> None:
-        if self.streamed:
+        if self.events:
+            self._frames = None
+        elif self.streamed:
             self._line(bytes(self._buffer))
         elif not self._overflow:
             try:

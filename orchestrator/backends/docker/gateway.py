@@ -157,16 +157,7 @@ class Gateway(GatewayHandle):
         """Hand the gateway its configuration, the key included, on its stdin; it answers
         only the run's network (its address ranges) and the run's token."""
         ipam = self.client.api.inspect_network(self.network_id)["IPAM"]["Config"]
-        spec = self.spec
-        config = {
-            "token": spec.token,
-            "key": key,
-            "upstream": spec.upstream,
-            "clients": [c["Subnet"] for c in ipam],
-            "max_calls": spec.max_calls,
-            "max_tokens": spec.max_tokens,
-            "port": GATEWAY_PORT,
-        }
+        config = self.spec.stdin_config(key, [c["Subnet"] for c in ipam], GATEWAY_PORT)
         self._socket._sock.sendall(json.dumps(config).encode() + b"\n")
 
     def wait_ready(self) -> None:

@@ -142,16 +142,7 @@ class E2BGateway(GatewayHandle):
     def open(self, key: str | None) -> None:
         """Hand the gateway its configuration, the key included, as its stdin, and wait until
         it listens; raises GatewayError with its last words if it will not."""
-        spec = self.spec
-        config = {
-            "token": spec.token,
-            "key": key,
-            "upstream": spec.upstream,
-            "clients": ANY_CLIENT,
-            "max_calls": spec.max_calls,
-            "max_tokens": spec.max_tokens,
-            "port": GATEWAY_PORT,
-        }
+        config = self.spec.stdin_config(key, ANY_CLIENT, GATEWAY_PORT)
         line = json.dumps(config) + "\n"
         self._call(lambda: self.sandbox.commands.send_stdin(self._handle.pid, line), "gateway open")
         deadline = time.monotonic() + READY_TIMEOUT

@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 
 from orchestrator_runtime.protocol import PROVIDERS as RUNTIME_PROVIDERS
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from .aws import AWS_NO_INSTANCE_ROLE, ENDPOINT_ENV, REGION_ENV, bedrock_endpoint, host_region
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class Provider:
     summary: str = ""
     #: Hosts its client reaches when no api_base is given (the `allowlist` policy's share).
     hosts: tuple[str, ...] = ()
+    #: Its client signs each call with AWS credentials (SigV4) instead of sending a key: the
+    #: host's credentials come from botocore's chain and stay with the run's gateway
+    #: (`models/aws.py`); `credential_env` names only the variable the sandbox's stand-in is in.
+    aws_signed: bool = False
 
 
 #: What the host knows of each provider the runtime can build (orchestrator_runtime.protocol).
@@ -61,6 +66,15 @@ PROVIDERS: dict[str, Provider] = {
             "gpt-4o-mini",
             extra_requirements=("litellm",),
             summary="LiteLLMModel (optional; adds litellm to the image)",
+        ),
+        Provider(
+            "bedrock",
+            "AWS_SECRET_ACCESS_KEY",
+            None,
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            summary="AmazonBedrockModel (Amazon Bedrock's converse; the host's AWS "
+            "credentials stay with the run's gateway)",
+            aws_signed=True,
         ),
     )
 }
@@ -132,6 +146,9 @@ class ModelSpec:
     #: Variables a program reads its models' endpoint from (`os.getenv("X")`, or the one
     #: its client reads): inside the sandbox each holds the endpoint the run gives it.
     endpoint_env: tuple[str, ...] = ()
+    #: A Bedrock model's AWS region (the program's `region_name`, else the host's): where
+    #: its calls go and what they are signed for.
+    aws_region: str | None = None
 
     def chosen_by_program(self, cls: str) -> ModelSpec:
         """This model as the one a program's `cls` makes (kept in the sandbox, served by
@@ -160,6 +177,49 @@ class ModelSpec:
     @property
     def needs_network(self) -> bool:
         return self.provider != "mock"
+
+    @property
+    def aws_signed(self) -> bool:
+        """Its client signs its calls with AWS credentials (Bedrock), never one key."""
+        return PROVIDERS[self.provider].aws_signed
+
+    @property
+    def client_env(self) -> dict[str, str]:
+        """Variables the model's client reads that are not secret (a Bedrock model's region,
+        and no instance role to look for), set in the sandbox before any payload code runs."""
+        if not self.aws_region:
+            return {}
+        return {**dict.fromkeys(REGION_ENV, self.aws_region), **AWS_NO_INSTANCE_ROLE}
+
+    def on_bedrock(self) -> ModelSpec:
+        """This Bedrock model with its region (its own, else the host's: `aws.host_region`)
+        and endpoint (the run's --api-base, else as botocore resolves it on the host:
+        `aws.bedrock_endpoint`); inside the sandbox, its client finds the run's endpoint in
+        AWS_ENDPOINT_URL_BEDROCK_RUNTIME. Raises ConfigError without a region."""
+        region = self.aws_region or host_region()
+        if region is None:
+            raise ConfigError(
+                f"The Bedrock model {self.model_id!r} has no AWS region: its program gives "
+                "no region_name and none is set on this host. Nothing was started.",
+                "Set AWS_REGION (or AWS_DEFAULT_REGION, or a profile's region) on this host, "
+                'or give the model client_kwargs={"region_name": "us-east-1"}.',
+            )
+        base = self.api_base or bedrock_endpoint(region)
+        upstream = Upstream(
+            provider="bedrock",
+            base=base,
+            path=f"/model/{self.model_id}/converse",
+            key_header="authorization (AWS SigV4)",
+            key_env=None,
+        )
+        return replace(
+            self,
+            api_base=base,
+            aws_region=region,
+            upstream=upstream,
+            endpoint_env=tuple(dict.fromkeys((*self.endpoint_env, ENDPOINT_ENV))),
+            credential_env=PROVIDERS[self.provider].credential_env,  # the stand-in's, always
+        )
 
     def describe(self) -> str:
         base = f" at {self.api_base}" if self.api_base and self.provider != "mock" else ""
