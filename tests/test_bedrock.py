@@ -536,7 +536,7 @@ def run_bedrock_program(folder: Path, *args: str, host_address: str = "127.0.0.1
             "AWS_CONFIG_FILE": str(folder / "no-config"),
             "AWS_EC2_METADATA_DISABLED": "true",
         }
-        done = cli("run", str(program), "--json", "--timeout", "300", *args, env=env, timeout=900)
+        done = cli("run", "--json", "--timeout", "300", *args, str(program), env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(done.stdout)
     assert outcome["status"] == "succeeded" and outcome["answer"] == "from bedrock"
