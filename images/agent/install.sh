@@ -17,7 +17,9 @@ pip_wheel="$(echo /wheels/pip-*.whl)"
     --no-index --find-links /wheels --only-binary=:all: \
     --no-compile --no-cache-dir --disable-pip-version-check \
     -r /wheels/requirements.txt
-/opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/venv/lib
+# bin/ too: a package's script written in Python (jmespath's jp.py, with boto3) is a module
+# like any other to the read-only check of every .py having its .pyc.
+/opt/venv/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash /opt/venv/lib /opt/venv/bin
 # The runtime lives in its own directory, made importable by a .pth file in the venv rather
 # than PYTHONPATH, so `python -I` finds it too.
 echo /opt/orchestrator > "$(echo /opt/venv/lib/python3*/site-packages)/orchestrator_runtime.pth"
