@@ -72,6 +72,12 @@ class ModelUse:
     region_env: str | None = None
 
     @property
+    def own_region(self) -> str | None:
+        """A Bedrock model's region as the program would have it: its literal, else the
+        host's value of the variable it is read from."""
+        return self.region or os.environ.get(self.region_env or "") or None
+
+    @property
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
@@ -183,7 +189,7 @@ def program_model(
     providers = {ROUTABLE[u.cls][0] for u in uses}
     keys = {u.key_env or ROUTABLE[u.cls][1] for u in uses}
     bases = {u.api_base for u in uses if u.api_base}
-    regions = {r for u in uses if (r := u.region or os.environ.get(u.region_env or ""))}
+    regions = {r for u in uses if (r := u.own_region)}
     if (
         len(providers) > 1
         or (len(keys) > 1 and not key_env)
@@ -292,9 +298,7 @@ def unused_model_env(uses: tuple[ModelUse, ...]) -> dict[str, str]:
     bedrock = [u for u in uses if ROUTABLE.get(u.cls, ("",))[0] == "bedrock"]
     if not bedrock:
         return {}
-    region = next(
-        (r for u in bedrock if (r := u.region or os.environ.get(u.region_env or ""))), None
-    )
+    region = next((r for u in bedrock if (r := u.own_region)), None)
     if region is None:
         with contextlib.suppress(ConfigError):  # no botocore on this host: any region will do
             region = host_region()
