@@ -1,6 +1,6 @@
 """Headless Chromium for the browser tests (the viewer, the docs site, Phoenix's UI): Debian's
 `chromium` and `chromium-driver`, driven by Selenium (Playwright's browser download cannot be
-reached here; .ci/run installs both packages)."""
+reached here; scripts/test.sh installs both packages, or leaves the tests marked `browser` out)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def headless_chromium(width: int, height: int, *flags: str, console: bool = Fals
     if not (CHROMIUM and CHROMEDRIVER):
         pytest.fail(
             "chromium and chromium-driver are needed (apt-get install chromium "
-            "chromium-driver; .ci/run installs them)"
+            "chromium-driver; scripts/test.sh installs them)"
         )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service

@@ -192,6 +192,26 @@ def run_containers(docker_client, store_label: str, run_id: str) -> list[dict]:
     return docker_client.api.containers(all=True, filters={"label": labels})
 
 
+def running_sandbox(docker_client, store_label: str, run_id: str) -> dict | None:
+    """The inspection of one run's sandbox container once it is running; None until then.
+    The run's id also labels its gateway, interceptor and squid, and a sandbox whose restore
+    from a snapshot failed is removed and made again cold: any of those can be gone between
+    the listing and the inspection, so the caller polls (`wait_for`)."""
+    import docker
+
+    from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
+
+    labels = [store_label, f"{LABEL_RUN_ID}={run_id}", f"{LABEL_KIND}=sandbox"]
+    for container in docker_client.api.containers(filters={"label": labels}):
+        try:
+            info = docker_client.api.inspect_container(container["Id"])
+        except docker.errors.NotFound:
+            continue
+        if info["State"]["Running"]:
+            return info
+    return None
+
+
 def our_networks(docker_client, store_label: str) -> list[dict]:
     return docker_client.api.networks(filters={"label": [store_label]})
 
@@ -326,6 +346,15 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300, **k
         timeout=timeout,
         **kw,
     )
+
+
+def beside_interpreter(venv: str, tool: str, override: str) -> Path:
+    """A test tool installed in a virtualenv of its own beside the running interpreter's
+    (scripts/setup.sh makes `.venv-phoenix` and `.venv-mitmproxy` next to `.venv`), or the
+    path the environment variable `override` names: found through the interpreter the tests
+    run in, never through a path in the checkout."""
+    named = os.environ.get(override)
+    return Path(named) if named else Path(sys.prefix).parent / venv / "bin" / tool
 
 
 def files_holding(needle: str, *roots: Path) -> list[str]:

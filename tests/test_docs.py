@@ -13,6 +13,7 @@ import pkgutil
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -24,7 +25,7 @@ from orchestrator.cli.parser import build_parser, subcommands
 from .conftest import REPO
 
 DOCS = REPO / "docs"
-MKDOCS = REPO / ".venv" / "bin" / "mkdocs"
+MKDOCS = Path(sys.executable).parent / "mkdocs"  # installed with the test tools
 
 
 def hook() -> ModuleType:

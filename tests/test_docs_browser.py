@@ -20,6 +20,8 @@ import pytest
 from .chromium import headless_chromium
 from .test_docs import build_site
 
+pytestmark = pytest.mark.browser
+
 SHOTS = Path(os.environ.get("DOCS_SHOTS", "/tmp/docs-shots"))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import ssl
 import subprocess
@@ -39,13 +38,11 @@ from orchestrator.backends.docker.interceptor import (
 from orchestrator.cli.display import describe_event
 from orchestrator.payloads.binding import BoundSecret, SecretBinding
 
-from .conftest import REPO, wait_for
+from .conftest import REPO, beside_interpreter, wait_for
 from .https_upstream import Upstream, https_upstream
 from .mcp_upstream import mcp_server
 
-MITMPROXY_PYTHON = Path(
-    os.environ.get("TEST_MITMPROXY_PYTHON") or REPO / ".venv-mitmproxy" / "bin" / "python"
-)
+MITMPROXY_PYTHON = beside_interpreter(".venv-mitmproxy", "python", "TEST_MITMPROXY_PYTHON")
 VALUE = "real-secret-value-7f3a9c"
 PLACEHOLDER = "orchestrator-placeholder-ANALYTICS_TOKEN-5b1e0d2c9a"
 QUERY_VALUE = "query-secret-value-11aa22"

@@ -31,6 +31,7 @@ from .conftest import (
     events_of,
     our_containers,
     run_containers,
+    running_sandbox,
     wait_for,
 )
 
@@ -108,10 +109,7 @@ def test_container_is_hardened_while_live(
     )
     thread, cancel, box = _run_in_thread(spec)
     try:
-        container = wait_for(
-            lambda: run_containers(docker_client, store_label, run_id), timeout=120
-        )[0]
-        info = docker_client.api.inspect_container(container["Id"])
+        info = wait_for(lambda: running_sandbox(docker_client, store_label, run_id), timeout=120)
     finally:
         cancel.set()
         thread.join(timeout=60)
@@ -276,15 +274,11 @@ def test_cpu_and_tmpfs_limits_hold(
     )
     thread, cancel, box = _run_in_thread(spec)
     try:
-        # The run's own container: under gVisor the first such run makes its snapshot first,
-        # in a maker container of the same store that is gone once checkpointed.
+        # The run's own sandbox, running: not its gateway, nor one whose restore failed.
         container = wait_for(
-            lambda: run_containers(docker_client, store_label, run_id), timeout=120
-        )[0]
-        assert (
-            docker_client.api.inspect_container(container["Id"])["HostConfig"]["NanoCpus"]
-            == 5 * 10**8
+            lambda: running_sandbox(docker_client, store_label, run_id), timeout=120
         )
+        assert container["HostConfig"]["NanoCpus"] == 5 * 10**8
 
         def throttled() -> int:
             try:

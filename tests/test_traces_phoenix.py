@@ -23,13 +23,13 @@ from orchestrator.payloads.manifest import load_manifest
 from orchestrator.records.spans import trace_ids
 
 from .chromium import headless_chromium
-from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, events_of, wait_for
+from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, beside_interpreter, events_of, wait_for
 from .model_server import ScriptedModelServer
 from .test_traces import free_port
 
 pytestmark = pytest.mark.docker
 
-PHOENIX = REPO / ".venv-phoenix" / "bin" / "phoenix"
+PHOENIX = beside_interpreter(".venv-phoenix", "phoenix", "TEST_PHOENIX")
 RESEARCH = PAYLOADS / "research_team"
 LEAKY = TEST_PAYLOADS / "leaky"
 LEAKY_SECRET = "phoenix-leak-3f9a1c\nits second line"
@@ -115,6 +115,7 @@ def ancestors(span: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> list[st
     return names
 
 
+@pytest.mark.browser
 def test_a_multi_agent_run_is_one_trace_in_phoenix_with_measured_tokens_and_no_secret(
     phoenix: str, agent_image: str, nothing_left: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

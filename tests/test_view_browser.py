@@ -34,7 +34,7 @@ from .conftest import (
     wait_for,
 )
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.browser]
 
 SHOTS = REPO / ".ci" / "output" / "screenshots"
 #: The viewer's pictures in the documentation (docs/guides/viewer.md): these screenshots,

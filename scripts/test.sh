@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The test command, for a newcomer and for CI alike (.ci/run calls it after it has an engine):
+#   bash scripts/test.sh
+# Sets up .venv (scripts/setup.sh), installs what the tests need where this machine lets it
+# (Debian's chromium and chromium-driver for the browser tests, gVisor registered with the
+# engine), says in one line each what it had to skip and why, builds the images in the
+# background, then runs the house rules and the three tiers as CI does. Exits non-zero on the
+# first tier that fails; a tier that collects no test is a failure too.
+#
+# Environment: CI_WORKERS=N runs every tier in N xdist workers (0: serially, in one process).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Each line says how far into the run it is (bash's SECONDS), so a slow step shows in the log.
+log() { echo "test [$((SECONDS / 60))m$((SECONDS % 60))s]: $*" >&2; }
+
+as_root() {  # root, or sudo without a password; fails (status 1) otherwise
+    if [ "$(id -u)" -eq 0 ]; then "$@"; elif sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi
+}
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || return 1
+    if [ -z "${APT_UPDATED:-}" ]; then as_root apt-get update -qq || return 1; APT_UPDATED=1; fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+if ! docker info >/dev/null 2>&1; then
+    log "no Docker engine answers: the tests run real containers (start dockerd, then run this again)"
+    exit 1
+fi
+
+# 1. The project and its test tools (idempotent: seconds once set up).
+log "setting up .venv"
+bash scripts/setup.sh
+
+# 2. What the tests need beyond Python, installed where this machine lets it; otherwise the tests
+#    that need it are left out, said here in one line.
+markers="not browser"
+if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    markers=""
+elif apt_install chromium chromium-driver; then
+    markers=""
+else
+    log "skipped: the browser tests (no chromium and chromium-driver, and apt-get could not install them: run as root, or install them yourself)"
+fi
+gvisor=1
+if ! bash scripts/setup-gvisor.sh >/tmp/orchestrator-setup-gvisor.log 2>&1; then
+    gvisor=0
+    log "skipped: the gVisor tier ($(tail -n 1 /tmp/orchestrator-setup-gvisor.log))"
+fi
+
+# 3. The images the tests use (content-addressed: a warm machine reuses them): the agent image
+#    and the secret interceptor's, built in the background while the checks that need no
+#    engine run; their output is shown once they are done, and a build still going when this
+#    stops is stopped with it.
+log "images (in the background)"
+images_log=$(mktemp /tmp/test-images.XXXXXX)
+(
+    .venv/bin/python -c "from orchestrator.backends.docker import connect
+from orchestrator.backends.docker.interceptor import ensure_interceptor_image
+ensure_interceptor_image(connect(), print)" &
+    interceptor_build=$!
+    .venv/bin/orchestrator images build
+    agent_status=$?
+    wait "$interceptor_build" && exit "$agent_status"
+) >"$images_log" 2>&1 &
+images_build=$!
+stop_images() {  # never fails: it runs on the way out
+    pkill -P "$images_build" 2>/dev/null || true
+    kill "$images_build" 2>/dev/null || true
+    rm -f "$images_log"
+}
+trap stop_images EXIT
+
+# 4. House rules that need no engine: lint and the types (mypy, configured in pyproject.toml).
+#    The layer contracts (lint-imports) and the docs site (`mkdocs build --strict`) are checked
+#    by the fast tier's tests/test_architecture.py and tests/test_docs.py, so not twice here.
+log "lint, types"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+.venv/bin/mypy
+
+# 5. The tests run in pytest-xdist workers, each running whole modules (tests/conftest.py):
+#    two (one per core) for the fast tier; three for the docker and gVisor tiers, whose tests
+#    spend much of their time waiting on sandboxes, deadlines and the E2B server. Tests with a
+#    timing window wait for their condition instead, so a busy machine slows them but does not
+#    fail them. pytest's default temporary root is shared by every pytest on the machine and
+#    rotated (one started meanwhile deletes this run's stores mid-test): this run keeps its
+#    own, removed at the end, with the bytecode cache in it too (the suite starts
+#    `python -m orchestrator` hundreds of times, each a quarter second faster for it).
+basetemp=$(mktemp -d /tmp/ci.XXXXXX)  # short: Ray's sockets under it must fit 107 bytes
+trap 'stop_images; rm -rf "$basetemp"' EXIT
+export PYTHONPYCACHEPREFIX="$basetemp/pycache"
+pytest=(.venv/bin/python -m pytest -q)
+workers() { echo "${CI_WORKERS:-$1}"; }  # $CI_WORKERS, else the tier's own number
+with() {  # the -m expression of a tier: its own, and the left-out browser tests
+    if [ -n "$markers" ]; then echo "($1) and $markers"; else echo "$1"; fi
+}
+checked() {  # the exit status, 5 (no test ran) made a failure of its own
+    local status=$1
+    if [ "$status" -eq 5 ]; then log "pytest collected no tests ($2)"; return 1; fi
+    return "$status"
+}
+
+#    a. The fast tier, before any image is built: every test not marked `docker`, with
+#       DOCKER_HOST pointing nowhere, so a test that needs the engine without the mark fails
+#       here. A failure stops the run in a few minutes.
+log "fast tier"
+set +e
+DOCKER_HOST=unix:///nonexistent "${pytest[@]}" -n "$(workers 2)" -m "$(with "not docker")" \
+    --basetemp "$basetemp/f"
+fast_status=$?
+set -e
+checked "$fast_status" "fast tier"
+
+#    b. The images, built meanwhile (step 3).
+log "images: waiting for the build"
+set +e
+wait "$images_build"
+images_status=$?
+set -e
+cat "$images_log"
+[ "$images_status" -eq 0 ] || { log "the images did not build (exit $images_status)"; exit 1; }
+
+#    c. The tests marked `docker`, every sandbox on runc (tests/conftest.py); then those marked
+#       `gvisor` again with every sandbox on gVisor: both runtimes covered, not the suite twice.
+log "docker tier (runc)"
+set +e
+"${pytest[@]}" -n "$(workers 3)" -m "$(with docker)" --durations=40 --basetemp "$basetemp/r"
+status=$?
+gvisor_status=0
+if [ "$gvisor" -eq 1 ]; then
+    log "gvisor tier"
+    ORCHESTRATOR_SANDBOX_RUNTIME=runsc "${pytest[@]}" -n "$(workers 3)" -m "$(with gvisor)" \
+        --basetemp "$basetemp/g"
+    gvisor_status=$?
+fi
+set -e
+checked "$status" "runc" || exit $?
+checked "$gvisor_status" "gvisor"
+log "passed"
