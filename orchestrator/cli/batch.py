@@ -35,9 +35,10 @@ _LIMITS = textwrap.fill(
 )
 EPILOG = f"""\
 Tasks: a JSONL (one object a line), CSV (header row), JSON (an array) or Parquet file, a
-Hugging Face dataset (hf://org/name[:config][@split]; from the local cache when the hub
-cannot be reached) or a local dataset folder (save_to_disk, or its data files; FOLDER@split),
-with the fields (or columns mapped to them: --field, or TASKS.fields.toml beside the data)
+Hugging Face dataset (hf://org/name:config@split, config and split as needed; from the
+local cache when the hub cannot be reached) or a local dataset folder (save_to_disk, or
+data files; FOLDER@split), with the fields (or columns mapped to them with --field, or in
+TASKS.fields.toml beside the data; then other columns are kept under metadata):
   id               optional; else derived from task + additional_args (stable)
   task             the task text (required)
   additional_args  object handed to the agent (CSV: JSON, or one args.NAME column each)
@@ -71,8 +72,8 @@ def add_batch_parser(sub: Any) -> None:
     )
     p.add_argument(
         "tasks",
-        help="tasks: a .jsonl, .csv, .json or .parquet file, hf://org/name[:config][@split], "
-        "or a dataset folder",
+        help="tasks: a .jsonl, .csv, .json or .parquet file, a Hugging Face dataset "
+        "(hf://org/name:config@split, config and split as needed), or a dataset folder",
     )
     p.add_argument(
         "--output",
