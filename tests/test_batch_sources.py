@@ -224,7 +224,7 @@ def test_a_parquet_batch_with_field_mapping_limit_and_shuffle(
     done = cli(
         "batch", str(MATH), str(path), "-o", str(out), *flags,
         "--shuffle", "3", "--limit", "3", "--json", "-q",
-    )  # fmt: skip
+    )  # fmt: skip - a command line reads best as it is typed
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     chosen = [t.id for t in read_tasks(path, fields=QA, shuffle=3, limit=3).tasks]
