@@ -221,10 +221,8 @@ def test_a_parquet_batch_with_field_mapping_limit_and_shuffle(
     path = write_parquet(tmp_path / "qa.parquet", qa_rows(5))
     out = tmp_path / "out"
     flags = [arg for pair in MATH_FIELDS for arg in ("--field", pair)]
-    done = cli(
-        "batch", str(MATH), str(path), "-o", str(out), *flags,
-        "--shuffle", "3", "--limit", "3", "--json", "-q",
-    )  # fmt: skip - a command line reads best as it is typed
+    flags += "--shuffle 3 --limit 3 --json -q".split()
+    done = cli("batch", str(MATH), str(path), "-o", str(out), *flags)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     chosen = [t.id for t in read_tasks(path, fields=QA, shuffle=3, limit=3).tasks]
