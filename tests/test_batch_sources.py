@@ -103,6 +103,25 @@ def test_json_array_rows_are_named_by_their_line(tmp_path: Path) -> None:
     assert start == 20 and f"{path}:{start}: `task` '' is empty" in info.value.cause
 
 
+def test_csv_and_jsonl_with_their_own_column_names(tmp_path: Path) -> None:
+    """A mapping lifts the check that every column is a task field (the data was written for
+    another tool); a JSONL row without the mapped column lacks its field."""
+    csv = tmp_path / "qa.csv"
+    csv.write_text("task_id,question,answer,source\nq1,What is 2 + 2?,4,book\n")
+    (task,) = read_tasks(csv, fields=QA).tasks
+    assert (task.id, task.task, task.expected, task.metadata) == (
+        "q1",
+        "What is 2 + 2?",
+        "4",
+        {"source": "book"},
+    )
+    jsonl = tmp_path / "qa.jsonl"
+    jsonl.write_text('{"question": "a", "answer": 1}\n{"answer": 2}\n')
+    with pytest.raises(TaskFileError) as info:
+        read_tasks(jsonl, fields={"task": "question", "expected": "answer"})
+    assert f"{jsonl}:2: `task`" in info.value.cause
+
+
 def test_a_fields_file_beside_the_data_and_flags_over_it(tmp_path: Path) -> None:
     path = write_parquet(tmp_path / "qa.parquet", qa_rows(2))
     (tmp_path / "qa.parquet.fields.toml").write_text(
