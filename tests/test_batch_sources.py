@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.batch import TaskFileError, read_tasks
+from orchestrator.batch.plan import default_output
 from orchestrator.errors import ConfigError
 
 from .conftest import TEST_PAYLOADS, cli
@@ -180,6 +181,7 @@ cached = root / "tests___tiny_qa" / "default" / "0.0.0" / built.name
 shutil.copytree(built, cached)
 (cached / "parquet-test.arrow").rename(cached / "tiny_qa-test.arrow")
 from orchestrator.batch import TaskFileError, read_tasks
+from orchestrator.batch.plan import default_output
 fields = {QA!r}
 print(json.dumps([t.id for t in read_tasks("hf://tests/tiny_qa@test", fields=fields).tasks]))
 try:
@@ -211,6 +213,14 @@ def test_a_bad_mapping_exits_2_naming_the_missing_column(tmp_path: Path) -> None
     assert "Traceback" not in done.stderr and not out.exists()
     bad = cli("batch", str(MATH), str(path), "--field", "task", "-q")
     assert bad.returncode == 2 and "--field 'task' is not FIELD=COLUMN" in bad.stderr
+
+
+def test_the_default_output_folder_is_named_after_the_dataset() -> None:
+    assert default_output("x/math", "hf://openai/gsm8k:main@test") == Path(
+        "batches/math-gsm8k-main-test"
+    )
+    assert default_output("math", "data/gsm8k@test") == Path("batches/math-gsm8k-test")
+    assert default_output("math", "data/qa.parquet") == Path("batches/math-qa")
 
 
 def test_a_missing_extra_is_named(tmp_path: Path) -> None:
