@@ -1,8 +1,10 @@
 """orchestrator: run whole smolagents multi-agent programs in hardened sandboxes.
 
-from orchestrator import RunSpec, run
+from orchestrator import RunSpec, evaluate, run
 result = run(RunSpec(payload="agent_payloads/research_team", model="mock"))
 print(result.status, result.answer)
+summary = evaluate("agent_payloads/research_team", "tasks.jsonl", model="mock")
+print(summary.accuracy, summary.counts)
 
 The names below are imported on first use, so that `orchestrator.cli` can install its signal
 handlers before the rest of the package loads.
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from .paths import VERSION as __version__
 
 if TYPE_CHECKING:
+    from .batch.evaluate import evaluate
+    from .batch.plan import BatchSummary
     from .errors import ConfigError, EngineUnavailable, ManifestError, OrchestratorError
     from .execution.pool import Pool
     from .lifecycle.runner import run
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "BatchSummary": "batch.plan",
+    "evaluate": "batch.evaluate",
     "ConfigError": "errors",
     "EngineUnavailable": "errors",
     "ManifestError": "errors",
@@ -40,6 +46,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "BatchSummary",
     "ConfigError",
     "EngineUnavailable",
     "Limits",
@@ -51,6 +58,7 @@ __all__ = [
     "RunSpec",
     "Store",
     "__version__",
+    "evaluate",
     "load_manifest",
     "run",
 ]

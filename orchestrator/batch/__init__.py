@@ -2,20 +2,23 @@
 prepared with the single-run API (`lifecycle.runner.prepare`) and handed to an executor
 (`execution.executor`), which decides where it runs.
 
-`tasks.py` the tasks file, `plan.py` the batch as data and its up-front checks,
+`tasks.py` the tasks file, `sources.py` other datasets (Parquet, JSON arrays, Hugging Face)
+and the field mapping, `plan.py` the batch as data and its up-front checks,
 `session.py` the worker session, `attempts.py` its attempts counted and logged (and the retry
 rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
 is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
 statistics, `report.py` a batch read back, `rescore.py` recorded answers scored again,
-`compare.py` two batches paired.
+`compare.py` two batches paired, `evaluate.py` a batch from keyword arguments
+(`orchestrator.evaluate`).
 """
 
 from .output import BatchDir, BatchLocked
 from .plan import BatchProgress, BatchSpec, BatchSummary, plan_batch
 from .scoring import BUILTIN_SCORERS, make_scorer, percentile, wilson_interval
 from .session import BatchObservers, run_batch
-from .tasks import Task, TaskFile, TaskFileError, derive_id, read_tasks
+from .sources import read_tasks
+from .tasks import Task, TaskFile, TaskFileError, derive_id
 
 __all__ = [
     "BatchObservers",

@@ -30,7 +30,7 @@ def open_meta(out: BatchDir, plan: BatchPlan) -> dict[str, Any]:
         meta = {
             "batch_id": "b-" + new_run_id()[2:],
             "created_at": time.time(),
-            "tasks_file": str(plan.file.path.resolve()),
+            "tasks_file": plan.file.where(),
             "options": fingerprint,
             "sessions": 1,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from decimal import Decimal
@@ -16,6 +17,7 @@ from ..records.store import Store
 from ..spec import PAYLOAD_ERROR, RunSpec
 from .prices import Pricing, plan_pricing
 from .scoring import make_scorer
+from .sources import read_tasks
 from .tasks import (
     BadLine,
     OnBadLine,
@@ -24,7 +26,6 @@ from .tasks import (
     TaskFileError,
     listing,
     merged_args,
-    read_tasks,
 )
 
 
@@ -64,11 +65,19 @@ class BatchSpec:
     #: Prices the user gives, per model as `--model` spells it: US dollars per million
     #: (input, output) tokens, e.g. `{"openai:gpt-4o-mini": (0.15, 0.60)}`; used by `max_cost`.
     prices: dict[str, Any] = field(default_factory=dict)
+    #: Which tasks of the dataset run (`batch/sources.py`): its columns mapped to task fields
+    #: (field -> column, over `<tasks>.fields.toml`), then the tasks of these ids (all when
+    #: empty), in the order a seed gives (None: the file's), the first `limit`.
+    field_map: dict[str, str] = field(default_factory=dict)
+    sample_ids: tuple[str, ...] = ()
+    shuffle: int | None = None
+    limit: int | None = None
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:
     """`./batches/<payload folder>-<tasks file stem>`: predictable, so a resume finds it."""
-    return Path("batches") / f"{Path(payload).name}-{Path(tasks).stem}"
+    stem = re.sub(r"[^\w.-]+", "-", Path(str(tasks).rstrip("/")).stem).strip("-")
+    return Path("batches") / f"{Path(payload).name}-{stem}"
 
 
 @dataclass
@@ -200,7 +209,14 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
             "for no cap.",
         )
     make_scorer(spec.scorer, tolerance=spec.tolerance)  # a bad scorer fails now, not per task
-    file = read_tasks(spec.tasks, on_bad_line=spec.on_bad_line)
+    file = read_tasks(
+        spec.tasks,
+        fields=spec.field_map,
+        on_bad_line=spec.on_bad_line,
+        limit=spec.limit,
+        sample_ids=spec.sample_ids,
+        shuffle=spec.shuffle,
+    )
     # Batch-wide problems (payload, model, network, secrets) are raised once, not per line.
     template = prepare(replace(spec.run, task=file.tasks[0].task, run_id="template"))
     prepared: dict[str, PreparedRun] = {}
@@ -231,7 +247,7 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
             )
         if not kept:
             raise TaskFileError(f"{file.path} holds no usable tasks.", "Fix the lines.")
-    file = TaskFile(path=file.path, tasks=kept, bad_lines=sorted(bad, key=lambda b: b.line))
+    file = replace(file, tasks=kept, bad_lines=sorted(bad, key=lambda b: b.line))
     run = spec.run
     fingerprint = {
         "payload": str(template.manifest.folder.resolve()),
@@ -245,6 +261,8 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         "scorer": spec.scorer,
         "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
     }
+    if file.fields:  # only when set: batches started before mappings existed resume as they were
+        fingerprint["fields"] = file.fields
     pricing = plan_pricing(
         spec.max_cost,
         spec.prices,

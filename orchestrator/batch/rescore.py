@@ -12,7 +12,8 @@ from typing import Any
 from .output import FINISHED, atomic_write, safe_name
 from .report import BatchReport, build_report, open_batch_dir, task_rows, verdict
 from .scoring import make_scorer
-from .tasks import TaskFileError, read_tasks
+from .sources import read_tasks
+from .tasks import TaskFileError
 
 
 def rescore_path(batch_dir: str | Path, scorer: str) -> Path:
@@ -30,7 +31,8 @@ def _task_views(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if not path:
         return {}
     try:
-        return {t.id: t.row() for t in read_tasks(path, on_bad_line="skip").tasks}
+        fields = (meta.get("options") or {}).get("fields")  # the mapping it was read with
+        return {t.id: t.row() for t in read_tasks(path, fields=fields, on_bad_line="skip").tasks}
     except TaskFileError:
         return {}
 

@@ -97,9 +97,16 @@ class BadLine:
 
 @dataclass
 class TaskFile:
-    path: Path
+    #: The file (a Path), or the dataset as named (`hf://org/name@split`).
+    path: Path | str
     tasks: list[Task]
     bad_lines: list[BadLine]
+    #: The field mapping the rows were read with (field -> column; `sources.py`).
+    fields: dict[str, str] = field(default_factory=dict)
+
+    def where(self) -> str:
+        """The source as batch.json records it: a file's absolute path, a dataset's name."""
+        return str(self.path.resolve()) if isinstance(self.path, Path) else self.path
 
 
 def derive_id(task: str, additional_args: dict[str, Any] | None) -> str:
@@ -123,7 +130,7 @@ def nearest_tasks_file(path: Path) -> Path | None:
         files = [
             p
             for p in sorted(path.parent.iterdir())
-            if p.suffix.lower() in (".jsonl", ".csv", ".json") and p.is_file()
+            if p.suffix.lower() in (".jsonl", ".csv", ".json", ".parquet") and p.is_file()
         ]
     except OSError:
         return None
@@ -135,20 +142,40 @@ def nearest_tasks_file(path: Path) -> Path | None:
 def read_tasks(path: str | Path, *, on_bad_line: OnBadLine = "fail") -> TaskFile:
     """Parse a JSONL or CSV tasks file. Malformed lines are skipped or rejected (naming every
     one; a line with bytes that are not UTF-8 is malformed too); duplicate ids are always an
-    error, since resuming keys everything on the id."""
+    error, since resuming keys everything on the id. (Other formats and field mappings:
+    `sources.read_tasks`.)"""
     path = Path(path)
+    return tasks_from_rows(path, text_rows(path), on_bad_line=on_bad_line)
+
+
+def missing_file(path: Path) -> TaskFileError:
+    """No tasks file at `path`: the error names the closest one beside it."""
+    near = nearest_tasks_file(path)
+    hint = f" Did you mean {near}?" if near else ""
+    return TaskFileError(
+        f"No tasks file at {path}.{hint}",
+        f"Pass {near}, or another .jsonl or .csv file of tasks."
+        if near
+        else "Pass a .jsonl or .csv file of tasks.",
+    )
+
+
+Rows = Iterator[tuple[int, "dict[str, Any] | BadLine"]]
+
+
+def text_rows(path: Path, *, mapped: bool = False) -> Rows:
+    """The rows of a JSONL or CSV file, numbered by line. `mapped`: a field mapping renames
+    the columns later, so a CSV header is not checked against the task fields here."""
     if not path.is_file():
-        near = nearest_tasks_file(path)
-        hint = f" Did you mean {near}?" if near else ""
-        raise TaskFileError(
-            f"No tasks file at {path}.{hint}",
-            f"Pass {near}, or another .jsonl or .csv file of tasks."
-            if near
-            else "Pass a .jsonl or .csv file of tasks.",
-        )
+        raise missing_file(path)
     # Bytes that are not UTF-8 become lone surrogates here, found and named line by line.
     text = path.read_bytes().decode("utf-8-sig", errors="surrogateescape")
-    rows = _csv_rows(path, text) if _is_csv(path, text) else _jsonl_rows(text)
+    return _csv_rows(path, text, mapped=mapped) if _is_csv(path, text) else _jsonl_rows(text)
+
+
+def tasks_from_rows(source: str | Path, rows: Rows, *, on_bad_line: OnBadLine = "fail") -> TaskFile:
+    """Every row checked (`task_from_row`): bad ones skipped or the source refused, naming
+    each as `source:line`; duplicate ids refused."""
     tasks: list[Task] = []
     bad: list[BadLine] = []
     problems: list[Problem] = []  # each with its line and field, for --json
@@ -164,18 +191,20 @@ def read_tasks(path: str | Path, *, on_bad_line: OnBadLine = "fail") -> TaskFile
             problems.extend(exc.problems)
     if bad and on_bad_line == "fail":
         error = TaskFileError(
-            listing(f"{path} has {len(bad)} malformed line(s):", [b.describe(path) for b in bad]),
+            listing(
+                f"{source} has {len(bad)} malformed line(s):", [b.describe(source) for b in bad]
+            ),
             "Fix the lines, or pass --on-bad-line skip to run the others.",
         )
-        error.problems, error.source = tuple(problems), str(path)
+        error.problems, error.source = tuple(problems), str(source)
         raise error
-    check_duplicates(path, tasks)
+    check_duplicates(source, tasks)
     if not tasks:
-        raise TaskFileError(f"{path} holds no tasks.", "Add one task per line.")
-    return TaskFile(path=path, tasks=tasks, bad_lines=bad)
+        raise TaskFileError(f"{source} holds no tasks.", "Add one task per line.")
+    return TaskFile(path=source, tasks=tasks, bad_lines=bad)
 
 
-def check_duplicates(path: Path, tasks: list[Task]) -> None:
+def check_duplicates(path: str | Path, tasks: list[Task]) -> None:
     first: dict[str, Task] = {}
     problems = []
     for task in tasks:
@@ -244,7 +273,9 @@ def _jsonl_rows(text: str) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
         yield number, row
 
 
-def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
+def _csv_rows(
+    path: Path, text: str, *, mapped: bool = False
+) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
     """CSV with a header row. Empty cells are unset; `additional_args` and `metadata` cells
     hold JSON objects; `args.NAME` columns add one argument each (JSON, else text)."""
     reader = csv.reader(io.StringIO(text))
@@ -264,7 +295,7 @@ def _csv_rows(path: Path, text: str) -> Iterator[tuple[int, dict[str, Any] | Bad
         for h in header
         if FIELD_ALIASES.get(h, h) not in TASK_FIELDS and not h.startswith("args.")
     ]
-    if unknown or "task" not in header:
+    if (unknown or "task" not in header) and not mapped:
         problem = (
             f"unknown column(s) {', '.join(map(repr, unknown))}" if unknown else "no `task` column"
         )

@@ -15,6 +15,7 @@ from ..batch.plan import BatchSpec
 from ..batch.prices import PRICE_EXAMPLE, parse_price
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import BatchObservers, run_batch
+from ..batch.sources import parse_fields, split_ids
 from ..defaults import fill
 from ..spec import SETTABLE_LIMITS
 from . import signals
@@ -33,7 +34,11 @@ _LIMITS = textwrap.fill(
     subsequent_indent=" " * 19,
 )
 EPILOG = f"""\
-Tasks file: JSONL (one object a line) or CSV (header row) with the fields
+Tasks: a JSONL (one object a line), CSV (header row), JSON (an array) or Parquet file, a
+Hugging Face dataset (hf://org/name:config@split, config and split as needed; from the
+local cache when the hub cannot be reached) or a local dataset folder (save_to_disk, or
+data files; FOLDER@split), with the fields (or columns mapped to them with --field, or in
+TASKS.fields.toml beside the data; then other columns are kept under metadata):
   id               optional; else derived from task + additional_args (stable)
   task             the task text (required)
   additional_args  object handed to the agent (CSV: JSON, or one args.NAME column each)
@@ -65,7 +70,11 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument(
         "payload", help="payload folder (holding manifest.toml), or a shipped example's name"
     )
-    p.add_argument("tasks", help="tasks file (.jsonl or .csv)")
+    p.add_argument(
+        "tasks",
+        help="tasks: a .jsonl, .csv, .json or .parquet file, a Hugging Face dataset "
+        "(hf://org/name:config@split, config and split as needed), or a dataset folder",
+    )
     p.add_argument(
         "--output",
         "-o",
@@ -73,6 +82,7 @@ def add_batch_parser(sub: Any) -> None:
         "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
     )
     add_run_options(p)
+    _add_dataset_options(p)
     _add_pace_options(p)
     _add_scoring_options(p)
     _add_retry_options(p)
@@ -87,6 +97,34 @@ def add_batch_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress")
     p.set_defaults(handler=cmd_batch, watches_stop=True)
+
+
+def _add_dataset_options(p: argparse.ArgumentParser) -> None:
+    """Which columns are the task's fields, and which tasks run (`batch/sources.py`)."""
+    p.add_argument(
+        "--field",
+        action="append",
+        default=[],
+        metavar="FIELD=COLUMN",
+        help="read FIELD (task, expected, id, additional_args, metadata, a limit, or "
+        "args.NAME) from the dataset's COLUMN, e.g. --field task=question; repeatable; wins "
+        "over TASKS.fields.toml; other columns are then kept under metadata",
+    )
+    p.add_argument("--limit", type=int, metavar="N", help="run only the first N tasks")
+    p.add_argument(
+        "--sample-id",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="run only the task(s) with this id; repeatable, or a comma list",
+    )
+    p.add_argument(
+        "--shuffle",
+        type=int,
+        metavar="SEED",
+        help="run the tasks in an order drawn from SEED (the same seed, the same order, "
+        "whatever the file's); with --limit N, a random sample of N",
+    )
 
 
 def _add_pace_options(p: argparse.ArgumentParser) -> None:
@@ -221,6 +259,10 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         max_total_tokens=args.max_total_tokens,
         max_cost=args.max_cost,
         prices=dict(parse_price(text) for text in args.price),
+        field_map=parse_fields(args.field),
+        sample_ids=tuple(split_ids(args.sample_id)),
+        shuffle=args.shuffle,
+        limit=args.limit,
     )
 
 

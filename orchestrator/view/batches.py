@@ -50,7 +50,7 @@ def task_texts(
 ) -> dict[str, dict[str, str]]:
     """Each task's text and arguments, by id: from the batch's tasks file when it is still
     there, else the text its run recorded (the store's, masked). Read only; best effort."""
-    from ..batch.tasks import read_tasks
+    from ..batch.sources import is_local, read_tasks
 
     found: dict[str, dict[str, str]] = {}
     by_run = {r["run_id"]: r.get("task") or "" for r in runs}
@@ -58,8 +58,11 @@ def task_texts(
         if row.get("run_id") in by_run:
             found[row["id"]] = {"text": by_run[row["run_id"]], "args": ""}
     meta = open_batch_dir(folder).read_meta() or {}
-    try:
-        tasks = read_tasks(meta["tasks_file"], on_bad_line="skip").tasks
+    fields = (meta.get("options") or {}).get("fields")
+    try:  # not a hub dataset: a page does not wait on the network
+        if not is_local(meta["tasks_file"]):
+            return found
+        tasks = read_tasks(meta["tasks_file"], fields=fields, on_bad_line="skip").tasks
     except (KeyError, TypeError, OSError, ValueError, OrchestratorError):
         return found
     for task in tasks:
