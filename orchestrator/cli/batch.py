@@ -16,7 +16,7 @@ from ..batch.prices import PRICE_EXAMPLE, parse_price
 from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import BatchObservers, run_batch
 from ..defaults import fill
-from ..spec import SETTABLE_LIMITS
+from ..options import options_for
 from . import signals
 from .batch_display import BatchDisplay
 from .cluster import add_ray_option, leave_cluster, ray_batch
@@ -24,10 +24,10 @@ from .common import add_run_options, spec_from_args, tidy_store
 from .output import say
 from .parser import HELP
 
-#: The per-task limits a tasks row may set, from the code (`timeout` is read as
+#: The per-task options a tasks row may set (`options.RUN_OPTIONS`; `timeout` is read as
 #: `timeout_seconds`), wrapped under their field name.
 _LIMITS = textwrap.fill(
-    ", ".join(f"{n} (or timeout)" if n == "timeout_seconds" else n for n in SETTABLE_LIMITS),
+    ", ".join(o.name + "".join(f" (or {a})" for a in o.aliases) for o in options_for("task")),
     width=90,
     initial_indent="  " + "per-task limits".ljust(17),
     subsequent_indent=" " * 19,
@@ -72,7 +72,7 @@ def add_batch_parser(sub: Any) -> None:
         help="batch directory, created; the same one resumes (default: "
         "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
     )
-    add_run_options(p)
+    add_run_options(p, "batch")
     _add_pace_options(p)
     _add_scoring_options(p)
     _add_retry_options(p)
