@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from orchestrator.batch.tasks import ROW, read_tasks, task_from_row
-from orchestrator.cli.common import spec_from_args
+from orchestrator.cli.common import add_options, check_flags, spec_from_args
 from orchestrator.cli.parser import build_parser, subcommands
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import ConfigError, OrchestratorError
 from orchestrator.options import RUN_OPTIONS, Option
 from orchestrator.schedules.file import SCHEDULE, load_schedules
+from orchestrator.schema import Field
 from orchestrator.spec import SETTABLE_LIMITS, RunSpec
 
 from .test_docs import REFERENCE, sections
@@ -165,3 +166,33 @@ def test_bad_flag_values_are_all_named_with_the_fix(tmp_path: Path) -> None:
     assert caught.value.exit_code == 2
     assert "command line: 2 problems" in caught.value.cause
     assert "limit `timeout_seconds` is 0.0, out of range" in caught.value.cause
+
+
+def test_a_flag_out_of_its_options_range_is_named_with_the_fix() -> None:
+    """An option with a range (not a limit, which the runner checks) is checked as its flag
+    is read: every bad flag named, with the fix, exit 2; a value of the wrong type is
+    argparse's error."""
+    options = [
+        Option("level", Field(int, minimum=-20, maximum=19, fix="Use -20 to 19."), help="a"),
+        Option("ratio", Field(float, minimum=0, maximum=1), help="b"),
+    ]
+    parser = argparse.ArgumentParser()
+    add_options(parser, options)
+    check_flags(parser.parse_args(["--level", "19", "--ratio", "0.5"]), options)
+    with pytest.raises(ConfigError) as caught:
+        check_flags(parser.parse_args(["--level", "40", "--ratio", "2"]), options)
+    assert caught.value.exit_code == 2
+    assert caught.value.cause == (
+        "command line: 2 problems:\n"
+        "  - `--level` is 40, out of range. Use -20 to 19.\n"
+        "  - `--ratio` is 2.0, out of range. Use a number from 0 to 1."
+    )
+    with pytest.raises(ConfigError) as caught:
+        check_flags(parser.parse_args(["--level", "-21"]), options[:1])
+    assert (caught.value.cause, caught.value.fix) == (
+        "command line: `--level` is -21, out of range.",
+        "Use -20 to 19.",
+    )
+    with pytest.raises(SystemExit) as exited:
+        parser.parse_args(["--level", "x"])
+    assert exited.value.code == 2

@@ -24,13 +24,20 @@ from .common import add_run_options, spec_from_args, tidy_store
 from .output import say
 from .parser import HELP
 
-#: The per-task options a tasks row may set (`options.RUN_OPTIONS`; `timeout` is read as
-#: `timeout_seconds`), wrapped under their field name.
-_LIMITS = textwrap.fill(
-    ", ".join(o.name + "".join(f" (or {a})" for a in o.aliases) for o in options_for("task")),
-    width=90,
-    initial_indent="  " + "per-task limits".ljust(17),
-    subsequent_indent=" " * 19,
+#: The run options a tasks row may set for its task (`options.RUN_OPTIONS`; `timeout` is
+#: read as `timeout_seconds`), the limits, then any others, wrapped under their field name.
+_OVERRIDES = "\n".join(
+    textwrap.fill(
+        ", ".join(o.name + "".join(f" (or {a})" for a in o.aliases) for o in chosen),
+        width=90,
+        initial_indent="  " + label.ljust(17),
+        subsequent_indent=" " * 19,
+    )
+    for label, chosen in (
+        ("per-task limits", [o for o in options_for("task") if o.limit]),
+        ("per-task options", [o for o in options_for("task") if not o.limit]),
+    )
+    if chosen
 )
 EPILOG = f"""\
 Tasks file: JSONL (one object a line) or CSV (header row) with the fields
@@ -38,7 +45,7 @@ Tasks file: JSONL (one object a line) or CSV (header row) with the fields
   task             the task text (required)
   additional_args  object handed to the agent (CSV: JSON, or one args.NAME column each)
   expected         expected answer (a list means any of them)
-{_LIMITS}
+{_OVERRIDES}
   metadata         anything else, as an object (kept, shown to user scorers)
 
 Resume: run the same command again with the same --output directory. Finished tasks are

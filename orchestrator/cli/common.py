@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from ..defaults import fill
@@ -83,7 +83,12 @@ class LazyOption(argparse.Action):
 
 def add_run_options(p: argparse.ArgumentParser, command: Place) -> None:
     """The run options (`options.RUN_OPTIONS`) that apply to `command` (`run`, `batch`)."""
-    for option in options_for(command):
+    add_options(p, options_for(command))
+
+
+def add_options(p: argparse.ArgumentParser, options: Iterable[Option]) -> None:
+    """A flag for each option, its value kept under the option's name."""
+    for option in options:
         p.add_argument(option.flag, dest=option.name, **_argument(option))
 
 
@@ -117,23 +122,31 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         task=getattr(args, "task", None),
         additional_args=parse_kv_args(getattr(args, "arg", [])),
     )
+    given = [o for o in RUN_OPTIONS if hasattr(args, o.name)]  # the command's options
+    check_flags(args, given)
+    for option in given:
+        value = getattr(args, option.name)
+        fields[option.name] = option.default if value is None else option.value(value)
+    fields.update(overrides)
+    fields.update(fill({k: fields[k] for k in ("model", "backend", "network")}))
+    return RunSpec(**fields)
+
+
+def check_flags(args: argparse.Namespace, options: Iterable[Option]) -> None:
+    """Raise ConfigError (exit 2) naming every flag whose value breaks its option's rule
+    (a range, a pattern), with the fix. argparse checked each value's type and choices; the
+    runner checks the limits and hosts (`checked_by_run`), with the payload's own."""
     problems: list[Problem] = []
-    for option in RUN_OPTIONS:
-        if not hasattr(args, option.name):
-            continue  # not an option of this command
+    for option in options:
         value = getattr(args, option.name)
         if value is not None and not option.checked_by_run and option.rule.choices is None:
-            check_value(option.rule, value, option.flag, problems)  # argparse did the choices
-        fields[option.name] = option.default if value is None else option.value(value)
+            check_value(option.rule, value, option.flag, problems)
     if problems:
         raise ConfigError.of_problems(
             "command line",
             [p.replace(message=f"`{p.field}` {p.message}") for p in problems],
             "Fix the options named above.",
         )
-    fields.update(overrides)
-    fields.update(fill({k: fields[k] for k in ("model", "backend", "network")}))
-    return RunSpec(**fields)
 
 
 def parse_kv_args(items: list[str]) -> dict[str, Any] | None:
