@@ -196,6 +196,7 @@ def _cli_reference() -> str:
             ]
         if child.epilog:
             lines += ["```text", child.epilog.strip(), "```", ""]
+    lines += _run_options_section()
     lines += [
         "## Environment variables",
         "",
@@ -208,6 +209,33 @@ def _cli_reference() -> str:
     for name, where in _environment_variables().items():
         lines.append(f"| `{name}` | {', '.join(f'`{w}`' for w in where)} |")
     return "\n".join(lines) + "\n"
+
+
+def _run_options_section() -> list[str]:
+    """Every run option (`orchestrator.options.RUN_OPTIONS`, the one declaration the parser,
+    the schedules file and the tasks rows read) and where each may be given."""
+    from orchestrator.options import RUN_OPTIONS
+
+    lines = [
+        "## Run options",
+        "",
+        "Generated from `orchestrator.options.RUN_OPTIONS`: what a run may be given, and where "
+        "([files](files.md)): a flag of `run` and `batch`, a key of a `[[schedule]]` table, a "
+        "field of a batch's tasks row (that task's own value). The rule holds in each place.",
+        "",
+        "| option | flag | schedule key | tasks field | type | allowed | what |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for option in RUN_OPTIONS:
+        flag = option.flag if option.applies & {"run", "batch"} else ""
+        key = option.key if "schedule" in option.applies else ""
+        task = (option.name, *option.aliases) if "task" in option.applies else ()
+        lines.append(
+            f"| `{option.name}` | {_name(flag) if flag else ''} | {_name(key) if key else ''} "
+            f"| {', '.join(_name(t) for t in task)} | {_type_name(option.rule.kind)} "
+            f"| {_rule(option.rule)} | {_cell(option.help_text())} |"
+        )
+    return [*lines, ""]
 
 
 # ------------------------------------------------------------------------ the file schemas
@@ -292,13 +320,15 @@ def schema_tables() -> list[tuple[str, str, Any, dict[str, dict[str, Any]]]]:
     """(title, introduction, Table, defaults by section) of every file a user writes."""
     from orchestrator.batch.tasks import ROW
     from orchestrator.defaults import CONFIG, OPTIONS
+    from orchestrator.options import options_for
     from orchestrator.payloads.manifest import PROGRAM_SCHEMA, SCHEMA
     from orchestrator.schedules.file import FILE, SCHEDULE, Schedule
     from orchestrator.schedules.notify_table import Notify
     from orchestrator.spec import Limits
 
     limits = _defaults_of(Limits)
-    schedule = _defaults_of(Schedule)
+    schedule = {**{o.name: o.default for o in options_for("schedule")}, **_defaults_of(Schedule)}
+    task = {**{o.name: o.default for o in options_for("task")}, **limits}
     return [
         (
             "The manifest",
@@ -344,7 +374,7 @@ def schema_tables() -> list[tuple[str, str, Any, dict[str, dict[str, Any]]]]:
             "(`orchestrator.batch.tasks.ROW`); a limit left out is the payload's. "
             "`timeout` is read as `timeout_seconds`.",
             ROW,
-            {"": limits},
+            {"": task},
         ),
     ]
 

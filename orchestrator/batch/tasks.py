@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import OrchestratorError, Problem
+from ..options import TASK_ALIASES, options_for
 from ..schema import JSON_TYPES, Field, Table, check_table
-from ..spec import SETTABLE_LIMITS, SETTABLE_LIMITS_TABLE
 
-TASK_FIELDS = ("id", "task", "additional_args", "expected", "metadata", *SETTABLE_LIMITS)
+#: The run options a row may set for its task (`options.RUN_OPTIONS`: the limits, ...).
+OVERRIDES = {o.name: o for o in options_for("task")}
+TASK_FIELDS = ("id", "task", "additional_args", "expected", "metadata", *OVERRIDES)
 
 
 def _id_problem(task_id: str | int) -> str | None:
@@ -30,8 +32,8 @@ def _text_problem(text: str) -> str | None:
     return None if text.strip() else "is empty"
 
 
-#: One row of a tasks file (a JSONL line, a CSV row): the fields and, per limit, the same
-#: type and range as a manifest's `[limits]`.
+#: One row of a tasks file (a JSONL line, a CSV row): the fields and, per run option it may
+#: override, the option's rule (a limit: the same type and range as a manifest's `[limits]`).
 ROW = Table(
     {
         "id": Field(
@@ -43,13 +45,10 @@ ROW = Table(
         "additional_args": Field(dict),
         "expected": Field(object),
         "metadata": Field(dict),
-        **SETTABLE_LIMITS_TABLE.fields,
+        **{name: option.rule for name, option in OVERRIDES.items()},
     },
     unknown_fix="Put other data under `metadata`.",
 )
-
-
-FIELD_ALIASES = {"timeout": "timeout_seconds"}
 
 
 #: How many bad lines an error message lists before it says "and N more".
@@ -291,9 +290,7 @@ def _csv_rows(
     header = [h.strip() for h in header]
     header_end = reader.line_num
     unknown = [
-        h
-        for h in header
-        if FIELD_ALIASES.get(h, h) not in TASK_FIELDS and not h.startswith("args.")
+        h for h in header if TASK_ALIASES.get(h, h) not in TASK_FIELDS and not h.startswith("args.")
     ]
     if (unknown or "task" not in header) and not mapped:
         problem = (
@@ -301,7 +298,7 @@ def _csv_rows(
         )
         raise TaskFileError(
             f"{path}:1: {problem}.",
-            f"Columns may be {', '.join(TASK_FIELDS)}, timeout and args.NAME; "
+            f"Columns may be {', '.join([*TASK_FIELDS, *TASK_ALIASES])} and args.NAME; "
             "put other data in a `metadata` column as a JSON object.",
         )
     end = header_end
@@ -364,12 +361,12 @@ class BadRow(ValueError):
 def task_from_row(row: dict[str, Any], line: int) -> Task:
     """Validate one row against `ROW`; raises BadRow (a ValueError) naming every problem
     of the row, with a message fit for `file:line: message`."""
-    row = {FIELD_ALIASES.get(k, k): v for k, v in row.items()}
-    for name in ("id", "additional_args", "metadata", *SETTABLE_LIMITS):
+    row = {TASK_ALIASES.get(k, k): v for k, v in row.items()}
+    for name in ("id", "additional_args", "metadata", *OVERRIDES):
         if row.get(name) is None or (name == "id" and row[name] == ""):
             row.pop(name, None)  # unset: a derived id, no override
-        elif name in SETTABLE_LIMITS and isinstance(row[name], str):  # a CSV cell
-            row[name] = _from_text(row[name], SETTABLE_LIMITS[name])
+        elif name in OVERRIDES and isinstance(row[name], str):  # a CSV cell
+            row[name] = _from_text(row[name], OVERRIDES[name].kind)
     values, problems = check_table(ROW, row, types=JSON_TYPES)
     if problems:
         raise BadRow([p.replace(message=f"`{p.field}` {p.message}", line=line) for p in problems])
@@ -382,16 +379,22 @@ def task_from_row(row: dict[str, Any], line: int) -> Task:
         line=line,
         additional_args=args,
         expected=values.get("expected"),
-        overrides={k: v for k, v in values.items() if k in SETTABLE_LIMITS},
+        overrides={k: OVERRIDES[k].value(v) for k, v in values.items() if k in OVERRIDES},
         metadata=values.get("metadata"),
     )
 
 
 def _from_text(value: str, kind: type) -> Any:
+    """A CSV cell as the option's type: a number, true/false; else the text as written
+    (refused by the schema if it is not text it may be)."""
+    if kind is bool and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if kind not in (int, float):
+        return value
     try:
         return float(value) if kind is float else int(value)
     except ValueError:
-        return value  # refused by the schema, as written
+        return value
 
 
 def _row_problem(problem: Problem) -> str:

@@ -17,7 +17,7 @@ from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import BatchObservers, run_batch
 from ..batch.sources import parse_fields, split_ids
 from ..defaults import fill
-from ..spec import SETTABLE_LIMITS
+from ..options import options_for
 from . import signals
 from .batch_display import BatchDisplay
 from .cluster import add_ray_option, leave_cluster, ray_batch
@@ -25,13 +25,20 @@ from .common import add_run_options, spec_from_args, tidy_store
 from .output import say
 from .parser import HELP
 
-#: The per-task limits a tasks row may set, from the code (`timeout` is read as
-#: `timeout_seconds`), wrapped under their field name.
-_LIMITS = textwrap.fill(
-    ", ".join(f"{n} (or timeout)" if n == "timeout_seconds" else n for n in SETTABLE_LIMITS),
-    width=90,
-    initial_indent="  " + "per-task limits".ljust(17),
-    subsequent_indent=" " * 19,
+#: The run options a tasks row may set for its task (`options.RUN_OPTIONS`; `timeout` is
+#: read as `timeout_seconds`), the limits, then any others, wrapped under their field name.
+_OVERRIDES = "\n".join(
+    textwrap.fill(
+        ", ".join(o.name + "".join(f" (or {a})" for a in o.aliases) for o in chosen),
+        width=90,
+        initial_indent="  " + label.ljust(17),
+        subsequent_indent=" " * 19,
+    )
+    for label, chosen in (
+        ("per-task limits", [o for o in options_for("task") if o.limit]),
+        ("per-task options", [o for o in options_for("task") if not o.limit]),
+    )
+    if chosen
 )
 EPILOG = f"""\
 Tasks: a JSONL (one object a line), CSV (header row), JSON (an array) or Parquet file, a
@@ -43,7 +50,7 @@ TASKS.fields.toml beside the data; then other columns are kept under metadata):
   task             the task text (required)
   additional_args  object handed to the agent (CSV: JSON, or one args.NAME column each)
   expected         expected answer (a list means any of them)
-{_LIMITS}
+{_OVERRIDES}
   metadata         anything else, as an object (kept, shown to user scorers)
 
 Resume: run the same command again with the same --output directory. Finished tasks are
@@ -81,7 +88,7 @@ def add_batch_parser(sub: Any) -> None:
         help="batch directory, created; the same one resumes (default: "
         "./batches/PAYLOAD-TASKS, from the payload folder's name and the tasks file's stem)",
     )
-    add_run_options(p)
+    add_run_options(p, "batch")
     _add_dataset_options(p)
     _add_pace_options(p)
     _add_scoring_options(p)

@@ -59,7 +59,7 @@ def add_run_parser(sub: Any) -> None:
         help="a program: replaces the task of its first agent run (also in "
         "$ORCHESTRATOR_TASK); a payload: the same as the task argument",
     )
-    add_run_options(p)
+    add_run_options(p, "run")
     p.add_argument(
         "--arg",
         action="append",

@@ -13,13 +13,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from orchestrator_runtime.protocol import ENV_NAME_RE
 
-from ..defaults import NETWORK_MODES, SANDBOX_RUNTIME
 from ..errors import ConfigError, OrchestratorError, Problem
+from ..options import from_schedule, options_for, schedule_fields
 from ..payloads.manifest import payload_path
-from ..policy import hosts_field
-from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8
-from ..spec import SETTABLE_LIMITS_TABLE, RunSpec
+from ..spec import RunSpec
 from .cron import Cron, describe_next_times, parse_duration
 from .notify_table import NOTIFY_TABLE, Notify, parse_notify
 
@@ -77,29 +75,17 @@ SCHEDULE = Table(
         ),
         "task": Field(str),
         "task_file": Field(str),
-        "model": Field(str),
-        "api_base": Field(str),
-        "model_key_env": Field(str),
-        "backend": Field(str, choices=backend_names),  # None: the payload's, else the default
-        "network": Field(str, choices=NETWORK_MODES),
-        "sandbox_runtime": SANDBOX_RUNTIME,  # None: the payload's, else auto
-        "allow_hosts": hosts_field(
-            "List DNS names (api.example.com, *.example.com); for a model server on this "
-            'machine set `api_base = "http://127.0.0.1:PORT/v1"` instead.'
-        ),
-        "limits": Field(dict, table=SETTABLE_LIMITS_TABLE),
+        **schedule_fields(),  # the run options (options.RUN_OPTIONS), limits in `limits`
         "secrets": Field(
             list,
             items=Field(str, pattern=ENV_NAME_RE, fix="Each must be an environment variable name."),
         ),
-        "env_file": Field(str),
         "additional_args": Field(dict),
         "concurrency": Field(str, choices=CONCURRENCY),
         "missed": Field(str, choices=MISSED),
         "missed_deadline": Field((str, int, float)),
         "notify": Field(dict, table=NOTIFY_TABLE),
         "enabled": Field(bool),
-        "gateway": Field(bool),
     }
 )
 
@@ -123,25 +109,17 @@ class Schedule:
     source: Path
     task: str | None = None
     task_file: Path | None = None
-    #: None: the payload's default (mock; a program's own models).
-    model: str | None = None
-    api_base: str | None = None
-    model_key_env: str | None = None
-    backend: str | None = None
-    network: str | None = None
-    sandbox_runtime: str | None = None
-    allow_hosts: tuple[str, ...] = ()
-    limits: dict[str, Any] = field(default_factory=dict)
+    #: The run options the table sets (`options.RUN_OPTIONS`), as RunSpec fields (a path
+    #: made absolute); one it leaves out is the payload's, else the default (the model: mock
+    #: for a payload, a program's own models).
+    run_options: dict[str, Any] = field(default_factory=dict)
     secrets: tuple[str, ...] = ()
-    env_file: Path | None = None
     additional_args: dict[str, Any] | None = None
     concurrency: str = "forbid"
     missed: str = "skip"
     missed_deadline: float | None = None
     notify: Notify | None = None
     enabled: bool = True
-    #: false: no model gateway, the key goes into the sandbox (`--no-gateway`).
-    gateway: bool = True
 
     def read_task(self) -> str | None:
         """The task, read from `task_file` at firing time so edits need no reinstall."""
@@ -164,19 +142,10 @@ class Schedule:
         return RunSpec(
             payload=self.payload,
             task=self.read_task(),
-            model=self.model,
-            api_base=self.api_base,
-            model_key_env=self.model_key_env,
             additional_args=self.additional_args,
-            backend=self.backend,
-            network=self.network,
-            sandbox_runtime=self.sandbox_runtime,
-            allow_hosts=self.allow_hosts,
-            gateway=self.gateway,
-            env_file=self.env_file or self.source.parent / ".env",
             schedule=self.name,
             run_id=run_id,
-            **self.limits,
+            **{"env_file": self.source.parent / ".env", **self.run_options},
         )
 
     def check_secrets(self, prepared: PreparedRun | None = None) -> None:
@@ -370,7 +339,10 @@ def _parse_schedule(
     task_file = local_path("task_file")
     if "task" in t and "task_file" in t:
         bad("task_file", "give either `task` or `task_file`, not both")
-    env_file = local_path("env_file")
+    run_options = from_schedule(values)
+    for option in options_for("schedule"):
+        if option.path and option.name in run_options:
+            run_options[option.name] = local_path(option.name)
     deadline: float | None = None
     if "missed_deadline" in values:
         try:
@@ -389,23 +361,14 @@ def _parse_schedule(
         source=path,
         task=values.get("task"),
         task_file=task_file,
-        model=values.get("model") or None,
-        api_base=values.get("api_base"),
-        model_key_env=values.get("model_key_env"),
-        backend=values.get("backend"),
-        network=values.get("network"),
-        sandbox_runtime=values.get("sandbox_runtime"),
-        allow_hosts=tuple(values.get("allow_hosts", ())),
-        limits=dict(values.get("limits", {})),
+        run_options=run_options,
         secrets=tuple(values.get("secrets", ())),
-        env_file=env_file,
         additional_args=values.get("additional_args"),
         concurrency=values.get("concurrency", "forbid"),
         missed=values.get("missed", "skip"),
         missed_deadline=deadline,
         notify=notify,
         enabled=values.get("enabled", True),
-        gateway=values.get("gateway", True),
     )
     if check_payloads:
         errors.extend(
