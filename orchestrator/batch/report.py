@@ -151,6 +151,9 @@ def task_rows(out: BatchDir) -> list[dict[str, Any]]:
             "run_id": raw.get("run_id"),
             "record_dir": raw.get("record_dir"),
         }
+        for several in ("scores", "grade"):  # several scorers; a judge's grade (`grading.py`)
+            if raw.get(several) is not None:
+                row[several] = raw[several]
         row["verdict"] = verdict(row)
         rows.append(row)
     return rows
