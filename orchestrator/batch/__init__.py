@@ -7,8 +7,9 @@ prepared with the single-run API (`lifecycle.runner.prepare`) and handed to an e
 rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
 is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
-statistics, `grading.py` several scorers together, `judge.py` the model scorer's judge, `report.py` a batch read back, `rescore.py` recorded answers scored again,
-`compare.py` two batches paired.
+statistics, `grading.py` several scorers together, `judge.py` the model scorer's judge,
+`report.py` a batch read back, `rescore.py` recorded answers scored again, `compare.py` two
+batches paired.
 """
 
 from .output import BatchDir, BatchLocked

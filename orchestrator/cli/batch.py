@@ -237,6 +237,7 @@ def _add_spend_options(p: argparse.ArgumentParser) -> None:
 
 
 def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
+    scorers = args.scorer or ["exact"]
     return BatchSpec(
         tasks=args.tasks,
         output=args.output,
@@ -245,7 +246,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         if args.concurrency == "auto"
         else fill({"concurrency": args.concurrency})["concurrency"],
         adapt=not args.fixed_concurrency,
-        scorer=args.scorer[0] if len(args.scorer or []) == 1 else tuple(args.scorer or ["exact"]),
+        scorer=scorers[0] if len(scorers) == 1 else tuple(scorers),
         judge=judge_from_args(args),
         tolerance=args.tolerance,
         max_attempts=args.max_attempts,
