@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import re
 import secrets
+from dataclasses import MISSING, fields
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.batch import BatchSummary
 from orchestrator.batch.grading import Scoring
 from orchestrator.batch.judge import (
     DEFAULT_TEMPLATE,
@@ -68,6 +70,13 @@ def judge_server() -> Any:
 def options(server: ScriptedModelServer, env: Path, **kw: Any) -> JudgeOptions:
     return JudgeOptions(JUDGE, server.api_base(), env_file=env, **kw)
 
+
+#: A summary's required fields, any values.
+SUMMARY: dict[str, Any] = {
+    f.name: None
+    for f in fields(BatchSummary)
+    if f.default is MISSING and f.default_factory is MISSING
+}
 
 # -- the grade, the template ------------------------------------------------------------------
 
@@ -160,6 +169,20 @@ def test_grades_are_cached_an_unparseable_one_is_unscored_and_a_failed_call_is_n
     assert scoring.score(task, "failed", None).scores == {"exact": 0.0, "model": 0.0}
     assert scoring.score({"id": "x", "task": "?"}, "succeeded", 1).score is None
     assert len(judge_server.requests) == calls
+
+
+def test_one_scorer_adds_nothing_to_a_result_line_or_the_summary(tmp_path: Path) -> None:
+    """A batch with one scorer looks as it always did: `score` (and `score_error`) only."""
+    one = Scoring(["exact"], tolerance=1e-6, judge=None, folder=tmp_path)
+    assert one.score({"id": "a", "expected": 7}, "succeeded", "7").fields() == {}
+    failing = tmp_path / "boom.py"
+    failing.write_text("def score(answer, expected):\n    raise RuntimeError('no')\n")
+    broken = Scoring([f"{failing}:score"], tolerance=1e-6, judge=None, folder=tmp_path)
+    assert broken.score({"id": "a", "expected": 7}, "succeeded", 7).fields() == {
+        "score_error": "RuntimeError: no"
+    }
+    assert "scorers" not in BatchSummary(**SUMMARY).to_dict()
+    assert BatchSummary(**SUMMARY, scorers={"exact": {}}).to_dict()["scorers"] == {"exact": {}}
 
 
 def test_a_model_scorer_needs_a_judge_and_a_judge_needs_the_model_scorer(tmp_path: Path) -> None:

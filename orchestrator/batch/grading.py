@@ -6,6 +6,7 @@ gets `grade`: the judge, its full reply, the letter parsed and why there is none
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -50,7 +51,8 @@ class Scored:
             extra["score_error"] = self.error
         if len(self.scores) > 1:
             extra["scores"] = self.scores
-            others = {k: v for k, v in self.errors.items() if v != self.error}
+            first = next(iter(self.scores))
+            others = {k: v for k, v in self.errors.items() if k != first}
             if others:
                 extra["score_errors"] = others
         if self.grade is not None:
@@ -88,6 +90,9 @@ class Scoring:
             self.judge, self.cache = Judge(judge), GradeCache(folder)
         self.on_call = on_call
         self.by = by
+        self._lock = threading.Lock()
+        #: A lock per grade being asked for.
+        self._asking: dict[str, threading.Lock] = {}
         #: Said when the grade cache cannot be written (the grade itself is kept).
         self.message: Callable[[str], None] = lambda _text: None
 
@@ -123,9 +128,16 @@ class Scoring:
     def grade(self, task: dict[str, Any], answer: Any) -> tuple[float | None, str | None, Any]:
         """The judge's score, why there is none, and the grade record: from the cache when
         the same answer, expected answer, template and judge were graded before."""
+        assert self.judge is not None
+        key = self.judge.key_for(answer, task.get("expected"))
+        with self._lock:  # the same answer graded by two workers at once is paid once
+            asking = self._asking.setdefault(key, threading.Lock())
+        with asking:
+            return self._grade(task, answer, key)
+
+    def _grade(self, task: dict[str, Any], answer: Any, key: str) -> tuple[Any, Any, Any]:
         assert self.judge is not None and self.cache is not None
         judge, expected = self.judge, task.get("expected")
-        key = judge.key_for(answer, expected)
         line = self.cache.get(key)
         cached = line is not None
         if line is None:

@@ -139,4 +139,6 @@ def print_report(report: BatchReport, *, every: bool) -> None:
         print(f"    expected: {clip(row['expected'])}")
         if row["error"]:
             print(f"    error:    {clip(row['error'])}")
+        if row.get("grade") and row["grade"].get("text"):
+            print(f"    judge:    {clip(row['grade']['text'])}")
     sys.stdout.flush()
