@@ -15,17 +15,20 @@ from typing import Any
 
 import pytest
 
-from orchestrator.batch import BatchSummary
+from orchestrator.batch import BatchSpec, BatchSummary, plan_batch
+from orchestrator.batch.budget import BUDGET_EXCEEDED, Spend
 from orchestrator.batch.grading import Scoring
 from orchestrator.batch.judge import (
     DEFAULT_TEMPLATE,
     JUDGE_FILE,
     Judge,
     JudgeOptions,
+    JudgeReply,
     parse_grade,
     render,
 )
 from orchestrator.errors import ConfigError
+from orchestrator.spec import RunSpec, StopRequest
 
 from .conftest import cli, files_holding
 from .model_server import ScriptedModelServer
@@ -193,6 +196,46 @@ def test_a_model_scorer_needs_a_judge_and_a_judge_needs_the_model_scorer(tmp_pat
     proc = cli("batch", str(MATH), str(tasks), "-o", str(out), "--judge", JUDGE)
     assert proc.returncode == 2 and "--judge is used only by --scorer model" in proc.stderr
     assert not out.exists()
+
+
+def test_the_judges_calls_count_against_the_batchs_caps_in_this_session_and_the_next(
+    tmp_path: Path, judge_key: tuple[str, Path], judge_server: ScriptedModelServer
+) -> None:
+    """--max-cost counts each judge call at the judge's --price; the calls recorded in
+    judge.jsonl count again when the batch resumes."""
+    _, env = judge_key
+    spec = BatchSpec(
+        tasks=write_jsonl(tmp_path / "tasks.jsonl", math_rows(2)),
+        output=tmp_path / "out",
+        run=RunSpec(payload=MATH),
+        scorer=("exact", "model"),
+        judge=options(judge_server, env),
+        max_cost="0.0003",
+        prices={JUDGE: ("1", "2")},
+    )
+    plan = plan_batch(spec)
+    assert plan.judge_pricing is not None and plan.judge_pricing.source == "--price"
+    assert plan.fingerprint["scorer"] == ["exact", "model"]
+    assert plan.fingerprint["judge"].startswith(JUDGE)
+
+    def spend_now() -> tuple[Spend, list[str]]:
+        reasons: list[str] = []
+        made = Spend(spec, plan, [], stop=StopRequest(), on_reached=reasons.append, message=print)
+        return made, reasons
+
+    spend, reasons = spend_now()
+    reply = JudgeReply("GRADE: C", 100, 50, "judge-1", False)
+    assert spend.judged(reply) == Decimal("0.0002") and spend.spent == 150
+    assert reasons == []
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / JUDGE_FILE).write_text(
+        json.dumps({"key": "k", "tokens": {"input": 100, "output": 50}, "cost_usd": "0.0002"})
+        + "\n"
+    )
+    again, reasons = spend_now()  # the next session starts from what the judge spent
+    assert again.spent == 150 and again.cost == Decimal("0.0002")
+    again.judged(reply)
+    assert reasons == [BUDGET_EXCEEDED] and again.cost == Decimal("0.0004")
 
 
 # -- a whole batch ----------------------------------------------------------------------------
