@@ -132,6 +132,15 @@ def test_the_judge_is_called_through_a_gateway_that_swaps_a_token_for_its_key(
     assert not reply.usage_unknown and reply.model == "judge-1"
 
 
+def test_a_reply_that_holds_the_judges_key_is_recorded_masked(
+    judge_key: tuple[str, Path],
+) -> None:
+    key, env = judge_key
+    with ScriptedModelServer([f"The header said {key}. GRADE: C"]) as leaky:
+        reply = Judge(options(leaky, env)).ask("?")
+    assert reply.text == "The header said ***. GRADE: C"
+
+
 def test_grades_are_cached_an_unparseable_one_is_unscored_and_a_failed_call_is_not_kept(
     tmp_path: Path, judge_key: tuple[str, Path], judge_server: ScriptedModelServer
 ) -> None:

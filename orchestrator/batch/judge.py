@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from orchestrator_runtime.masking import Masker
+
 from ..errors import ConfigError
 from ..models import ModelSpec, parse_model
 from ..payloads.secrets import resolve_secrets
@@ -231,8 +233,9 @@ class Judge:
             text = reply["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             raise JudgeError(f"the judge's reply is not a chat completion ({exc!r})") from None
+        text = text if isinstance(text, str) else json.dumps(text)
         return JudgeReply(
-            text=text if isinstance(text, str) else json.dumps(text),
+            text=Masker([self._key] if self._key else [])(text),  # as a run's record is
             input_tokens=int(call.get("input_tokens") or 0),
             output_tokens=int(call.get("output_tokens") or 0),
             model=call.get("model"),
