@@ -132,6 +132,21 @@ def test_the_judge_is_called_through_a_gateway_that_swaps_a_token_for_its_key(
     assert not reply.usage_unknown and reply.model == "judge-1"
 
 
+def test_the_judges_key_may_come_from_a_variable_of_its_own(
+    tmp_path: Path, judge_server: ScriptedModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("JUDGE_KEY", raising=False)
+    env = tmp_path / "other.env"
+    env.write_text("JUDGE_KEY=sk-judge-own\n")
+    chosen = JudgeOptions(JUDGE, judge_server.api_base(), env_file=env, key_env="JUDGE_KEY")
+    Judge(chosen).ask(render(DEFAULT_TEMPLATE, question="q", expected=1, answer=1))
+    assert judge_server.requests[-1]["headers"]["Authorization"] == "Bearer sk-judge-own"
+    with pytest.raises(ConfigError, match="Missing secret JUDGE_KEY"):
+        JudgeOptions(
+            JUDGE, judge_server.api_base(), env_file=env.with_name("x"), key_env="JUDGE_KEY"
+        ).check()
+
+
 def test_a_reply_that_holds_the_judges_key_is_recorded_masked(
     judge_key: tuple[str, Path],
 ) -> None:

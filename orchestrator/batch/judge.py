@@ -95,17 +95,19 @@ class JudgeError(Exception):
 @dataclass(frozen=True)
 class JudgeOptions:
     """The judge as the user gave it: `provider:id` (as --model), its endpoint, a template
-    file (None: `DEFAULT_TEMPLATE`) and where secrets are read (`.env`)."""
+    file (None: `DEFAULT_TEMPLATE`), where secrets are read (`.env`) and its key's variable."""
 
     model: str
     api_base: str | None = None
     template: str | Path | None = None
     env_file: str | Path | None = None
+    #: The variable its key is read from (None: its provider's, as --model's).
+    key_env: str | None = None
 
     def spec(self) -> ModelSpec:
         """The judge's model (ConfigError, exit 2: unknown or not a chat-completions one)."""
         try:
-            model = parse_model(self.model, api_base=self.api_base)
+            model = parse_model(self.model, api_base=self.api_base, credential_env=self.key_env)
         except ConfigError as exc:
             raise ConfigError(exc.cause.replace("--model", "--judge"), exc.fix) from exc
         if model.provider not in JUDGE_PROVIDERS:
@@ -118,7 +120,7 @@ class JudgeOptions:
         if model.provider == "hf" and not model.api_base:
             from ..gateway import HF_ROUTER
 
-            model = parse_model(self.model, api_base=HF_ROUTER)
+            model = parse_model(self.model, api_base=HF_ROUTER, credential_env=self.key_env)
         return model
 
     def read_template(self) -> str:

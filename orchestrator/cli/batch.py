@@ -159,6 +159,11 @@ def add_judge_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--judge-api-base", metavar="URL", help="the judge's endpoint (as --api-base)")
     p.add_argument(
+        "--judge-key-env",
+        metavar="NAME",
+        help="the variable holding the judge's key (default: its provider's, e.g. OPENAI_API_KEY)",
+    )
+    p.add_argument(
         "--judge-template",
         metavar="FILE",
         help="the grading prompt, with {question}, {expected} and {answer}; the judge ends "
@@ -170,7 +175,9 @@ def add_judge_options(p: argparse.ArgumentParser) -> None:
 def judge_from_args(args: argparse.Namespace) -> JudgeOptions | None:
     if not args.judge:
         return None
-    return JudgeOptions(args.judge, args.judge_api_base, args.judge_template, args.env_file)
+    return JudgeOptions(
+        args.judge, args.judge_api_base, args.judge_template, args.env_file, args.judge_key_env
+    )
 
 
 # ---------------------------------------------------------------------------------------------
