@@ -8,9 +8,9 @@ and the field mapping, `plan.py` the batch as data and its up-front checks,
 rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
 is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
-statistics, `report.py` a batch read back, `rescore.py` recorded answers scored again,
-`compare.py` two batches paired, `evaluate.py` a batch from keyword arguments
-(`orchestrator.evaluate`).
+statistics, `grading.py` several scorers together, `judge.py` the model scorer's judge,
+`report.py` a batch read back, `rescore.py` recorded answers scored again, `compare.py` two
+batches paired, `evaluate.py` a batch from keyword arguments (`orchestrator.evaluate`).
 """
 
 from .output import BatchDir, BatchLocked

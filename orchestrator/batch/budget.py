@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..spec import HostErrorType, RunResult, StopRequest, host_error
+from .judge import JudgeReply, judge_spent
 from .output import BatchDir
 from .plan import BatchPlan, BatchSpec
 from .prices import CallPrices, Pricing, check_prices, model_key, parse_max_cost
@@ -72,19 +73,25 @@ def usd(amount: Decimal | float) -> str:
 
 
 def spend_summary(
-    entries: Iterable[dict[str, Any]], plan: BatchPlan, spec: BatchSpec, stop_reason: str | None
+    entries: Iterable[dict[str, Any]],
+    plan: BatchPlan,
+    spec: BatchSpec,
+    stop_reason: str | None,
+    folder: Path | None = None,
 ) -> dict[str, Any]:
     """`summary.json`'s `spend`: the caps (None: none), the tokens all attempts spent, where
     the figures come from (`gateway`, `sandbox` or `mixed`), their cost and the price it was
     counted at (None without --max-cost), calls whose cost could not be counted, whether a
     cap was reached and which stopped the batch (`max_total_tokens`, `max_cost`, or
     `uncounted`: a call's cost was unknown), and how many running attempts it stopped (they
-    run again on resume)."""
+    run again on resume). With a judge (`--scorer model`), its calls (`judge.jsonl`) count in
+    the tokens and cost, and `judge` says how much was theirs."""
     ended = ended_attempts(entries, {t.id for t in plan.file.tasks})
-    spent = tokens_spent(ended)
+    judged = judge_spent(folder, plan.judge_pricing) if folder is not None else (0, Decimal(0), 0)
+    spent = tokens_spent(ended) + judged[0]
     sources = {str(e.get("tokens_source") or "sandbox") for e in ended}
     max_cost = parse_max_cost(spec.max_cost) if spec.max_cost is not None else None
-    cost = cost_spent(ended, plan.pricing) if plan.pricing is not None else None
+    cost = cost_spent(ended, plan.pricing) + judged[1] if plan.pricing is not None else None
     uncounted = sum(int(e.get("uncounted_calls") or 0) for e in ended)
     reached = [
         name
@@ -97,7 +104,9 @@ def spend_summary(
     stopped_by = None
     if stop_reason == BUDGET_EXCEEDED:
         stopped_by = reached[0] if reached else "uncounted" if uncounted else None
+    judge = {"calls": judged[2], "tokens": judged[0], "cost_usd": float(judged[1])}
     return {
+        **({"judge": judge} if judged[2] else {}),
         "max_total_tokens": spec.max_total_tokens,
         "tokens": spent,
         "source": sources.pop() if len(sources) == 1 else ("mixed" if sources else "sandbox"),
@@ -117,12 +126,16 @@ def cap_reached_before(spec: BatchSpec, plan: BatchPlan) -> bool:
         return False
     assert spec.output is not None
     ended = ended_attempts(BatchDir(Path(spec.output)).load_attempts(), set(plan.prepared))
-    if spec.max_total_tokens is not None and tokens_spent(ended) >= spec.max_total_tokens:
+    judged_tokens, judged_cost, _ = judge_spent(spec.output, plan.judge_pricing)
+    if (
+        spec.max_total_tokens is not None
+        and tokens_spent(ended) + judged_tokens >= spec.max_total_tokens
+    ):
         return True
     return (
         spec.max_cost is not None
         and plan.pricing is not None
-        and cost_spent(ended, plan.pricing) >= parse_max_cost(spec.max_cost)
+        and cost_spent(ended, plan.pricing) + judged_cost >= parse_max_cost(spec.max_cost)
     )
 
 
@@ -153,8 +166,12 @@ class Spend:
         self.on_reached = on_reached
         self.message = message
         before = ended_attempts(earlier, set(plan.prepared))
-        self._done = tokens_spent(before)
+        #: The judge's price (`--scorer model` under --max-cost), and what it spent before.
+        self.judge_pricing = plan.judge_pricing
+        judged = judge_spent(spec.output, plan.judge_pricing) if spec.output else (0, Decimal(0))
+        self._done = tokens_spent(before) + judged[0]
         self._done_cost = cost_spent(before, self.pricing) if self.pricing else Decimal(0)
+        self._done_cost += judged[1] if self.pricing else Decimal(0)
         self._live: dict[str, int] = {}
         self._live_cost: dict[str, Decimal] = {}
         #: Calls whose cost could not be counted, per running run; why the first one could not.
@@ -217,6 +234,25 @@ class Spend:
             self.check()
 
         return on_event
+
+    def judged(self, reply: JudgeReply) -> Decimal | None:
+        """A judge call (`--scorer model`, made on the host through the batch's gateway)
+        counted: its measured tokens, and with --max-cost its cost at the judge's price
+        (returned; None without --max-cost). A call whose tokens could not be measured
+        stops the batch under --max-cost, as a run's would."""
+        inp, out = reply.input_tokens, reply.output_tokens
+        cost = self.judge_pricing.cost(inp, out) if self.judge_pricing else Decimal(0)
+        why = None
+        if reply.usage_unknown and self.prices is not None:
+            why = "a judge call's tokens could not be measured (the judge's answer reported "
+            why += "no usage)"
+        with self._lock:
+            self._done += inp + out
+            self._done_cost += cost
+            if why:
+                self._uncounted_why = self._uncounted_why or why
+        self.check()
+        return cost if self.judge_pricing is not None else None
 
     def cost_of(self, named: Any, inp: int, out: int) -> tuple[Decimal, str | None]:
         """A call's cost at the price of the model it names, and why it cannot be counted

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ from ..spec import RunResult
 from .budget import BUDGET_EXCEEDED, spend_summary
 from .output import FINISHED, BatchDir
 from .plan import BatchPlan, BatchSpec, BatchSummary
-from .scoring import Scorer, percentile, wilson_interval
+from .scoring import percentile, scorer_names, wilson_interval
 from .tasks import Task
 
 
@@ -93,28 +92,6 @@ def result_row(
     }
 
 
-def score_of(scorer: Scorer, task: Task, result: RunResult) -> float | None:
-    """None without an expected answer or when the infrastructure failed (not the agent's
-    doing); 0 for an agent that failed, timed out or ran out of memory; else the scorer's
-    (raises what it raises)."""
-    if task.expected is None or result.status not in FINISHED:
-        return None
-    if result.status != "succeeded":
-        return 0.0
-    return scorer(result.answer, task.expected, task.row())
-
-
-def scored(
-    scorer: Scorer, task: Task, result: RunResult, message: Callable[[str], None]
-) -> tuple[float | None, str | None]:
-    """The task's score (`score_of`), and what went wrong if the scorer failed (said too)."""
-    try:
-        return score_of(scorer, task, result), None
-    except Exception as exc:
-        message(f"task {task.id}: the scorer failed: {type(exc).__name__}: {exc}")
-        return None, f"{type(exc).__name__}: {exc}"
-
-
 @dataclass(frozen=True)
 class SessionFacts:
     """What one session of a batch knows of itself when it writes the summary.
@@ -143,6 +120,7 @@ def summarize(
     """The summary of a batch whose recorded task lines are `rows` (in the tasks file's
     order), after the session `session`."""
     stop_reason, write_error, started = session.stop_reason, session.write_error, session.started
+    names = scorer_names(spec.scorer)
     tasks = {t.id for t in plan.file.tasks}
     counts = {status: 0 for status in (*FINISHED, "infra_error")}
     counts.update(Counter(row["status"] for row in rows))
@@ -180,7 +158,8 @@ def summarize(
         tasks_file=str(plan.file.path),
         payload=first.manifest.name,
         model=first.model.describe(),
-        scorer=spec.scorer,
+        scorer=names[0],
+        scorers=scorer_figures(names, rows) if len(names) > 1 else {},
         total=len(tasks),
         counts=counts,
         pending=len(tasks) - len(rows),
@@ -201,7 +180,7 @@ def summarize(
         cancelled=cancelled,
         skipped_lines=[asdict(b) for b in plan.file.bad_lines],
         stop_reason=stop_reason,
-        spend=spend_summary(entries, plan, spec, stop_reason),
+        spend=spend_summary(entries, plan, spec, stop_reason, out.path),
         session={
             "number": session.number,
             "started_at": started,
@@ -213,6 +192,23 @@ def summarize(
         },
         concurrency=session.concurrency,
     )
+
+
+def scorer_figures(names: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each scorer's figures of a batch scored several ways (`--scorer A --scorer B`): how
+    many it scored, their sum, its accuracy and 95 % Wilson interval."""
+    figures = {}
+    for name in names:
+        own = [(row.get("scores") or {}).get(name) for row in rows]
+        scores = [float(s) for s in own if s is not None]
+        correct = sum(scores)
+        figures[name] = {
+            "scored": len(scores),
+            "correct": correct,
+            "accuracy": correct / len(scores) if scores else None,
+            "accuracy_ci95": list(wilson_interval(correct, len(scores))) if scores else None,
+        }
+    return figures
 
 
 def tokens_source(rows: list[dict[str, Any]]) -> str:

@@ -15,8 +15,9 @@ from ..execution.pool import MAX_SIZE
 from ..lifecycle.runner import PreparedRun, RunObservers, prepare
 from ..records.store import Store
 from ..spec import PAYLOAD_ERROR, RunSpec
-from .prices import Pricing, plan_pricing
-from .scoring import make_scorer
+from .judge import JudgeOptions
+from .prices import Pricing, check_prices, model_key, plan_pricing, pricing_for
+from .scoring import MODEL_SCORER, make_scorer, scorer_names
 from .sources import read_tasks
 from .tasks import (
     BadLine,
@@ -43,7 +44,8 @@ class BatchSpec:
     #: under it to what the host carries, unless `adapt` is False (then exactly this many).
     concurrency: int | None = None
     adapt: bool = True
-    scorer: str = "exact"
+    #: The scorer, or several in order (the first is the batch's score; `grading.py`).
+    scorer: str | tuple[str, ...] = "exact"
     tolerance: float = 1e-6
     #: Attempts per task for infrastructure faults (1 = no retry).
     max_attempts: int = 3
@@ -72,6 +74,8 @@ class BatchSpec:
     sample_ids: tuple[str, ...] = ()
     shuffle: int | None = None
     limit: int | None = None
+    #: The judge of the `model` scorer (`judge.py`); None: no model scorer.
+    judge: JudgeOptions | None = None
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:
@@ -151,6 +155,9 @@ class BatchSummary:
     spend: dict[str, Any] = field(default_factory=dict)
     #: How many ran at once (`AdaptiveLimit.describe`): mode, ceiling, the limit's changes.
     concurrency: dict[str, Any] = field(default_factory=dict)
+    #: With several scorers, each one's figures (`ledger.scorer_figures`); `scorer` and the
+    #: accuracy above are the first one's. Left out of `to_dict` for one scorer.
+    scorers: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -164,7 +171,10 @@ class BatchSummary:
         return 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not data["scorers"]:  # one scorer: summary.json as it always was
+            del data["scorers"]
+        return data
 
 
 @dataclass
@@ -174,6 +184,8 @@ class BatchPlan:
     fingerprint: dict[str, Any]
     #: The price --max-cost counts with (None: no cost cap).
     pricing: Pricing | None = None
+    #: The price the judge's calls count at (None: no cost cap, or no model scorer).
+    judge_pricing: Pricing | None = None
 
 
 def plan_batch(spec: BatchSpec) -> BatchPlan:
@@ -208,7 +220,7 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
             "Give the batch's token cap (input + output, all tasks), e.g. 2000000; leave it out "
             "for no cap.",
         )
-    make_scorer(spec.scorer, tolerance=spec.tolerance)  # a bad scorer fails now, not per task
+    names = check_scorers(spec)  # a bad scorer fails now, not per task
     file = read_tasks(
         spec.tasks,
         fields=spec.field_map,
@@ -258,18 +270,54 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         "allow_hosts": list(run.allow_hosts),
         "limits": asdict(template.limits),
         "allow_dangerous_imports": run.allow_dangerous_imports,
-        "scorer": spec.scorer,
-        "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
+        "scorer": names[0] if len(names) == 1 else names,
+        "tolerance": spec.tolerance if "numeric" in names else None,
     }
     if file.fields:  # only when set: batches started before mappings existed resume as they were
         fingerprint["fields"] = file.fields
+    judged = spec.judge if MODEL_SCORER in names else None
+    if judged is not None:
+        fingerprint.update(judged.fingerprint())
+    judge_key = model_key(judged.spec()) if judged is not None else None
+    judge_pricing = None
+    if spec.max_cost is not None and judged is not None:
+        judge_pricing = pricing_for(judged.spec(), check_prices(spec.prices))
     pricing = plan_pricing(
         spec.max_cost,
-        spec.prices,
+        {k: v for k, v in spec.prices.items() if spec.max_cost is None or k != judge_key},
         {t: p.model for t, p in prepared.items()},
         {t: None if p.gateway else (p.gateway_off or "no gateway") for t, p in prepared.items()},
     )
-    return BatchPlan(file=file, prepared=prepared, fingerprint=fingerprint, pricing=pricing)
+    return BatchPlan(
+        file=file,
+        prepared=prepared,
+        fingerprint=fingerprint,
+        pricing=pricing,
+        judge_pricing=judge_pricing,
+    )
+
+
+def check_scorers(spec: BatchSpec) -> list[str]:
+    """The batch's scorer names, each loadable, and the judge usable when `model` is one
+    (ConfigError, exit 2)."""
+    names = scorer_names(spec.scorer)
+    for name in names:
+        if name != MODEL_SCORER:
+            make_scorer(name, tolerance=spec.tolerance)
+    if MODEL_SCORER in names:
+        if spec.judge is None:
+            raise ConfigError(
+                "--scorer model needs a judge: the model that grades the answers.",
+                "Give --judge provider:id (as --model; with --judge-api-base for a server of "
+                "your own).",
+            )
+        spec.judge.check()
+    elif spec.judge is not None:
+        raise ConfigError(
+            "--judge is used only by --scorer model, which is not among the scorers.",
+            "Add --scorer model, or leave --judge out.",
+        )
+    return names
 
 
 def check_payload_loads(

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .output import FINISHED, BatchDir
-from .scoring import percentile, wilson_interval
+from .scoring import percentile, scorer_names, wilson_interval
 
 #: The order of a report: what needs a look first (then by line of the tasks file).
 RANK = {"failed": 0, "wrong": 1, "partial": 2, "unscored": 3, "correct": 4}
@@ -151,6 +151,9 @@ def task_rows(out: BatchDir) -> list[dict[str, Any]]:
             "run_id": raw.get("run_id"),
             "record_dir": raw.get("record_dir"),
         }
+        for several in ("scores", "grade"):  # several scorers; a judge's grade (`grading.py`)
+            if raw.get(several) is not None:
+                row[several] = raw[several]
         row["verdict"] = verdict(row)
         rows.append(row)
     return rows
@@ -174,7 +177,7 @@ def build_report(path: str | Path, rows: list[dict[str, Any]] | None = None) -> 
     return BatchReport(
         path=str(out.path),
         batch_id=str(meta.get("batch_id") or summary.get("batch_id") or out.path.name),
-        scorer=str(options.get("scorer") or summary.get("scorer") or "exact"),
+        scorer=str(scorer_names(options.get("scorer") or summary.get("scorer") or "exact")[0]),
         payload=str(summary.get("payload") or ""),
         model=str(summary.get("model") or ""),
         total=int(summary.get("total") or len(rows)),

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .output import FINISHED, atomic_write, safe_name
+from .grading import Scoring
+from .judge import JudgeOptions, JudgeReply
+from .output import atomic_write, safe_name
 from .report import BatchReport, build_report, open_batch_dir, task_rows, verdict
-from .scoring import make_scorer
+from .scoring import MODEL_SCORER
 from .sources import read_tasks
 from .tasks import TaskFileError
 
@@ -37,28 +39,42 @@ def _task_views(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def rescore(batch_dir: str | Path, scorer: str, *, tolerance: float = 1e-6) -> BatchReport:
+def rescore(
+    batch_dir: str | Path,
+    scorer: str,
+    *,
+    tolerance: float = 1e-6,
+    judge: JudgeOptions | None = None,
+) -> BatchReport:
     """Score every recorded answer again with `scorer` (the batch's rules: no expected answer
     or an infrastructure error is unscored, an agent that did not answer scores 0) and write
-    the report to `rescore_path`. Raises ConfigError (exit 2) for an unknown scorer or a
+    the report to `rescore_path`. `judge`: the `model` scorer's, whose grades come from the
+    batch's grade cache when the same answer, expected answer, template and judge were graded
+    before (new calls are added to it). Raises ConfigError (exit 2) for an unknown scorer or a
     folder that is not a batch."""
     out = open_batch_dir(batch_dir)
-    score = make_scorer(scorer, tolerance=tolerance)
+    calls: list[JudgeReply] = []
+    scoring = Scoring(
+        [scorer],
+        tolerance=tolerance,
+        judge=judge if scorer == MODEL_SCORER else None,
+        folder=out.path,
+        on_call=lambda reply: calls.append(reply),
+        by="rescore",
+    )
     tasks = _task_views(out.read_meta() or {})
     rows = task_rows(out)
     for row in rows:
         row.pop("score_error", None)
-        if row["expected"] is None or row["status"] not in FINISHED:
-            row["score"] = None
-        elif row["status"] != "succeeded":
-            row["score"] = 0.0
-        else:
-            task = tasks.get(row["id"]) or {"id": row["id"], "expected": row["expected"]}
-            try:
-                row["score"] = score(row["answer"], row["expected"], task)
-            except Exception as exc:  # one bad answer must not sink the others
-                row["score"] = None
-                row["error"] = f"the scorer failed: {type(exc).__name__}: {exc}"
+        task = tasks.get(row["id"]) or {"id": row["id"], "expected": row["expected"]}
+        task = {**task, "expected": row["expected"]}  # graded against what was recorded
+        scored = scoring.score(task, str(row["status"]), row["answer"])
+        row["score"] = scored.score
+        if scored.error:
+            failed = "" if scorer == MODEL_SCORER else "the scorer failed: "
+            row["error"] = failed + scored.error
+        if scored.grade is not None:
+            row["grade"] = scored.grade
         row["verdict"] = verdict(row)
     report = build_report(out.path, rows)
     report.rescored_from, report.scorer = report.scorer, scorer
@@ -68,5 +84,13 @@ def rescore(batch_dir: str | Path, scorer: str, *, tolerance: float = 1e-6) -> B
         "tolerance": tolerance if scorer == "numeric" else None,
         **report.to_dict(),
     }
+    if scoring.judge is not None:
+        graded = [r for r in rows if r.get("grade")]
+        document["judge"] = {
+            "judge": scoring.judge.describe,
+            "calls": len(calls),
+            "cached": sum(bool(r["grade"].get("cached")) for r in graded),
+            "tokens": sum(c.input_tokens + c.output_tokens for c in calls),
+        }
     atomic_write(rescore_path(out.path, scorer), json.dumps(document, indent=2, default=str) + "\n")
     return report

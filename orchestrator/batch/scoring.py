@@ -9,7 +9,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,15 @@ def score_numeric(answer: Any, expected: Any, tolerance: float) -> float:
 
 
 BUILTIN_SCORERS = ("exact", "contains", "numeric")
+
+#: The model-graded scorer (`grading.py`, `judge.py`): a judge model grades each answer.
+MODEL_SCORER = "model"
+
+
+def scorer_names(scorer: str | Sequence[str]) -> list[str]:
+    """A batch's scorers in order (`--scorer` once or several times), duplicates dropped."""
+    names = [scorer] if isinstance(scorer, str) else list(scorer)
+    return list(dict.fromkeys(names)) or ["exact"]
 
 
 def make_scorer(name: str, *, tolerance: float = 1e-6) -> Scorer:

@@ -49,7 +49,8 @@ from ..records.store import Store
 from ..spec import RunResult, StopRequest
 from .attempts import AttemptLog, infra_result, retrying
 from .budget import Spend, cap_reached_before
-from .ledger import SessionFacts, open_meta, result_row, scored, summarize
+from .grading import Scoring
+from .ledger import SessionFacts, open_meta, result_row, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
 from .pace import batch_limit, describe
 from .plan import (
@@ -61,7 +62,7 @@ from .plan import (
     default_output,
     plan_batch,
 )
-from .scoring import make_scorer
+from .scoring import MODEL_SCORER, scorer_names
 from .tasks import Task
 
 
@@ -150,7 +151,6 @@ class _BatchRun:
         self.monitor = observers.monitor
         self.message = observers.on_message or (lambda _text: None)
         self.on_result = observers.on_result
-        self.scorer = make_scorer(spec.scorer, tolerance=spec.tolerance)
         self.lock = threading.Lock()
         self.results: dict[str, dict[str, Any]] = {}
         self.attempts = AttemptLog(out, self.lock)  # counts and history, attempts.jsonl
@@ -169,6 +169,15 @@ class _BatchRun:
             on_reached=self.halt,
             message=self.message,
         )
+        #: The batch's scorers; the judge's calls count in its spend (`grading.py`).
+        self.scoring = Scoring(
+            scorer_names(spec.scorer),
+            tolerance=spec.tolerance,
+            judge=spec.judge,
+            folder=out.path,
+            on_call=self.spend.judged,
+        )
+        self.scoring.message = self.message
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -398,18 +407,21 @@ class _BatchRun:
     def record(
         self, task: Task, result: RunResult, history: list[dict[str, Any]], first_start: float
     ) -> None:
-        score, score_error = scored(self.scorer, task, result, self.message)
+        scored = self.scoring.score(task.row(), result.status, result.answer)
+        for name, why in scored.errors.items():
+            which = "the judge" if name == MODEL_SCORER else "the scorer"
+            which += f" ({name})" if len(scored.scores) > 1 and name != MODEL_SCORER else ""
+            self.message(f"task {task.id}: {which} failed: {why}")
         row = result_row(
             task,
             result,
-            score=score,
+            score=scored.score,
             attempts=self.attempts.counts[task.id],
             history=history,
             first_start=first_start,
             session=self.session,
         )
-        if score_error:
-            row["score_error"] = score_error
+        row.update(scored.fields())
         with self.lock:
             if task.id in self.results:  # cannot happen; never write a task twice
                 return

@@ -10,6 +10,7 @@ import textwrap
 from typing import Any
 
 from ..batch.budget import usd
+from ..batch.judge import JudgeOptions
 from ..batch.output import OutputWriteError
 from ..batch.plan import BatchSpec
 from ..batch.prices import PRICE_EXAMPLE, parse_price
@@ -174,16 +175,57 @@ def _add_scoring_options(p: argparse.ArgumentParser) -> None:
     """How an answer is scored."""
     p.add_argument(
         "--scorer",
-        default="exact",
-        help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function "
-        "(default: exact, after normalising case, spaces, quotes and a final full stop)",
+        action="append",
+        help=f"{', '.join(BUILTIN_SCORERS)}, model (a judge grades it: --judge), or "
+        "module:function / file.py:function (default: exact, after normalising case, spaces, "
+        "quotes and a final full stop); repeatable: the first is the batch's accuracy, every "
+        "one is recorded",
     )
+    add_judge_options(p)
     p.add_argument(
         "--tolerance",
         type=float,
         default=1e-6,
         help="numeric scorer: |answer - expected| <= T * max(1, |expected|) (default 1e-6)",
     )
+
+
+# -- the judge of --scorer model (`batch/judge.py`) ------------------------------------------
+
+
+def add_judge_options(p: argparse.ArgumentParser) -> None:
+    """The judge's model, endpoint and template (`batch` and `batch rescore`)."""
+    p.add_argument(
+        "--judge",
+        metavar="PROVIDER:ID",
+        help="the model that grades answers for --scorer model (as --model; an OpenAI-"
+        "compatible one), called on this host through a model gateway of the batch's own: its "
+        "key (read as a run's secrets) never enters a sandbox; its tokens count in the spend",
+    )
+    p.add_argument("--judge-api-base", metavar="URL", help="the judge's endpoint (as --api-base)")
+    p.add_argument(
+        "--judge-key-env",
+        metavar="NAME",
+        help="the variable holding the judge's key (default: its provider's, e.g. OPENAI_API_KEY)",
+    )
+    p.add_argument(
+        "--judge-template",
+        metavar="FILE",
+        help="the grading prompt, with {question}, {expected} and {answer}; the judge ends "
+        "its reply with GRADE: C (correct), P (partly) or I (default: Inspect AI's "
+        "model_graded_fact)",
+    )
+
+
+def judge_from_args(args: argparse.Namespace) -> JudgeOptions | None:
+    if not args.judge:
+        return None
+    return JudgeOptions(
+        args.judge, args.judge_api_base, args.judge_template, args.env_file, args.judge_key_env
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def _add_retry_options(p: argparse.ArgumentParser) -> None:
@@ -247,6 +289,7 @@ def _add_spend_options(p: argparse.ArgumentParser) -> None:
 
 
 def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
+    scorers = args.scorer or ["exact"]
     return BatchSpec(
         tasks=args.tasks,
         output=args.output,
@@ -255,7 +298,8 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         if args.concurrency == "auto"
         else fill({"concurrency": args.concurrency})["concurrency"],
         adapt=not args.fixed_concurrency,
-        scorer=args.scorer,
+        scorer=scorers[0] if len(scorers) == 1 else tuple(scorers),
+        judge=judge_from_args(args),
         tolerance=args.tolerance,
         max_attempts=args.max_attempts,
         backoff_seconds=args.backoff_seconds,

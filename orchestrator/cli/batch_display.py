@@ -177,6 +177,12 @@ class BatchDisplay:
             )
         else:
             table.add_row("accuracy", "n/a (no expected answers scored)")
+        for name, figures in list(s.scorers.items())[1:]:  # the first is the accuracy above
+            if figures["accuracy"] is not None:
+                share = f"{figures['correct']:g}/{figures['scored']}"
+                table.add_row(f"  {name}", f"{figures['accuracy']:.1%} ({share})")
+        if (judge := s.spend.get("judge")) is not None:
+            table.add_row("judge", f"{judge['calls']} call(s), {judge['tokens']} tokens")
         if s.duration_p50 is not None:
             table.add_row("duration", f"p50 {s.duration_p50:.1f}s · p95 {s.duration_p95:.1f}s")
         table.add_row(

@@ -13,6 +13,7 @@ from ..batch.report import BatchReport, build_report
 from ..batch.rescore import rescore, rescore_path
 from ..batch.scoring import BUILTIN_SCORERS
 from ..errors import OrchestratorError
+from .batch import add_judge_options, judge_from_args
 
 #: How much of an answer, expected answer or error a terminal line shows (--json and --csv
 #: have them whole).
@@ -46,9 +47,12 @@ def add_batch_verbs(sub: Any) -> None:
     again.add_argument(
         "--scorer",
         required=True,
-        help=f"{', '.join(BUILTIN_SCORERS)}, or module:function / file.py:function",
+        help=f"{', '.join(BUILTIN_SCORERS)}, model (--judge; grades already asked for are "
+        "read from DIR/judge.jsonl, not paid again), or module:function / file.py:function",
     )
     again.add_argument("--tolerance", type=float, default=1e-6, help="numeric scorer tolerance")
+    add_judge_options(again)
+    again.add_argument("--env-file", help="dotenv file the judge's key is read from (./.env)")
     again.add_argument("--json", action="store_true", help="the new report as JSON")
     again.add_argument("--csv", metavar="FILE", help="also write every task as a CSV row")
     again.set_defaults(handler=cmd_rescore)
@@ -60,7 +64,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_rescore(args: argparse.Namespace) -> int:
-    report = rescore(args.dir, args.scorer, tolerance=args.tolerance)
+    report = rescore(args.dir, args.scorer, tolerance=args.tolerance, judge=judge_from_args(args))
     code = show(report, args, every=False)
     if not args.json:
         print(f"written: {rescore_path(args.dir, args.scorer)}")
@@ -135,4 +139,6 @@ def print_report(report: BatchReport, *, every: bool) -> None:
         print(f"    expected: {clip(row['expected'])}")
         if row["error"]:
             print(f"    error:    {clip(row['error'])}")
+        if row.get("grade") and row["grade"].get("text"):
+            print(f"    judge:    {clip(row['grade']['text'])}")
     sys.stdout.flush()
