@@ -6,11 +6,14 @@ one docker test on a real batch with the mock model."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+import httpx
 import pytest
 
 from orchestrator.batch.export import export_batch
@@ -22,7 +25,7 @@ from orchestrator.batch.scoring import make_scorer
 from orchestrator.errors import ConfigError
 from orchestrator.spec import RunResult, RunSpec
 
-from .conftest import TEST_PAYLOADS, cli
+from .conftest import TEST_PAYLOADS, cli, wait_for
 
 pa = pytest.importorskip("pyarrow")
 parquet = pytest.importorskip("pyarrow.parquet")
@@ -32,7 +35,12 @@ MATH = TEST_PAYLOADS / "batch_math"
 
 TASKS = [
     {"id": "mul", "task": "6*7?", "additional_args": {"op": "mul", "a": 6, "b": 7}, "expected": 42},
-    {"id": "wrong", "task": "1+2?", "additional_args": {"op": "add", "a": 1, "b": 2}, "expected": 4},
+    {
+        "id": "wrong",
+        "task": "1+2?",
+        "additional_args": {"op": "add", "a": 1, "b": 2},
+        "expected": 4,
+    },
     {"id": "infra", "task": "2+2?", "expected": ["4", "four"]},
     {"id": "open", "task": "Say hi."},
 ]
@@ -135,9 +143,41 @@ def test_inspect_view_reads_the_header_and_a_json_log(batch_dir: Path, tmp_path:
     assert header.samples is None and header.results.total_samples == 5
     listed = inspect_log.list_eval_logs(str(path.parent))
     assert [Path(unquote(urlsplit(info.name).path)) for info in listed] == [path]
+    assert (listed[0].task, listed[0].task_id) == ("batch-math", header.eval.task_id)
     as_json = export_batch(batch_dir, "inspect", tmp_path / "log.json")
     assert json.loads(as_json.read_text())["eval"]["task"] == "batch_math"
     assert len(inspect_log.read_eval_log(str(as_json)).samples) == 5
+
+
+def test_inspect_view_serves_the_log(batch_dir: Path) -> None:
+    """`inspect view` itself (its server, as the browser app asks it) lists and serves it."""
+    path = export_batch(batch_dir, "inspect")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    inspect = Path(sys.executable).with_name("inspect")
+    command = [str(inspect), "view", "start", "--log-dir", str(path.parent), "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+
+        def listing() -> list[dict] | None:
+            try:
+                return httpx.get(f"{api}/logs", timeout=5).json()["files"]
+            except httpx.TransportError:
+                return None
+
+        files = wait_for(listing, 60)
+        assert [Path(unquote(urlsplit(f["name"]).path)) for f in files] == [path]
+        got = httpx.get(f"{api}/logs/{quote(str(path), safe='')}", timeout=30)
+        assert got.status_code == 200, got.text
+        log = got.json()
+        assert (log["eval"]["task"], len(log["samples"])) == ("batch_math", 5)
+        metrics = log["results"]["scores"][0]["metrics"]
+        assert metrics["accuracy"]["value"] == pytest.approx(0.25)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def test_parquet_has_one_typed_row_per_attempt(batch_dir: Path) -> None:

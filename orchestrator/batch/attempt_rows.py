@@ -173,10 +173,3 @@ def as_text(value: Any) -> str | None:
 
 def timestamp(seconds: float | None) -> datetime | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, timezone.utc)
-
-
-def inspect_model(description: str) -> str:
-    """Inspect's `provider/model` from our `provider:model (at ..., the program's ...)`."""
-    name = description.split(" ", 1)[0]
-    provider, _, model = name.partition(":")
-    return f"{provider}/{model}" if model else name

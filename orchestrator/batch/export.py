@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -97,23 +96,16 @@ def write_parquet(export: BatchExport, path: Path) -> Path:
 # -- Inspect AI ------------------------------------------------------------------------------
 
 
-def inspect_log_path(export: BatchExport) -> Path:
-    """Where an eval log goes by default: `BATCH/inspect/`, named as Inspect names its logs
-    (`<created>_<task>_<id>.eval`), so `inspect view --log-dir BATCH/inspect` lists it."""
-    created = timestamp(export.meta.get("created_at")) or datetime.now(timezone.utc)
-    stamp = created.strftime("%Y-%m-%dT%H-%M-%S+00-00")
-    task = re.sub(r"[^A-Za-z0-9-]+", "-", export.payload).strip("-") or "batch"
-    return export.path / "inspect" / f"{stamp}_{task}_{export.batch_id}.eval"
-
-
-def write_inspect(export: BatchExport, path: Path) -> Path:
-    """`path` (`.eval`, or `.json`): the batch as an Inspect AI eval log."""
+def write_inspect(export: BatchExport, path: Path | None) -> Path:
+    """`path` (`.eval`, or `.json`; default `inspect_log.log_path`): the batch as an
+    Inspect AI eval log, written by Inspect's own writer."""
     need("inspect_ai", "--format inspect")
-    from .inspect_log import eval_log  # Inspect AI's types: imported only here
+    from . import inspect_log  # Inspect AI's types: imported only here (it takes seconds)
 
     log_module = need("inspect_ai.log", "--format inspect")
+    path = path or inspect_log.log_path(export)
     path.parent.mkdir(parents=True, exist_ok=True)
-    log_module.write_eval_log(eval_log(export), str(path))
+    log_module.write_eval_log(inspect_log.eval_log(export), str(path))
     return path
 
 
@@ -126,4 +118,4 @@ def export_batch(folder: str | Path, fmt: str, output: str | Path | None = None)
     export = load_export(folder)
     if fmt == "parquet":
         return write_parquet(export, Path(output) if output else export.path / "results.parquet")
-    return write_inspect(export, Path(output) if output else inspect_log_path(export))
+    return write_inspect(export, Path(output) if output else None)

@@ -9,6 +9,7 @@ importing Inspect AI takes seconds.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -32,11 +33,32 @@ from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, ModelOutput,
 from inspect_ai.scorer import CORRECT, INCORRECT, SampleScore, Score, accuracy, mean_score, stderr
 
 from ..paths import VERSION
-from .attempt_rows import Attempt, BatchExport, as_text, inspect_model
+from .attempt_rows import Attempt, BatchExport, as_text, timestamp
 from .output import FINISHED
 
 #: Said as a sample's input when the tasks file is gone (results.jsonl keeps no task text).
 NO_TASK_TEXT = "(the task's text: its tasks file is no longer where the batch read it)"
+
+
+def inspect_model(description: str) -> str:
+    """Inspect's `provider/model` from our `provider:model (at ..., the program's ...)`."""
+    name = description.split(" ", 1)[0]
+    provider, _, model = name.partition(":")
+    return f"{provider}/{model}" if model else name
+
+
+def inspect_id(batch_id: str) -> str:
+    """The batch id as Inspect's ids are spelled (no `-`: its file names split on it)."""
+    return batch_id.replace("-", "")
+
+
+def log_path(export: BatchExport) -> Path:
+    """Where an eval log goes by default: `BATCH/inspect/`, named as Inspect names its logs
+    (`<created>_<task>_<id>.eval`), so `inspect view --log-dir BATCH/inspect` lists it."""
+    created = timestamp(export.meta.get("created_at")) or datetime.now(timezone.utc)
+    stamp = created.strftime("%Y-%m-%dT%H-%M-%S+00-00")
+    task = re.sub(r"[^A-Za-z0-9-]+", "-", export.payload).strip("-") or "batch"
+    return export.path / "inspect" / f"{stamp}_{task}_{inspect_id(export.batch_id)}.eval"
 
 
 def iso(seconds: float | None) -> str:
@@ -202,14 +224,14 @@ def eval_spec(export: BatchExport, model: str, epochs: int) -> EvalSpec:
     tasks file, run and eval id the batch id."""
     options = export.meta.get("options") or {}
     tasks_file = str(export.meta.get("tasks_file") or export.summary.get("tasks_file") or "")
-    import inspect_ai
+    import inspect_ai  # for its version
 
     return EvalSpec(
         eval_id=export.batch_id,
         run_id=export.batch_id,
         created=iso(export.meta.get("created_at")),
         task=export.payload,
-        task_id=export.batch_id,
+        task_id=inspect_id(export.batch_id),
         task_file=options.get("payload"),
         solver="orchestrator",
         dataset=EvalDataset(
