@@ -8,7 +8,8 @@ rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledg
 is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
 statistics, `report.py` a batch read back, `rescore.py` recorded answers scored again,
-`compare.py` two batches paired.
+`compare.py` two batches paired, `export.py` (with `attempt_rows.py`, `inspect_log.py`) a
+batch for other tools: Inspect AI's eval log, Parquet.
 """
 
 from .output import BatchDir, BatchLocked
