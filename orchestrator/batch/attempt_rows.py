@@ -18,7 +18,7 @@ from .tasks import Task, TaskFileError, read_tasks
 
 
 @dataclass
-class Attempt:
+class AttemptRow:
     """One scored attempt of a task as the batch recorded it (a `results.jsonl` line): the
     row both formats are made of. `epoch` is the line's own (1 for a batch without epochs);
     `scores` holds the batch's scorer first, then each `batch rescore`'s."""
@@ -53,7 +53,7 @@ class BatchExport:
     meta: dict[str, Any]
     summary: dict[str, Any]
     scorers: list[str]
-    attempts: list[Attempt]
+    attempts: list[AttemptRow]
     tasks: dict[str, Task] = field(default_factory=dict)
 
     @property
@@ -87,7 +87,7 @@ def load_export(path: str | Path) -> BatchExport:
         scores.update({name: by_task.get((task_id, epoch)) for name, by_task in extra.items()})
         tokens = raw.get("tokens") or {}
         attempts.append(
-            Attempt(
+            AttemptRow(
                 task_id=task_id,
                 epoch=epoch,
                 line=raw.get("line"),

@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from inspect_ai.log import (
     EvalConfig,
@@ -33,7 +33,7 @@ from inspect_ai.model import ChatMessageAssistant, ChatMessageUser, ModelOutput,
 from inspect_ai.scorer import CORRECT, INCORRECT, SampleScore, Score, accuracy, mean_score, stderr
 
 from ..paths import VERSION
-from .attempt_rows import Attempt, BatchExport, as_text, timestamp
+from .attempt_rows import AttemptRow, BatchExport, as_text, timestamp
 from .output import FINISHED
 
 #: Said as a sample's input when the tasks file is gone (results.jsonl keeps no task text).
@@ -97,7 +97,9 @@ def score_value(value: float, as_letters: bool) -> str | float:
     return float(value)
 
 
-def sample(export: BatchExport, attempt: Attempt, model: str, letters: dict[str, bool]) -> Any:
+def sample(
+    export: BatchExport, attempt: AttemptRow, model: str, letters: dict[str, bool]
+) -> EvalSample:
     """The attempt as an `EvalSample`: input the task's text, target the expected answer(s),
     output the answer, one score per scorer (none when unscored), our figures as metadata.
     An infrastructure error (not the agent's outcome, never scored) is the sample's error."""
@@ -121,15 +123,14 @@ def sample(export: BatchExport, attempt: Attempt, model: str, letters: dict[str,
         (attempt.ended_at - attempt.duration) if attempt.ended_at and attempt.duration else None
     )
     finished = attempt.status in FINISHED
+    failure = None if attempt.status == "succeeded" else attempt.error or attempt.status
     return EvalSample(
         id=attempt.task_id,
         epoch=attempt.epoch,
         input=text,
         target=target if target is not None else as_text(expected) or "",
         messages=[ChatMessageUser(content=text), ChatMessageAssistant(content=completion)],
-        output=ModelOutput.from_content(
-            model, completion, error=None if attempt.status == "succeeded" else attempt.error
-        ),
+        output=ModelOutput.from_content(model, completion, error=failure),
         scores=scores or None,
         metadata={
             "run_id": attempt.run_id,
