@@ -23,8 +23,11 @@ say "installing orchestrator and its test tools into .venv (uv, quiet: under a m
 # `orchestrator` command would otherwise compile its dependencies' modules again.
 .venv/bin/python -m pip install --quiet --upgrade pip uv
 # `ray`: the optional extra behind `batch --ray` (orchestrator/cluster/), for tests/test_ray.py.
+# `export`: Inspect AI and pyarrow behind `batch export` (tests/test_batch_export.py). Inspect
+# AI needs s3fs, whose aiobotocore caps botocore below the 1.44 that dev and the agent image
+# pin; the override keeps 1.44 (aiobotocore is only imported for s3:// logs, never here).
 PYTHONWARNINGS=$quiet_build .venv/bin/uv pip install --quiet --native-tls --compile-bytecode \
-    --python .venv/bin/python -e '.[dev,ray]'
+    --python .venv/bin/python -e '.[dev,ray,export]' --override scripts/export-overrides.txt
 # Backends defined outside the project, registered through the entry point as a third party's
 # would be (tests/plugins/README.md); the tests use them.
 PYTHONWARNINGS=$quiet_build .venv/bin/uv pip install --quiet --native-tls --no-deps \

@@ -10,7 +10,9 @@ is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
 statistics, `grading.py` several scorers together, `judge.py` the model scorer's judge,
 `report.py` a batch read back, `rescore.py` recorded answers scored again, `compare.py` two
-batches paired, `evaluate.py` a batch from keyword arguments (`orchestrator.evaluate`).
+batches paired, `evaluate.py` a batch from keyword arguments (`orchestrator.evaluate`),
+`export.py` (with `attempt_rows.py`, `inspect_log.py`) a batch for other tools: Inspect AI's
+eval log, Parquet.
 """
 
 from .output import BatchDir, BatchLocked

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..batch.budget import usd
 from ..batch.judge import JudgeOptions
+from ..batch.export import FORMATS, export_batch
 from ..batch.output import OutputWriteError
 from ..batch.plan import BatchSpec
 from ..batch.prices import PRICE_EXAMPLE, parse_price
@@ -400,3 +401,26 @@ def write_advice(command: str) -> str:
         "Finished tasks are kept; free space (or fix permissions), then re-run the same "
         f"command to resume: {command}"
     )
+
+
+def add_export_verb(sub: Any) -> None:
+    """`batch export DIR --format inspect|parquet`: the batch for other tools, running nothing."""
+    batch = sub.choices["batch"]
+    batch.description += " `batch export DIR --format inspect|parquet` (for other tools)."
+    export = batch.add_verb(
+        "export",
+        description="Write a batch for other tools, running nothing: --format inspect, an "
+        "Inspect AI eval log (`inspect view --log-dir DIR/inspect` opens it; default "
+        "DIR/inspect/<created>_<payload>_<batch>.eval, .json with -o x.json), or --format "
+        "parquet, one row per attempt (default DIR/results.parquet). Needs the export extra: "
+        "pip install 'orchestrator[export]'.",
+    )
+    export.add_argument("dir", help="the batch's output folder (batch ... --output DIR)")
+    export.add_argument("--format", required=True, choices=FORMATS, help="inspect or parquet")
+    export.add_argument("--output", "-o", metavar="FILE", help="where to write it")
+    export.set_defaults(handler=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    print(f"written: {export_batch(args.dir, args.format, args.output)}")
+    return 0

@@ -66,7 +66,7 @@ COMMANDS = (
     Command(
         "batch",
         "run every task of a JSONL/CSV file in its own sandbox, scored and resumable",
-        ("batch:add_batch_parser", "report:add_batch_verbs"),
+        ("batch:add_batch_parser", "report:add_batch_verbs", "batch:add_export_verb"),
         "docs/guides/batch.md",
     ),
     Command(
