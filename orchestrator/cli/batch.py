@@ -10,8 +10,8 @@ import textwrap
 from typing import Any
 
 from ..batch.budget import usd
-from ..batch.judge import JudgeOptions
 from ..batch.export import FORMATS, export_batch
+from ..batch.judge import JudgeOptions
 from ..batch.output import OutputWriteError
 from ..batch.plan import BatchSpec
 from ..batch.prices import PRICE_EXAMPLE, parse_price
