@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from orchestrator.batch.export import export_batch
-from orchestrator.batch.ledger import SessionFacts, open_meta, result_row, scored, summarize
+from orchestrator.batch.grading import Scoring
+from orchestrator.batch.ledger import SessionFacts, open_meta, result_row, summarize
 from orchestrator.batch.output import BatchDir
 from orchestrator.batch.plan import BatchSpec, plan_batch
 from orchestrator.batch.rescore import rescore
-from orchestrator.batch.scoring import make_scorer
 from orchestrator.errors import ConfigError
 from orchestrator.spec import RunResult, RunSpec
 
@@ -66,7 +66,7 @@ def write_batch(root: Path) -> Path:
     out = BatchDir(root / "out")
     out.path.mkdir()
     meta = open_meta(out, plan)
-    scorer = make_scorer("exact", tolerance=1e-6)
+    scoring = Scoring(["exact"], tolerance=1e-6, judge=None, folder=out.path)
     rows, started = [], time.time()
     for task in plan.file.tasks:
         status, answer, inputs, outputs = OUTCOMES[task.id]
@@ -81,7 +81,7 @@ def write_batch(root: Path) -> Path:
             steps=2,
             timings={"duration": 1.5},
         )
-        score, _ = scored(scorer, task, result, print)
+        score = scoring.score(task.row(), status, answer).score
         row = result_row(
             task, result, score=score, attempts=1, history=[], first_start=started, session=1
         )

@@ -188,9 +188,8 @@ class BatchPlan:
     judge_pricing: Pricing | None = None
 
 
-def plan_batch(spec: BatchSpec) -> BatchPlan:
-    """Read the tasks and prepare every one of them: every input problem surfaces here,
-    before a lock is taken or a sandbox started."""
+def check_batch_options(spec: BatchSpec) -> None:
+    """The batch's own numbers, checked before any task is read. Raises ConfigError (exit 2)."""
     if spec.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1.", "Use 1 for no retries.")
     if spec.concurrency is not None and spec.concurrency < 1:
@@ -220,6 +219,12 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
             "Give the batch's token cap (input + output, all tasks), e.g. 2000000; leave it out "
             "for no cap.",
         )
+
+
+def plan_batch(spec: BatchSpec) -> BatchPlan:
+    """Read the tasks and prepare every one of them: every input problem surfaces here,
+    before a lock is taken or a sandbox started."""
+    check_batch_options(spec)
     names = check_scorers(spec)  # a bad scorer fails now, not per task
     file = read_tasks(
         spec.tasks,

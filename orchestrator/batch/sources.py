@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..options import TASK_ALIASES
 from .tasks import (
-    FIELD_ALIASES,
     TASK_FIELDS,
     BadLine,
     OnBadLine,
@@ -102,7 +102,7 @@ def check_fields(mapping: Mapping[str, str]) -> None:
     bad = [
         t
         for t in mapping
-        if FIELD_ALIASES.get(t, t) not in TASK_FIELDS and not (t.startswith("args.") and t[5:])
+        if TASK_ALIASES.get(t, t) not in TASK_FIELDS and not (t.startswith("args.") and t[5:])
     ]
     if bad:
         raise ConfigError(
@@ -179,7 +179,7 @@ def map_row(row: dict[str, Any], mapping: Mapping[str, str]) -> dict[str, Any]:
     for column, value in row.items():
         if column in used or column in out:
             continue
-        if FIELD_ALIASES.get(column, column) in TASK_FIELDS:
+        if TASK_ALIASES.get(column, column) in TASK_FIELDS:
             out[column] = value
         else:
             extras[column] = value
