@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .lifecycle.runner import run
     from .payloads.manifest import Manifest, load_manifest
     from .records.store import Store
-    from .spec import Limits, RunResult, RunSpec
+    from .spec import Limits, RunError, RunResult, RunSpec
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -34,6 +34,7 @@ _EXPORTS = {
     "Pool": "execution.pool",
     "run": "lifecycle.runner",
     "Limits": "spec",
+    "RunError": "spec",
     "RunResult": "spec",
     "RunSpec": "spec",
     "Store": "records.store",
@@ -47,6 +48,7 @@ __all__ = [
     "ManifestError",
     "OrchestratorError",
     "Pool",
+    "RunError",
     "RunResult",
     "RunSpec",
     "Store",
