@@ -71,7 +71,7 @@ class RunError:
     kind: str | None = None
     problems: tuple[Any, ...] | None = None
     field: str | None = None
-    extra: dict[str, Any] = dataclass_field(default_factory=dict, compare=False)
+    extra: dict[str, Any] = dataclass_field(default_factory=dict)
     #: The keys of the dict it was read from, in order (`from_dict`): written back as read.
     keys: tuple[str, ...] = dataclass_field(default=(), compare=False, repr=False)
 
