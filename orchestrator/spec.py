@@ -73,7 +73,7 @@ class RunError:
     field: str | None = None
     extra: dict[str, Any] = dataclass_field(default_factory=dict)
     #: The keys of the dict it was read from, in order (`from_dict`): written back as read.
-    keys: tuple[str, ...] = dataclass_field(default=(), compare=False, repr=False)
+    read_keys: tuple[str, ...] = dataclass_field(default=(), compare=False, repr=False)
 
     @classmethod
     def of(
@@ -107,13 +107,17 @@ class RunError:
             problems=listed,
             field=_text_or_none(data.get("field")),
             extra=kept,
-            keys=tuple(str(k) for k in data),
+            read_keys=tuple(str(k) for k in data),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        if self.keys:  # read from a dict: its keys, in its order, with their values now
+        """The error as JSON holds it: the host's own in one key order; one read back
+        (`from_dict`) with the keys it came with, in their order (old records unchanged)."""
+        if self.read_keys:  # read from a dict: its keys, in its order, with their values now
             values = {**self.extra, **self._known()}
-            order = self.keys + tuple(k for k in ("type", "message") if k not in self.keys)
+            order = self.read_keys + tuple(
+                k for k in ("type", "message") if k not in self.read_keys
+            )
             return {k: values[k] for k in order if k in values}
         error: dict[str, Any] = {"type": self.type, "message": self.message}
         if self.problems is not None:
