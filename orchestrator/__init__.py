@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .lifecycle.runner import run
     from .payloads.manifest import Manifest, load_manifest
     from .records.store import Store
-    from .spec import Limits, RunResult, RunSpec
+    from .spec import Limits, RunError, RunResult, RunSpec
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -40,6 +40,7 @@ _EXPORTS = {
     "Pool": "execution.pool",
     "run": "lifecycle.runner",
     "Limits": "spec",
+    "RunError": "spec",
     "RunResult": "spec",
     "RunSpec": "spec",
     "Store": "records.store",
@@ -54,6 +55,7 @@ __all__ = [
     "ManifestError",
     "OrchestratorError",
     "Pool",
+    "RunError",
     "RunResult",
     "RunSpec",
     "Store",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict, dataclass, field, fields
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,7 +15,7 @@ from .schema import Field, Table, check_table
 
 #: How a run ended (`RunResult.status`; the index's `status` once the run is over).
 RunStatus = Literal["succeeded", "failed", "timed_out", "oom_killed", "infra_error", "cancelled"]
-#: The error types the host decides itself (`RunResult.error["type"]`). A run's error may
+#: The error types the host decides itself (`RunResult.error.type`). A run's error may
 #: also carry the type the sandbox reported, or the class name of the exception that ended
 #: the run on the host (`ImageBuildError`, ...): those are open-ended.
 HostErrorType = Literal[
@@ -46,22 +47,33 @@ EXIT_CODES: dict[RunStatus, int] = {
 }
 
 
+#: The keys of a run error's dict that `RunError` has fields for; any other key the sandbox
+#: reported (a program's `exit_code`, ...) is kept in `RunError.extra`.
+_ERROR_KEYS = ("type", "message", "kind", "problems", "field")
+
+
 @dataclass(frozen=True)
 class RunError:
     """A run's error (`RunResult.error`), built one way wherever the host writes one, so the
     dicts in records, result lines and attempt logs keep one shape and one key order.
 
-    `type`: a `HostErrorType`, or the class name of the exception that ended the run on the
-    host (open-ended); `kind`: a class of error readers branch on (`infra`: raised before
-    the run record existed); `problems`: bad input, each problem once (a payload error),
-    always with `field`, the RunSpec field at fault (None when unknown).
+    `type`: a `HostErrorType`, the type the sandbox reported, or the class name of the
+    exception that ended the run on the host (open-ended); `kind`: a class of error readers
+    branch on (`infra`: raised before the run record existed; the sandbox's `payload`,
+    `model_unavailable`, ...); `problems`: bad input, each problem once (a payload error),
+    always with `field`, the RunSpec field at fault (None when unknown); `extra`: what else
+    the sandbox reported with it. A dict only at the edge: `to_dict` when written,
+    `from_dict` when read back (any record ever written, any error a sandbox reported).
     """
 
     type: str
     message: str
     kind: str | None = None
-    problems: tuple[str, ...] | None = None
+    problems: tuple[Any, ...] | None = None
     field: str | None = None
+    extra: dict[str, Any] = dataclass_field(default_factory=dict)
+    #: The keys of the dict it was read from, in order (`from_dict`): written back as read.
+    read_keys: tuple[str, ...] = dataclass_field(default=(), compare=False, repr=False)
 
     @classmethod
     def of(
@@ -76,18 +88,67 @@ class RunError:
         """A payload that asks for what cannot be had: bad input (exit 2), never retried."""
         return cls(PAYLOAD_ERROR, message, problems=(message,), field=field)
 
+    @classmethod
+    def from_dict(cls, data: Any, *, default_type: str = "error") -> RunError:
+        """A run error from its dict (result.json, an attempt line, the sandbox's `run_end`);
+        what the sandbox wrote is untrusted: a value that is not a dict becomes the message
+        of an error of `default_type`, and `to_dict` gives back the keys it had."""
+        if not isinstance(data, dict):
+            return cls(default_type, "" if data is None else str(data))
+        problems = data.get("problems")
+        listed = tuple(problems) if isinstance(problems, (list, tuple)) else None
+        kept = {k: v for k, v in data.items() if k not in _ERROR_KEYS}
+        if "problems" in data and listed is None:
+            kept["problems"] = problems  # not a list: kept as it came
+        return cls(
+            _text(data.get("type")),
+            _text(data.get("message")),
+            kind=_text_or_none(data.get("kind")),
+            problems=listed,
+            field=_text_or_none(data.get("field")),
+            extra=kept,
+            read_keys=tuple(str(k) for k in data),
+        )
+
     def to_dict(self) -> dict[str, Any]:
+        """The error as JSON holds it: the host's own in one key order; one read back
+        (`from_dict`) with the keys it came with, in their order (old records unchanged)."""
+        if self.read_keys:  # read from a dict: its keys, in its order, with their values now
+            values = {**self.extra, **self._known()}
+            order = self.read_keys + tuple(
+                k for k in ("type", "message") if k not in self.read_keys
+            )
+            return {k: values[k] for k in order if k in values}
         error: dict[str, Any] = {"type": self.type, "message": self.message}
         if self.problems is not None:
             error.update(problems=list(self.problems), field=self.field)
         if self.kind is not None:
             error["kind"] = self.kind
-        return error
+        return {**error, **self.extra}
+
+    def _known(self) -> dict[str, Any]:
+        known: dict[str, Any] = {"type": self.type, "message": self.message, "kind": self.kind}
+        if self.problems is not None:
+            known["problems"] = list(self.problems)
+        known["field"] = self.field
+        return known
+
+    def __str__(self) -> str:
+        """`type: message`, as the CLI and logs say an error."""
+        return f"{self.type}: {self.message}"
 
 
-def host_error(type_: HostErrorType, message: str) -> dict[str, Any]:
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def host_error(type_: HostErrorType, message: str) -> RunError:
     """A run's error as the host decided it (`RunResult.error`)."""
-    return RunError(type_, message).to_dict()
+    return RunError(type_, message)
 
 
 class StopRequest(threading.Event):
@@ -98,19 +159,12 @@ class StopRequest(threading.Event):
 
     def __init__(self) -> None:
         super().__init__()
-        self.error: dict[str, Any] | None = None
+        self.error: RunError | None = None
 
-    def stop(self, error: dict[str, Any]) -> None:
+    def stop(self, error: RunError) -> None:
         if self.error is None:
-            self.error = dict(error)  # before `set`: whoever sees the event set sees why
+            self.error = error  # before `set`: whoever sees the event set sees why
         self.set()
-
-
-def cancelled_error(cancel: threading.Event | None) -> dict[str, Any]:
-    """The error of a run its `cancel` event stopped: the reason a `StopRequest` was given,
-    else the user's cancel."""
-    error = cancel.error if isinstance(cancel, StopRequest) else None
-    return dict(error) if error else host_error("cancelled", "cancelled by the user")
 
 
 @dataclass
@@ -180,7 +234,8 @@ class RunResult:
     run_id: str
     status: RunStatus
     answer: Any = None
-    error: dict[str, Any] | None = None
+    #: Why the run did not succeed (None when it did); a dict only in JSON (`to_dict`).
+    error: RunError | None = None
     exit_code: int | None = None
     oom_killed: bool = False
     #: Measured by the model gateway when the run had one (`token_usage_source: gateway`),
@@ -234,12 +289,28 @@ class RunResult:
 
     @property
     def cli_exit_code(self) -> int:
-        if self.error and self.error.get("type") == PAYLOAD_ERROR:
+        if self.error is not None and self.error.type == PAYLOAD_ERROR:
             return 2  # bad input: the payload cannot load
         return EXIT_CODES.get(self.status, 5)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The result as result.json, result lines and `--json` write it."""
+        data = asdict(self)
+        data["error"] = None if self.error is None else self.error.to_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunResult:
+        """A result read back (result.json, a node's record): keys it does not know are
+        ignored (a newer or older writer), its error a `RunError`. Raises TypeError without
+        `run_id` or `status`."""
+        known = {k: v for k, v in data.items() if k in _RESULT_FIELDS}
+        error = known.get("error")
+        known["error"] = None if error is None else RunError.from_dict(error)
+        return cls(**known)
+
+
+_RESULT_FIELDS = frozenset(f.name for f in fields(RunResult))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from orchestrator.execution.executor import Attempt, AttemptExecutor
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.lifecycle.runner import PreparedRun, RunObservers
 from orchestrator.records.store import Store
-from orchestrator.spec import RunResult, RunSpec
+from orchestrator.spec import RunError, RunResult, RunSpec
 
 from .conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
 
@@ -672,7 +672,7 @@ class StandInExecutor(AttemptExecutor):
             self.attempts.append((attempt.run_id, attempt.number, prepared.spec.batch))
         record = str(store.create_run(attempt.run_id, status="running", batch=prepared.spec.batch))
         if attempt.number == 1 and prepared.task in self.flaky:
-            error = {"type": "NodeLost", "message": "the node went away"}
+            error = RunError("NodeLost", "the node went away")
             result = RunResult(attempt.run_id, "infra_error", error=error, record_dir=record)
         else:
             args = prepared.spec.additional_args or {}

@@ -19,11 +19,11 @@ from orchestrator.batch import BatchSpec, plan_batch
 from orchestrator.batch.budget import BUDGET_EXCEEDED, Spend, usd
 from orchestrator.batch.prices import parse_max_cost, parse_price, pricing_for
 from orchestrator.errors import ConfigError
-from orchestrator.lifecycle.outcome import decide_status
+from orchestrator.lifecycle.outcome import Outcome, decide_status
 from orchestrator.lifecycle.runner import run
 from orchestrator.models import parse_model
 from orchestrator.payloads.manifest import load_manifest
-from orchestrator.spec import RunResult, RunSpec, StopRequest
+from orchestrator.spec import RunError, RunResult, RunSpec, StopRequest
 from orchestrator_runtime.gateway.usage import requested_model
 
 from .conftest import cli
@@ -217,13 +217,13 @@ def test_each_measured_call_costs_its_tokens_and_the_call_that_reaches_the_cap_s
     assert spend.cost == Decimal("0.006") and not stop.is_set()  # the sandbox's claim: ignored
     call(spend, "r-2", 2000, 1000)  # $0.004 more: $0.010 reaches $0.01
     assert stop.is_set() and reasons == [BUDGET_EXCEEDED]
-    assert stop.error is not None and stop.error["type"] == BUDGET_EXCEEDED
-    assert "--max-cost $0.01 was reached ($0.01 spent" in stop.error["message"]
+    assert stop.error is not None and stop.error.type == BUDGET_EXCEEDED
+    assert "--max-cost $0.01 was reached ($0.01 spent" in stop.error.message
     assert spend.progress()["spent_cost"] == pytest.approx(0.01)
     # A run the cap stopped: its line says budget_exceeded with its own cost.
-    stopped = RunResult(run_id="r-2", status="cancelled", error=dict(stop.error))
+    stopped = RunResult(run_id="r-2", status="cancelled", error=stop.error)
     line = spend.ended("r-2", stopped)
-    assert line["status"] == BUDGET_EXCEEDED and line["error"] == stop.error
+    assert line["status"] == BUDGET_EXCEEDED and line["error"] == stop.error.to_dict()
     assert Decimal(line["cost_usd"]) == Decimal("0.004") and line["uncounted_calls"] == 0
     assert reasons == [BUDGET_EXCEEDED]  # said once
 
@@ -234,7 +234,7 @@ def test_a_call_the_gateway_could_not_measure_stops_a_cost_capped_batch(tmp_path
     spend, stop, _ = spend_of(tmp_path, max_cost="100")
     spend.watch("r-1")({"type": "model_call", "source": "gateway", "usage_unknown": True})
     assert stop.is_set() and stop.error is not None
-    assert "could not be measured" in stop.error["message"]
+    assert "could not be measured" in stop.error.message
     assert spend.ended("r-1", RunResult(run_id="r-1", status="succeeded"))["uncounted_calls"] == 1
 
 
@@ -252,7 +252,7 @@ def test_a_call_is_priced_by_the_model_its_request_names(tmp_path: Path) -> None
     assert not stop.is_set()
     call(spend, "r-1", 10, 10, model="made-up-model-9000")
     assert stop.is_set() and stop.error is not None
-    message = stop.error["message"]
+    message = stop.error.message
     assert "named the model 'made-up-model-9000', whose price is not known" in message
     assert "--price openai:made-up-model-9000=IN/OUT" in message and "fail closed" in message
     assert (
@@ -274,7 +274,7 @@ def test_the_gateway_reads_the_model_a_request_names() -> None:
 def test_either_cap_stops_the_batch_whichever_comes_first(tmp_path: Path) -> None:
     spend, stop, _ = spend_of(tmp_path, max_cost="100", max_total_tokens=50)
     call(spend, "r-1", 40, 10)
-    assert stop.error is not None and "--max-total-tokens 50 was reached" in stop.error["message"]
+    assert stop.error is not None and "--max-total-tokens 50 was reached" in stop.error.message
 
 
 def test_a_run_stopped_for_a_reason_records_that_reason_not_a_user_cancel() -> None:
@@ -282,27 +282,30 @@ def test_a_run_stopped_for_a_reason_records_that_reason_not_a_user_cancel() -> N
     from orchestrator.backends.base import ExitInfo
 
     stop = StopRequest()
-    stop.stop({"type": BUDGET_EXCEEDED, "message": "the batch's cap ... was reached"})
-    stop.stop({"type": "other", "message": "a later reason"})  # the first one stays
-    status, error = decide_status("cancelled", ExitInfo(exit_code=137), None, cancel=stop)
-    assert status == "cancelled" and error == {
+    stop.stop(RunError(BUDGET_EXCEEDED, "the batch's cap ... was reached"))
+    stop.stop(RunError("other", "a later reason"))  # the first one stays
+    cancelled = Outcome("cancelled")
+    status, error = decide_status(cancelled, ExitInfo(exit_code=137), None, cancel=stop)
+    assert status == "cancelled" and error is not None
+    assert error.to_dict() == {
         "type": BUDGET_EXCEEDED,
         "message": "the batch's cap ... was reached",
     }
     plain = threading.Event()
     plain.set()
-    _, error = decide_status("cancelled", ExitInfo(exit_code=137), None, cancel=plain)
-    assert error == {"type": "cancelled", "message": "cancelled by the user"}
+    _, error = decide_status(cancelled, ExitInfo(exit_code=137), None, cancel=plain)
+    assert error is not None
+    assert error.to_dict() == {"type": "cancelled", "message": "cancelled by the user"}
 
 
 @docker
 def test_a_run_stopped_before_its_sandbox_existed_records_the_reason_too() -> None:
     stop = StopRequest()
-    stop.stop({"type": BUDGET_EXCEEDED, "message": "the batch's cap was reached"})
+    stop.stop(RunError(BUDGET_EXCEEDED, "the batch's cap was reached"))
     result = run(RunSpec(payload=MATH, task="1+1"), cancel=stop)
     assert result.status == "cancelled" and result.error == stop.error
     record = json.loads((Path(result.record_dir or "") / "result.json").read_text())
-    assert record["error"] == stop.error
+    assert record["error"] == {"type": BUDGET_EXCEEDED, "message": "the batch's cap was reached"}
 
 
 def test_amounts_are_shown_to_the_cent_or_finer() -> None:

@@ -200,7 +200,7 @@ def test_sandbox_killed_mid_run_is_an_infra_error(e2b_env: E2BTestServer) -> Non
     thread.join(timeout=60)
     result = box["result"]
     assert result.status == "infra_error", result
-    assert result.error["type"] == "sandbox_lost"
+    assert result.error.type == "sandbox_lost"
     assert e2b_env.alive_count() == 0
 
 

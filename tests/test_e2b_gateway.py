@@ -351,7 +351,7 @@ def test_killing_the_gateway_sandbox_ends_the_run_infra_error_within_5_s(
             worker.join(timeout=120)
     result = box["result"]
     assert result.status == "infra_error", result.error
-    assert result.error["type"] == "network_lost" and "gateway" in result.error["message"]
+    assert result.error.type == "network_lost" and "gateway" in result.error.message
     assert ended < 5, ended
     assert [e for e in events_of(result) if e["type"] == "network_lost"]
     assert e2b_env.alive_count() == 0

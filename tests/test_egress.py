@@ -243,7 +243,7 @@ def test_model_server_on_loopback_only_gets_a_clear_hint(
     with ScriptedModelServer(research_outputs(), host="127.0.0.1") as server:
         result = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=server.api_base()))
     assert result.status == "infra_error", (result.status, result.error)
-    assert "must listen on 0.0.0.0" in result.error["message"], result.error
+    assert "must listen on 0.0.0.0" in result.error.message, result.error
     assert server.requests == []
 
 
@@ -573,7 +573,7 @@ def test_killing_the_egress_container_fails_closed(
         thread.join(timeout=60)
     result = box["result"]
     assert result.status == "infra_error", (result.status, result.error)
-    assert result.error["type"] == "network_lost", result.error
+    assert result.error.type == "network_lost", result.error
     assert result.timings["ended"] - killed_at < 10
     # No request got through once the proxy was gone.
     polls = [line.split() for line in stderr_of(run_id).splitlines() if line.startswith("poll ")]

@@ -431,7 +431,7 @@ def test_budgets_of_calls_and_of_tokens_stop_the_run(
         )
         calls = len(server.requests)
     assert spent.status == "failed" and spent.error, (spent.status, spent.error)
-    assert spent.error["type"] == "budget_exceeded" and "max_tokens = 1" in spent.error["message"]
+    assert spent.error.type == "budget_exceeded" and "max_tokens = 1" in spent.error.message
     assert calls == 1
 
 
@@ -572,7 +572,7 @@ def test_killing_the_gateway_ends_the_run_network_lost(
             worker.join(timeout=60)
     result = box["result"]
     assert result.status == "infra_error", result.error
-    assert result.error["type"] == "network_lost" and "gateway" in result.error["message"]
+    assert result.error.type == "network_lost" and "gateway" in result.error.message
     assert ended < 5, ended
 
 
@@ -611,7 +611,7 @@ def test_a_gateway_that_cannot_start_leaves_nothing_of_the_run(
         )
         assert server.requests == []
     assert result.status == "infra_error", result.error
-    assert "would not start" in result.error["message"]
+    assert "would not start" in result.error.message
     mine = {"label": [f"{LABEL_RUN_ID}={run_id}"]}
     assert docker_client.api.containers(all=True, filters=mine) == []
     assert docker_client.api.networks(filters=mine) == []

@@ -304,7 +304,7 @@ def test_max_steps_ends_the_run(agent_image: str, no_leftovers) -> None:
     """An agent that has not answered after `max_steps` steps is stopped there."""
     result = run(RunSpec(payload=TEST_PAYLOADS / "forbidden_import", max_steps=1))
     assert result.status == "failed", (result.status, result.error)
-    assert result.error and result.error["type"] == "AgentMaxStepsError", result.error
+    assert result.error and result.error.type == "AgentMaxStepsError", result.error
     ran = [e for e in events_of(result) if e["type"] == "step" and e.get("code")]
     assert [s["step_number"] for s in ran] == [1], ran  # the script holds three
 

@@ -41,7 +41,7 @@ from orchestrator.schedules import (
     parse_duration,
     run_due,
 )
-from orchestrator.spec import RunResult, RunSpec
+from orchestrator.spec import RunError, RunResult, RunSpec
 
 from .conftest import PAYLOADS, REPO, TEST_PAYLOADS, cli, wait_for
 
@@ -105,7 +105,7 @@ class FakeRuns(AttemptExecutor):
         if self.block and cancel.wait(self.block):
             status = "cancelled"
         store.update_run(spec.run_id, status=status, ended_at=time.time())
-        error = None if status == "succeeded" else {"type": status, "message": f"it {status}"}
+        error = None if status == "succeeded" else RunError(status, f"it {status}")
         return RunResult(
             run_id=spec.run_id,
             status=status,

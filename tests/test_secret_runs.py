@@ -191,7 +191,7 @@ def test_the_ca_is_the_runs_own_and_killing_the_interceptor_ends_the_run(
         thread.join(timeout=120)
     result = box["result"]
     assert result.status == "infra_error", result.error
-    assert "secret interceptor" in result.error["message"]
+    assert "secret interceptor" in result.error.message
     assert result.timings["duration"] < 60  # ended by the host, not by the payload's sleep
 
 

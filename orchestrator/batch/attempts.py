@@ -14,6 +14,7 @@ from typing import Any
 import tenacity
 
 from ..execution.executor import Attempt
+from ..lifecycle.outcome import unrun
 from ..spec import RunError, RunResult
 from .budget import Spend
 from .output import BatchDir, OutputWriteError
@@ -46,12 +47,7 @@ def retrying(
 def infra_result(run_id: str, exc: Exception) -> RunResult:
     """The result of an attempt whose executor raised before the run record existed (the
     store, the engine): `infra_error`, retried like any other."""
-    return RunResult(
-        run_id=run_id,
-        status="infra_error",
-        error=RunError.of(exc, kind="infra").to_dict(),
-        timings={"duration": 0.0},
-    )
+    return unrun(run_id, RunError.of(exc, kind="infra"), timings={"duration": 0.0})
 
 
 class AttemptLog:
@@ -133,7 +129,7 @@ class AttemptLog:
             "run_id": run_id,
             "session": session,
             "status": result.status,
-            "error": result.error,
+            "error": None if result.error is None else result.error.to_dict(),
             "duration": result.timings.get("duration"),
             "tokens": result.token_usage,
             "record_dir": result.record_dir,

@@ -25,7 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from ..spec import HostErrorType, RunResult, StopRequest, host_error
+from ..spec import HostErrorType, RunError, RunResult, StopRequest, host_error
 from .judge import JudgeReply, judge_spent
 from .output import BatchDir
 from .plan import BatchPlan, BatchSpec
@@ -179,7 +179,7 @@ class Spend:
         self._uncounted_why: str | None = None
         self._lock = threading.Lock()
         #: The error the cap stopped the batch's runs with (None: not reached).
-        self.error: dict[str, Any] | None = None
+        self.error: RunError | None = None
 
     @property
     def spent(self) -> int:
@@ -287,8 +287,9 @@ class Spend:
         line: dict[str, Any] = {}
         if self.pricing is not None:
             line.update(cost_usd=str(cost), uncounted_calls=uncounted)
-        if result.status == "cancelled" and (result.error or {}).get("type") == BUDGET_EXCEEDED:
-            line.update(status=BUDGET_EXCEEDED, error=result.error)
+        error = result.error
+        if result.status == "cancelled" and error is not None and error.type == BUDGET_EXCEEDED:
+            line.update(status=BUDGET_EXCEEDED, error=error.to_dict())
         return line
 
     def check(self) -> bool:

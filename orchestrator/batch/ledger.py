@@ -86,7 +86,7 @@ def result_row(
         "attempt_history": history,
         "run_id": result.run_id,
         "record_dir": result.record_dir,
-        "error": result.error,
+        "error": None if result.error is None else result.error.to_dict(),
         "session": session,
         "ended_at": time.time(),
     }

@@ -337,8 +337,8 @@ def check_payload_loads(
     check = prepare(replace(first.spec, check_only=True, run_id=None, batch=None))
     observers = RunObservers(store=store, cancel=cancel or threading.Event())
     result = executor.run(Attempt(check), observers)
-    if result.error and result.error.get("type") == PAYLOAD_ERROR:
-        problems = result.error.get("problems") or [result.error.get("message")]
+    if result.error is not None and result.error.type == PAYLOAD_ERROR:
+        problems = [str(p) for p in result.error.problems or (result.error.message,)]
         raise ManifestError(
             f"The payload {first.manifest.name} cannot load: {'; '.join(problems)} "
             f"(check run {result.run_id}).",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..spec import RunError
 from .output import FINISHED, BatchDir
 from .scoring import percentile, scorer_names, wilson_interval
 
@@ -56,9 +57,10 @@ def error_text(error: Any) -> str:
     if not error:
         return ""
     if isinstance(error, dict):
-        message = error.get("message") or error.get("type") or ""
-        kind = error.get("type")
-        return f"{kind}: {message}" if kind and message and kind != message else str(message)
+        error = RunError.from_dict(error)
+    if isinstance(error, RunError):
+        message, kind = error.message or error.type, error.type
+        return f"{kind}: {message}" if kind and message and kind != message else message
     return str(error)
 
 

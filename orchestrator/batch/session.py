@@ -347,14 +347,14 @@ class _BatchRun:
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             result = state.outcome.result() if state.outcome else None
-            error = (result.error or {}) if result else {}
+            error = result.error if result else None
             wait = state.next_action.sleep if state.next_action else 0
             with self.lock:
                 self.retries += 1
             self.executor.expect(prepared)  # the retry is one more attempt to come
             self.message(
                 f"task {task.id}: attempt {state.attempt_number} hit an infrastructure fault "
-                f"({error.get('type')}: {error.get('message')}); retrying in {wait:.1f}s"
+                f"({error}); retrying in {wait:.1f}s"
             )
 
         result: RunResult = retrying(self.spec, self.stop, self.sit_out, before_sleep)(attempt)

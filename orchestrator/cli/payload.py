@@ -164,12 +164,13 @@ def load_check(prepared: Any, report: dict) -> int:
     if result.status == "succeeded":
         report["agents"] = (result.answer or {}).get("agents", [])
         return 0
-    error = result.error or {}
-    if error.get("type") == PAYLOAD_ERROR:
-        report["problems"] += error.get("problems") or [error.get("message")]
+    error = result.error
+    if error is not None and error.type == PAYLOAD_ERROR:
+        report["problems"] += list(error.problems or (error.message,))
         return 2
+    message = error.message if error is not None else None
     report["problems"].append(
-        f"the payload could not be loaded in a sandbox ({result.status}: {error.get('message')})"
+        f"the payload could not be loaded in a sandbox ({result.status}: {message})"
     )
     return result.cli_exit_code
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..spec import RunResult
 from . import signals
@@ -17,6 +17,9 @@ from .common import (
 )
 from .output import human_duration, print_json, say
 from .parser import HELP, OWN_OPTIONS_HANDED_ON, HandOn
+
+if TYPE_CHECKING:
+    from ..lifecycle.prepared import PreparedRun
 
 
 def add_run_parser(sub: Any) -> None:
@@ -113,8 +116,7 @@ def names_a_payload_folder(word: str) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..backends import get_backend
-    from ..lifecycle.runner import execute, observers_of, prepare
+    from ..lifecycle.runner import observers_of, run_spec
     from .display import RunDisplay
 
     program = split_task(args)
@@ -124,7 +126,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     tidy_store()
     spec = spec_from_args(args, program_args=program)
     shadow_notice(args.payload)
-    prepared = prepare(spec)
+    display = RunDisplay(quiet=args.quiet)
+    signals.on_stop(display.progress)
+    observers = observers_of(display.event, display.progress, signals.STOP)
+    try:
+        result = run_spec(spec, observers, on_prepared=mock_notice)
+    finally:
+        display.stop()
+    if result.status == "cancelled":
+        say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
+    print_result(result, as_json=args.json)
+    return result.cli_exit_code
+
+
+def mock_notice(prepared: PreparedRun) -> None:
+    """Say so when the mock model will answer another task than the one given (it plays
+    the payload's scripts, written for its example task)."""
     manifest = prepared.manifest
     if (
         prepared.model.provider == "mock"
@@ -137,18 +154,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"{manifest.example_task!r}); pass --model for a real model",
             kind="notice",
         )
-    backend = get_backend(prepared.backend, env_file=spec.env_file)
-    display = RunDisplay(quiet=args.quiet)
-    signals.on_stop(display.progress)
-    observers = observers_of(display.event, display.progress, signals.STOP)
-    try:
-        result = execute(prepared, backend=backend, observers=observers)
-    finally:
-        display.stop()
-    if result.status == "cancelled":
-        say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
-    print_result(result, as_json=args.json)
-    return result.cli_exit_code
 
 
 def split_task(args: argparse.Namespace) -> tuple[str, ...]:
@@ -224,8 +229,7 @@ def print_result(result: RunResult, *, as_json: bool) -> None:
     duration = human_duration(result.timings.get("duration", 0))
     say(f"run {result.run_id}: {result.status} in {duration}")
     if result.error:
-        error = result.error
-        print(f"  error: {error.get('type')}: {error.get('message')}", file=sys.stderr)
+        print(f"  error: {result.error}", file=sys.stderr)
     print(f"  record: {result.record_dir}", file=sys.stderr)
     if result.status == "succeeded":
         answer = result.answer

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..records.handles import resolve_run
 from ..records.housekeeping import STATUSES
+from ..spec import RunError
 from .common import tidy_store
 from .output import (
     age,
@@ -284,7 +285,7 @@ def show_fields(row: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, 
     )
     error = r.get("error")
     if isinstance(error, dict):
-        error = f"{error.get('type')}: {error.get('message')}"
+        error = str(RunError.from_dict(error))
     answer = r.get("answer")
     if answer is not None and not isinstance(answer, str):
         answer = json.dumps(answer, default=str)

@@ -365,7 +365,7 @@ class RayExecutor(AttemptExecutor, Capacity):
         if node is None:
             if observers.cancel.is_set():  # recorded like any attempt, with no node to name
                 error = host_error("cancelled", "cancelled before a node took it")
-                return driver_record(store, prepared, {}, "cancelled", error, started)
+                return driver_record(store, prepared, {}, error, started)
             message = f"no node of the Ray cluster with {RESOURCE} is left"
             return lost_record(store, prepared, {}, message, started)
         try:

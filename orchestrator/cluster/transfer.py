@@ -20,16 +20,15 @@ from typing import Any
 
 from orchestrator_runtime.masking import Masker
 
+from ..lifecycle.outcome import settle, unrun
 from ..lifecycle.runner import PreparedRun
-from ..records.record import RunRecorder, finish
+from ..records.record import RunRecorder
 from ..records.store import COLUMNS, Store
-from ..spec import RunResult, RunStatus, host_error
+from ..spec import RunError, RunResult, host_error
 
 #: Files of a record folder larger than this are not shipped whole (the logs are capped at
 #: 20 MiB each by the recorder already; this bounds a packed record all the same).
 MAX_FILE_BYTES = 64 * 1024 * 1024
-
-_RESULT_FIELDS = set(RunResult.__dataclass_fields__)
 
 
 def pack_record(store: Store, run_id: str) -> dict[str, Any]:
@@ -54,8 +53,8 @@ def import_record(store: Store, packed: dict[str, Any], node: dict[str, Any]) ->
     run_id = row["run_id"]
     files: dict[str, bytes] = dict(packed["files"])
     data = json.loads(files.get("result.json", b"{}") or b"{}")
-    result = RunResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
-    if not result.run_id:  # the node ended without result.json: a torn record
+    result = RunResult.from_dict(data) if data else None
+    if result is None or not result.run_id:  # the node ended without result.json: a torn record
         raise ValueError(f"the record of run {run_id} came back without its result.json")
     final = store.run_dir(run_id)
     result.record_dir = str(final)
@@ -87,25 +86,34 @@ def lost_record(
     """The record, in the driver's store, of an attempt whose node (or its worker, or the
     object holding its result) was lost: `infra_error` of type `node_lost`, naming the node;
     the batch's rules decide whether it is run again."""
-    error = host_error("node_lost", message)
-    return driver_record(store, prepared, node, "infra_error", error, started)
+    return driver_record(store, prepared, node, host_error("node_lost", message), started)
 
 
 def driver_record(
     store: Store,
     prepared: PreparedRun,
     node: dict[str, Any],
-    status: RunStatus,
-    error: dict[str, Any],
+    error: RunError,
     started: float,
 ) -> RunResult:
     """The record, in the driver's store, of an attempt that no node recorded (lost with
-    its node, or cancelled before a node took it): ended `status` with `error`, whose type
-    names the host event that says why (naming the node when there was one)."""
+    its node, or cancelled before a node took it): ended with `error` (its status decided
+    by `outcome.unrun`), whose type names the host event that says why (naming the node
+    when there was one)."""
     run_id = prepared.run_id
+    result = unrun(
+        run_id,
+        error,
+        payload=prepared.manifest.name,
+        model=prepared.model.describe(),
+        backend=prepared.backend,
+        network=prepared.network.mode,
+        limits=prepared.limits.recorded(prepared.max_steps_from),
+        node=dict(node),
+    )
     directory = store.create_run(
         run_id,
-        status=status,
+        status=result.status,
         created_at=started,
         payload=prepared.manifest.name,
         model=prepared.model.describe(),
@@ -117,20 +125,9 @@ def driver_record(
         kind="check" if prepared.spec.check_only else "run",
     )
     record = RunRecorder(directory, Masker(prepared.secrets.values()), None)
-    record.host_event(str(error.get("type")), **node, message=error.get("message"))
+    record.host_event(error.type, **node, message=error.message)
     ended = time.time()
-    result = RunResult(
-        run_id=run_id,
-        status=status,
-        error=error,
-        record_dir=str(directory),
-        payload=prepared.manifest.name,
-        model=prepared.model.describe(),
-        backend=prepared.backend,
-        network=prepared.network.mode,
-        limits=prepared.limits.recorded(prepared.max_steps_from),
-        node=dict(node),
-        timings={"created": started, "ended": ended, "duration": round(ended - started, 3)},
-    )
-    finish(result, record, store)
+    result.record_dir = str(directory)
+    result.timings = {"created": started, "ended": ended, "duration": round(ended - started, 3)}
+    settle(result, record, store)
     return result

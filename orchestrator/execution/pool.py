@@ -40,10 +40,9 @@ from ..backends.base import Backend, Sandbox, SandboxSpec
 from ..errors import ConfigError
 from ..labels import owner_label, pool_marker, run_labels
 from ..lifecycle.imagecache import ImageCache
-from ..lifecycle.interrupts import stop_on_interrupt
-from ..lifecycle.prepared import PreparedRun, prepare
+from ..lifecycle.prepared import PreparedRun
 from ..lifecycle.request import sandbox_spec
-from ..lifecycle.runner import RunObservers, execute, observers_of
+from ..lifecycle.runner import RunObservers, execute, observers_of, run_spec
 from ..records.record import EventHandler
 from ..records.store import Store, new_run_id
 from ..spec import RunResult, RunSpec
@@ -202,11 +201,13 @@ class Pool:
         """`runner.run`, in a warm sandbox when one is ready or on its way (else cold).
 
         Raises OrchestratorError for bad input before anything starts, as `runner.run`."""
-        prepared = prepare(spec)
         self.store = self.store or Store()
         observers = observers_of(on_event, on_progress, cancel, self.store)
-        with stop_on_interrupt(observers.cancel):  # Ctrl-C: as `runner.run`
-            return self.execute(prepared, observers=observers)
+        return run_spec(spec, observers, executes=self._execute)
+
+    def _execute(self, prepared: PreparedRun, observers: RunObservers) -> RunResult:
+        """`execute` as `runner.run_spec` calls it."""
+        return self.execute(prepared, observers=observers)
 
     def execute(
         self,

@@ -27,6 +27,7 @@ from ..paths import home_dir
 from ..records.record import close_orphan
 from ..records.store import Store
 from ..registry import DEFAULT_BACKEND, backend_names
+from .outcome import orphaned
 
 
 @dataclass
@@ -114,7 +115,7 @@ def close_orphaned_runs(
         else:
             ended, where = _remove_leftovers(row["run_id"], backend), "what it left was removed"
         message = f"the orchestrator process ({row.get('owner')}) died during the run; {where}"
-        if close_orphan(store, row, message=message, **ended) is not None:
+        if close_orphan(store, row, orphaned(row, message, **ended)) is not None:
             closed.append(row["run_id"])
     reap_dead_pools(store, found, warn)
     return closed

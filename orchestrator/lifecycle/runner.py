@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from orchestrator_runtime.masking import Masker
 
@@ -29,13 +28,14 @@ from ..errors import ManifestError, RecordError, at_field
 from ..gateway import sandbox_secrets
 from ..labels import owner_label
 from ..payloads.binding import BoundSecret, bind_secrets
-from ..records.record import EventHandler, RunRecorder, finish
+from ..records.record import EventHandler, RunRecorder
 from ..records.store import Store
 from ..records.traces import RunContext, record_trace
-from ..spec import RunError, RunResult, RunSpec
+from ..spec import RunResult, RunSpec
+from . import outcome
 from .imagecache import ImageCache
 from .interrupts import stop_on_interrupt
-from .outcome import cancelled_error, decide_status, explain_network
+from .outcome import Outcome
 from .prepared import PreparedRun, prepare
 from .request import RUNTIME_COMMAND, build_request, program_argv, runtime_command, sandbox_spec
 from .supervise import record_egress_blocked, record_gateway, record_injections, supervise
@@ -45,6 +45,7 @@ from .supervise import record_egress_blocked, record_gateway, record_injections,
 __all__ = [
     "RUNTIME_COMMAND",
     "PreparedRun",
+    "Executes",
     "RunObservers",
     "WarmSandbox",
     "build_request",
@@ -53,6 +54,7 @@ __all__ = [
     "prepare",
     "program_argv",
     "run",
+    "run_spec",
     "runtime_command",
     "sandbox_spec",
 ]
@@ -113,11 +115,40 @@ def run(
     `cancel`, so the run stops at a safe point and is recorded `cancelled`, and then raises
     KeyboardInterrupt (`interrupts.py`).
     """
-    prepared = prepare(spec)
-    backend = backend or get_backend(prepared.backend, env_file=spec.env_file)
     observers = observers_of(on_event, on_progress, cancel, store)
+    return run_spec(spec, observers, backend=backend)
+
+
+#: Where a prepared run is run: `execute` in a sandbox of a backend (`run_spec`'s default),
+#: or a pool's `execute` (a warm sandbox when it has one).
+Executes = Callable[[PreparedRun, RunObservers], RunResult]
+
+
+def run_spec(
+    spec: RunSpec,
+    observers: RunObservers,
+    *,
+    backend: Backend | None = None,
+    executes: Executes | None = None,
+    on_prepared: Callable[[PreparedRun], None] | None = None,
+) -> RunResult:
+    """The one way to run one spec, for `run`, `Pool.run` and `orchestrator run`: prepared
+    (raises `OrchestratorError` for bad input before anything starts; `on_prepared` then
+    sees it), then run by `executes` (default: `execute` in a sandbox of `backend`, else of
+    the backend the run names). Ctrl-C under Python's default handler sets
+    `observers.cancel` and is raised once the run is recorded (`interrupts.py`); a handler of
+    the caller's own (the CLI's) is left alone."""
+    prepared = prepare(spec)
+    if on_prepared is not None:
+        on_prepared(prepared)
+    if executes is None:
+        chosen = backend or get_backend(prepared.backend, env_file=spec.env_file)
+
+        def executes(prepared: PreparedRun, observers: RunObservers) -> RunResult:
+            return execute(prepared, backend=chosen, observers=observers)
+
     with stop_on_interrupt(observers.cancel):  # Ctrl-C: stops at a safe point, then raised
-        return execute(prepared, backend=backend, observers=observers)
+        return executes(prepared, observers)
 
 
 def observers_of(
@@ -194,24 +225,6 @@ def open_record(
         ) from exc
 
 
-def first_result(prepared: PreparedRun, backend: Backend, record_dir: Path) -> RunResult:
-    """The run's result before anything is decided: `infra_error` until a phase says else."""
-    return RunResult(
-        run_id=prepared.run_id,
-        status="infra_error",
-        record_dir=str(record_dir),
-        payload=prepared.manifest.name,
-        model=prepared.model.describe(),
-        backend=backend.name,
-        network=prepared.network.mode,
-        allowlist=prepared.allowlist,
-        limits=prepared.limits.recorded(prepared.max_steps_from),
-        gateway=prepared.gateway.describe()
-        if prepared.gateway
-        else {"enabled": False, "reason": prepared.gateway_off},
-    )
-
-
 class _Execution:
     """One recorded run, phase by phase (`run` tells them in order): what the phases share
     is the record, the result being decided, the sandbox once made and the timings."""
@@ -235,7 +248,7 @@ class _Execution:
         self.images = images
         self.warm = warm
         self.masker = record.masker
-        self.result = first_result(prepared, backend, record.directory)
+        self.result = outcome.undecided(prepared, backend.name, record.directory)
         self.timings: dict[str, float] = {"created": time.time()}
         self.sandbox: Sandbox | None = None
 
@@ -253,12 +266,10 @@ class _Execution:
                 interrupted = exc  # the caller's own interrupt: re-raised once all is cleaned up
             self.stopped()
         except ManifestError as exc:  # the payload asks for what cannot be had (a requirement)
-            self.result.status = "failed"
             message = f"{self.prepared.manifest.path}: {exc.cause} {exc.fix}"
-            self.result.error = RunError.payload(message, exc.field).to_dict()
+            outcome.failed_on_host(self.result, exc, message)
         except Exception as exc:  # engine errors, image build failures, vanished sandboxes
-            self.result.status = "infra_error"
-            self.result.error = RunError.of(exc, self.masker(str(exc))).to_dict()
+            outcome.failed_on_host(self.result, exc, self.masker(str(exc)))
         finally:
             self.clean_up()
             self.finish()
@@ -349,36 +360,25 @@ class _Execution:
         self.store.update_run(prepared.run_id, status="running")
         return deadline
 
-    def watch(self, sandbox: Sandbox, deadline: float) -> tuple[str, ExitInfo]:
+    def watch(self, sandbox: Sandbox, deadline: float) -> tuple[Outcome, ExitInfo]:
         """Watch the run to its end (supervise.py), then wait for the sandbox's exit and
         recover the result from its stdout when the event stream broke."""
         timeout = self.prepared.limits.timeout_seconds
-        outcome = supervise(sandbox, self.record, deadline, timeout, self.cancel)
+        ended = supervise(sandbox, self.record, deadline, timeout, self.cancel)
         exit_info = sandbox.wait(timeout=30)
-        if self.record.run_end is None and outcome != "cancelled":
+        if self.record.run_end is None and ended.kind != "cancelled":
             self.record.recover(sandbox.recover_stdout())
-        return outcome, exit_info
+        return ended, exit_info
 
-    def decide(self, outcome: str, exit_info: ExitInfo) -> None:
+    def decide(self, ended: Outcome, exit_info: ExitInfo) -> None:
         """The run's status and error from what the host saw (outcome.py), and its exit."""
-        record, result = self.record, self.result
-        result.status, result.error = decide_status(
-            outcome,
-            exit_info,
-            record.run_end,
-            record.violations,
-            reason=record.stop_reason,
-            cancel=self.cancel,
-        )
-        result.exit_code = exit_info.exit_code
-        result.oom_killed = exit_info.oom_killed
+        outcome.decide(self.result, ended, exit_info, self.record, self.cancel)
 
     def stopped(self) -> None:
         """Cancelled (the caller's cancel, a stop request, Ctrl-C): the sandbox is killed."""
         if self.sandbox is not None:
             self.sandbox.kill()
-        self.result.status = "cancelled"
-        self.result.error = cancelled_error(self.cancel)
+        outcome.stopped(self.result, self.cancel)
 
     def clean_up(self) -> None:
         """What the egress proxy and the secret interceptor refused, the gateway's last
@@ -399,19 +399,18 @@ class _Execution:
             self.record.host_event("cleanup_failed", error=str(exc))
 
     def finish(self) -> None:
-        """The timings, a program's output and the trace into the result, then result.json
-        and the index row written (`record.finish`)."""
-        prepared, result, timings = self.prepared, self.result, self.timings
+        """The timings, a program's output and the trace into the result, the rest of it from
+        the record (outcome.py), then result.json and the index row written (record.py)."""
+        prepared, result, timings, record = self.prepared, self.result, self.timings, self.record
         timings["ended"] = time.time()
         timings["duration"] = round(
             timings["ended"] - timings.get("started", timings["created"]), 3
         )
         result.timings = timings
-        if result.status == "infra_error":
-            result.error = explain_network(prepared.network, prepared.model, result.error)
+        outcome.explain(result, prepared.network, prepared.model)
         if prepared.manifest.program is not None:
-            result.output = self.record.log_tail()
+            result.output = record.log_tail()
         if prepared.trace is not None:  # never fails: what was not exported is recorded
             context = RunContext.of(prepared.spec, prepared.task)
-            result.traces = record_trace(result, self.record, context, prepared.trace)
-        finish(result, self.record, self.store)
+            result.traces = record_trace(result, record, context, prepared.trace)
+        outcome.settle(result, record, self.store)

@@ -10,6 +10,7 @@ import time
 from ..backends.base import Sandbox
 from ..records.record import RunRecorder
 from ..spec import StopRequest
+from .outcome import Outcome, OutcomeKind
 
 #: How often the host checks that a running sandbox still has its egress proxy.
 HEALTH_INTERVAL = 1.0
@@ -24,11 +25,12 @@ def supervise(
     deadline: float,
     timeout: float,
     cancel: threading.Event,
-) -> str:
-    """Pump the sandbox's output until it ends, the time limit passes, or the run is
-    cancelled, or it loses its network (egress proxy gone); returns `finished`, `timed_out`,
-    `cancelled` or `network_lost`. The host enforces the time limit by killing the sandbox;
-    nothing in the sandbox is trusted to stop itself."""
+) -> Outcome:
+    """Pump the sandbox's output until it ends, the time limit passes, the run is cancelled,
+    its model budget is spent, it loses its network (egress proxy or gateway gone) or its
+    record cannot be written; returns how it stopped (`Outcome`: `finished` or the host's
+    reason to stop it, with the host's words for why). The host enforces the time limit by
+    killing the sandbox; nothing in the sandbox is trusted to stop itself."""
     done = threading.Event()
 
     def pump() -> None:
@@ -41,7 +43,7 @@ def supervise(
 
     reader = threading.Thread(target=pump, name="sandbox-stream", daemon=True)
     reader.start()
-    outcome = "finished"
+    outcome: OutcomeKind = "finished"
     lost: str | None = None
     next_check = next_egress = time.monotonic()
     events_seen = 0
@@ -57,7 +59,7 @@ def supervise(
         spent = record_gateway(sandbox, record)
         if cancel.is_set() or stop:
             why = cancel.error if isinstance(cancel, StopRequest) else None  # a batch's cap
-            outcome, lost = "cancelled", stop or (why or {}).get("message") or lost
+            outcome, lost = "cancelled", stop or (why.message if why else None) or lost
         elif spent:
             outcome = "budget_exceeded"
             lost = spent
@@ -70,19 +72,26 @@ def supervise(
         else:
             continue
         sandbox.kill()
-        record.stop_reason = lost
         record.host_event(outcome, **({"reason": lost} if lost else {"limit_seconds": timeout}))
-        break
+        return _finish(sandbox, record, reader, Outcome(outcome, lost))
+    return _finish(sandbox, record, reader, Outcome("finished"))
+
+
+def _finish(
+    sandbox: Sandbox, record: RunRecorder, reader: threading.Thread, outcome: Outcome
+) -> Outcome:
+    """The run's output read to its end; a run that ended failing by itself is given the
+    host's cause when there is one (its budget spent, its network lost)."""
     reader.join(timeout=10)
     failed = (record.run_end or {}).get("state") != "success"
     spent = record_gateway(sandbox, record)
-    if outcome == "finished" and failed and spent:
-        outcome, record.stop_reason = "budget_exceeded", spent  # the 429 ended it first
-        record.host_event(outcome, reason=spent)
-    elif outcome == "finished" and failed and (lost := sandbox.health()):
+    if outcome.kind == "finished" and failed and spent:
+        outcome = Outcome("budget_exceeded", spent)  # the 429 ended it first
+        record.host_event(outcome.kind, reason=spent)
+    elif outcome.kind == "finished" and failed and (lost := sandbox.health()):
         # The runtime ended first (say, on a model connection error): name the real cause.
-        outcome, record.stop_reason = "network_lost", lost
-        record.host_event(outcome, reason=lost)
+        outcome = Outcome("network_lost", lost)
+        record.host_event(outcome.kind, reason=lost)
     return outcome
 
 

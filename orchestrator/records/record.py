@@ -16,8 +16,7 @@ from orchestrator_runtime.masking import Masker
 from orchestrator_runtime.protocol import MAX_FRAME_BYTES, FrameCheck
 from orchestrator_runtime.request import MAX_STEPS_FROM
 
-from ..gateway import measured_usage, usage_mismatch
-from ..spec import RunResult, host_error
+from ..spec import RunResult
 from .spans import SpanCollector
 from .store import Store
 
@@ -136,8 +135,6 @@ class RunRecorder:
         self.write_error: str | None = None
         #: What the sandbox's event channel did wrong, in order (see the class docstring).
         self.violations: list[str] = []
-        #: Why the host stopped the run early (a lost proxy or gateway, a spent budget).
-        self.stop_reason: str | None = None
         #: How many of the egress proxy's failed attempts are recorded already.
         self.egress_seen = 0
         self._frames = FrameCheck()
@@ -319,67 +316,27 @@ class RunRecorder:
                     file.close()
 
 
-def finish(result: RunResult, record: RunRecorder, store: Store) -> None:
-    """Fill the result from the run_end event, write result.json and the index row."""
-    end = record.run_end or {}
-    if result.status == "succeeded":
-        result.answer = end.get("answer")
-    reported = end.get("token_usage") or {}
-    result.token_usage = reported
-    if result.gateway.get("enabled"):
-        account_gateway(result, record, reported)
-    result.steps = int(end.get("steps") or sum(1 for e in record.events if e["type"] == "step"))
-    result.agent_max_steps = agent_max_steps(record.events)
-    result.egress_blocked = sum(1 for e in record.events if e["type"] == "egress_blocked")
-    result.secrets_injected = [
-        {k: e.get(k) for k in ("secret", "host", "place", "count")}
-        for e in record.events
-        if e["type"] == "secret_injected"
-    ]
+def write_result(result: RunResult, record: RunRecorder) -> str | None:
+    """Close the record with the result it is given (decided by lifecycle/outcome.py): the
+    `run_finished` event, then result.json. Returns what failed when result.json could not
+    be written (the file and why), else None; the index row is `index_end`'s."""
     if record.cuts > MAX_CUT_EVENTS:
         record.host_event("output_cut", lines_cut=record.cuts, recorded_one_by_one=MAX_CUT_EVENTS)
-    result.answer = record.masker.clean(result.answer)
-    result.error = record.masker.clean(result.error)
-    if record.write_error is not None:
-        result.status = "infra_error"
-        result.error = host_error("record_unwritable", unwritable(record.write_error))
     record.host_event("run_finished", status=result.status)
     record.close()
     path = Path(result.record_dir) / "result.json"
     try:
         path.write_text(json.dumps(result.to_dict(), indent=2, default=str) + "\n")
     except OSError as exc:
-        result.status = "infra_error"
-        error = unwritable(f"{path}: {exc.strerror or exc}")
-        result.error = host_error("record_unwritable", error)
-    with contextlib.suppress(sqlite3.Error):  # the index may be on the same full disk
+        return f"{path}: {exc.strerror or exc}"
+    return None
+
+
+def index_end(result: RunResult, store: Store) -> None:
+    """The run's end in the index row; a failure is left alone (the index may be on the
+    same full disk as the record, whose result.json says the end)."""
+    with contextlib.suppress(sqlite3.Error):
         _index_end(result, store)
-
-
-def account_gateway(result: RunResult, record: RunRecorder, reported: dict[str, Any]) -> None:
-    """Token usage as the gateway measured it; what the sandbox claimed is kept beside it,
-    and a difference is flagged (`token_usage_mismatch`, and an event saying both)."""
-    measured = measured_usage(record.events)
-    result.token_usage, result.token_usage_source = measured, "gateway"
-    result.token_usage_reported = dict(reported)
-    result.token_usage_mismatch = usage_mismatch(measured, reported)
-    if result.token_usage_mismatch:
-        record.host_event("token_usage_mismatch", measured=measured, reported=reported)
-    closed = [e for e in record.events if e.get("type") == "gateway_closed"]
-    totals = closed[-1] if closed else {}
-    calls = sum(1 for e in record.events if e.get("type") == "model_call")
-    result.gateway.update(
-        calls=totals.get("calls", calls),
-        refused=totals.get("refused"),
-        unmeasured=totals.get("unmeasured"),
-    )
-
-
-def unwritable(what: str) -> str:
-    return (
-        f"the run record could not be written ({what}); the sandbox was stopped. Free space "
-        "(or fix permissions) in the orchestrator's state directory and run again"
-    )
 
 
 def _index_end(result: RunResult, store: Store) -> None:
@@ -389,27 +346,17 @@ def _index_end(result: RunResult, store: Store) -> None:
         ended_at=result.timings.get("ended"),
         duration=result.timings.get("duration"),
         answer=None if result.answer is None else json.dumps(result.answer, default=str),
-        error=None
-        if result.error is None
-        else result.error.get("message") or result.error.get("type"),
+        error=None if result.error is None else result.error.message or result.error.type,
         exit_code=result.exit_code,
         input_tokens=result.token_usage.get("input_tokens"),
         output_tokens=result.token_usage.get("output_tokens"),
     )
 
 
-def close_orphan(
-    store: Store,
-    row: dict[str, Any],
-    *,
-    message: str,
-    exit_code: int | None = None,
-    oom_killed: bool = False,
-    started_at: float | None = None,
-    finished_at: float | None = None,
-) -> RunResult | None:
-    """Close a run whose orchestrator process died before recording its end: `infra_error`
-    of type `orphaned`, with result.json, exit code and duration like any other end.
+def close_orphan(store: Store, row: dict[str, Any], result: RunResult) -> RunResult | None:
+    """Close a run whose orchestrator process died before recording its end, with the
+    result it is given (`infra_error` of type `orphaned`, decided by lifecycle/outcome.py):
+    result.json, exit code and duration like any other end.
 
     Returns None when another process closed it first (it is written once), or when the run
     had in fact ended and written result.json but could not update the index (a full disk):
@@ -419,52 +366,29 @@ def close_orphan(
         if store.claim_end(row["run_id"], written.timings["ended"]):
             _index_end(written, store)
         return None
-    ended = finished_at or time.time()
-    if not store.claim_end(row["run_id"], ended):
+    if not store.claim_end(row["run_id"], result.timings["ended"]):
         return None
-    started = started_at or row["created_at"]
-    result = RunResult(
-        run_id=row["run_id"],
-        status="infra_error",
-        error=host_error("orphaned", message),
-        exit_code=exit_code,
-        oom_killed=oom_killed,
-        timings={
-            "created": row["created_at"],
-            "started": started,
-            "ended": ended,
-            "duration": round(max(0.0, ended - started), 3),
-        },
-        record_dir=row["record_dir"],
-        payload=row.get("payload") or "",
-        model=row.get("model") or "",
-        backend=row.get("backend") or "",
-        network=row.get("network") or "",
-    )
     directory = Path(row["record_dir"])
     with contextlib.suppress(OSError):  # the record folder may be gone; the index is not
         with open(directory / "events.jsonl", "a", encoding="utf-8") as events:
             end = {"type": "run_finished", "source": "host", "ts": time.time()}
             events.write(json.dumps({**end, "status": result.status, "orphaned": True}) + "\n")
         (directory / "result.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    error = result.error
     store.update_run(
         result.run_id,
         status=result.status,
         duration=result.timings["duration"],
-        error=f"orphaned: {message}",
-        exit_code=exit_code,
+        error=None if error is None else f"{error.type}: {error.message}",
+        exit_code=result.exit_code,
     )
     return result
-
-
-_RESULT_FIELDS = set(RunResult.__dataclass_fields__)
 
 
 def _written_result(record_dir: str) -> RunResult | None:
     """The run's own result.json, if it was written whole (a torn one counts as absent)."""
     try:
-        data = json.loads((Path(record_dir) / "result.json").read_text())
-        result = RunResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
+        result = RunResult.from_dict(json.loads((Path(record_dir) / "result.json").read_text()))
     except (OSError, ValueError, TypeError):
         return None
     return result if result.timings.get("ended") else None

@@ -139,8 +139,8 @@ def root_span(
         text = answer if isinstance(answer, str) else json.dumps(answer, default=str)
         attributes["output.value"] = text[:MAX_ATTRIBUTE_CHARS]
     if result.error:
-        attributes["orchestrator.error.type"] = str(result.error.get("type"))
-        attributes["orchestrator.error.message"] = str(result.error.get("message"))[:4096]
+        attributes["orchestrator.error.type"] = result.error.type
+        attributes["orchestrator.error.message"] = result.error.message[:4096]
     for key, value in (
         ("orchestrator.batch_id", context.batch),
         ("session.id", context.batch),  # Phoenix shows a batch's traces as one session
@@ -150,7 +150,8 @@ def root_span(
         if value:
             attributes[key] = value
     ok = result.status == "succeeded"
-    message = None if ok else str((result.error or {}).get("message") or result.status)[:4096]
+    error = result.error
+    message = None if ok else ((error.message if error else "") or result.status)[:4096]
     return {
         "name": f"run {result.payload}",
         "trace_id": trace_id,

@@ -175,7 +175,7 @@ def _fire_claimed(
             firing.result = result
             firing.outcome, firing.exit_code = result.status, result.cli_exit_code
             if result.error:
-                firing.reason = str(result.error.get("message") or result.error.get("type"))
+                firing.reason = result.error.message or result.error.type
             if watcher is not None and watcher.replaced:
                 firing.reason = "replaced by a newer firing"
         finally:

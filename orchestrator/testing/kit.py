@@ -168,7 +168,7 @@ class Kit:
         if result.status != "succeeded":
             raise CheckFailed(
                 f"the probe's run {result.run_id} ended {result.status}: "
-                f"{(result.error or {}).get('message', result.error)}"
+                f"{result.error.message if result.error else None}"
             )
         try:
             return json.loads(str(result.answer))
