@@ -23,7 +23,7 @@ from orchestrator.batch.output import BatchDir
 from orchestrator.batch.plan import BatchSpec, plan_batch
 from orchestrator.batch.rescore import rescore
 from orchestrator.errors import ConfigError
-from orchestrator.spec import RunResult, RunSpec
+from orchestrator.spec import RunError, RunResult, RunSpec
 
 from .conftest import TEST_PAYLOADS, cli, wait_for
 
@@ -74,9 +74,7 @@ def write_batch(root: Path) -> Path:
             run_id=f"r-{task.id}",
             status=status,
             answer=answer,
-            error={"type": "engine", "message": "the engine went away"}
-            if status == "infra_error"
-            else None,
+            error=RunError("engine", "the engine went away") if status == "infra_error" else None,
             token_usage={"input_tokens": inputs, "output_tokens": outputs},
             steps=2,
             timings={"duration": 1.5},
