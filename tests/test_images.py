@@ -269,6 +269,26 @@ def test_runtime_change_changes_the_tag(
     assert changed != agent_image and changed.startswith(f"{docker_images.AGENT_IMAGE}:")
 
 
+def test_a_base_tag_moved_to_another_image_changes_the_agent_image(docker_client, agent_image: str):
+    """The base's id comes from the one inspection that found the base (no second look):
+    that id is today's, so a base tag moved to another image changes the agent image's tag
+    (never the old image reused)."""
+    base = f"orchestrator-test/moved-base:{time.monotonic_ns()}"
+    first_id = docker_client.api.inspect_image(base_image.BASE_IMAGE)["Id"]
+    docker_client.api.tag(base_image.BASE_IMAGE, *base.split(":"))
+    try:
+        assert base_image.resolved_base(docker_client, base) == (base, first_id)
+        before = docker_images.plan_agent_image(docker_client, base=base)
+        assert before.base_id == first_id
+        docker_client.api.tag(agent_image, *base.split(":"), force=True)  # same Python
+        moved_id = docker_client.api.inspect_image(agent_image)["Id"]
+        after = docker_images.plan_agent_image(docker_client, base=base)
+        assert after.base_id == moved_id != first_id
+        assert after.tag != before.tag
+    finally:
+        docker_client.api.remove_image(base, noprune=True)
+
+
 def test_unavailable_base_falls_back_and_says_so(docker_client, agent_image: str):
     """The fallback is said as what it is on a host without a registry, the designed path
     (before: "base image ... is not available (pull failed...); falling

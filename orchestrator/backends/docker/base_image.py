@@ -143,13 +143,22 @@ def ensure_debian_base(
     """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
     missing: for an image whose interpreter must be other than the agent's base's (the
     secret interceptor's mitmproxy needs Python 3.12+: trixie). No registry needed."""
+    return _debian_base(client, suite, progress)[0]
+
+
+def _debian_base(
+    client: docker.DockerClient, suite: str, progress: Progress | None
+) -> tuple[str, str]:
+    """`ensure_debian_base`'s tag and image id (from the inspection that found it)."""
     tag = debian_base(suite)
-    if inspect_image(client, tag) is None:
+    found = inspect_image(client, tag)
+    if found is None:
         with build_lock(sha256(tag.encode())):
             if inspect_image(client, tag) is None:
                 report(progress, f"making {tag} with debootstrap (once per host)")
                 bootstrap_base(client, suite=suite, tag=tag, progress=progress)
-    return tag
+        found = client.api.inspect_image(tag)
+    return tag, found["Id"]
 
 
 def _chunks(stream: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
@@ -180,14 +189,27 @@ def resolve_base(
     made if it is missing too. A fallback is always reported through `progress` (and logged
     as a warning).
     """
+    return resolved_base(client, base, progress, suite=suite)[0]
+
+
+def resolved_base(
+    client: docker.DockerClient,
+    base: str | None = None,
+    progress: Progress | None = None,
+    *,
+    suite: str = "bookworm",
+) -> tuple[str, str]:
+    """`resolve_base`'s image and its id, read from the inspection that found it: a caller
+    that needs the id (the agent image's hash covers it) asks the engine once, not twice."""
     wanted = base or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE
     fallback = debian_base(suite)
-    if inspect_image(client, wanted) is not None:
-        return wanted
+    found = inspect_image(client, wanted)
+    if found is not None:
+        return wanted, found["Id"]
     if wanted != fallback:
         reason, remembered = _pull(client, wanted, progress)
         if reason is None:
-            return wanted
+            return wanted, client.api.inspect_image(wanted)["Id"]
         choose = f"set {BASE_IMAGE_ENV} to choose a base; " if fallback == BASE_IMAGE else ""
         message = (
             f"{wanted} cannot be pulled here, so images are built on {fallback}, the "
@@ -200,7 +222,7 @@ def resolve_base(
             progress(message)
         else:
             log.warning("%s", message)
-    return ensure_debian_base(client, suite, progress)
+    return _debian_base(client, suite, progress)
 
 
 def _pull(

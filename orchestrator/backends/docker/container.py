@@ -9,7 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
@@ -20,11 +20,13 @@ from orchestrator_runtime.request import Request
 
 from ...spec import Limits
 from ..base import ExitInfo, Sandbox, SandboxSpec, StreamName
-from .egress import Egress
-from .gateway import Gateway
-from .interceptor import Interceptor
 from .runtimes import Placement
 from .snapshots import start_from_checkpoint
+
+if TYPE_CHECKING:  # a run's helpers, imported only by the runs that have them (sandbox.py)
+    from .egress import Egress
+    from .gateway import Gateway
+    from .interceptor import Interceptor
 
 STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 

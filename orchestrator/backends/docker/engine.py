@@ -12,14 +12,21 @@ from docker.utils.socket import frames_iter
 
 from ...errors import EngineUnavailable
 
+#: The API version a client speaks before it knows the engine's (every engine since 1.12
+#: answers `/_ping` unversioned); the SDK's own floor.
+PROBE_API_VERSION = "1.24"
+
 
 def connect() -> docker.DockerClient:
-    """A client for the local engine, or a one-paragraph error saying how to get one.
+    """A client for the local engine, at the engine's own API version, or a one-paragraph
+    error saying how to get one.
 
-    No separate ping: the SDK asks the engine for its API version as it connects (`version`
-    left to "auto"), a round trip that fails as a ping would when no engine answers."""
+    The version comes from `/_ping`'s `Api-Version` header, the same number the SDK's
+    "auto" reads from `/version`: a round trip that fails as a ping would when no engine
+    answers, but `/version` asks containerd for its components too (12 ms against 3 on
+    this engine, at the start of every run)."""
     try:
-        client = docker.from_env(timeout=120, version="auto")
+        client = docker.from_env(timeout=120, version=engine_api_version())
     except Exception as exc:  # the SDK raises several types for "no engine"
         raise EngineUnavailable(
             f"Cannot reach the Docker engine ({type(exc).__name__}: {exc}).",
@@ -28,6 +35,18 @@ def connect() -> docker.DockerClient:
             "started.",
         ) from exc
     return client
+
+
+def engine_api_version() -> str:
+    """The engine's API version (its `/_ping` says it); "auto" (the SDK asks `/version`)
+    when the answer does not say. Raises what the SDK raises when no engine answers."""
+    probe = docker.from_env(timeout=120, version=PROBE_API_VERSION)  # no round trip
+    try:
+        answer = probe.api.get(probe.api.base_url + "/_ping", timeout=120)
+        answer.raise_for_status()
+        return answer.headers.get("Api-Version") or "auto"
+    finally:
+        probe.close()
 
 
 def stopped(client: docker.DockerClient, container_id: str, what: str, then: str) -> str | None:

@@ -4,15 +4,17 @@ private network behind its egress proxy), as plain data rendered for `create_hos
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from docker.types import LogConfig, Ulimit
 
 from ...policy import HOST_ALIAS
 from ...spec import NetworkPolicy
 from ..base import SandboxSpec
-from .egress import Egress
 from .runtimes import Placement
+
+if TYPE_CHECKING:  # a run's helpers, imported only by the runs that have them
+    from .egress import Egress
 
 
 def host_config_options(

@@ -53,7 +53,7 @@ from ...images.wheelhouse import (
 )
 from ...images.wheelhouse import python_target as probed_target
 from ...paths import VERSION
-from .base_image import resolve_base
+from .base_image import resolved_base
 from .engine import inspect_image
 
 #: Repository names of the images this module makes.
@@ -131,8 +131,7 @@ def plan_agent_image(
 
     Builds nothing; may pull or bootstrap the base and resolve the wheelhouse the first time.
     """
-    base = resolve_base(client, base, progress)
-    base_id = client.api.inspect_image(base)["Id"]
+    base, base_id = resolved_base(client, base, progress)
     target = python_target(client, base, base_id)
     definition = agent_image_definition()
     requirements = (AGENT_IMAGE_DIR / "requirements.txt").read_text()

@@ -7,7 +7,7 @@ import contextlib
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import docker.errors
 
@@ -23,14 +23,16 @@ from ..base import (
 from . import snapshots
 from .container import DockerSandbox
 from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, restorable_kept, run_seconds
-from .egress import KIND_EGRESS_NETWORK, Egress, ensure_egress_image, remove_network
 from .engine import connect, engine_time
-from .gateway import Gateway
 from .hardening import host_config_options, network_options
 from .hostchecks import EngineHostChecks
-from .interceptor import Interceptor, InterceptorRoute, ensure_interceptor_image
 from .runtimes import RUNC, RUNSC, EngineRuntimes, check_requested, place
 from .snapshots import Snapshots
+
+if TYPE_CHECKING:  # a run's helpers: imported by the runs that have them (`_create_all`)
+    from .egress import Egress
+    from .gateway import Gateway
+    from .interceptor import Interceptor, InterceptorRoute
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
 IDLE_READY_TIMEOUT = 60.0
@@ -136,6 +138,11 @@ class DockerBackend(EngineHostChecks):
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
     ) -> DockerSandbox:
+        # A run's helpers' code is imported by the runs that have them (10 ms of every start).
+        from .egress import Egress, ensure_egress_image
+        from .gateway import Gateway
+        from .interceptor import Interceptor, ensure_interceptor_image
+
         needs_proxy = spec.network.mode == "allowlist" and bool(
             spec.network.hosts or spec.network.endpoints or spec.network.host_endpoints
         )
@@ -305,6 +312,8 @@ class DockerBackend(EngineHostChecks):
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
         """Containers (sandboxes, egress proxies), then the runs' networks: in that order
         they can be removed."""
+        from .egress import KIND_EGRESS_NETWORK
+
         filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
         found = []
         for c in self.client.api.containers(all=True, filters=filters):
@@ -341,6 +350,8 @@ class DockerBackend(EngineHostChecks):
     def remove_sandbox(self, info: SandboxInfo) -> None:
         """An orphan (`cleanup`); a container's removal also sweeps what containerd
         unpacked for restores whose containers are gone (`Snapshots.sweep`)."""
+        from .egress import KIND_EGRESS_NETWORK, remove_network
+
         with contextlib.suppress(docker.errors.NotFound):
             if info.kind == KIND_EGRESS_NETWORK:
                 remove_network(self.client, info.id)
