@@ -64,6 +64,8 @@ class BatchSpec:
     #: Prices the user gives, per model as `--model` spells it: US dollars per million
     #: (input, output) tokens, e.g. `{"openai:gpt-4o-mini": (0.15, 0.60)}`; used by `max_cost`.
     prices: dict[str, Any] = field(default_factory=dict)
+    #: Times each task runs, each attempt its own sandbox and result line (`batch/epochs.py`).
+    epochs: int = 1
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:
@@ -142,6 +144,12 @@ class BatchSummary:
     spend: dict[str, Any] = field(default_factory=dict)
     #: How many ran at once (`AdaptiveLimit.describe`): mode, ceiling, the limit's changes.
     concurrency: dict[str, Any] = field(default_factory=dict)
+    #: The mean score's standard error (clustered by task with epochs; `batch/epochs.py`).
+    accuracy_stderr: float | None = None
+    #: Times each task runs; `total` counts tasks, `pending` their epochs still to run.
+    epochs: int = 1
+    #: With epochs: each reducer's figure and standard error (`epochs.epoch_metrics`).
+    epoch_metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -172,6 +180,11 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
     before a lock is taken or a sandbox started."""
     if spec.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1.", "Use 1 for no retries.")
+    if isinstance(spec.epochs, bool) or not isinstance(spec.epochs, int) or spec.epochs < 1:
+        raise ConfigError(
+            f"--epochs must be a whole number of at least 1, not {spec.epochs!r}.",
+            "Give how many times each task runs (1: once, as by default).",
+        )
     if spec.concurrency is not None and spec.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1.", "Use 1 to run tasks one by one.")
     if not spec.adapt and spec.concurrency is None:
@@ -245,6 +258,8 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
         "scorer": spec.scorer,
         "tolerance": spec.tolerance if spec.scorer == "numeric" else None,
     }
+    if spec.epochs != 1:  # absent for one epoch: batch.json as batches always wrote it
+        fingerprint["epochs"] = spec.epochs
     pricing = plan_pricing(
         spec.max_cost,
         spec.prices,

@@ -77,6 +77,7 @@ def add_batch_parser(sub: Any) -> None:
     _add_scoring_options(p)
     _add_retry_options(p)
     _add_spend_options(p)
+    _add_epoch_options(p)
     p.add_argument(
         "--on-bad-line",
         choices=["fail", "skip"],
@@ -201,6 +202,19 @@ def _add_spend_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_epoch_options(p: argparse.ArgumentParser) -> None:
+    """How many times each task runs (epochs), for figures that say how sure they are."""
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each task N times, each attempt in its own sandbox with its own result line "
+        "(resumable and retried per epoch); the summary adds each task's epochs reduced by "
+        "mean, max and mode, and pass@k for every k up to N (default 1)",
+    )
+
+
 def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
     return BatchSpec(
         tasks=args.tasks,
@@ -221,6 +235,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         max_total_tokens=args.max_total_tokens,
         max_cost=args.max_cost,
         prices=dict(parse_price(text) for text in args.price),
+        epochs=args.epochs,
     )
 
 
