@@ -259,6 +259,17 @@ def test_compare_with_epochs_pairs_the_tasks_means(tmp_path: Path) -> None:
     assert compare_json(a, fake_batch(tmp_path / "w", wobble))["verdict"] == "not distinguishable"
 
 
+def test_the_viewer_shows_the_epochs_reducers(tmp_path: Path) -> None:
+    """A batch page (exported, no server) of a batch with epochs: the reducers with their
+    standard errors, the clustered standard error, each row's epoch."""
+    folder = fake_batch(tmp_path / "a", {f"q{i}": [0.0, 1.0, 1.0, 0.0, 1.0] for i in range(4)})
+    done = cli("view", "--export", str(tmp_path / "html"), str(folder))
+    assert done.returncode == 0, done.stderr
+    page = re.sub(r"<[^>]+>", "", (tmp_path / "html" / "batch-b-a.html").read_text())
+    assert "5 per task: mean 60.0% ± 0.0% · max 100.0%" in page, page
+    assert "pass@2 90.0%" in page and "(clustered by task)" in page and "epoch 5" in page
+
+
 # --- in real sandboxes, the scripted model server, SIGKILL and resume ---------------------------
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from .stats import clustered_stderr, mean_stderr, pass_at_k
 
@@ -23,11 +23,19 @@ PASS = 0.5
 REDUCERS = ("mean", "max", "mode")
 
 Key = tuple[str, int]
+T = TypeVar("T")
 
 
 def key(row: dict[str, Any]) -> Key:
     """A result or attempt line's (task id, epoch); no `epoch`: 1."""
     return str(row["id"]), int(row.get("epoch") or 1)
+
+
+def units(tasks: Iterable[T], epochs: int) -> list[tuple[T, int]]:
+    """A batch's units of work, (task, epoch), epoch by epoch: a batch stopped early leaves
+    every task with about as many epochs."""
+    tasks = list(tasks)
+    return [(task, epoch) for epoch in range(1, epochs + 1) for task in tasks]
 
 
 def epochs_of(options: dict[str, Any]) -> int:

@@ -50,7 +50,7 @@ from ..records.store import Store
 from ..spec import RunResult, StopRequest
 from .attempts import AttemptLog, infra_result, retrying
 from .budget import Spend, cap_reached_before
-from .epochs import Key
+from .epochs import Key, units
 from .ledger import SessionFacts, open_meta, result_row, scored, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
 from .pace import batch_limit, describe
@@ -115,9 +115,9 @@ def run_batch(
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
     done = out.done_ids(rerun_failed=spec.rerun_failed)
-    units = {(t.id, e) for t in plan.file.tasks for e in range(1, spec.epochs + 1)}
+    todo = {(t.id, e) for t, e in units(plan.file.tasks, spec.epochs)} - done
     with stop_on_interrupt(observers.cancel):
-        if units - done and not cap_reached_before(spec, plan):
+        if todo and not cap_reached_before(spec, plan):
             check_payload_loads(plan, executor, store, observers.cancel)
         with out.locked():
             return _BatchRun(spec, plan, out, executor=executor, store=store, observers=observers)()
@@ -154,8 +154,7 @@ class _BatchRun:
         self.on_result = observers.on_result
         self.scorer = make_scorer(spec.scorer, tolerance=spec.tolerance)
         self.lock = threading.Lock()
-        #: Result lines by (task id, epoch): a batch's unit of work (`epochs.py`).
-        self.results: dict[Key, dict[str, Any]] = {}
+        self.results: dict[Key, dict[str, Any]] = {}  # by (task id, epoch): `epochs.py`
         self.epochs = spec.epochs
         self.attempts = AttemptLog(out, self.lock, spec.epochs)  # counts, history, attempts.jsonl
         self.running = 0
@@ -232,8 +231,7 @@ class _BatchRun:
 
     def resume(self) -> list[tuple[Task, int]]:
         """Keep results with an agent outcome; drop the lines of tasks to run again. Returns
-        the (task, epoch) pairs to run, epoch by epoch (an early stop leaves every task with
-        about as many epochs)."""
+        the (task, epoch) pairs to run (`epochs.units`)."""
         previous = self.out.load_results()
         self.attempts.load()
         rerun = set(FINISHED) - {"succeeded"} if self.spec.rerun_failed else set()
@@ -248,12 +246,8 @@ class _BatchRun:
             self.message(f"running {len(previous) - len(keep)} recorded task(s) again ({again})")
             self.out.rewrite_results(list(keep.values()))
         self.results = {k: v for k, v in keep.items() if k[0] in self.tasks}
-        return [
-            (t, epoch)
-            for epoch in range(1, self.epochs + 1)
-            for t in self.plan.file.tasks
-            if (t.id, epoch) not in self.results
-        ]
+        todo = units(self.plan.file.tasks, self.epochs)
+        return [(t, e) for t, e in todo if (t.id, e) not in self.results]
 
     def pace(self, limit: int) -> None:
         """The limit moved: the warm pool follows it (unless --warm): a sandbox per slot, and
@@ -414,12 +408,7 @@ class _BatchRun:
         return result
 
     def record(
-        self,
-        task: Task,
-        epoch: int,
-        result: RunResult,
-        history: list[dict[str, Any]],
-        first_start: float,
+        self, task: Task, epoch: int, result: RunResult, history: list[dict[str, Any]], start: float
     ) -> None:
         unit, numbered = (task.id, epoch), epoch if self.epochs > 1 else None
         score, score_error = scored(self.scorer, task, result, self.message)
@@ -429,7 +418,7 @@ class _BatchRun:
             score=score,
             attempts=self.attempts.counts[unit],
             history=history,
-            first_start=first_start,
+            first_start=start,
             session=self.session,
             epoch=numbered,
         )
@@ -491,12 +480,8 @@ class _BatchRun:
 
     def summarize(self) -> BatchSummary:
         with self.lock:
-            rows = [
-                self.results[(t.id, e)]
-                for t in self.plan.file.tasks
-                for e in range(1, self.epochs + 1)
-                if (t.id, e) in self.results
-            ]
+            done = [(t.id, e) for t, e in units(self.plan.file.tasks, self.epochs)]
+            rows = [self.results[unit] for unit in done if unit in self.results]
         return summarize(
             self.plan,
             self.spec,
