@@ -151,8 +151,10 @@ def test_epochs_resume_each_task_epoch_exactly_once(tmp_path: Path) -> None:
     assert sum(answers.given.values()) == 100  # no (task, epoch) answered twice
     assert json.loads((out / "batch.json").read_text())["options"]["epochs"] == EPOCHS
     assert sorted(p.name for p in (out / "runs" / "t03").iterdir()) == ["1", "2", "3", "4", "5"]
-    with pytest.raises(ConfigError, match="epochs: 5 → None"):
+    with pytest.raises(ConfigError, match="epochs: 5 → 1"):
         run_batch(replace(spec, epochs=1), executor=EpochExecutor(answers))
+    with pytest.raises(ConfigError, match="--epochs must be a whole number of at least 1"):
+        run_batch(replace(spec, epochs=0), executor=EpochExecutor(answers))
 
     report = build_report(out)
     assert report.epochs == EPOCHS and len(report.rows) == 100 and len(report.tasks) == 20

@@ -36,11 +36,11 @@ def open_meta(out: BatchDir, plan: BatchPlan) -> dict[str, Any]:
             "sessions": 1,
         }
     else:
-        before = meta.get("options", {})
-        changed = [
-            f"{key}: {before.get(key)!r} → {fingerprint.get(key)!r}"
-            for key in [*fingerprint, *({"epochs"} - set(fingerprint))]  # epochs: absent is 1
-            if before.get(key) != fingerprint.get(key)
+        before, now = {"epochs": 1, **meta.get("options", {})}, {"epochs": 1, **fingerprint}
+        changed = [  # (epochs: absent is 1, as batch.json of one epoch leaves it out)
+            f"{key}: {before.get(key)!r} → {value!r}"
+            for key, value in now.items()
+            if before.get(key) != value
         ]
         if changed:
             rescore = (
