@@ -77,7 +77,7 @@ class AttemptLog:
         """Count earlier sessions' attempts per task and keep what became of each (an
         attempt with a start line and no end line is `lost`)."""
         for row in self.out.load_attempts():
-            unit, run_id = key({**row, "id": row.get("id")}), row.get("run_id")
+            unit, run_id = key({"id": None, **row}), row.get("run_id")  # no epoch: 1
             if row.get("event") == "start":
                 self.counts[unit] += 1
                 entry = {
