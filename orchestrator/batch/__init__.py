@@ -7,8 +7,9 @@ prepared with the single-run API (`lifecycle.runner.prepare`) and handed to an e
 rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
 is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
-statistics, `report.py` a batch read back, `rescore.py` recorded answers scored again,
-`compare.py` two batches paired.
+statistics, `epochs.py` a task's epochs reduced (pass@k, clustered standard error),
+`stats.py` the formulas, `report.py` a batch read back, `rescore.py` recorded answers
+scored again, `compare.py` two batches paired.
 """
 
 from .output import BatchDir, BatchLocked
