@@ -220,7 +220,7 @@ def test_torn_last_line_is_dropped(tmp_path: Path) -> None:
     out.append_result({"id": "a", "status": "succeeded"})
     with open(out.results_path, "a") as file:
         file.write('{"id": "b", "sta')  # what a SIGKILL mid-write could leave
-    assert list(out.load_results()) == ["a"]
+    assert list(out.load_results()) == [("a", 1)]  # (task id, epoch)
     assert lines_of(out.results_path) == [{"id": "a", "status": "succeeded"}]
 
 

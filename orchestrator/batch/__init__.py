@@ -8,11 +8,12 @@ and the field mapping, `plan.py` the batch as data and its up-front checks,
 rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
 is written there (batch.json, result lines, summary.json),
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
-statistics, `grading.py` several scorers together, `judge.py` the model scorer's judge,
-`report.py` a batch read back, `rescore.py` recorded answers scored again, `compare.py` two
-batches paired, `evaluate.py` a batch from keyword arguments (`orchestrator.evaluate`),
-`export.py` (with `attempt_rows.py`, `inspect_log.py`) a batch for other tools: Inspect AI's
-eval log, Parquet.
+statistics, `epochs.py` a task's epochs reduced (pass@k, clustered standard error),
+`stats.py` the formulas, `grading.py` several scorers together, `judge.py` the model
+scorer's judge, `report.py` a batch read back, `rescore.py` recorded answers scored again,
+`compare.py` two batches paired, `evaluate.py` a batch from keyword arguments
+(`orchestrator.evaluate`), `export.py` (with `attempt_rows.py`, `inspect_log.py`) a batch for
+other tools: Inspect AI's eval log, Parquet.
 """
 
 from .output import BatchDir, BatchLocked

@@ -17,6 +17,7 @@ from ..execution.executor import Attempt
 from ..lifecycle.outcome import unrun
 from ..spec import RunError, RunResult
 from .budget import Spend
+from .epochs import Key, key
 from .output import BatchDir, OutputWriteError
 from .plan import BatchSpec
 
@@ -51,55 +52,61 @@ def infra_result(run_id: str, exc: Exception) -> RunResult:
 
 
 class AttemptLog:
-    """The attempts of a batch's tasks: their numbers per task, their history from earlier
-    sessions, their lines in attempts.jsonl. `lock` is the session's (the counts change
-    under it, from the workers' threads)."""
+    """The attempts of a batch's tasks: their numbers per (task, epoch), their history from
+    earlier sessions, their lines in attempts.jsonl. `lock` is the session's (the counts
+    change under it, from the workers' threads). With `epochs` > 1 each line names its epoch
+    (`epochs.py`); with one, lines are as they always were."""
 
-    def __init__(self, out: BatchDir, lock: threading.Lock) -> None:
+    def __init__(self, out: BatchDir, lock: threading.Lock, epochs: int = 1) -> None:
         self.out = out
         self.lock = lock
-        self.counts: Counter[str] = Counter()
-        #: Earlier sessions' attempts per task; "lost" when the process died during one.
-        self.history: dict[str, list[dict[str, Any]]] = {}
+        self.epochs = epochs
+        self.counts: Counter[Key] = Counter()
+        #: Earlier sessions' attempts per (task, epoch); "lost" when the process died in one.
+        self.history: dict[Key, list[dict[str, Any]]] = {}
+
+    def where(self, unit: Key) -> dict[str, Any]:
+        """The fields that name a (task, epoch) in a line: its id, and its epoch if any."""
+        return {"id": unit[0], **({"epoch": unit[1]} if self.epochs > 1 else {})}
 
     def load(self) -> None:
         """Count earlier sessions' attempts per task and keep what became of each (an
         attempt with a start line and no end line is `lost`)."""
         for row in self.out.load_attempts():
-            task_id, run_id = str(row.get("id")), row.get("run_id")
+            unit, run_id = key({"id": None, **row}), row.get("run_id")  # no epoch: 1
             if row.get("event") == "start":
-                self.counts[task_id] += 1
+                self.counts[unit] += 1
                 entry = {
                     "attempt": row.get("attempt"),
                     "run_id": run_id,
                     "status": "lost",
                     "session": row.get("session"),
                 }
-                self.history.setdefault(task_id, []).append(entry)
+                self.history.setdefault(unit, []).append(entry)
             elif row.get("event") == "end":
-                for entry in self.history.get(task_id, []):
+                for entry in self.history.get(unit, []):
                     if entry["run_id"] == run_id:
                         entry["status"] = row.get("status")
 
-    def count(self, task_id: str) -> int:
-        """One more attempt of the task; returns its number."""
+    def count(self, unit: Key) -> int:
+        """One more attempt of the (task, epoch); returns its number."""
         with self.lock:
-            self.counts[task_id] += 1
-            return self.counts[task_id]
+            self.counts[unit] += 1
+            return self.counts[unit]
 
-    def uncount(self, task_id: str) -> None:
+    def uncount(self, unit: Key) -> None:
         """The attempt last counted never started (no sandbox, or no start line)."""
         with self.lock:
-            self.counts[task_id] -= 1
+            self.counts[unit] -= 1
 
-    def started(self, task_id: str, attempt: Attempt, session: int) -> None:
+    def started(self, unit: Key, attempt: Attempt, session: int) -> None:
         """The attempt's start line. Raises OutputWriteError, the attempt uncounted: it
         never started, and the next session runs it."""
         try:
             self.out.append_attempt(
                 {
                     "event": "start",
-                    "id": task_id,
+                    **self.where(unit),
                     "attempt": attempt.number,
                     "run_id": attempt.run_id,
                     "session": session,
@@ -107,12 +114,12 @@ class AttemptLog:
                 }
             )
         except OutputWriteError:
-            self.uncount(task_id)
+            self.uncount(unit)
             raise
 
     def ended(
         self,
-        task_id: str,
+        unit: Key,
         attempt: Attempt,
         session: int,
         result: RunResult,
@@ -124,7 +131,7 @@ class AttemptLog:
         run_id = attempt.run_id
         entry = {
             "event": "end",
-            "id": task_id,
+            **self.where(unit),
             "attempt": attempt.number,
             "run_id": run_id,
             "session": session,

@@ -1,6 +1,6 @@
 """A batch's books: its `batch.json` (checked on resume), a task's line in `results.jsonl`,
-its score, and the session's `summary.json` (counts, accuracy with a Wilson interval,
-durations, tokens)."""
+its score, and the session's `summary.json` (counts, accuracy with a Wilson interval and its
+standard error, the epochs' reducers, durations, tokens)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..records.store import new_run_id
 from ..spec import RunResult
 from .budget import BUDGET_EXCEEDED, spend_summary
+from .epochs import accuracy_stderr, epoch_metrics
 from .output import FINISHED, BatchDir
 from .plan import BatchPlan, BatchSpec, BatchSummary
 from .scoring import percentile, scorer_names, wilson_interval
@@ -34,10 +35,11 @@ def open_meta(out: BatchDir, plan: BatchPlan) -> dict[str, Any]:
             "sessions": 1,
         }
     else:
-        changed = [
-            f"{key}: {meta['options'].get(key)!r} → {value!r}"
-            for key, value in fingerprint.items()
-            if meta.get("options", {}).get(key) != value
+        before, now = {"epochs": 1, **meta.get("options", {})}, {"epochs": 1, **fingerprint}
+        changed = [  # (epochs: absent is 1, as batch.json of one epoch leaves it out)
+            f"{key}: {before.get(key)!r} → {value!r}"
+            for key, value in now.items()
+            if before.get(key) != value
         ]
         if changed:
             rescore = (
@@ -65,10 +67,13 @@ def result_row(
     history: list[dict[str, Any]],
     first_start: float,
     session: int,
+    epoch: int | None = None,
 ) -> dict[str, Any]:
-    """A finished task's line in `results.jsonl` (the source of truth for resume)."""
+    """A finished task's line in `results.jsonl` (the source of truth for resume); `epoch`
+    only in a batch of more than one (`epochs.py`)."""
     return {
         "id": task.id,
+        **({} if epoch is None else {"epoch": epoch}),
         "line": task.line,
         "status": result.status,
         "answer": result.answer,
@@ -122,6 +127,7 @@ def summarize(
     stop_reason, write_error, started = session.stop_reason, session.write_error, session.started
     names = scorer_names(spec.scorer)
     tasks = {t.id for t in plan.file.tasks}
+    units = len(tasks) * spec.epochs  # (task, epoch) pairs
     counts = {status: 0 for status in (*FINISHED, "infra_error")}
     counts.update(Counter(row["status"] for row in rows))
     scores = [row["score"] for row in rows if row.get("score") is not None]
@@ -145,7 +151,7 @@ def summarize(
         all_tokens["output"] += int(usage.get("output_tokens") or 0)
     stopped = {"fail_on_error": "stopped", BUDGET_EXCEEDED: "stopped"}
     state = {"interrupted": "interrupted", **stopped}.get(stop_reason or "", "complete")
-    if state == "complete" and len(rows) < len(tasks):
+    if state == "complete" and len(rows) < units:
         state = "interrupted"
     if write_error is not None:  # whatever else happened, the disk needs attention
         state, stop_reason = "stopped", f"write_error: {write_error}"
@@ -162,7 +168,7 @@ def summarize(
         scorers=scorer_figures(names, rows) if len(names) > 1 else {},
         total=len(tasks),
         counts=counts,
-        pending=len(tasks) - len(rows),
+        pending=units - len(rows),
         scored=len(scores),
         correct=correct,
         accuracy=accuracy,
@@ -191,6 +197,9 @@ def summarize(
             "concurrency": session.concurrency.get("limit"),
         },
         concurrency=session.concurrency,
+        accuracy_stderr=accuracy_stderr(rows),
+        epochs=spec.epochs,
+        epoch_metrics=epoch_metrics(rows, spec.epochs),
     )
 
 

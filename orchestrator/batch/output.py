@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OrchestratorError
+from .epochs import Key, key
 from .plan import BatchSummary
 
 #: Statuses that are the agent's own outcome: a result, never retried, kept on resume.
@@ -94,30 +95,31 @@ class BatchDir:
     def write_meta(self, meta: dict[str, Any]) -> None:
         atomic_write(self.path / "batch.json", json.dumps(meta, indent=2) + "\n")
 
-    def done_ids(self, *, rerun_failed: bool = False) -> set[str]:
-        """The tasks a resume keeps (an agent outcome; only successes with `rerun_failed`),
-        read without the lock and without rewriting (a torn line counts as no result)."""
+    def done_ids(self, *, rerun_failed: bool = False) -> set[Key]:
+        """The (task, epoch) pairs a resume keeps (an agent outcome; only successes with
+        `rerun_failed`), read without the lock and without rewriting (a torn line counts as
+        no result)."""
         keep = {"succeeded"} if rerun_failed else set(FINISHED)
-        done: set[str] = set()
+        done: set[Key] = set()
         with suppress(OSError):
             for line in self.results_path.read_text(encoding="utf-8").splitlines():
                 with suppress(ValueError, KeyError, TypeError, AttributeError):
                     row = json.loads(line)
                     if row.get("status") in keep:
-                        done.add(str(row["id"]))
+                        done.add(key(row))
         return done
 
-    def load_results(self) -> dict[str, dict[str, Any]]:
-        """Result lines by task id. A torn last line (the process died mid-write) is dropped
-        here and rewritten away, so it can never be mistaken for a result."""
-        results: dict[str, dict[str, Any]] = {}
+    def load_results(self) -> dict[Key, dict[str, Any]]:
+        """Result lines by (task id, epoch). A torn last line (the process died mid-write) is
+        dropped here and rewritten away, so it can never be mistaken for a result."""
+        results: dict[Key, dict[str, Any]] = {}
         if not self.results_path.is_file():
             return results
         torn = False
         for line in self.results_path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(line)
-                results[str(row["id"])] = row
+                results[key(row)] = row
             except (ValueError, KeyError, TypeError):
                 torn = True
         if torn:
@@ -176,15 +178,18 @@ class BatchDir:
             finally:
                 os.close(fd)
 
-    def link_record(self, task_id: str, record_dir: str) -> None:
-        """`runs/<task>` → the run record of the task's final attempt (replaced atomically)."""
+    def link_record(self, task_id: str, record_dir: str, epoch: int | None = None) -> None:
+        """`runs/<task>` (with epochs: `runs/<task>/<epoch>`) → the run record of the task's
+        final attempt (replaced atomically)."""
         if not record_dir:
             return
         runs = self.path / "runs"
-        link = runs / safe_name(task_id)
+        if epoch is not None:
+            runs = runs / safe_name(task_id)
+        link = runs / (safe_name(task_id) if epoch is None else str(epoch))
         tmp = runs / f".{link.name}.{os.getpid()}.tmp"
         try:
-            runs.mkdir(exist_ok=True)
+            runs.mkdir(parents=True, exist_ok=True)
             if tmp.is_symlink():
                 tmp.unlink()
             tmp.symlink_to(record_dir)

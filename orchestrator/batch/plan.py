@@ -76,6 +76,8 @@ class BatchSpec:
     limit: int | None = None
     #: The judge of the `model` scorer (`judge.py`); None: no model scorer.
     judge: JudgeOptions | None = None
+    #: Times each task runs, each attempt its own sandbox and result line (`batch/epochs.py`).
+    epochs: int = 1
 
 
 def default_output(payload: str | Path, tasks: str | Path) -> Path:
@@ -158,6 +160,12 @@ class BatchSummary:
     #: With several scorers, each one's figures (`ledger.scorer_figures`); `scorer` and the
     #: accuracy above are the first one's. Left out of `to_dict` for one scorer.
     scorers: dict[str, Any] = field(default_factory=dict)
+    #: The mean score's standard error (clustered by task with epochs; `batch/epochs.py`).
+    accuracy_stderr: float | None = None
+    #: Times each task runs; `total` counts tasks, `pending` their epochs still to run.
+    epochs: int = 1
+    #: With epochs: each reducer's figure and standard error (`epochs.epoch_metrics`).
+    epoch_metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -192,6 +200,11 @@ def check_batch_options(spec: BatchSpec) -> None:
     """The batch's own numbers, checked before any task is read. Raises ConfigError (exit 2)."""
     if spec.max_attempts < 1:
         raise ConfigError("--max-attempts must be at least 1.", "Use 1 for no retries.")
+    if isinstance(spec.epochs, bool) or not isinstance(spec.epochs, int) or spec.epochs < 1:
+        raise ConfigError(
+            f"--epochs must be a whole number of at least 1, not {spec.epochs!r}.",
+            "Give how many times each task runs (1: once, as by default).",
+        )
     if spec.concurrency is not None and spec.concurrency < 1:
         raise ConfigError("--concurrency must be at least 1.", "Use 1 to run tasks one by one.")
     if not spec.adapt and spec.concurrency is None:
@@ -287,6 +300,8 @@ def plan_batch(spec: BatchSpec) -> BatchPlan:
     judge_pricing = None
     if spec.max_cost is not None and judged is not None:
         judge_pricing = pricing_for(judged.spec(), check_prices(spec.prices))
+    if spec.epochs != 1:  # absent for one epoch: batch.json as batches always wrote it
+        fingerprint["epochs"] = spec.epochs
     pricing = plan_pricing(
         spec.max_cost,
         {k: v for k, v in spec.prices.items() if spec.max_cost is None or k != judge_key},

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..spec import RunError
+from .epochs import accuracy_stderr, epoch_metrics, epochs_of, per_task
 from .output import FINISHED, BatchDir
 from .scoring import percentile, scorer_names, wilson_interval
 
@@ -86,6 +87,13 @@ class BatchReport:
     rows: list[dict[str, Any]] = field(default_factory=list)
     #: Set by a rescore: the scorer the batch originally ran with.
     rescored_from: str | None = None
+    #: The mean score's standard error, clustered by task when epochs repeat one.
+    accuracy_stderr: float | None = None
+    #: Times each task ran (its rows: one per epoch), each reducer's figure
+    #: (`epochs.epoch_metrics`) and each task's epochs reduced (`epochs.per_task`).
+    epochs: int = 1
+    epoch_metrics: dict[str, Any] = field(default_factory=dict)
+    tasks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def to_review(self) -> list[dict[str, Any]]:
@@ -97,7 +105,8 @@ class BatchReport:
 
     def to_csv(self) -> str:
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        fields = CSV_FIELDS if self.epochs == 1 else (*CSV_FIELDS[:1], "epoch", *CSV_FIELDS[1:])
+        writer = csv.DictWriter(out, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for row in self.rows:
             writer.writerow(
@@ -139,6 +148,7 @@ def task_rows(out: BatchDir) -> list[dict[str, Any]]:
         tokens = raw.get("tokens") or {}
         row = {
             "id": task_id,
+            **({"epoch": raw["epoch"]} if "epoch" in raw else {}),
             "line": raw.get("line"),
             "status": raw.get("status"),
             "score": raw.get("score"),
@@ -169,13 +179,16 @@ def build_report(path: str | Path, rows: list[dict[str, Any]] | None = None) -> 
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     if rows is None:
         rows = task_rows(out)
-    rows = sorted(rows, key=lambda r: (RANK[r["verdict"]], r.get("line") or 0, r["id"]))
+    rows = sorted(
+        rows, key=lambda r: (RANK[r["verdict"]], r.get("line") or 0, r["id"], r.get("epoch") or 1)
+    )
     counts = {status: 0 for status in (*FINISHED, "infra_error")}
     counts.update(Counter(str(r["status"]) for r in rows))
     scores = [float(r["score"]) for r in rows if r.get("score") is not None]
     correct = sum(scores)
     durations = [float(r["duration"]) for r in rows if r.get("duration") is not None]
     options = meta.get("options") or {}
+    epochs = epochs_of(options)
     return BatchReport(
         path=str(out.path),
         batch_id=str(meta.get("batch_id") or summary.get("batch_id") or out.path.name),
@@ -195,4 +208,8 @@ def build_report(path: str | Path, rows: list[dict[str, Any]] | None = None) -> 
             "output": sum(r["output_tokens"] for r in rows),
         },
         rows=rows,
+        accuracy_stderr=accuracy_stderr(rows),
+        epochs=epochs,
+        epoch_metrics=epoch_metrics(rows, epochs),
+        tasks=per_task(rows) if epochs > 1 else [],
     )

@@ -8,6 +8,7 @@ The life of a batch, top to bottom:
   → lock the output directory (one batch writes to it at a time)
   → clean up sandboxes that dead orchestrators left behind
   → resume: tasks with a result are done; unfinished and infra-failed ones run again
+    (with --epochs N, each (task, epoch) is its own unit of work: run, retried, recorded)
   → the executor gets ready (`executor.py`; on this host: the image once, warm sandboxes
     when there are more tasks than workers) → N workers hand each task's attempts to it,
     retrying only infrastructure faults (with exponential backoff and jitter); every
@@ -49,6 +50,7 @@ from ..records.store import Store
 from ..spec import RunResult, StopRequest
 from .attempts import AttemptLog, infra_result, retrying
 from .budget import Spend, cap_reached_before
+from .epochs import Key, units
 from .grading import Scoring
 from .ledger import SessionFacts, open_meta, result_row, summarize
 from .output import FINISHED, BatchDir, OutputWriteError
@@ -114,9 +116,9 @@ def run_batch(
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
     done = out.done_ids(rerun_failed=spec.rerun_failed)
-    ids = {task.id for task in plan.file.tasks}
+    todo = {(t.id, e) for t, e in units(plan.file.tasks, spec.epochs)} - done
     with stop_on_interrupt(observers.cancel):
-        if ids - done and not cap_reached_before(spec, plan):
+        if todo and not cap_reached_before(spec, plan):
             check_payload_loads(plan, executor, store, observers.cancel)
         with out.locked():
             return _BatchRun(spec, plan, out, executor=executor, store=store, observers=observers)()
@@ -152,8 +154,9 @@ class _BatchRun:
         self.message = observers.on_message or (lambda _text: None)
         self.on_result = observers.on_result
         self.lock = threading.Lock()
-        self.results: dict[str, dict[str, Any]] = {}
-        self.attempts = AttemptLog(out, self.lock)  # counts and history, attempts.jsonl
+        self.results: dict[Key, dict[str, Any]] = {}  # by (task id, epoch): `epochs.py`
+        self.epochs = spec.epochs
+        self.attempts = AttemptLog(out, self.lock, spec.epochs)  # counts, history, attempts.jsonl
         self.running = 0
         self.ran = 0
         self.retries = 0
@@ -187,7 +190,7 @@ class _BatchRun:
         self.reap_orphans()
         todo = self.resume()
         todo = [] if self.spend.check() else todo  # earlier sessions spent the cap already
-        self.first = self.plan.prepared[todo[0].id] if todo else self.template
+        self.first = self.plan.prepared[todo[0][0].id] if todo else self.template
         control = batch_limit(
             self.spec,
             list(self.plan.prepared.values()),
@@ -204,9 +207,10 @@ class _BatchRun:
                 self.message(f"preparing the image for {self.first.manifest.name}")
                 self.executor.open(self.first, attempts=len(todo), concurrency=control.ceiling)
                 self.pace(control.limit)
+            times = f" x {self.epochs} epochs" if self.epochs > 1 else ""
             self.message(
-                f"batch {self.batch_id}: {len(self.tasks)} tasks, {len(self.results)} already "
-                f"done, {len(todo)} to run at concurrency {describe(control)}"
+                f"batch {self.batch_id}: {len(self.tasks)} tasks{times}, {len(self.results)} "
+                f"already done, {len(todo)} to run at concurrency {describe(control)}"
             )
             self.run_all(todo, control.ceiling)
         except KeyboardInterrupt as exc:
@@ -234,23 +238,25 @@ class _BatchRun:
         if removed:
             self.message(f"removed {removed} orphaned sandbox(es) of dead runs")
 
-    def resume(self) -> list[Task]:
-        """Keep results with an agent outcome; drop the lines of tasks to run again."""
+    def resume(self) -> list[tuple[Task, int]]:
+        """Keep results with an agent outcome; drop the lines of tasks to run again. Returns
+        the (task, epoch) pairs to run (`epochs.units`)."""
         previous = self.out.load_results()
         self.attempts.load()
         rerun = set(FINISHED) - {"succeeded"} if self.spec.rerun_failed else set()
         keep = {}
-        for task_id, row in previous.items():
+        for unit, row in previous.items():
             if row.get("status") in FINISHED and row.get("status") not in rerun:
-                keep[task_id] = row
-            elif task_id not in self.tasks:
-                keep[task_id] = row  # not ours to re-run; kept as it was
+                keep[unit] = row
+            elif unit[0] not in self.tasks:
+                keep[unit] = row  # not ours to re-run; kept as it was
         if len(keep) != len(previous):
             again = "without an agent outcome" + (" or not succeeded" if rerun else "")
             self.message(f"running {len(previous) - len(keep)} recorded task(s) again ({again})")
             self.out.rewrite_results(list(keep.values()))
-        self.results = {k: v for k, v in keep.items() if k in self.tasks}
-        return [t for t in self.plan.file.tasks if t.id not in self.results]
+        self.results = {k: v for k, v in keep.items() if k[0] in self.tasks}
+        todo = units(self.plan.file.tasks, self.epochs)
+        return [(t, e) for t, e in todo if (t.id, e) not in self.results]
 
     def pace(self, limit: int) -> None:
         """The limit moved: the warm pool follows it (unless --warm): a sandbox per slot, and
@@ -262,10 +268,10 @@ class _BatchRun:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run_all(self, todo: list[Task], limit: int) -> None:
-        pending: queue.Queue[Task] = queue.Queue()
-        for task in todo:
-            pending.put(task)
+    def run_all(self, todo: list[tuple[Task, int]], limit: int) -> None:
+        pending: queue.Queue[tuple[Task, int]] = queue.Queue()
+        for unit in todo:
+            pending.put(unit)
         workers = [
             threading.Thread(target=self.worker, args=(pending,), name=f"batch-worker-{i}")
             for i in range(min(limit, len(todo)))
@@ -312,36 +318,44 @@ class _BatchRun:
             )
         self.halt("write_error")
 
-    def worker(self, pending: queue.Queue[Task]) -> None:
+    def worker(self, pending: queue.Queue[tuple[Task, int]]) -> None:
         while not self.stop.is_set():
             try:
-                task = pending.get_nowait()
+                task, epoch = pending.get_nowait()
             except queue.Empty:
                 return
             try:
-                self.run_task(task)
+                self.run_task(task, epoch)
             except _Stopped:
                 return
             except OutputWriteError as exc:
                 self.write_failed(exc)
                 return
             except Exception as exc:  # a bug here must not take the other tasks down
-                self.message(f"task {task.id}: internal error {type(exc).__name__}: {exc}")
+                self.message(
+                    f"{self.name(task, epoch)}: internal error {type(exc).__name__}: {exc}"
+                )
 
     def sit_out(self, seconds: float) -> None:
         """A retry's backoff, cut short when the batch stops (it does not sit one out)."""
         self.stop.wait(seconds)
 
-    def run_task(self, task: Task) -> None:
+    def name(self, task: Task, epoch: int) -> str:
+        """How messages name a unit of work: `task q001`, with epochs `task q001 (epoch 2)`."""
+        return f"task {task.id}" + (f" (epoch {epoch})" if self.epochs > 1 else "")
+
+    def run_task(self, task: Task, epoch: int) -> None:
+        """The (task, epoch)'s attempts, retried on infrastructure faults, then its line."""
         prepared = self.plan.prepared[task.id]
         first_start = time.time()
-        history = list(self.attempts.history.get(task.id, []))
+        unit = (task.id, epoch)
+        history = list(self.attempts.history.get(unit, []))
 
         def attempt() -> RunResult:
             if self.stop.is_set() or not self.slots.acquire(self.stop):
                 raise _Stopped
             try:
-                return self.attempt(task, prepared, history)
+                return self.attempt(unit, prepared, history)
             finally:
                 self.slots.release()
 
@@ -353,36 +367,34 @@ class _BatchRun:
                 self.retries += 1
             self.executor.expect(prepared)  # the retry is one more attempt to come
             self.message(
-                f"task {task.id}: attempt {state.attempt_number} hit an infrastructure fault "
-                f"({error}); retrying in {wait:.1f}s"
+                f"{self.name(task, epoch)}: attempt {state.attempt_number} hit an infrastructure "
+                f"fault ({error}); retrying in {wait:.1f}s"
             )
 
         result: RunResult = retrying(self.spec, self.stop, self.sit_out, before_sleep)(attempt)
         if result.status == "cancelled":
             return  # stopped mid-run: no result; the next session runs it again
-        self.record(task, result, history, first_start)
+        self.record(task, epoch, result, history, first_start)
 
-    def attempt(
-        self, task: Task, prepared: PreparedRun, history: list[dict[str, Any]]
-    ) -> RunResult:
-        """One attempt of the task, handed to the executor and logged before and after; its
-        run id is the executor's (a warm sandbox's, say)."""
-        number = self.attempts.count(task.id)
-        this = replace(prepared, spec=replace(prepared.spec, batch=self.batch_id, task_id=task.id))
+    def attempt(self, unit: Key, prepared: PreparedRun, history: list[dict[str, Any]]) -> RunResult:
+        """One attempt of the (task, epoch), handed to the executor and logged before and
+        after; its run id is the executor's (a warm sandbox's, say)."""
+        number = self.attempts.count(unit)
+        this = replace(prepared, spec=replace(prepared.spec, batch=self.batch_id, task_id=unit[0]))
         try:
             attempt = self.executor.reserve(this, number=number, cancel=self.stop)
         except BaseException:
-            self.attempts.uncount(task.id)
+            self.attempts.uncount(unit)
             raise
         try:
-            return self.run_attempt(task, attempt, history)
+            return self.run_attempt(unit, attempt, history)
         finally:
             self.executor.release(attempt)  # one run per sandbox (the run removed it already)
 
-    def run_attempt(self, task: Task, attempt: Attempt, history: list[dict[str, Any]]) -> RunResult:
+    def run_attempt(self, unit: Key, attempt: Attempt, history: list[dict[str, Any]]) -> RunResult:
         run_id = attempt.run_id
         try:
-            self.attempts.started(task.id, attempt, self.session)
+            self.attempts.started(unit, attempt, self.session)
         except OutputWriteError as exc:  # not started (uncounted): the next session runs it
             self.write_failed(exc)
             raise _Stopped from None
@@ -398,32 +410,34 @@ class _BatchRun:
             with self.lock:
                 self.running -= 1
         try:
-            self.attempts.ended(task.id, attempt, self.session, result, self.spend, history)
+            self.attempts.ended(unit, attempt, self.session, result, self.spend, history)
         except OutputWriteError as exc:  # its result could not be kept either: run it again
             self.write_failed(exc)
             raise _Stopped from None
         return result
 
     def record(
-        self, task: Task, result: RunResult, history: list[dict[str, Any]], first_start: float
+        self, task: Task, epoch: int, result: RunResult, history: list[dict[str, Any]], start: float
     ) -> None:
+        unit, numbered = (task.id, epoch), epoch if self.epochs > 1 else None
         scored = self.scoring.score(task.row(), result.status, result.answer)
         for name, why in scored.errors.items():
             which = "the judge" if name == MODEL_SCORER else "the scorer"
             which += f" ({name})" if len(scored.scores) > 1 and name != MODEL_SCORER else ""
-            self.message(f"task {task.id}: {which} failed: {why}")
+            self.message(f"{self.name(task, epoch)}: {which} failed: {why}")
         row = result_row(
             task,
             result,
             score=scored.score,
-            attempts=self.attempts.counts[task.id],
+            attempts=self.attempts.counts[unit],
             history=history,
-            first_start=first_start,
+            first_start=start,
             session=self.session,
+            epoch=numbered,
         )
         row.update(scored.fields())
         with self.lock:
-            if task.id in self.results:  # cannot happen; never write a task twice
+            if unit in self.results:  # cannot happen; never write a task twice
                 return
             try:
                 self.out.append_result(row)
@@ -431,14 +445,14 @@ class _BatchRun:
                 failed: OutputWriteError | None = exc
             else:
                 failed = None
-                self.results[task.id] = row
+                self.results[unit] = row
                 self.ran += 1
                 if result.status == "infra_error":
                     self.infra_failed += 1
         if failed is not None:
             self.write_failed(failed)
             raise _Stopped
-        self.out.link_record(task.id, result.record_dir)
+        self.out.link_record(task.id, result.record_dir, numbered)
         if self.on_result:
             self.on_result(row)
         if result.status == "infra_error":
@@ -448,7 +462,7 @@ class _BatchRun:
         limit = self.spec.fail_on_error
         if limit is None:
             return
-        threshold = limit * len(self.tasks) if limit < 1 else limit
+        threshold = limit * len(self.tasks) * self.epochs if limit < 1 else limit
         too_many = self.infra_failed > threshold if limit < 1 else self.infra_failed >= threshold
         if too_many and not self.stop.is_set():
             self.message(
@@ -463,7 +477,7 @@ class _BatchRun:
         with self.lock:
             counts = Counter(row["status"] for row in self.results.values())
             return BatchProgress(
-                total=len(self.tasks),
+                total=len(self.tasks) * self.epochs,
                 done=len(self.results),
                 running=self.running,
                 counts=dict(counts),
@@ -478,7 +492,8 @@ class _BatchRun:
 
     def summarize(self) -> BatchSummary:
         with self.lock:
-            rows = [self.results[t.id] for t in self.plan.file.tasks if t.id in self.results]
+            done = [(t.id, e) for t, e in units(self.plan.file.tasks, self.epochs)]
+            rows = [self.results[unit] for unit in done if unit in self.results]
         return summarize(
             self.plan,
             self.spec,

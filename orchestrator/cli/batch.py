@@ -96,6 +96,7 @@ def add_batch_parser(sub: Any) -> None:
     _add_scoring_options(p)
     _add_retry_options(p)
     _add_spend_options(p)
+    _add_epoch_options(p)
     p.add_argument(
         "--on-bad-line",
         choices=["fail", "skip"],
@@ -289,6 +290,19 @@ def _add_spend_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_epoch_options(p: argparse.ArgumentParser) -> None:
+    """How many times each task runs (epochs), for figures that say how sure they are."""
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run each task N times, each attempt in its own sandbox with its own result line "
+        "(resumable and retried per epoch); the summary adds each task's epochs reduced by "
+        "mean, max and mode, and pass@k for every k up to N (default 1)",
+    )
+
+
 def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
     scorers = args.scorer or ["exact"]
     return BatchSpec(
@@ -315,6 +329,7 @@ def batch_spec_from_args(args: argparse.Namespace) -> BatchSpec:
         sample_ids=tuple(split_ids(args.sample_id)),
         shuffle=args.shuffle,
         limit=args.limit,
+        epochs=args.epochs,
     )
 
 

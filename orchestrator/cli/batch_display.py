@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from ..batch.budget import usd
+from ..batch.epochs import describe as describe_epochs
 from ..batch.plan import BatchProgress, BatchSummary
 from .output import PREFIX, is_terminal
 
@@ -183,6 +184,12 @@ class BatchDisplay:
                 table.add_row(f"  {name}", f"{figures['accuracy']:.1%} ({share})")
         if (judge := s.spend.get("judge")) is not None:
             table.add_row("judge", f"{judge['calls']} call(s), {judge['tokens']} tokens")
+        if s.epochs > 1:  # each task's epochs reduced, with standard errors across tasks
+            if s.accuracy_stderr is not None:
+                table.add_row("std error", f"{s.accuracy_stderr:.1%} (clustered by task)")
+            table.add_row("epochs", f"{s.epochs} per task")
+            for label, text in describe_epochs(s.epoch_metrics):
+                table.add_row(label, text)
         if s.duration_p50 is not None:
             table.add_row("duration", f"p50 {s.duration_p50:.1f}s · p95 {s.duration_p95:.1f}s")
         table.add_row(

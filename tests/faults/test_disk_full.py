@@ -79,7 +79,7 @@ def test_append_on_a_full_disk_leaves_no_torn_line(tmp_path: Path) -> None:
         error = info.value
         assert error.exit_code == 5 and str(batch.results_path) in error.cause
         assert "No space left on device" in error.cause and "re-run the same command" in error.fix
-        assert batch.load_results() == {"a": first}
+        assert batch.load_results() == {("a", 1): first}  # (task id, epoch)
         # The same for the attempts log, the summary and batch.json (atomic writes).
         with pytest.raises(OutputWriteError, match="attempts.jsonl"):
             batch.append_attempt({"event": "start", "id": "b", "pad": "z" * 5000})
