@@ -25,6 +25,11 @@ Output directory:
   runs/<id>       a link to the run record of each task's final attempt
 
 What a batch is lives here; where its attempts run is the executor's (`executor.py`).
+
+Over 500 lines for a reason: the workers, the stop rules, retries, the spend caps and the
+scorers all share one lock and one view of what is done (`_BatchRun`); split across files
+they would reach into each other's state. Its parts that need none of it live beside it
+(`attempts.py`, `budget.py`, `grading.py`, `epochs.py`, `ledger.py`).
 """
 
 from __future__ import annotations
