@@ -274,7 +274,7 @@ class Sandbox(ABC):
         return []
 
     def take(self, spec: SandboxSpec) -> None:
-        """Hand a pooled sandbox (`Backend.create_idle`) to the run of `spec`, whose run id
+        """Hand a pooled sandbox (`WarmSandboxes.create_idle`) to the run of `spec`, whose run id
         must be the sandbox's own. Raises ValueError otherwise."""
         raise ValueError("not a pooled sandbox")
 
