@@ -202,7 +202,7 @@ class RunSpec:
     max_model_calls: int | None = None
     max_tokens: int | None = None
     #: Serve the model through a per-run gateway that holds its key (the sandbox gets only a
-    #: run token). False (`--no-gateway`) sends the key into the sandbox, as before.
+    #: run token). False (`--no-gateway`) sends the key into the sandbox, masked in the record.
     gateway: bool = True
     env_file: str | Path | None = None
     allow_dangerous_imports: bool = False

@@ -293,3 +293,23 @@ def test_the_wheelhouse_and_e2b_need_no_docker_sdk() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+#: What every backend must implement (docs/ARCHITECTURE.md, "Adding a backend"); the rest of
+#: `Backend` has defaults, and pooling and image storage are optional parts of their own.
+REQUIRED_BACKEND_MEMBERS = {"prepare_image", "create", "list_sandboxes", "remove_sandbox"}
+
+
+def test_backend_requires_at_most_six_members() -> None:
+    from orchestrator.backends.base import Backend, ImageStore, WarmSandboxes
+
+    required = set(Backend.__abstractmethods__)
+    assert required == REQUIRED_BACKEND_MEMBERS, sorted(required)
+    assert len(required) <= 6
+    # the optional parts add theirs only to a backend that derives from them
+    assert WarmSandboxes.__abstractmethods__ - required == {"create_idle"}
+    assert ImageStore.__abstractmethods__ - required == {
+        "list_images",
+        "prune_images",
+        "bootstrap_base",
+    }

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.backends.base import Capabilities
 from orchestrator.testing import CHECKS, Kit, open_kit, run_check
+from orchestrator.testing.kit import PARTS
 from orchestrator.testing.plugin import conformance_tests
 from orchestrator.testing.probe import write_probe
 
@@ -31,7 +32,8 @@ def test_each_check_is_named_once_and_needs_a_real_capability() -> None:
     capability_names = {f.name for f in fields(Capabilities)}
     for check in CHECKS:
         assert check.promise and callable(check.function), check.name
-        assert check.needs is None or check.needs.partition("=")[0] in capability_names
+        needs = check.needs
+        assert needs is None or needs in PARTS or needs.partition("=")[0] in capability_names
 
 
 def test_a_check_is_not_applicable_only_where_the_capability_is_declared_absent() -> None:
@@ -49,6 +51,21 @@ def test_a_check_is_not_applicable_only_where_the_capability_is_declared_absent(
     assert "resource_limits=False" in absent.detail  # says which capability, not just "skip"
     present = run_check(kit(resource_limits=True), check)
     assert present.status == "pass" and ran == ["x"]
+
+
+def test_a_check_needing_an_optional_part_is_not_applicable_without_it() -> None:
+    """A backend that implements only what `Backend` requires has no warm sandboxes: the
+    warm check is not applicable there, and says which part it needs."""
+    from orchestrator.backends.base import Backend
+
+    class Plain(Backend):
+        name = "plain"
+        prepare_image = create = list_sandboxes = remove_sandbox = None  # type: ignore[assignment]
+
+    (warm,) = [c for c in CHECKS if c.needs == "WarmSandboxes"]
+    kit = cast(Kit, SimpleNamespace(capabilities=Capabilities(), backend=Plain(), backend_name="x"))
+    absent = run_check(kit, warm)
+    assert absent.status == "not_applicable" and "needs WarmSandboxes" in absent.detail
 
 
 # ---- real backends -----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends import backend_capabilities, backend_class, get_backend
-from orchestrator.backends.base import Backend, Sandbox
+from orchestrator.backends.base import Backend, ImageStore, Sandbox, WarmSandboxes
 from orchestrator.cli.parser import build_parser, subcommands
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.records.store import Store
@@ -54,7 +54,7 @@ def test_the_backend_comes_from_a_package_outside_orchestrator() -> None:
     where = Path(inspect.getfile(cls)).resolve()
     assert REPO / "tests" / "plugins" in where.parents, where
     assert REPO / "orchestrator" not in where.parents, where
-    assert backend_capabilities(MIRROR).warm_sandboxes  # declared as data, read unmade
+    assert issubclass(cls, WarmSandboxes) and issubclass(cls, ImageStore)  # read unmade
     named = re.compile(r"""["']mirror["']|orchestrator[_-]mirror""")
     for path in (REPO / "orchestrator").rglob("*.py"):
         assert not named.search(path.read_text()), f"{path} names the plugin"
@@ -226,7 +226,7 @@ def backend_questions(source: str, names: tuple[str, ...]) -> list[str]:
 
     methods = {
         name
-        for cls in (Backend, Sandbox)
+        for cls in (Backend, WarmSandboxes, ImageStore, Sandbox)
         for name, value in vars(cls).items()
         if callable(value) and not name.startswith("__")
     }

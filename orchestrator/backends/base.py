@@ -2,26 +2,33 @@
 
 A *backend* decides where a sandbox runs (Docker, E2B, or one a package registers); the runner
 decides what runs in it. Policies (limits, network, labels) are plain data; each backend
-renders them into its own options. What a backend can do beyond the required methods is
-declared as data (`Capabilities`), so that no code outside `backends/` asks which backend it
-has by name.
+renders them into its own options. No code outside `backends/` asks which backend it has by
+name; it asks in one of two ways:
+
+- `Capabilities`, data on the backend's *class* (never replaced per instance), so that they
+  are known before a backend is made (`backends.backend_capabilities`). What depends on a
+  made backend's settings is a property of the instance (`Backend.max_concurrency`).
+- optional parts, each a small ABC a backend class also derives from and the caller checks
+  with `isinstance` (or `issubclass` on the class, before one is made): `WarmSandboxes`
+  (pooled sandboxes) and `ImageStore` (its images listed, pruned, a base bootstrapped).
+
+Whether a run may go ahead on a backend (bound secrets, an endpoint its sandboxes can reach)
+is decided while the run is prepared (`lifecycle/admission.py`), from these declarations.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConfigError
 from ..gateway import GatewayProvision, GatewaySpec
+from ..images.imagedef import Progress as Progress  # its one home; backends' API
 from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_WARM
-from ..models import ModelSpec
-from ..policy import check_remote_endpoint
 from ..schema import did_you_mean, words
 from ..spec import Limits, NetworkPolicy
 
@@ -29,9 +36,7 @@ if TYPE_CHECKING:
     from orchestrator_runtime.request import Request
 
     from ..payloads.binding import BoundSecret, SecretBinding
-    from ..payloads.manifest import Manifest
 
-Progress = Callable[[str], None]
 StreamName = Literal["stdout", "stderr"]
 
 
@@ -41,9 +46,6 @@ class Capabilities:
     read without making one: `backends.backend_capabilities`). Code outside `backends/`
     decides by these, never by a backend's name."""
 
-    #: `Backend.create_idle` makes pooled sandboxes: `pool.Pool` keeps them warm for batch,
-    #: schedules and the Python API (without: every run is cold).
-    warm_sandboxes: bool = False
     #: How a run's model gateway is provided: "none" (a hosted-model run is refused unless
     #: it opts out with --no-gateway, which puts the key into the sandbox, masked in the
     #: record), "sidecar" (a container of its own on the run's private network) or "sandbox"
@@ -52,7 +54,7 @@ class Capabilities:
     model_gateway: GatewayProvision = "none"
     #: Where its sandboxes run: "this_host" (a model endpoint on this host is reached as
     #: `policy.HOST_ALIAS`) or "elsewhere" (E2B's cloud: an endpoint on this host, a loopback
-    #: or private address is refused before anything starts, `endpoint_on_host`).
+    #: or private address is refused before anything starts, `admission.endpoint_on_host`).
     sandboxes_run: Literal["this_host", "elsewhere"] = "this_host"
     #: For "elsewhere": the environment variable that, set to 1, says its sandboxes reach
     #: this host after all (a local or self-hosted deployment); endpoints are used as given.
@@ -69,13 +71,6 @@ class Capabilities:
     removes_orphans: bool = False
     #: What ends a dead run's sandbox that no command removed (said in the run's record).
     orphans_end: str = "its sandbox ends with its own lifetime"
-    #: `Backend.list_images` and `Backend.prune_images` (`orchestrator images list/prune`).
-    image_listing: bool = False
-    #: `Backend.bootstrap_base` (`orchestrator images bootstrap-base`).
-    base_bootstrap: bool = False
-    #: The most sandboxes this backend may have alive at once (None: no cap of its own);
-    #: batch lowers its concurrency to it.
-    max_concurrency: int | None = None
     #: The sandbox runtimes a run may ask for besides `auto` (`--sandbox-runtime`, the config
     #: file, a manifest, a schedule), each a kernel or isolation the backend can place a
     #: sandbox on (Docker: runsc, runc; a Kubernetes RuntimeClass such as kata). Empty: the
@@ -84,7 +79,7 @@ class Capabilities:
     #: Secrets bound to hosts (`[secrets.bind]`) are kept out of the sandbox: it holds a
     #: placeholder, and an intercepting proxy on its egress path puts the value on the wire
     #: only for the bound hosts. Without: a run with bindings is refused before anything
-    #: starts (exit 2), never run with the value inside (`check_bound_secrets`).
+    #: starts (exit 2), never run with the value inside (`admission.check_bound_secrets`).
     bound_secrets: bool = False
 
 
@@ -115,53 +110,6 @@ def check_sandbox_runtime(
         f"Unknown sandbox runtime {runtime!r} for the {backend} backend{hint}",
         f"Use one of {words(allowed)}.",
     )
-
-
-def check_bound_secrets(backend: str, capabilities: Capabilities, manifest: Manifest) -> None:
-    """Raise ConfigError (exit 2, before anything starts) when the payload binds secrets to
-    hosts and the backend cannot keep them out of the sandbox (`Capabilities.bound_secrets`):
-    running it anyway would put the value inside, the one thing a binding asks not to."""
-    if not manifest.bindings or capabilities.bound_secrets:
-        return
-    bound = "; ".join(b.describe() for b in manifest.bindings)
-    raise ConfigError(
-        f"{manifest.path}: `[secrets.bind]` binds {bound}, but binding secrets to hosts is "
-        f"not available on the {backend} backend (yet): it has no intercepting proxy on "
-        "its sandboxes' egress path to keep the value out of the sandbox. Nothing was "
-        "started.",
-        "Remove `[secrets.bind]` to run with the secret inside the sandbox (in its "
-        "environment, as `[secrets] required` alone gives it), or run on a backend that "
-        "binds secrets.",
-    )
-
-
-def check_bound_network(manifest: Manifest, network: NetworkPolicy) -> None:
-    """Raise ConfigError (exit 2, before anything starts) for bound secrets under `open`:
-    the sandbox would have a way out past the interceptor, and a binding's hosts mean
-    something only against an allowlist. (`none`: nothing leaves, the placeholder alone
-    is inside.)"""
-    if not manifest.bindings or network.mode != "open":
-        return
-    bound = "; ".join(b.describe() for b in manifest.bindings)
-    raise ConfigError(
-        f"{manifest.path}: `[secrets.bind]` binds {bound}, but the run's network policy is "
-        "`open`: a bound secret needs the allowlist (its only way out is the interceptor, "
-        "in front of the egress proxy). Nothing was started.",
-        "Run with --network allowlist (the default for a payload with hosts), or remove "
-        "`[secrets.bind]` to run with the secret inside the sandbox.",
-    )
-
-
-def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str) -> bool:
-    """True when a model endpoint on this host is reached as `policy.HOST_ALIAS` (sandboxes
-    on this host), False when it is used as given. Raises ConfigError (before anything
-    starts) for an endpoint that sandboxes running elsewhere cannot reach."""
-    if capabilities.sandboxes_run == "this_host":
-        return True
-    env = capabilities.local_endpoints_env
-    if not (env and os.environ.get(env) == "1"):
-        check_remote_endpoint(model, backend=backend, opt_in_env=env)
-    return False
 
 
 class GatewayHandle(ABC):
@@ -326,7 +274,7 @@ class Sandbox(ABC):
         return []
 
     def take(self, spec: SandboxSpec) -> None:
-        """Hand a pooled sandbox (`Backend.create_idle`) to the run of `spec`, whose run id
+        """Hand a pooled sandbox (`WarmSandboxes.create_idle`) to the run of `spec`, whose run id
         must be the sandbox's own. Raises ValueError otherwise."""
         raise ValueError("not a pooled sandbox")
 
@@ -354,11 +302,15 @@ class HostCheck:
 
 class Backend(ABC):
     """Where sandboxes run. Found by name through `orchestrator.backends.get_backend`, which
-    makes one with `create`; a package registers its subclass under the entry-point group
-    `orchestrator.backends` (docs/ARCHITECTURE.md, "Adding a backend")."""
+    makes one with `create_backend`; a package registers its subclass under the entry-point
+    group `orchestrator.backends` (docs/ARCHITECTURE.md, "Adding a backend").
+
+    Required (abstract): `prepare_image`, `create`, `list_sandboxes`, `remove_sandbox`. The
+    rest have defaults; pooling and image storage are optional parts (`WarmSandboxes`,
+    `ImageStore`), declared by deriving from them."""
 
     name: str
-    #: What it can do; a class attribute, so that it is known before one is made.
+    #: What it can do; a class attribute, known before one is made (never set per instance).
     capabilities: Capabilities = Capabilities()
     #: What `orchestrator doctor` checks of the host's configuration for this backend, besides
     #: the kit's runs (a class attribute: the names are known before one is made).
@@ -373,12 +325,9 @@ class Backend(ABC):
 
     @property
     def max_concurrency(self) -> int | None:
-        """`Capabilities.max_concurrency` (settable, for wrappers that copy it)."""
-        return self.capabilities.max_concurrency
-
-    @max_concurrency.setter
-    def max_concurrency(self, value: int | None) -> None:
-        self.capabilities = replace(self.capabilities, max_concurrency=value)
+        """The most sandboxes this backend may have alive at once, from its settings (None:
+        no cap of its own); batch lowers its concurrency to it."""
+        return None
 
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
         """Raise ConfigError unless this backend's sandboxes can run on `runtime` (called
@@ -387,12 +336,6 @@ class Backend(ABC):
         `Capabilities.sandbox_runtimes` (`check_sandbox_runtime`); a backend whose runtimes
         depend on its engine checks that too."""
         check_sandbox_runtime(self.name, self.capabilities, runtime, asked=asked)
-
-    def starts_per_core(self, spec: SandboxSpec) -> int:
-        """How many of `spec`'s sandboxes a pool makes at once per core, so that its makings
-        alone keep the CPU full (runs wait for them on a full CPU): one where a start is
-        mostly CPU (more at once only contend for it), more where a start also waits."""
-        return 1
 
     @abstractmethod
     def prepare_image(self, extra_requirements: tuple[str, ...], progress: Progress) -> str:
@@ -404,13 +347,6 @@ class Backend(ABC):
     @abstractmethod
     def create(self, spec: SandboxSpec, progress: Progress) -> Sandbox:
         """Create (not start) a sandbox with the spec's limits, network and labels."""
-
-    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> Sandbox:
-        """A pooled sandbox (`Capabilities.warm_sandboxes`): created as `create` does, then
-        started with nothing in it; its runtime waits for a request (`Sandbox.start`) and
-        stops by itself `ttl` seconds from now if none comes, even with no orchestrator
-        process left. Raises NotImplementedError on backends without pools."""
-        raise NotImplementedError(f"the {self.name} backend has no warm sandboxes")
 
     @abstractmethod
     def list_sandboxes(self, labels: dict[str, str]) -> list[SandboxInfo]:
@@ -437,12 +373,6 @@ class Backend(ABC):
         the engine's errors when it cannot be asked."""
         return {}
 
-    def remove_idle(self, owner: str) -> None:
-        """Remove the pooled sandboxes of the pool process `owner` (a dead one's). Raises the
-        engine's errors when nothing can be listed."""
-        for info in self.list_sandboxes({LABEL_OWNER: owner, LABEL_WARM: "true"}):
-            self.remove_sandbox(info)
-
     def build_image(
         self, base: str | None, extra_requirements: tuple[str, ...], progress: Progress
     ) -> str:
@@ -456,17 +386,45 @@ class Backend(ABC):
             )
         return self.prepare_image(extra_requirements, progress)
 
+
+class WarmSandboxes(Backend):
+    """The optional part of a backend that makes pooled sandboxes: `pool.Pool` keeps them
+    warm for batch, schedules and the Python API (a backend without it: every run is cold).
+    Its sandboxes implement `Sandbox.take`."""
+
+    @abstractmethod
+    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> Sandbox:
+        """A pooled sandbox: created as `create` does, then started with nothing in it; its
+        runtime waits for a request (`Sandbox.start`) and stops by itself `ttl` seconds from
+        now if none comes, even with no orchestrator process left."""
+
+    def remove_idle(self, owner: str) -> None:
+        """Remove the pooled sandboxes of the pool process `owner` (a dead one's). Raises the
+        engine's errors when nothing can be listed."""
+        for info in self.list_sandboxes({LABEL_OWNER: owner, LABEL_WARM: "true"}):
+            self.remove_sandbox(info)
+
+    def starts_per_core(self, spec: SandboxSpec) -> int:
+        """How many of `spec`'s sandboxes a pool makes at once per core, so that its makings
+        alone keep the CPU full (runs wait for them on a full CPU): one where a start is
+        mostly CPU (more at once only contend for it), more where a start also waits."""
+        return 1
+
+
+class ImageStore(Backend):
+    """The optional part of a backend that keeps its images itself (an engine's image store):
+    `orchestrator images list/prune/bootstrap-base --backend NAME` (a backend without it: they
+    are refused, exit 2)."""
+
+    @abstractmethod
     def list_images(self) -> list[dict[str, Any]]:
-        """Its images (`Capabilities.image_listing`): each `{tag, id, kind, created (ISO
-        8601), size (bytes), in_use, labels}`, newest first."""
-        raise NotImplementedError(f"the {self.name} backend cannot list its images")
+        """Its images: each `{tag, id, kind, created (ISO 8601), size (bytes), in_use,
+        labels}`, newest first."""
 
+    @abstractmethod
     def prune_images(self, *, dry_run: bool = False) -> list[str]:
-        """Remove its images that are no longer current (`Capabilities.image_listing`);
-        returns what went (or would go)."""
-        raise NotImplementedError(f"the {self.name} backend cannot prune its images")
+        """Remove its images that are no longer current; returns what went (or would go)."""
 
+    @abstractmethod
     def bootstrap_base(self, *, suite: str, mirror: str, progress: Progress) -> str:
-        """Make a base image without a registry (`Capabilities.base_bootstrap`); returns
-        its reference."""
-        raise NotImplementedError(f"the {self.name} backend cannot bootstrap a base image")
+        """Make a base image without a registry; returns its reference."""

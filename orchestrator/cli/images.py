@@ -11,7 +11,7 @@ from ..registry import DEFAULT_BACKEND, backend_names, backends_help
 from .parser import HELP
 
 if TYPE_CHECKING:
-    from ..backends.base import Backend
+    from ..backends.base import ImageStore
 
 
 def add_backend_option(parser: Any, what: str) -> None:
@@ -67,17 +67,18 @@ def add_images_parser(sub: Any) -> None:
     p.set_defaults(handler=lambda a: (p.print_help(), 2)[1])
 
 
-def backend_that_can(name: str, capability: str, what: str) -> Backend:
-    """The backend `name`, made, if it declares `capability` (checked before it is made);
-    else ConfigError (exit 2) naming the backends that can."""
-    from ..backends import backend_capabilities, get_backend
+def backend_that_can(name: str, what: str) -> ImageStore:
+    """The backend `name`, made, if it keeps its images itself (`ImageStore`, checked on its
+    class before it is made); else ConfigError (exit 2) naming the backends that do."""
+    from ..backends import backend_class, get_backend
+    from ..backends.base import ImageStore
     from ..errors import ConfigError
 
-    if not getattr(backend_capabilities(name), capability):
+    if not issubclass(backend_class(name), ImageStore):
         able = []
         for other in backend_names():
             try:
-                if getattr(backend_capabilities(other), capability):
+                if issubclass(backend_class(other), ImageStore):
                     able.append(other)
             except ConfigError:
                 continue
@@ -85,7 +86,9 @@ def backend_that_can(name: str, capability: str, what: str) -> Backend:
             f"The {name} backend cannot {what}.",
             f"Use --backend {' or --backend '.join(able)}." if able else "No backend here can.",
         )
-    return get_backend(name)
+    backend = get_backend(name)
+    assert isinstance(backend, ImageStore)  # made by the class checked above
+    return backend
 
 
 def cmd_images_build(args: argparse.Namespace) -> int:
@@ -105,7 +108,7 @@ def cmd_images_build(args: argparse.Namespace) -> int:
 def cmd_images_bootstrap(args: argparse.Namespace) -> int:
     from .display import RunDisplay
 
-    backend = backend_that_can(args.backend, "base_bootstrap", "bootstrap a base image")
+    backend = backend_that_can(args.backend, "bootstrap a base image")
     display = RunDisplay()
     tag = backend.bootstrap_base(suite=args.suite, mirror=args.mirror, progress=display.progress)
     print(json.dumps({"image": tag}) if args.json else tag)
@@ -117,7 +120,7 @@ def cmd_images_list(args: argparse.Namespace) -> int:
 
     from .output import age, human_size, print_json, print_table, say
 
-    images = backend_that_can(args.backend, "image_listing", "list images").list_images()
+    images = backend_that_can(args.backend, "list images").list_images()
     if args.json:
         print_json(images)
         return 0
@@ -144,7 +147,7 @@ def cmd_images_list(args: argparse.Namespace) -> int:
 def cmd_images_prune(args: argparse.Namespace) -> int:
     from .output import print_json, say
 
-    backend = backend_that_can(args.backend, "image_listing", "prune images")
+    backend = backend_that_can(args.backend, "prune images")
     removed = backend.prune_images(dry_run=args.dry_run)
     if args.json:
         print_json({"removed": removed, "dry_run": args.dry_run})

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import get_backend
-from ..backends.base import Backend, Sandbox, SandboxSpec
+from ..backends.base import Backend, Sandbox, SandboxSpec, WarmSandboxes
 from ..errors import ConfigError
 from ..labels import owner_label, pool_marker, run_labels
 from ..lifecycle.imagecache import ImageCache
@@ -87,7 +87,10 @@ Key = tuple[Any, ...]
 
 def starts_per_core(backend: Backend, spec: SandboxSpec) -> int:
     """Sandboxes like `spec`'s made at once per core: as many as the backend asks, at most
-    MAX_STARTS_PER_CORE (also where a warm batch's adaptive limit starts: `LocalExecutor`)."""
+    MAX_STARTS_PER_CORE (also where a warm batch's adaptive limit starts: `LocalExecutor`);
+    one for a backend without warm sandboxes."""
+    if not isinstance(backend, WarmSandboxes):
+        return 1
     return min(MAX_STARTS_PER_CORE, backend.starts_per_core(spec))
 
 
@@ -276,7 +279,7 @@ class Pool:
         more: int = 0,
     ) -> None:
         backend = self._backend_for(prepared)
-        if prepared.backend != backend.name or not _supports_pool(backend):
+        if prepared.backend != backend.name or not isinstance(backend, WarmSandboxes):
             return
         spec = self._key_spec(prepared, backend)
         starts = self._starts(spec, backend)  # asked before the lock: it may ask the engine
@@ -297,7 +300,8 @@ class Pool:
         there is none to have (the run then goes cold). The claim says how long the run
         waited for it."""
         backend = self._backend_for(prepared)
-        if self._closed or prepared.backend != backend.name or not _supports_pool(backend):
+        warm = isinstance(backend, WarmSandboxes)
+        if self._closed or prepared.backend != backend.name or not warm:
             return None
         started = time.monotonic()
         spec = self._key_spec(prepared, backend)
@@ -469,7 +473,7 @@ class Pool:
             self._marker = marker
 
     def _make(self, slot: _Slot, run_id: str) -> _Idle | None:
-        assert self.backend is not None
+        assert isinstance(self.backend, WarmSandboxes)  # only such a backend gets slots
         spec = replace(slot.spec, run_id=run_id, labels=run_labels(run_id))
         try:
             self._mark()
@@ -492,7 +496,3 @@ class Pool:
 
     def _key_spec(self, prepared: PreparedRun, backend: Backend) -> SandboxSpec:
         return sandbox_spec(prepared, self.image(prepared, backend))
-
-
-def _supports_pool(backend: Backend) -> bool:
-    return backend.capabilities.warm_sandboxes

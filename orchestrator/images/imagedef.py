@@ -24,6 +24,8 @@ from ..policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
 log = logging.getLogger(__name__)
 
+#: Where a long step says what it is doing, one line at a time (the CLI's progress display,
+#: a build's output): the one definition, which `backends.base` hands on to backends.
 Progress = Callable[[str], None]
 
 

@@ -7,7 +7,7 @@ Two ways in:
   of type `orphaned`, with a full record, and whatever they left (a container stopped by its
   deadline, or still running; an egress proxy; a network) is removed by their backend when it
   says it may be (`Capabilities.removes_orphans`: local and cheap), as are the idle sandboxes
-  of dead pools (`Backend.remove_idle`, on each backend with warm sandboxes);
+  of dead pools (`WarmSandboxes.remove_idle`, on each backend with warm sandboxes);
 - `cleanup()` (`orchestrator cleanup`): everything labelled with a dead owner, of every kind
   (sandboxes, egress proxies and networks, image probes), then the same closing of records.
 """
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import backend_capabilities, get_backend
-from ..backends.base import Backend, SandboxInfo
+from ..backends import backend_capabilities, backend_class, get_backend
+from ..backends.base import Backend, SandboxInfo, WarmSandboxes
 from ..errors import OrchestratorError
 from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, POOLS_DIR, owner_alive, store_id
 from ..paths import home_dir
@@ -135,7 +135,7 @@ def reap_dead_pools(store: Store, found: Found, warn: Callable[[str], None] | No
             continue
         if owner_alive(owner):
             continue
-        backends = [b for b in _pool_backends(found, warn) if not isinstance(b, str)]
+        backends = [b for b in _pool_backends(found, warn) if isinstance(b, WarmSandboxes)]
         if not backends:
             return
         with contextlib.suppress(Exception):  # gone already, or the engine hiccuped
@@ -149,7 +149,7 @@ def _pool_backends(found: Found, warn: Callable[[str], None] | None) -> list[Bac
     pooled = []
     for name in backend_names():
         try:
-            warm = backend_capabilities(name).warm_sandboxes
+            warm = issubclass(backend_class(name), WarmSandboxes)
         except OrchestratorError:
             continue  # not loadable here: it made no pool here either
         if warm:

@@ -7,12 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..backends import backend_capabilities, backend_name
-from ..backends.base import (
-    check_bound_network,
-    check_bound_secrets,
-    check_sandbox_runtime,
-    endpoint_on_host,
-)
+from ..backends.base import check_sandbox_runtime
 from ..defaults import choose_sandbox_runtime
 from ..errors import ConfigError, ManifestError, at_field
 from ..gateway import GatewaySpec, describe_gateway, plan_gateway, sandbox_network
@@ -30,6 +25,7 @@ from ..records.otlp import TraceTarget, trace_target
 from ..records.store import new_run_id
 from ..registry import DEFAULT_BACKEND
 from ..spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunSpec
+from .admission import check_bound_network, check_bound_secrets, endpoint_on_host
 
 
 @dataclass(frozen=True)

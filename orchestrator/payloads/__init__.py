@@ -4,6 +4,6 @@ folder (`payload.py`), its `manifest.toml` (`manifest.py`), a program as written
 (`examples.py`) and new ones (`scaffold.py`).
 
 Nothing here runs a payload's code: programs are read with `ast`. Imports only the core
-modules directly in `orchestrator/` (spec, schema, errors, config, defaults, policy, models,
-registry).
+modules directly in `orchestrator/` (spec, schema, errors, paths, defaults, policy, registry)
+and `orchestrator/models/`.
 """

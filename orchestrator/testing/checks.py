@@ -343,7 +343,7 @@ CHECKS: tuple[Check, ...] = (
     Check(
         "warm.one_run",
         "a warm sandbox serves the one run it was made for, and goes with it",
-        "warm_sandboxes",
+        "WarmSandboxes",
         check_warm_one_run,
     ),
     Check(
@@ -475,7 +475,3 @@ CHECKS: tuple[Check, ...] = (
         check_orphans_removed,
     ),
 )
-
-
-def check_named(name: str) -> Check:
-    return next(c for c in CHECKS if c.name == name)

@@ -1,6 +1,7 @@
 """What a conformance check is and what it runs with: `Check` (a promise as data), `Kit` (the
 backend under test and its runs, nothing left behind after), `run_check` (a verdict that is
-NOT APPLICABLE only where the backend's `Capabilities` declare the capability absent)."""
+NOT APPLICABLE only where the backend's `Capabilities` declare the capability absent, or
+where it lacks the optional part the check needs)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..backends import backend_capabilities, get_backend
-from ..backends.base import Backend, Capabilities, SandboxInfo
+from ..backends.base import Backend, Capabilities, ImageStore, SandboxInfo, WarmSandboxes
 from ..labels import LABEL_RUN_ID
 from ..lifecycle.runner import run
 from ..records.store import new_run_id
@@ -44,8 +45,9 @@ class NotApplicable(Exception):
 @dataclass(frozen=True)
 class Check:
     """One promise: its name, what it promises, the capability it needs (a `Capabilities`
-    field that must be set, or `field=value`; None: every backend keeps it), and the function
-    that checks it (returns what it saw; raises CheckFailed, or NotApplicable saying why)."""
+    field that must be set, `field=value`, or an optional part's name in `PARTS`; None:
+    every backend keeps it), and the function that checks it (returns what it saw; raises
+    CheckFailed, or NotApplicable saying why)."""
 
     name: str
     promise: str
@@ -75,6 +77,10 @@ class Outcome:
             "fix": self.fix,
             "seconds": round(self.seconds, 2),
         }
+
+
+#: The optional parts of a backend (`backends.base`) a check may need, by name.
+PARTS: dict[str, type] = {"WarmSandboxes": WarmSandboxes, "ImageStore": ImageStore}
 
 
 def declared(capabilities: Capabilities, needs: str) -> bool:
@@ -200,7 +206,12 @@ def run_check(kit: Kit, check: Check) -> Outcome:
         took = time.monotonic() - started
         return Outcome(check.name, status, check.promise, detail, fix, took)
 
-    if check.needs and not declared(kit.capabilities, check.needs):
+    part = PARTS.get(check.needs or "")
+    if part is not None and not isinstance(kit.backend, part):
+        return outcome(
+            "not_applicable", f"needs {check.needs}; the {kit.backend_name} backend has none"
+        )
+    if part is None and check.needs and not declared(kit.capabilities, check.needs):
         name = check.needs.partition("=")[0]
         value = getattr(kit.capabilities, name)
         return outcome(

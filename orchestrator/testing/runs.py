@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from ..backends.base import WarmSandboxes
 from ..errors import OrchestratorError
 from ..lifecycle.imagecache import ImageCache
 from ..lifecycle.prepared import prepare
@@ -18,7 +19,7 @@ from ..lifecycle.request import sandbox_spec
 from ..lifecycle.runner import WarmSandbox, execute, observers_of, run
 from ..payloads.payload import MAX_PAYLOAD_MB_ENV
 from ..records.store import Store
-from .kit import CheckFailed, Kit
+from .kit import CheckFailed, Kit, NotApplicable
 from .probe import write_probe
 
 #: How long a cancelled run's probe would sleep: a run that ends `succeeded` ignored the cancel.
@@ -117,11 +118,14 @@ def check_shipping_size(kit: Kit) -> str:
 
 
 def check_warm_one_run(kit: Kit) -> str:
+    backend = kit.backend
+    if not isinstance(backend, WarmSandboxes):
+        raise NotApplicable(f"the {kit.backend_name} backend has no warm sandboxes")
     first, second = prepare(kit.spec("ok")), prepare(kit.spec("ok"))
     kit.run_ids += [first.run_id, second.run_id]
     images = ImageCache()
     image = images.prepare(kit.backend, first.image_requirements, lambda _m: None)
-    idle = kit.backend.create_idle(sandbox_spec(first, image), lambda _m: None, WARM_TTL)
+    idle = backend.create_idle(sandbox_spec(first, image), lambda _m: None, WARM_TTL)
     try:
         idle.take(sandbox_spec(second, image))
     except ValueError:

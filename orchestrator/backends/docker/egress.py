@@ -28,23 +28,25 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from ...errors import OrchestratorError
-from ...images.imagedef import RUNTIME_DIR, build_lock, digest, report, sha256
+from ...images.imagedef import RUNTIME_DIR, Progress, digest, sha256
 from ...labels import LABEL_KIND
 from ...paths import VERSION, data_root
 from ...policy import HOST_ALIAS, describe_allowlist, host_networks, hosts_line
 from ...spec import NetworkPolicy
 from .base_image import resolve_base
 from .deadline import EGRESS_KEEPER, kept
-from .engine import inspect_image, stopped
-from .images import build_image
-from .seccomp import security_options
+from .engine import stopped
+from .helper import (
+    HelperError,
+    HelperImagePlan,
+    HelperLimits,
+    container_ip,
+    create_helper,
+    ensure_helper_image,
+)
 
 if TYPE_CHECKING:
     import docker
-
-Progress = Callable[[str], None]
-
 
 EGRESS_IMAGE = "orchestrator-egress"
 
@@ -69,13 +71,7 @@ READY_TIMEOUT = 20.0
 
 
 #: The squid egress container's limits: small, it only relays.
-EGRESS_MEMORY = "256m"
-
-
-EGRESS_PIDS = 64
-
-
-EGRESS_CPUS = 0.5
+EGRESS_LIMITS = HelperLimits(memory="256m", pids=64, cpus=0.5)
 
 
 NETWORK_OPTIONS = {"com.docker.network.bridge.inhibit_ipv4": "true"}
@@ -88,26 +84,13 @@ KEEPER_SOURCE = RUNTIME_DIR / "deadline.py"
 SQUID_DIRS = ("/tmp", "/var/run/squid", "/var/spool/squid", "/var/log/squid")
 
 
-class EgressError(OrchestratorError):
+class EgressError(HelperError):
     """The egress proxy could not be started (the run never starts without it)."""
-
-    exit_code = 5
-
-
-@dataclass(frozen=True)
-class EgressImagePlan:
-    """What the egress image for one base is made of, and its content-addressed tag."""
-
-    tag: str
-    content_hash: str
-    base: str
-    base_id: str
-    files: dict[str, bytes]
 
 
 def plan_egress_image(
     client: docker.DockerClient, *, base: str | None = None, progress: Progress | None = None
-) -> EgressImagePlan:
+) -> HelperImagePlan:
     """The egress image's tag, content-addressed like the agent image (its definition files,
     the keeper, the base image id and the version); builds nothing."""
     base = resolve_base(client, base, progress)
@@ -126,7 +109,7 @@ def plan_egress_image(
         }
     )
     tag = f"{EGRESS_IMAGE}:{content_hash[:12]}"
-    return EgressImagePlan(tag, content_hash, base, base_id, files)
+    return HelperImagePlan(tag, content_hash, base, base_id, files)
 
 
 def ensure_egress_image(
@@ -134,19 +117,7 @@ def ensure_egress_image(
 ) -> str:
     """The tag of the egress image, built on demand (see `plan_egress_image`)."""
     plan = plan_egress_image(client, base=base, progress=progress)
-    if inspect_image(client, plan.tag) is not None:
-        return plan.tag
-    with build_lock(plan.content_hash):
-        if inspect_image(client, plan.tag) is None:
-            report(progress, f"building {plan.tag} (squid) on {plan.base}")
-            buildargs = {
-                "BASE_IMAGE": plan.base_id,
-                "ORCHESTRATOR_BASE": plan.base,
-                "ORCHESTRATOR_VERSION": VERSION,
-                "ORCHESTRATOR_CONTENT_HASH": plan.content_hash,
-            }
-            build_image(client, plan.tag, plan.files, {}, buildargs, progress)
-    return plan.tag
+    return ensure_helper_image(client, plan, "squid", progress)
 
 
 @dataclass
@@ -221,39 +192,23 @@ class Egress:
             "clients": subnets,
             "blocked_dst": self._blocked_destinations(),
         }
-        tmpfs = "rw,nosuid,nodev,noexec,size=16m,mode=1777"
-        host_config = api.create_host_config(
-            network_mode="bridge",  # outbound; the run's network is connected below
-            cap_drop=["ALL"],  # squid runs as `proxy` on port 3128: it needs no capability
-            security_opt=security_options(),
-            runtime="runc",  # our code, not the payload's: no gVisor (runtimes.py)
-            read_only=True,
-            tmpfs={path: tmpfs for path in SQUID_DIRS},
-            mem_limit=EGRESS_MEMORY,
-            memswap_limit=EGRESS_MEMORY,
-            nano_cpus=int(EGRESS_CPUS * 1e9),
-            pids_limit=EGRESS_PIDS,
-            ipc_mode="private",
-            init=False,  # PID 1 is the deadline keeper (see deadline.py)
-            extra_hosts={HOST_ALIAS: "host-gateway"} if policy.host_endpoints else None,
-            log_config={"Type": "json-file", "Config": {"max-size": "20m", "max-file": "1"}},
-        )
-        container = api.create_container(
+        self.container_id = create_helper(
+            api,
+            kind=KIND_EGRESS,
+            run_id=run_id,
             image=image,
             entrypoint=kept(EGRESS_KEEPER, stop_at, EGRESS_COMMAND),
-            command=[],
-            name=f"orchestrator-egress-{run_id}",
-            labels={**labels, LABEL_KIND: KIND_EGRESS},
-            hostname="egress",
-            stdin_open=True,  # the SDK sets StdinOnce with it: the policy, then end of input
-            tty=False,
-            host_config=host_config,
+            labels=labels,
+            network_mode="bridge",  # outbound; the run's network is connected below
+            limits=EGRESS_LIMITS,
+            scratch=SQUID_DIRS,  # squid runs as `proxy`
+            extra_hosts={HOST_ALIAS: "host-gateway"} if policy.host_endpoints else None,
+            # its access log is read back (`blocked`): kept, and bounded
+            log_config={"Type": "json-file", "Config": {"max-size": "20m", "max-file": "1"}},
         )
-        self.container_id = container["Id"]
         api.connect_container_to_network(self.container_id, self.network_id)
         start_with_policy(api, self.container_id, config)
-        networks = api.inspect_container(self.container_id)["NetworkSettings"]["Networks"]
-        self.proxy_ip = networks[self.network_name]["IPAddress"]
+        self.proxy_ip = container_ip(api, self.container_id, self.network_name)
 
     def _blocked_destinations(self) -> list[str]:
         """Addresses no allowed name may resolve to beyond squid's fixed private ranges: the

@@ -19,23 +19,26 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from docker.types import LogConfig
-
-from ...errors import ImageBuildError, OrchestratorError
-from ...images.imagedef import RUNTIME_DIR, Progress, build_lock, digest, report, sha256
+from ...errors import ImageBuildError
+from ...images.imagedef import RUNTIME_DIR, Progress, digest, sha256
 from ...images.wheelhouse import ensure_wheelhouse
-from ...labels import LABEL_KIND
 from ...paths import VERSION, data_root
 from ..base import SandboxSpec, SecretsProxyHandle
 from .base_image import debian_base, resolve_base
 from .deadline import kept
 from .egress import Egress
 from .engine import attached_lines, inspect_image, remove_attached, stopped
-from .images import build_image, python_target
-from .seccomp import security_options
+from .helper import (
+    HelperError,
+    HelperImagePlan,
+    HelperLimits,
+    create_helper,
+    ensure_helper_image,
+    start_attached,
+)
+from .images import python_target
 
 if TYPE_CHECKING:
     import docker
@@ -60,9 +63,7 @@ INTERCEPTOR_COMMAND = ["/opt/venv/bin/python", "-I", "/opt/interceptor/intercept
 INTERCEPTOR_PORT = 3129
 CONFDIR = "/tmp/interceptor"
 #: Its limits: it relays, but decrypts and encrypts every byte.
-INTERCEPTOR_MEMORY = "256m"
-INTERCEPTOR_PIDS = 64
-INTERCEPTOR_CPUS = 1.0
+INTERCEPTOR_LIMITS = HelperLimits(memory="256m", pids=64, cpus=1.0)
 INTERCEPTOR_USER = "10001:10001"
 READY_TIMEOUT = 30.0
 MAX_LINE = 64 * 1024
@@ -182,28 +183,13 @@ def injections(text: str) -> list[dict[str, Any]]:
     return list(seen.values())
 
 
-class InterceptorError(OrchestratorError):
+class InterceptorError(HelperError):
     """The secret interceptor could not be started (a run never starts without it)."""
-
-    exit_code = 5
-
-
-@dataclass(frozen=True)
-class InterceptorImagePlan:
-    """What the interceptor image is made of, and its content-addressed tag."""
-
-    tag: str
-    content_hash: str
-    base: str
-    base_id: str
-    python: str
-    files: dict[str, bytes]
-    wheels: dict[str, Path]
 
 
 def plan_interceptor_image(
     client: docker.DockerClient, *, progress: Progress | None = None, make_base: bool = True
-) -> InterceptorImagePlan | None:
+) -> HelperImagePlan | None:
     """The image's tag, hashed over its files (the definition, the addon, the runtime's
     masking and keeper, the agent image's hardening), the base's id, the wheels and the
     version; builds nothing. None when its base is missing and `make_base` is False (what
@@ -242,7 +228,7 @@ def plan_interceptor_image(
     )
     tag = f"{INTERCEPTOR_IMAGE}:{content_hash[:12]}"
     wheels = wheelhouse.context_files()
-    return InterceptorImagePlan(tag, content_hash, base, base_id, target.version, files, wheels)
+    return HelperImagePlan(tag, content_hash, base, base_id, files, target.version, wheels)
 
 
 def ensure_interceptor_image(client: docker.DockerClient, progress: Progress | None = None) -> str:
@@ -250,20 +236,7 @@ def ensure_interceptor_image(client: docker.DockerClient, progress: Progress | N
     missing; its base is made once per host too. Unchanged inputs: hashing and inspections."""
     plan = plan_interceptor_image(client, progress=progress)
     assert plan is not None  # make_base: the base is there now
-    if inspect_image(client, plan.tag) is not None:
-        return plan.tag
-    with build_lock(plan.content_hash):
-        if inspect_image(client, plan.tag) is None:
-            report(progress, f"building {plan.tag} (mitmproxy) on {plan.base}")
-            buildargs = {
-                "BASE_IMAGE": plan.base_id,
-                "ORCHESTRATOR_BASE": plan.base,
-                "ORCHESTRATOR_VERSION": VERSION,
-                "ORCHESTRATOR_CONTENT_HASH": plan.content_hash,
-                "ORCHESTRATOR_PYTHON": plan.python,
-            }
-            build_image(client, plan.tag, plan.files, plan.wheels, buildargs, progress)
-    return plan.tag
+    return ensure_helper_image(client, plan, "mitmproxy", progress)
 
 
 @dataclass(frozen=True)
@@ -318,46 +291,22 @@ class Interceptor(SecretsProxyHandle):
         bridge too, for an `InterceptorRoute`); it then waits for its configuration
         (`configure`, `open`). Removes the container again on failure."""
         api = client.api
-        tmpfs = "rw,nosuid,nodev,noexec,size=16m,mode=1777"  # the run's CA: memory only
-        host_config = api.create_host_config(
-            network_mode="bridge" if outbound else network_name,
-            cap_drop=["ALL"],  # port 3129 needs no capability
-            security_opt=security_options(),
-            runtime="runc",  # our code, not the payload's (runtimes.py)
-            read_only=True,
-            tmpfs={"/tmp": tmpfs},
-            mem_limit=INTERCEPTOR_MEMORY,
-            memswap_limit=INTERCEPTOR_MEMORY,
-            nano_cpus=int(INTERCEPTOR_CPUS * 1e9),
-            pids_limit=INTERCEPTOR_PIDS,
-            ipc_mode="private",
-            init=False,  # PID 1 is the deadline keeper
-            log_config=LogConfig(type="none"),  # values and decisions stay off the disk
-        )
-        container = api.create_container(
+        container_id = create_helper(
+            api,
+            kind=KIND_INTERCEPTOR,
+            run_id=run_id,
             image=image,
             entrypoint=kept(INTERCEPTOR_KEEPER, stop_at, INTERCEPTOR_COMMAND),
-            command=[],
-            name=f"orchestrator-interceptor-{run_id}",
-            user=INTERCEPTOR_USER,
-            working_dir="/tmp",
-            labels={**labels, LABEL_KIND: KIND_INTERCEPTOR},
-            hostname="interceptor",
-            stdin_open=True,
-            tty=False,
-            host_config=host_config,
+            labels=labels,
+            network_mode="bridge" if outbound else network_name,
+            limits=INTERCEPTOR_LIMITS,
+            user=INTERCEPTOR_USER,  # /tmp, memory only, holds the run's CA
         )
-        interceptor = cls(client, container["Id"], network_name)
+        interceptor = cls(client, container_id, network_name)
         try:
             if outbound:
-                api.connect_container_to_network(interceptor.container_id, network_name)
-            interceptor._socket = api.attach_socket(
-                interceptor.container_id,
-                params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1},
-            )
-            api.start(interceptor.container_id)
-            networks = api.inspect_container(interceptor.container_id)["NetworkSettings"]
-            interceptor.ip = networks["Networks"][network_name]["IPAddress"]
+                api.connect_container_to_network(container_id, network_name)
+            interceptor._socket, interceptor.ip = start_attached(api, container_id, network_name)
             reader = threading.Thread(target=interceptor._read, name="interceptor-output")
             reader.daemon = True
             reader.start()

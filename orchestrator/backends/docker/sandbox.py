@@ -16,9 +16,11 @@ from ...gateway import starting_line
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ..base import (
     Capabilities,
+    ImageStore,
     Progress,
     SandboxInfo,
     SandboxSpec,
+    WarmSandboxes,
 )
 from . import snapshots
 from .container import DockerSandbox
@@ -40,19 +42,16 @@ IDLE_READY_TIMEOUT = 60.0
 SANDBOX_USER = "10001:10001"
 
 
-class DockerBackend(EngineHostChecks):
+class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     """Sandboxes as containers on the local Docker engine (`connect`: EngineUnavailable)."""
 
     name = "docker"
     capabilities = Capabilities(
-        warm_sandboxes=True,
         model_gateway="sidecar",
         resource_limits=True,
         egress_events=True,
         removes_orphans=True,
         orphans_end="its containers stop at their deadline",
-        image_listing=True,
-        base_bootstrap=True,
         sandbox_runtimes=(RUNSC, RUNC),
         bound_secrets=True,
     )

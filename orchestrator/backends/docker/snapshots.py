@@ -37,7 +37,7 @@ needs write access to the engine's data root (root, a local engine). containerd'
 and Podman (`podman container checkpoint --export` / `restore --import`) restore a new
 container from a checkpoint file without that copy.
 
-Anything else starts cold exactly as before: a run whose engine cannot (said once per
+Anything else starts cold (a fresh container): a run whose engine cannot (said once per
 command on stderr, never an error), a run the snapshot path does not cover (runc, a
 network), or a checkpoint or restore that fails.
 """

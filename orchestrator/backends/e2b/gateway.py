@@ -7,7 +7,8 @@ model's endpoint. The key goes in as the gateway process's stdin, nothing else: 
 sandbox-level environment variable, the command's environment or a file. The gateway answers
 only the run's token (its clients come through E2B's edge, so no address range can say who
 they are); its reports (one JSON line each on its stdout) are read live by a thread and handed
-to the runner through `events()`: it is the sandbox's `GatewayHandle`.
+to the runner through `events()` (`GatewayReports`, as Docker's): it is the sandbox's
+`GatewayHandle`.
 """
 
 from __future__ import annotations
@@ -15,17 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
-import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from ...errors import OrchestratorError
-from ...gateway import GatewaySpec, read_report, starting_line
+from ...gateway import GatewaySpec, starting_line
 from ...labels import LABEL_KIND
-from ..base import GatewayHandle, Progress
+from ..base import Progress
+from ..gateway_reports import MAX_LINE, GatewayReports, Line
 from .templates import PYTHON, RUNTIME_ENV, SANDBOX_USER
 
 if TYPE_CHECKING:
@@ -36,19 +34,10 @@ KIND_GATEWAY = "gateway"
 #: The gateway's port in its sandbox (reached as `<port>-<sandbox id>.<domain>`).
 GATEWAY_PORT = 8000
 GATEWAY_COMMAND = f"exec {PYTHON} -m orchestrator_runtime.gateway"
-#: How long the gateway may take to listen once configured, and to hand in its totals.
+#: How long the gateway may take to listen once configured.
 READY_TIMEOUT = 30.0
-CLOSE_TIMEOUT = 3.0
-#: The longest report line kept (a line is a few hundred bytes; nothing is unbounded).
-MAX_LINE = 64 * 1024
 #: Any client address: on E2B they all come through its edge; the run token decides.
 ANY_CLIENT = ["0.0.0.0/0", "::/0"]
-
-
-class GatewayError(OrchestratorError):
-    """The model gateway could not be started (the run never starts without it)."""
-
-    exit_code = 5
 
 
 def port_url(sandbox: e2b.Sandbox, port: int) -> str:
@@ -67,20 +56,16 @@ def gateway_network(upstream: str) -> dict[str, Any]:
     return {"deny_out": ["0.0.0.0/0"], "allow_out": [urlsplit(upstream).hostname or ""]}
 
 
-class E2BGateway(GatewayHandle):
+class E2BGateway(GatewayReports):
     """The gateway sandbox of one run, and the live reading of its reports."""
 
     def __init__(self, sandbox: e2b.Sandbox, spec: GatewaySpec, call: Callable[..., Any]):
+        super().__init__()
         self.sandbox = sandbox
         self.spec = spec
         self.id: str = sandbox.sandbox_id
         self._call = call  # the backend's retried call (`what` names it in errors)
         self._handle: Any = None
-        self._events: deque[dict[str, Any]] = deque()
-        self._stderr: deque[str] = deque(maxlen=20)
-        self._ready = threading.Event()
-        self._closed = threading.Event()
-        self._ended = threading.Event()
         self._lost: str | None = None
         self._removed = False
 
@@ -120,9 +105,7 @@ class E2BGateway(GatewayHandle):
                 ),
                 "gateway start",
             )
-            reader = threading.Thread(target=gateway._read, name="e2b-gateway-reports")
-            reader.daemon = True
-            reader.start()
+            gateway._start_reader(gateway._lines(), "e2b-gateway-reports")
         except BaseException:
             gateway.remove()
             raise
@@ -145,18 +128,16 @@ class E2BGateway(GatewayHandle):
         config = self.spec.stdin_config(key, ANY_CLIENT, GATEWAY_PORT)
         line = json.dumps(config) + "\n"
         self._call(lambda: self.sandbox.commands.send_stdin(self._handle.pid, line), "gateway open")
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not self._ready.wait(timeout=0.02):
-            if self._ended.is_set() or time.monotonic() > deadline:
-                raise GatewayError(
-                    "The model gateway did not start in its E2B sandbox. Its last output:\n"
-                    + ("\n".join(self._stderr) or "(none)"),
-                    "Rebuild the template (`orchestrator images build --backend e2b`), or run "
-                    "with --no-gateway.",
-                )
+        self._wait_ready(
+            READY_TIMEOUT,
+            self._ended.is_set,
+            " in its E2B sandbox",
+            "Rebuild the template (`orchestrator images build --backend e2b`), or run with "
+            "--no-gateway.",
+        )
 
-    def _read(self) -> None:
-        """Reports from stdout, one JSON object a line; stderr kept for diagnostics."""
+    def _lines(self) -> Iterator[Line]:
+        """Its output's lines, until it ends; why it ended is kept for `alive`."""
         partial = {"stdout": "", "stderr": ""}
         try:
             for stdout, stderr, _pty in self._handle:
@@ -164,42 +145,13 @@ class E2BGateway(GatewayHandle):
                 *lines, rest = (partial[name] + chunk).split("\n")
                 partial[name] = rest[-MAX_LINE:]
                 for line in lines:
-                    self._line(name, line[:MAX_LINE])
+                    yield name == "stdout", line[:MAX_LINE]
             self._lost = "the model gateway ended"
         except Exception as exc:  # the sandbox went away, or we killed it
             self._lost = f"the model gateway's E2B sandbox was lost ({type(exc).__name__})"
-        finally:
-            self._ended.set()
 
-    def _line(self, stream: str, line: str) -> None:
-        text = line.strip()
-        if stream != "stdout":
-            if text:
-                self._stderr.append(text)
-            return
-        event = read_report(text)
-        if event is None:
-            return
-        if event["type"] == "gateway_ready":
-            self._ready.set()
-            return
-        self._events.append(event)
-        if event["type"] == "gateway_closed":
-            self._closed.set()
-
-    def events(self) -> list[dict[str, Any]]:
-        taken = []
-        while self._events:
-            taken.append(self._events.popleft())
-        return taken
-
-    def close(self) -> None:
-        """Tell the gateway the run has ended and wait (briefly) for its totals."""
-        if self._handle is None or not self._ready.is_set() or self._ended.is_set():
-            return
-        with contextlib.suppress(Exception):  # gone already: its totals are what came
-            self.sandbox.commands.send_stdin(self._handle.pid, "stop\n")
-        self._closed.wait(timeout=CLOSE_TIMEOUT)
+    def _send(self, line: str) -> None:
+        self.sandbox.commands.send_stdin(self._handle.pid, line)
 
     def alive(self) -> str | None:
         """None while the gateway serves; else why the sandbox has lost its model."""

@@ -16,7 +16,6 @@ from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ...registry import DEFAULT_BACKEND
 from ...spec import NetworkPolicy
 from ..base import (
-    Backend,
     Capabilities,
     ExitInfo,
     Progress,
@@ -24,6 +23,7 @@ from ..base import (
     SandboxInfo,
     SandboxSpec,
     StreamName,
+    WarmSandboxes,
 )
 from .gateway import E2BGateway
 from .idle import IdleRuntime
@@ -189,7 +189,7 @@ class E2BSandbox(Sandbox):
         return with_retries(attempts, call, what=what, progress=lambda _m: None)
 
 
-class E2BBackend(Backend):
+class E2BBackend(WarmSandboxes):
     """Runs sandboxes on E2B; the `e2b` SDK reads E2B_API_URL/E2B_DOMAIN as usual."""
 
     name = "e2b"
@@ -197,10 +197,10 @@ class E2BBackend(Backend):
     #: (`create_idle`), sizes per template (not per run); its sandboxes run elsewhere (an
     #: endpoint on this host is refused unless ORCHESTRATOR_E2B_ALLOW_LOCAL_ENDPOINTS=1), end
     #: with their E2B lifetime, and removing them early takes the API (`orchestrator cleanup
-    #: --backend e2b`). The cap on concurrent sandboxes is the plan's, from the settings.
+    #: --backend e2b`). The cap on concurrent sandboxes is the plan's, from the settings
+    #: (`max_concurrency`).
     capabilities = Capabilities(
         model_gateway="sandbox",
-        warm_sandboxes=True,
         orphans_end="its E2B sandbox ends with its E2B lifetime",
         sandboxes_run="elsewhere",
         local_endpoints_env=ALLOW_LOCAL_ENDPOINTS_ENV,
@@ -210,14 +210,17 @@ class E2BBackend(Backend):
     def __init__(self, settings: E2BSettings | None = None) -> None:
         sdk()
         self.settings = settings or E2BSettings.from_env()
-        #: The cap a batch respects (E2B plans cap concurrent sandboxes).
-        self.capabilities = replace(self.capabilities, max_concurrency=self.settings.max_sandboxes)
         self._slots = sandbox_slots(self.settings.api_key, self.settings.max_sandboxes)
 
     @classmethod
     def create_backend(cls, env_file: str | Path | None = None) -> E2BBackend:
         """A backend on E2B; ConfigError without an API key (or without the `e2b` SDK)."""
         return cls(E2BSettings.from_env(env_file))
+
+    @property
+    def max_concurrency(self) -> int | None:
+        """The cap a batch respects: E2B plans cap concurrent sandboxes (the settings')."""
+        return self.settings.max_sandboxes
 
     def build_image(
         self, base: str | None, extra_requirements: tuple[str, ...], progress: Progress
