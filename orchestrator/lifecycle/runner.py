@@ -83,7 +83,7 @@ class RunObservers:
 
 @dataclass(frozen=True)
 class WarmSandbox:
-    """A sandbox made before its run (`Backend.create_idle`, by a pool) for the run `run_id`
+    """A sandbox made before its run (`WarmSandboxes.create_idle`, by a pool) for the run `run_id`
     only: `execute` takes it (`Sandbox.take`) instead of creating one, and the record says
     `warm` and how long the run `waited` for it. What the backend made beside it (network,
     egress proxy, model gateway) is left to its pool to remove, in the background."""
