@@ -575,7 +575,8 @@ def test_killing_the_egress_container_fails_closed(
     assert result.status == "infra_error", (result.status, result.error)
     assert result.error.type == "network_lost", result.error
     assert result.timings["ended"] - killed_at < 10
-    # No request got through once the proxy was gone.
+    # No request sent once the proxy was gone got through (one sent just before may finish
+    # after the kill on a loaded machine: the probe stamps each with its sending time).
     polls = [line.split() for line in stderr_of(run_id).splitlines() if line.startswith("poll ")]
     assert not [p for p in polls if float(p[1]) > killed_at + 0.05 and p[2] == "ok"], polls
     # While it ran, everything was as hardened as designed.

@@ -119,8 +119,9 @@ def _poll(url: str, seconds: float, interval: float) -> dict[str, Any]:
     print("polling", file=sys.stderr, flush=True)
     outcomes, deadline = [], time.monotonic() + seconds
     while time.monotonic() < deadline:
+        sent = time.time()  # when the request left: one sent before a cut may still succeed
         outcome = _http(url, timeout=interval)
-        print(f"poll {time.time():.3f} {'ok' if outcome['ok'] else 'failed'}", file=sys.stderr)
+        print(f"poll {sent:.3f} {'ok' if outcome['ok'] else 'failed'}", file=sys.stderr)
         outcomes.append(outcome["ok"])
         time.sleep(interval)
     return {"ok": all(outcomes), "outcomes": outcomes}
