@@ -51,8 +51,8 @@ import context  # noqa: E402
 
 from orchestrator import RunSpec, run  # noqa: E402
 from orchestrator.backends.docker import connect  # noqa: E402
+from orchestrator.backends.docker.backend import DockerBackend  # noqa: E402
 from orchestrator.backends.docker.interceptor import InterceptorRoute  # noqa: E402
-from orchestrator.backends.docker.sandbox import DockerBackend  # noqa: E402
 from tests.https_upstream import https_upstream  # noqa: E402
 from tests.model_server import docker_bridge_address  # noqa: E402
 

@@ -49,12 +49,12 @@ def test_a_backend_importing_the_cli_breaks_the_contracts(tmp_path: Path) -> Non
     for package in PACKAGES:
         shutil.copytree(REPO / package, tmp_path / package)
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
-    sandbox = tmp_path / "orchestrator" / "backends" / "docker" / "sandbox.py"
+    sandbox = tmp_path / "orchestrator" / "backends" / "docker" / "backend.py"
     sandbox.write_text(sandbox.read_text() + "\nfrom ...cli import main  # noqa\n")
     out = lint_imports(tmp_path)
     assert out.returncode != 0
     assert "layers: the CLI on top, plain data at the bottom BROKEN" in out.stdout
-    assert "orchestrator.backends.docker.sandbox -> orchestrator.cli" in out.stdout
+    assert "orchestrator.backends.docker.backend -> orchestrator.cli" in out.stdout
 
 
 @pytest.mark.parametrize("path", source_files(), ids=lambda p: str(p.relative_to(REPO)))

@@ -464,7 +464,7 @@ def test_a_bootstrapped_base_is_tagged_by_its_suite(
     """`images bootstrap-base --suite trixie` makes the interceptor's base, not a trixie
     tree under the bookworm tag the agent image falls back to (debootstrap missing: the
     error names the tag it would have made)."""
-    from orchestrator.backends.docker.sandbox import DockerBackend
+    from orchestrator.backends.docker.backend import DockerBackend
 
     monkeypatch.setattr(base_image.shutil, "which", lambda name: None)
     backend = DockerBackend(docker_client)

@@ -24,8 +24,8 @@ import docker
 import pytest
 
 from orchestrator import RunSpec, run
+from orchestrator.backends.docker.backend import DockerBackend
 from orchestrator.backends.docker.interceptor import InterceptorRoute, ensure_interceptor_image
-from orchestrator.backends.docker.sandbox import DockerBackend
 
 from .conftest import REPO, events_of, files_holding
 from .mcp_upstream import McpServer, mcp_server

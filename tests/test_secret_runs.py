@@ -22,12 +22,12 @@ import docker.errors
 import pytest
 
 from orchestrator import RunSpec, run
+from orchestrator.backends.docker.backend import DockerBackend
 from orchestrator.backends.docker.interceptor import (
     KIND_INTERCEPTOR,
     InterceptorRoute,
     ensure_interceptor_image,
 )
-from orchestrator.backends.docker.sandbox import DockerBackend
 from orchestrator.execution.pool import Pool
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.records.store import Store

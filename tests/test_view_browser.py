@@ -477,11 +477,11 @@ def test_run_page_shows_where_bound_secrets_went(
     """A bound-secret run (tests/test_secret_runs.py's probe, against its HTTPS server): the
     page lists where the value was injected and what was refused, by secret, host and place,
     and never holds the value."""
+    from orchestrator.backends.docker.backend import DockerBackend
     from orchestrator.backends.docker.interceptor import (
         InterceptorRoute,
         ensure_interceptor_image,
     )
-    from orchestrator.backends.docker.sandbox import DockerBackend
 
     from .https_upstream import https_upstream
     from .model_server import docker_bridge_address

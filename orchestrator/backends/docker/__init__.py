@@ -1,6 +1,6 @@
 """The Docker backend: hardened containers on the local engine.
 
-`sandbox.py` the backend (`DockerBackend`, what the registry names), `container.py` one run's
+`backend.py` the backend (`DockerBackend`, what the registry names), `sandbox.py` one run's
 container, `snapshots.py` gVisor sandboxes restored from a snapshot,
 `egress.py` an `allowlist` run's network and proxy, `gateway.py` the run's model gateway,
 `images.py` the agent and payload images, `base_image.py` what they are built on,
@@ -9,7 +9,7 @@ container, `snapshots.py` gVisor sandboxes restored from a snapshot,
 
 from __future__ import annotations
 
+from .backend import DockerBackend
 from .engine import connect
-from .sandbox import DockerBackend
 
 __all__ = ["DockerBackend", "connect"]

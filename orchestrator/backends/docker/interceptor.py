@@ -6,7 +6,7 @@ Its image (`ensure_interceptor_image`: mitmproxy 12 on Debian trixie's Python 3.
 offline from a wheelhouse, hardened as the agent image) and its container (`Interceptor`:
 hardened as the gateway's, the configuration with the values on its attached stdin) are
 here too. A run with bound secrets gets one on its private network, in front of its squid
-(sandbox.py): the sandbox's proxy variables name the interceptor, the interceptor's upstream
+(backend.py): the sandbox's proxy variables name the interceptor, the interceptor's upstream
 is squid, so the allowlist applies to whatever it lets through.
 """
 
