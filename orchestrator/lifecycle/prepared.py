@@ -16,10 +16,10 @@ from ..models.aws import CREDENTIAL_ENV, host_credentials
 from ..payloads.agentnames import check_mock_scripts
 from ..payloads.binding import SecretBinding
 from ..payloads.manifest import Manifest, load_manifest
-from ..payloads.payload import ShippedFile, check_task
 from ..payloads.program_models import choose_model, key_names, unused_model_env
 from ..payloads.secrets import needed_secrets, run_secrets
 from ..payloads.servers import check_servers
+from ..payloads.shipped import ShippedFile, check_task
 from ..policy import describe_allowlist, resolve_policy
 from ..records.otlp import TraceTarget, trace_target
 from ..records.store import new_run_id

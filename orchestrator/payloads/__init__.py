@@ -1,5 +1,5 @@
 """What a user gives us, read and checked on the host before anything starts: a payload
-folder (`payload.py`), its `manifest.toml` (`manifest.py`), a program as written
+folder (`shipped.py`), its `manifest.toml` (`manifest.py`), a program as written
 (`program.py`), the secrets a run of it gets (`secrets.py`), the shipped examples
 (`examples.py`) and new ones (`scaffold.py`).
 

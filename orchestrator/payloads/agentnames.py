@@ -25,8 +25,8 @@ from ..errors import ManifestError, Problem
 from ..schema import TomlLines, did_you_mean, toml_named
 from . import pysource
 from .manifest import Manifest
-from .payload import ShippedFile
 from .pysource import callee
+from .shipped import ShippedFile
 
 #: smolagents' agent classes (smolagents/agents.py).
 AGENT_CLASSES = frozenset({"MultiStepAgent", "CodeAgent", "ToolCallingAgent"})

@@ -21,7 +21,6 @@ from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_nam
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
 from . import pysource
 from .binding import BIND_FIELD, PASSTHROUGH_FIELD, SecretBinding, check_bindings, passthrough_hosts
-from .payload import ShippedFile, payload_files, program_file
 from .program import (
     block_named,
     check_requires_python,
@@ -37,6 +36,7 @@ from .program import (
     unknown_script_keys,
 )
 from .program_models import ModelUse, find_models
+from .shipped import ShippedFile, payload_files, program_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -249,7 +249,7 @@ class Manifest:
         )
 
     def payload_files(self) -> dict[str, ShippedFile]:
-        """The payload's files, ready to ship in (see orchestrator/payloads/payload.py)."""
+        """The payload's files, ready to ship in (see orchestrator/payloads/shipped.py)."""
         if self.single_file:
             return program_file(self.path)
         return payload_files(self.folder)

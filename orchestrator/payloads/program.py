@@ -21,7 +21,7 @@ from typing import Any
 
 from ..errors import ManifestError, Problem
 from . import pysource
-from .payload import ShippedFile, payload_files, program_file
+from .shipped import ShippedFile, payload_files, program_file
 
 #: The file a folder program runs, in the order looked for.
 MAIN_FILES = ("__main__.py", "main.py")
@@ -50,7 +50,7 @@ def main_file(path: Path) -> Path:
 
 def shipped_files(path: Path) -> dict[str, ShippedFile]:
     """What a program ships: a single file alone (never the files beside it, which may be
-    anything in a user's folder), a folder program's whole folder (payload.py's rules)."""
+    anything in a user's folder), a folder program's whole folder (shipped.py's rules)."""
     return program_file(path) if path.is_file() else payload_files(path)
 
 

@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import ManifestError
 from . import pysource
-from .payload import ShippedFile
 from .pysource import callee
+from .shipped import ShippedFile
 
 #: The class that starts a stdio server (mcp's, re-exported by smolagents' MCP guides).
 STDIO_PARAMETERS = "StdioServerParameters"

@@ -17,7 +17,7 @@ from ..lifecycle.imagecache import ImageCache
 from ..lifecycle.prepared import prepare
 from ..lifecycle.request import sandbox_spec
 from ..lifecycle.runner import WarmSandbox, execute, observers_of, run
-from ..payloads.payload import MAX_PAYLOAD_MB_ENV
+from ..payloads.shipped import MAX_PAYLOAD_MB_ENV
 from ..records.store import Store
 from .kit import CheckFailed, Kit, NotApplicable
 from .probe import write_probe
