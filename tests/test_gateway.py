@@ -588,16 +588,16 @@ def test_a_gateway_that_cannot_start_leaves_nothing_of_the_run(
 ) -> None:
     """The gateway starts beside the sandbox (or beside squid): when its start fails, the
     run ends as an infra error and neither the sandbox nor the network nor squid is left."""
-    from orchestrator.backends.docker import sandbox as docker_sandbox
+    from orchestrator.backends.docker.gateway import Gateway
 
-    started = docker_sandbox.Gateway.start
+    started = Gateway.start
 
     def fails(*args: Any, **kwargs: Any) -> Any:
         gateway = started(*args, **kwargs)  # a real container, removed again by the failure
         gateway.remove()
         raise RuntimeError("the gateway would not start (test)")
 
-    monkeypatch.setattr(docker_sandbox.Gateway, "start", fails)
+    monkeypatch.setattr(Gateway, "start", fails)
     run_id = f"r-gwfail-{secrets.token_hex(4)}"
     with ScriptedModelServer(["unused"]) as server:
         result = run(

@@ -220,8 +220,19 @@ def screenshot(url: str, trace_id: str) -> None:
     with headless_chromium(1600, 1000) as driver:
         with urllib.request.urlopen(f"{url}/v1/projects") as response:
             project = json.loads(response.read())["data"][0]["id"]
-        driver.get(f"{url}/projects/{project}/traces/{trace_id}")
-        wait_for(lambda: "librarian.run" in driver.page_source, timeout=60)
+        page_url = f"{url}/projects/{project}/traces/{trace_id}"
+
+        def shows_the_tree() -> bool:
+            """The trace page, loaded again until its span tree is drawn: on a loaded
+            machine Phoenix's first render can come up without it and never fill in."""
+            driver.get(page_url)
+            try:
+                wait_for(lambda: "librarian.run" in driver.page_source, timeout=20)
+            except AssertionError:
+                return False
+            return True
+
+        wait_for(shows_the_tree, timeout=180)
         # the root span's details: its input (the task) and output (the answer)
         wait_for(lambda: "Golden Gate Bridge" in driver.page_source, timeout=60)
         SHOTS.mkdir(parents=True, exist_ok=True)
