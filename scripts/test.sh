@@ -80,15 +80,17 @@ log "lint, types"
 .venv/bin/mypy
 
 # 5. The tests run in pytest-xdist workers, each running whole modules (tests/conftest.py):
-#    two (one per core) for the fast tier; three for the docker and gVisor tiers, whose tests
-#    spend much of their time waiting on sandboxes, deadlines and the E2B server. Tests with a
+#    two (one per core) for the fast tier; three for the docker tier and two for the gVisor
+#    tier beside it, whose tests spend much of their time waiting on sandboxes, deadlines and
+#    the E2B server. Tests with a
 #    timing window wait for their condition instead, so a busy machine slows them but does not
 #    fail them. pytest's default temporary root is shared by every pytest on the machine and
 #    rotated (one started meanwhile deletes this run's stores mid-test): this run keeps its
 #    own, removed at the end, with the bytecode cache in it too (the suite starts
 #    `python -m orchestrator` hundreds of times, each a quarter second faster for it).
 basetemp=$(mktemp -d /tmp/ci.XXXXXX)  # short: Ray's sockets under it must fit 107 bytes
-trap 'stop_images; rm -rf "$basetemp"' EXIT
+gvisor_tier=""
+trap 'stop_images; [ -z "$gvisor_tier" ] || kill "$gvisor_tier" 2>/dev/null; rm -rf "$basetemp"' EXIT
 export PYTHONPYCACHEPREFIX="$basetemp/pycache"
 pytest=(.venv/bin/python -m pytest -q)
 workers() { echo "${CI_WORKERS:-$1}"; }  # $CI_WORKERS, else the tier's own number
@@ -121,18 +123,28 @@ set -e
 cat "$images_log"
 [ "$images_status" -eq 0 ] || { log "the images did not build (exit $images_status)"; exit 1; }
 
-#    c. The tests marked `docker`, every sandbox on runc (tests/conftest.py); then those marked
-#       `gvisor` again with every sandbox on gVisor: both runtimes covered, not the suite twice.
+#    c. The tests marked `docker`, every sandbox on runc (tests/conftest.py), and beside them
+#       those marked `gvisor` again with every sandbox on gVisor: both runtimes covered, not the
+#       suite twice. The two tiers run at once (each its own store and temporary root): the
+#       docker tier's last minutes are one worker finishing a long module while the cores idle,
+#       and the gVisor tier fills them. Its output is shown once the docker tier is done.
+gvisor_status=0
+if [ "$gvisor" -eq 1 ]; then
+    log "gvisor tier (in the background)"
+    gvisor_log="$basetemp/gvisor.log"
+    ORCHESTRATOR_SANDBOX_RUNTIME=runsc "${pytest[@]}" -n "$(workers 2)" -m "$(with gvisor)" \
+        --basetemp "$basetemp/g" >"$gvisor_log" 2>&1 &
+    gvisor_tier=$!
+fi
 log "docker tier (runc)"
 set +e
 "${pytest[@]}" -n "$(workers 3)" -m "$(with docker)" --durations=40 --basetemp "$basetemp/r"
 status=$?
-gvisor_status=0
 if [ "$gvisor" -eq 1 ]; then
-    log "gvisor tier"
-    ORCHESTRATOR_SANDBOX_RUNTIME=runsc "${pytest[@]}" -n "$(workers 3)" -m "$(with gvisor)" \
-        --basetemp "$basetemp/g"
+    log "gvisor tier: waiting for it"
+    wait "$gvisor_tier"
     gvisor_status=$?
+    cat "$gvisor_log"
 fi
 set -e
 checked "$status" "runc" || exit $?
