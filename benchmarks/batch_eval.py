@@ -120,9 +120,8 @@ def one_batch(
         "counts": summary.counts,
     }
     if epochs > 1:
-        figures["pass_at"] = {
-            k: v for k, v in summary.epoch_metrics.items() if k.startswith("pass_at")
-        }
+        reducers = summary.epoch_metrics.get("reducers", {})
+        figures["pass_at"] = {k: v for k, v in reducers.items() if k.startswith("pass_at")}
     if timer.seconds:
         figures["judge_calls"] = len(timer.seconds)
         figures["judge_p50_ms"] = round(statistics.median(timer.seconds) * 1000, 1)
