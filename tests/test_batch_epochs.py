@@ -173,7 +173,15 @@ def test_epochs_resume_each_task_epoch_exactly_once(tmp_path: Path) -> None:
     report = build_report(out)
     assert report.epochs == EPOCHS and len(report.rows) == 100 and len(report.tasks) == 20
     t03 = next(t for t in report.tasks if t["id"] == "t03")
-    assert t03 == {"id": "t03", "epochs": 5, "passed": 3, "mean": 0.6, "max": 1.0, "mode": 1.0}
+    assert t03 == {
+        "id": "t03",
+        "epochs": 5,
+        "passed": 3,
+        "by_epoch": [1.0, 1.0, 1.0, 0.0, 0.0],
+        "mean": 0.6,
+        "max": 1.0,
+        "mode": 1.0,
+    }
     assert report.to_csv().splitlines()[0].startswith("id,epoch,line,")
     shown = cli("batch", "report", str(out))
     assert shown.returncode == 0, shown.stderr
@@ -284,6 +292,11 @@ def test_the_viewer_shows_the_epochs_reducers(tmp_path: Path) -> None:
     page = re.sub(r"<[^>]+>", "", (tmp_path / "html" / "batch-b-a.html").read_text())
     assert "5 per task: mean 60.0% ± 0.0% · max 100.0%" in page, page
     assert "pass@2 90.0%" in page and "(clustered by task)" in page and "epoch 5" in page
+    # Each task's epochs side by side: one row per task, a cell per epoch in epoch order.
+    html = (tmp_path / "html" / "batch-b-a.html").read_text()
+    table = html.split('id="epochs-by-task"', 1)[1].split("</table>", 1)[0]
+    rows = [re.sub(r"<[^>]+>", " ", r).split() for r in table.split("<tr>")[2:]]
+    assert rows == [[f"q{i}", "0", "1", "1", "0", "1", "3/5", "0.60"] for i in range(4)], rows
 
 
 # --- in real sandboxes, the scripted model server, SIGKILL and resume ---------------------------

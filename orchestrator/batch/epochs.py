@@ -100,13 +100,19 @@ def figure(values: list[float]) -> dict[str, Any]:
 
 
 def per_task(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each task's epochs reduced: how many were scored and passed, and each reducer."""
+    """Each task's epochs reduced: how many were scored and passed, each reducer, and its
+    epochs' scores side by side (`by_epoch`, in epoch order; None: unscored)."""
+    by_epoch: dict[str, dict[int, Any]] = {}
+    for row in rows:
+        by_epoch.setdefault(str(row["id"]), {})[int(row.get("epoch") or 1)] = row.get("score")
     out = []
     for task_id, scores in scores_by_task(rows).items():
+        marks = by_epoch.get(task_id, {})
         entry: dict[str, Any] = {
             "id": task_id,
             "epochs": len(scores),
             "passed": sum(s >= PASS for s in scores),
+            "by_epoch": [marks[e] for e in sorted(marks)],
         }
         entry.update({name: reduce(scores, name) for name in REDUCERS})
         out.append(entry)
