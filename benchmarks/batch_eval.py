@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import context  # noqa: E402
-from batch_throughput import SameImageBackend, plain_docker, running, tasks  # noqa: E402
+from batch_throughput import SameImageBackend, plain_docker, running, write_tasks  # noqa: E402
 
 from orchestrator.backends.docker import connect  # noqa: E402
 from orchestrator.backends.docker.images import ensure_agent_image  # noqa: E402
@@ -55,19 +55,6 @@ def host_cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def write_tasks(path: Path, n: int) -> Path:
-    with open(path, "w") as file:
-        for i, (a, b) in enumerate(tasks(n)):
-            row = {
-                "id": f"t{i}",
-                "task": "What is a * b?",
-                "expected": a * b,
-                "additional_args": {"op": "mul", "a": a, "b": b},
-            }
-            file.write(json.dumps(row) + "\n")
-    return path
 
 
 class JudgeTimer:

@@ -101,9 +101,8 @@ def plain_docker(image: str, n: int, concurrency: int) -> dict:
     return {"wall_seconds": round(wall, 2), "correct": sum(ok), "tasks_per_minute": n / wall * 60}
 
 
-def orchestrator_batch(n: int, concurrency: int, workdir: Path, backend: DockerBackend) -> dict:
-    """The same tasks through `run_batch` (the Python API behind `orchestrator batch`)."""
-    path = workdir / f"tasks-{concurrency}.jsonl"
+def write_tasks(path: Path, n: int) -> Path:
+    """`tasks(n)` as a tasks file for the batch_math payload."""
     with open(path, "w") as file:
         for i, (a, b) in enumerate(tasks(n)):
             row = {
@@ -113,6 +112,12 @@ def orchestrator_batch(n: int, concurrency: int, workdir: Path, backend: DockerB
                 "additional_args": {"op": "mul", "a": a, "b": b},
             }
             file.write(json.dumps(row) + "\n")
+    return path
+
+
+def orchestrator_batch(n: int, concurrency: int, workdir: Path, backend: DockerBackend) -> dict:
+    """The same tasks through `run_batch` (the Python API behind `orchestrator batch`)."""
+    path = write_tasks(workdir / f"tasks-{concurrency}.jsonl", n)
     spec = BatchSpec(
         tasks=path,
         output=workdir / f"out-{concurrency}",
