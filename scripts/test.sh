@@ -90,7 +90,10 @@ log "lint, types"
 #    `python -m orchestrator` hundreds of times, each a quarter second faster for it).
 basetemp=$(mktemp -d /tmp/ci.XXXXXX)  # short: Ray's sockets under it must fit 107 bytes
 gvisor_tier=""
-trap 'stop_images; [ -z "$gvisor_tier" ] || kill "$gvisor_tier" 2>/dev/null; rm -rf "$basetemp"' EXIT
+stop_gvisor() {  # never fails: it runs on the way out
+    if [ -n "$gvisor_tier" ]; then kill "$gvisor_tier" 2>/dev/null || true; fi
+}
+trap 'stop_images; stop_gvisor; rm -rf "$basetemp"' EXIT
 export PYTHONPYCACHEPREFIX="$basetemp/pycache"
 pytest=(.venv/bin/python -m pytest -q)
 workers() { echo "${CI_WORKERS:-$1}"; }  # $CI_WORKERS, else the tier's own number
@@ -144,6 +147,7 @@ if [ "$gvisor" -eq 1 ]; then
     log "gvisor tier: waiting for it"
     wait "$gvisor_tier"
     gvisor_status=$?
+    gvisor_tier=""
     cat "$gvisor_log"
 fi
 set -e
