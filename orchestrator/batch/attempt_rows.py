@@ -11,10 +11,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .epochs import key
 from .output import BatchDir
 from .report import error_text, open_batch_dir
 from .rescore import rescore_path
-from .tasks import Task, TaskFileError, read_tasks
+from .sources import recorded_tasks
+from .tasks import Task
 
 
 @dataclass
@@ -79,10 +81,10 @@ def load_export(path: str | Path) -> BatchExport:
     scorer = str((meta.get("options") or {}).get("scorer") or summary.get("scorer") or "exact")
     extra = rescored(out.path, skip=scorer)
     costs = attempt_costs(out)
-    tasks = task_views(meta)
+    tasks = {t.id: t for t in recorded_tasks(meta)}
     attempts = []
     for raw in result_lines(out):
-        task_id, epoch = str(raw["id"]), int(raw.get("epoch") or 1)
+        task_id, epoch = key(raw)
         scores = {scorer: raw.get("score")}
         scores.update({name: by_task.get((task_id, epoch)) for name, by_task in extra.items()})
         tokens = raw.get("tokens") or {}
@@ -148,20 +150,8 @@ def rescored(folder: Path, *, skip: str) -> dict[str, dict[tuple[str, int], floa
             continue
         if name == skip or rescore_path(folder, name).name != path.name:
             continue
-        found[name] = {(str(r["id"]), int(r.get("epoch") or 1)): r.get("score") for r in rows}
+        found[name] = {key(r): r.get("score") for r in rows}
     return found
-
-
-def task_views(meta: dict[str, Any]) -> dict[str, Task]:
-    """The batch's tasks by id, in the file's order, when its tasks file is still there
-    (otherwise the export has no task text, and says so in each sample's input)."""
-    path = meta.get("tasks_file")
-    if not path:
-        return {}
-    try:
-        return {t.id: t for t in read_tasks(path, on_bad_line="skip").tasks}
-    except (TaskFileError, OSError):
-        return {}
 
 
 def as_text(value: Any) -> str | None:

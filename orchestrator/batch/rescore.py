@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 from .grading import Scoring
 from .judge import JudgeOptions, JudgeReply
 from .output import atomic_write, safe_name
 from .report import BatchReport, build_report, open_batch_dir, task_rows, verdict
 from .scoring import MODEL_SCORER
-from .sources import read_tasks
-from .tasks import TaskFileError
+from .sources import recorded_tasks
 
 
 def rescore_path(batch_dir: str | Path, scorer: str) -> Path:
@@ -24,19 +22,6 @@ def rescore_path(batch_dir: str | Path, scorer: str) -> Path:
     name = f"{Path(module).stem}-{function}" if module else scorer
     name = safe_name(name)
     return Path(batch_dir) / f"summary.rescore-{name}.json"
-
-
-def _task_views(meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """What a user scorer saw of each task during the batch, when the tasks file is still
-    there; otherwise scorers get the id and expected answer only."""
-    path = meta.get("tasks_file")
-    if not path:
-        return {}
-    try:
-        fields = (meta.get("options") or {}).get("fields")  # the mapping it was read with
-        return {t.id: t.row() for t in read_tasks(path, fields=fields, on_bad_line="skip").tasks}
-    except TaskFileError:
-        return {}
 
 
 def rescore(
@@ -62,7 +47,7 @@ def rescore(
         on_call=lambda reply: calls.append(reply),
         by="rescore",
     )
-    tasks = _task_views(out.read_meta() or {})
+    tasks = {t.id: t.row() for t in recorded_tasks(out.read_meta() or {})}
     rows = task_rows(out)
     for row in rows:
         row.pop("score_error", None)

@@ -28,13 +28,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, OrchestratorError
 from ..options import TASK_ALIASES
 from .tasks import (
     TASK_FIELDS,
     BadLine,
     OnBadLine,
     Rows,
+    Task,
     TaskFile,
     TaskFileError,
     listing,
@@ -432,3 +433,18 @@ def split_ids(values: Sequence[str]) -> list[str]:
 
 def is_local(source: str) -> bool:
     return not source.startswith(HUB_PREFIX)
+
+
+def recorded_tasks(meta: Mapping[str, Any], *, local_only: bool = False) -> list[Task]:
+    """The tasks a batch was started with (its batch.json: `meta`), read again from its tasks
+    file or dataset with the field mapping it recorded; [] when that is gone or no longer
+    reads (read only, best effort: rescore, export and the viewer do without task texts).
+    `local_only`: not from the hub (a viewer's page does not wait on the network)."""
+    path = meta.get("tasks_file")
+    if not isinstance(path, str) or (local_only and not is_local(path)):
+        return []
+    fields = (meta.get("options") or {}).get("fields")  # the mapping it was read with
+    try:
+        return read_tasks(path, fields=fields, on_bad_line="skip").tasks
+    except (OSError, ValueError, OrchestratorError):
+        return []

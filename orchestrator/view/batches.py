@@ -10,7 +10,6 @@ from typing import Any
 
 from ..batch.compare import Comparison, compare
 from ..batch.report import BatchReport, build_report, open_batch_dir
-from ..errors import OrchestratorError
 from ..records.store import Store
 from . import charts
 from .queries import batch_runs, store_batches
@@ -50,7 +49,7 @@ def task_texts(
 ) -> dict[str, dict[str, str]]:
     """Each task's text and arguments, by id: from the batch's tasks file when it is still
     there, else the text its run recorded (the store's, masked). Read only; best effort."""
-    from ..batch.sources import is_local, read_tasks
+    from ..batch.sources import recorded_tasks
 
     found: dict[str, dict[str, str]] = {}
     by_run = {r["run_id"]: r.get("task") or "" for r in runs}
@@ -58,14 +57,7 @@ def task_texts(
         if row.get("run_id") in by_run:
             found[row["id"]] = {"text": by_run[row["run_id"]], "args": ""}
     meta = open_batch_dir(folder).read_meta() or {}
-    fields = (meta.get("options") or {}).get("fields")
-    try:  # not a hub dataset: a page does not wait on the network
-        if not is_local(meta["tasks_file"]):
-            return found
-        tasks = read_tasks(meta["tasks_file"], fields=fields, on_bad_line="skip").tasks
-    except (KeyError, TypeError, OSError, ValueError, OrchestratorError):
-        return found
-    for task in tasks:
+    for task in recorded_tasks(meta, local_only=True):
         args = json.dumps(task.additional_args, sort_keys=True) if task.additional_args else ""
         found[task.id] = {"text": task.task, "args": args}
     return found
