@@ -91,7 +91,7 @@ def write_batch(root: Path) -> Path:
     again = {**rows[0], "epoch": 2, "run_id": "r-mul-2", "answer": "41", "score": 0.0}
     out.append_result(again)
     facts = SessionFacts(meta["batch_id"], 1, started, len(rows), None, None, {})
-    out.write_summary(summarize(plan, spec, out, rows, facts))
+    out.write_summary(summarize(plan, spec, out, rows, facts).to_dict())
     rescore(out.path, "contains")
     return out.path
 

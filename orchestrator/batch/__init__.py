@@ -6,7 +6,8 @@ prepared with the single-run API (`lifecycle.runner.prepare`) and handed to an e
 and the field mapping, `plan.py` the batch as data and its up-front checks,
 `session.py` the worker session, `attempts.py` its attempts counted and logged (and the retry
 rule), `pace.py` how many attempts at once, `output.py` the output folder, `ledger.py` what
-is written there (batch.json, result lines, summary.json),
+is written there (batch.json, result lines, summary.json), `figures.py` the figures the
+summary and the report share,
 `budget.py` the spend caps, `prices.py` what calls cost, `scoring.py` scorers and
 statistics, `epochs.py` a task's epochs reduced (pass@k, clustered standard error),
 `stats.py` the formulas, `grading.py` several scorers together, `judge.py` the model

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,10 +13,11 @@ from ..errors import ConfigError
 from ..records.store import new_run_id
 from ..spec import RunResult
 from .budget import BUDGET_EXCEEDED, spend_summary
-from .epochs import accuracy_stderr, epoch_metrics
-from .output import FINISHED, BatchDir
+from .epochs import epoch_metrics
+from .figures import batch_figures
+from .output import BatchDir
 from .plan import BatchPlan, BatchSpec, BatchSummary
-from .scoring import percentile, scorer_names, wilson_interval
+from .scoring import scorer_names, wilson_interval
 from .tasks import Task
 
 
@@ -128,12 +128,6 @@ def summarize(
     names = scorer_names(spec.scorer)
     tasks = {t.id for t in plan.file.tasks}
     units = len(tasks) * spec.epochs  # (task, epoch) pairs
-    counts = {status: 0 for status in (*FINISHED, "infra_error")}
-    counts.update(Counter(row["status"] for row in rows))
-    scores = [row["score"] for row in rows if row.get("score") is not None]
-    correct = float(sum(scores))
-    accuracy = correct / len(scores) if scores else None
-    durations = [row["duration"] for row in rows if row.get("duration") is not None]
     all_tokens = {"input": 0, "output": 0}
     attempts = cancelled = retries = 0
     final = {row.get("run_id") for row in rows}
@@ -167,14 +161,8 @@ def summarize(
         scorer=names[0],
         scorers=scorer_figures(names, rows) if len(names) > 1 else {},
         total=len(tasks),
-        counts=counts,
         pending=units - len(rows),
-        scored=len(scores),
-        correct=correct,
-        accuracy=accuracy,
-        accuracy_ci95=list(wilson_interval(correct, len(scores))) if scores else None,
-        duration_p50=percentile(durations, 50),
-        duration_p95=percentile(durations, 95),
+        **batch_figures(rows).fields(),
         tokens={
             "input": sum(row["tokens"]["input"] for row in rows),
             "output": sum(row["tokens"]["output"] for row in rows),
@@ -197,7 +185,6 @@ def summarize(
             "concurrency": session.concurrency.get("limit"),
         },
         concurrency=session.concurrency,
-        accuracy_stderr=accuracy_stderr(rows),
         epochs=spec.epochs,
         epoch_metrics=epoch_metrics(rows, spec.epochs),
     )

@@ -15,7 +15,6 @@ from typing import Any
 
 from ..errors import OrchestratorError
 from .epochs import Key, key
-from .plan import BatchSummary
 
 #: Statuses that are the agent's own outcome: a result, never retried, kept on resume.
 FINISHED = ("succeeded", "failed", "timed_out", "oom_killed")
@@ -197,8 +196,9 @@ class BatchDir:
         except OSError:
             pass  # the record path is in results.jsonl anyway
 
-    def write_summary(self, summary: BatchSummary) -> None:
-        atomic_write(self.path / "summary.json", json.dumps(summary.to_dict(), indent=2) + "\n")
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """summary.json: `BatchSummary.to_dict()`, whole or not at all."""
+        atomic_write(self.path / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -15,6 +15,7 @@ from ..execution.pool import MAX_SIZE
 from ..lifecycle.runner import PreparedRun, RunObservers, prepare
 from ..records.store import Store
 from ..spec import PAYLOAD_ERROR, RunSpec
+from .figures import Figures
 from .judge import JudgeOptions
 from .prices import Pricing, check_prices, model_key, plan_pricing, pricing_for
 from .scoring import MODEL_SCORER, make_scorer, scorer_names
@@ -121,8 +122,11 @@ class BatchProgress:
         return remaining / rate * 60 if rate > 0 else None
 
 
-@dataclass
-class BatchSummary:
+@dataclass(kw_only=True)
+class BatchSummary(Figures):
+    """What a batch session ends with (summary.json): its state, the figures (`Figures`), the
+    attempts, spend and pace."""
+
     batch_id: str
     state: str  # complete | interrupted | stopped
     output_dir: str
@@ -131,14 +135,7 @@ class BatchSummary:
     model: str
     scorer: str
     total: int
-    counts: dict[str, int]
     pending: int
-    scored: int
-    correct: float
-    accuracy: float | None
-    accuracy_ci95: list[float] | None
-    duration_p50: float | None
-    duration_p95: float | None
     tokens: dict[str, int]
     tokens_all_attempts: dict[str, int]
     #: `gateway` (measured on the host), `sandbox` (as reported) or `mixed`.
@@ -160,8 +157,6 @@ class BatchSummary:
     #: With several scorers, each one's figures (`ledger.scorer_figures`); `scorer` and the
     #: accuracy above are the first one's. Left out of `to_dict` for one scorer.
     scorers: dict[str, Any] = field(default_factory=dict)
-    #: The mean score's standard error (clustered by task with epochs; `batch/epochs.py`).
-    accuracy_stderr: float | None = None
     #: Times each task runs; `total` counts tasks, `pending` their epochs still to run.
     epochs: int = 1
     #: With epochs: each reducer's figure and standard error (`epochs.epoch_metrics`).

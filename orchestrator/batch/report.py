@@ -6,16 +6,16 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..spec import RunError
-from .epochs import accuracy_stderr, epoch_metrics, epochs_of, per_task
-from .output import FINISHED, BatchDir
-from .scoring import percentile, scorer_names, wilson_interval
+from .epochs import epoch_metrics, epochs_of, per_task
+from .figures import Figures, batch_figures
+from .output import BatchDir
+from .scoring import scorer_names
 
 #: The order of a report: what needs a look first (then by line of the tasks file).
 RANK = {"failed": 0, "wrong": 1, "partial": 2, "unscored": 3, "correct": 4}
@@ -65,8 +65,8 @@ def error_text(error: Any) -> str:
     return str(error)
 
 
-@dataclass
-class BatchReport:
+@dataclass(kw_only=True)
+class BatchReport(Figures):
     """What a person asks of a batch: how good (accuracy and its 95 % Wilson interval), how it
     ended (counts by status), and which tasks to look at (`rows`, wrong and failed first)."""
 
@@ -76,19 +76,10 @@ class BatchReport:
     payload: str
     model: str
     total: int
-    counts: dict[str, int]
-    scored: int
-    correct: float
-    accuracy: float | None
-    accuracy_ci95: list[float] | None
-    duration_p50: float | None
-    duration_p95: float | None
     tokens: dict[str, int]
     rows: list[dict[str, Any]] = field(default_factory=list)
     #: Set by a rescore: the scorer the batch originally ran with.
     rescored_from: str | None = None
-    #: The mean score's standard error, clustered by task when epochs repeat one.
-    accuracy_stderr: float | None = None
     #: Times each task ran (its rows: one per epoch), each reducer's figure
     #: (`epochs.epoch_metrics`) and each task's epochs reduced (`epochs.per_task`).
     epochs: int = 1
@@ -182,11 +173,6 @@ def build_report(path: str | Path, rows: list[dict[str, Any]] | None = None) -> 
     rows = sorted(
         rows, key=lambda r: (RANK[r["verdict"]], r.get("line") or 0, r["id"], r.get("epoch") or 1)
     )
-    counts = {status: 0 for status in (*FINISHED, "infra_error")}
-    counts.update(Counter(str(r["status"]) for r in rows))
-    scores = [float(r["score"]) for r in rows if r.get("score") is not None]
-    correct = sum(scores)
-    durations = [float(r["duration"]) for r in rows if r.get("duration") is not None]
     options = meta.get("options") or {}
     epochs = epochs_of(options)
     return BatchReport(
@@ -196,19 +182,12 @@ def build_report(path: str | Path, rows: list[dict[str, Any]] | None = None) -> 
         payload=str(summary.get("payload") or ""),
         model=str(summary.get("model") or ""),
         total=int(summary.get("total") or len(rows)),
-        counts=counts,
-        scored=len(scores),
-        correct=correct,
-        accuracy=correct / len(scores) if scores else None,
-        accuracy_ci95=list(wilson_interval(correct, len(scores))) if scores else None,
-        duration_p50=percentile(durations, 50),
-        duration_p95=percentile(durations, 95),
+        **batch_figures(rows).fields(),
         tokens={
             "input": sum(r["input_tokens"] for r in rows),
             "output": sum(r["output_tokens"] for r in rows),
         },
         rows=rows,
-        accuracy_stderr=accuracy_stderr(rows),
         epochs=epochs,
         epoch_metrics=epoch_metrics(rows, epochs),
         tasks=per_task(rows) if epochs > 1 else [],

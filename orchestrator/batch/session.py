@@ -224,7 +224,7 @@ class _BatchRun:
             self.executor.close()
         summary = self.summarize()
         try:
-            self.out.write_summary(summary)
+            self.out.write_summary(summary.to_dict())
         except OutputWriteError as exc:  # the summary says so; the caller reports it
             self.write_failed(exc)
             summary = self.summarize()

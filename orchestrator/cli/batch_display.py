@@ -169,15 +169,7 @@ class BatchDisplay:
         if s.pending:
             table.add_row("pending", str(s.pending))
         table.add_row("total", str(s.total))
-        if s.accuracy is not None and s.accuracy_ci95:
-            low, high = s.accuracy_ci95
-            table.add_row(
-                "accuracy",
-                f"{s.accuracy:.1%} ({s.correct:g}/{s.scored} scored, 95% CI {low:.1%}–{high:.1%}, "
-                f"scorer {s.scorer})",
-            )
-        else:
-            table.add_row("accuracy", "n/a (no expected answers scored)")
+        table.add_row("accuracy", s.accuracy_text(s.scorer) or "n/a (no expected answers scored)")
         for name, figures in list(s.scorers.items())[1:]:  # the first is the accuracy above
             if figures["accuracy"] is not None:
                 share = f"{figures['correct']:g}/{figures['scored']}"

@@ -147,17 +147,9 @@ def figures(report: BatchReport) -> list[tuple[str, str]]:
     scorer = report.scorer
     if report.rescored_from:
         scorer += f" (rescored; the batch ran with {report.rescored_from})"
-    if report.accuracy is not None and report.accuracy_ci95:
-        low, high = report.accuracy_ci95
-        lines.append(
-            (
-                "accuracy",
-                f"{report.accuracy:.1%} ({report.correct:g}/{report.scored} scored, "
-                f"95% CI {low:.1%}–{high:.1%}, scorer {scorer})",
-            )
-        )
-    else:
-        lines.append(("accuracy", f"n/a (no task scored; scorer {scorer})"))
+    lines.append(
+        ("accuracy", report.accuracy_text(scorer) or f"n/a (no task scored; scorer {scorer})")
+    )
     if report.epochs > 1:  # each task's epochs reduced, with standard errors across tasks
         if report.accuracy_stderr is not None:
             lines.append(("std error", f"{report.accuracy_stderr:.1%} (clustered by task)"))

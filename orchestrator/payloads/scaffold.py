@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from textwrap import indent
 
 from ..errors import ConfigError
 
@@ -78,6 +79,17 @@ def lookup_fact(topic: str) -> str:
     return FACTS.get(topic.strip().lower(), f"no fact about {topic!r}; topics: {sorted(FACTS)}")
 '''
 
+#: The researcher agent, in both templates (`{researcher}`, indented to its place).
+RESEARCHER = """\
+researcher = ToolCallingAgent(
+    tools=[lookup_fact],
+    model=model,
+    name="researcher",
+    description="Looks facts up. Give it a question; it answers from its table of facts.",
+    max_steps=4,
+)
+"""
+
 AGENTS = '''\
 """{name}: a manager CodeAgent and a researcher ToolCallingAgent with one tool.
 
@@ -93,14 +105,7 @@ from smolagents import CodeAgent, ToolCallingAgent, tool
 
 def build_manager(model) -> CodeAgent:
     """The entrypoint: build the agents with the given model and return the manager."""
-    researcher = ToolCallingAgent(
-        tools=[lookup_fact],
-        model=model,
-        name="researcher",
-        description="Looks facts up. Give it a question; it answers from its table of facts.",
-        max_steps=4,
-    )
-    return CodeAgent(tools=[], model=model, managed_agents=[researcher], max_steps=6)
+{researcher}    return CodeAgent(tools=[], model=model, managed_agents=[researcher], max_steps=6)
 '''
 
 
@@ -148,14 +153,7 @@ from smolagents import CodeAgent, InferenceClientModel, ToolCallingAgent, tool
 {tool}
 
 model = InferenceClientModel(token=os.getenv("HF_TOKEN"))
-researcher = ToolCallingAgent(
-    tools=[lookup_fact],
-    model=model,
-    name="researcher",
-    description="Looks facts up. Give it a question; it answers from its table of facts.",
-    max_steps=4,
-)
-manager = CodeAgent(tools=[], model=model, managed_agents=[researcher], max_steps=6)
+{researcher}manager = CodeAgent(tools=[], model=model, managed_agents=[researcher], max_steps=6)
 print(manager.run("At how many degrees Celsius does water boil at sea level?"))
 '''
 
@@ -171,7 +169,7 @@ def scaffold_program(name: str, parent: str | Path = ".") -> Path:
     if path.exists():
         raise ConfigError(f"{path} already exists.", "Choose another name or folder.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(PROGRAM.format(name=name, tool=TOOL), encoding="utf-8")
+    path.write_text(PROGRAM.format(name=name, tool=TOOL, researcher=RESEARCHER), encoding="utf-8")
     return path
 
 
@@ -187,5 +185,7 @@ def scaffold(name: str, parent: str | Path = ".") -> Path:
         raise ConfigError(f"{folder} already exists.", "Choose another name or folder.")
     folder.mkdir(parents=True)
     (folder / "manifest.toml").write_text(MANIFEST.format(name=name), encoding="utf-8")
-    (folder / "agents.py").write_text(AGENTS.format(name=name, tool=TOOL), encoding="utf-8")
+    (folder / "agents.py").write_text(
+        AGENTS.format(name=name, tool=TOOL, researcher=indent(RESEARCHER, "    ")), encoding="utf-8"
+    )
     return folder

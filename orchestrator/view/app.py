@@ -20,7 +20,7 @@ from .batches import Batches
 from .queries import RunFilter, list_runs
 from .render import Links, render
 from .runs import load_run
-from .schedules import schedule_views
+from .schedules import schedules_page
 from .security import ASGIApp, Guard
 
 STATIC = Path(str(files("orchestrator.view") / "static"))
@@ -91,16 +91,7 @@ def create_app(
         return HTMLResponse(render("compare.html", LINKS, cmp=result, labels=labels))
 
     async def schedules(request: Request) -> Response:
-        views, problem = await page(schedule_views, store, schedules_file)
-        return HTMLResponse(
-            render(
-                "schedules.html",
-                LINKS,
-                schedules=views,
-                problem=problem,
-                file=str(schedules_file) if schedules_file else "",
-            )
-        )
+        return HTMLResponse(await page(schedules_page, store, schedules_file, LINKS))
 
     app = Starlette(
         routes=[

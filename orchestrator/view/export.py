@@ -15,7 +15,7 @@ from .batches import Batches
 from .queries import RunPage
 from .render import Links, render
 from .runs import load_run
-from .schedules import schedule_views
+from .schedules import schedules_page
 
 STATIC = Path(__file__).parent / "static"
 
@@ -83,15 +83,7 @@ def export(
     (folder / "batches.html").write_text(
         render("batches.html", links, batches=listing_b), encoding="utf-8"
     )
-    views, problem = schedule_views(store, schedules_file)
     (folder / "schedules.html").write_text(
-        render(
-            "schedules.html",
-            links,
-            schedules=views,
-            problem=problem,
-            file=str(schedules_file) if schedules_file else "",
-        ),
-        encoding="utf-8",
+        schedules_page(store, schedules_file, links), encoding="utf-8"
     )
     return Exported(folder, run_ids, list(batches.folders))

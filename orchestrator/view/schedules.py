@@ -12,6 +12,7 @@ from ..records.store import Store
 from ..schedules.cron import local_iso
 from ..schedules.file import ScheduleFileError, load_schedules
 from .queries import schedule_firings
+from .render import Links, render
 
 
 @dataclass
@@ -55,3 +56,15 @@ def schedule_views(
             view.history.append(firing)
         view.last = view.last or firing
     return sorted(views.values(), key=lambda v: v.name), problem
+
+
+def schedules_page(store: Store, file: Path | None, links: Links) -> str:
+    """The schedules page (served by `app`, written by `export`)."""
+    views, problem = schedule_views(store, file)
+    return render(
+        "schedules.html",
+        links,
+        schedules=views,
+        problem=problem,
+        file=str(file) if file else "",
+    )
