@@ -80,12 +80,12 @@ ENGINE_FIXTURES = frozenset({"docker_client", "e2b_test_server"})
 #: (`pytest_itemcollected`), so a new module cannot be left out unnoticed.
 E2B_SERVER_MODULES = frozenset(
     {
-        "tests/test_conformance_e2b.py",
-        "tests/test_e2b_bedrock.py",
-        "tests/test_e2b_backend.py",
-        "tests/test_e2b_backend_program.py",
-        "tests/test_e2b_gateway.py",
-        "tests/test_e2b_warm.py",
+        "tests/backends/e2b/test_backend.py",
+        "tests/backends/e2b/test_backend_program.py",
+        "tests/backends/e2b/test_bedrock.py",
+        "tests/backends/e2b/test_gateway.py",
+        "tests/backends/e2b/test_warm.py",
+        "tests/testing/test_conformance_e2b.py",
     }
 )
 
