@@ -510,7 +510,7 @@ def test_ctrl_c_in_the_python_api_stops_the_batch_and_raises(
     """run_batch's promise: Ctrl-C stops the batch, removes every sandbox it started (warm
     ones too), writes an `interrupted` summary and raises KeyboardInterrupt to the caller: a
     program that went on as if the batch had ended (a benchmark's next batch) would be
-    wrong. The instant a container is made: tests/test_interrupts.py."""
+    wrong. The instant a container is made: tests/lifecycle/test_interrupts.py."""
     slow = [
         {"id": f"slow{i}", "task": "sleep", "additional_args": {"op": "sleep", "seconds": 60}}
         for i in range(4)

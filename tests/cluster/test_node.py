@@ -3,7 +3,7 @@ what it declares: a node that declares more than two per core of this
 machine, a batch of CPU-bound mock tasks, and the most attempts that overlapped.
 
 A module of its own: its one-node cluster must not share the machine's Ray ports with
-test_ray's two-node cluster while that one is up."""
+cluster/test_executor.py's two-node cluster while that one is up."""
 
 from __future__ import annotations
 

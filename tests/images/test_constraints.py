@@ -1,6 +1,6 @@
 """The derived images' constraints (images/agent/constraints.txt): which are in force for a
 payload's requirements, and what the build says. The real resolution and build with them:
-tests/test_images.py."""
+tests/backends/docker/test_images.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Secrets bound to hosts (`[secrets.bind]`): what a binding may say, refused with file, line
 and field before anything starts; and, on a backend that cannot keep a bound secret out of
 the sandbox (E2B) or without an allowlist, a run with bindings refused (exit 2) rather than
-run with the value inside. The runs themselves: tests/test_secret_runs.py."""
+run with the value inside. The runs themselves: tests/backends/docker/test_secret_runs.py."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ the real token, saw it on every request; the agent answers from the tool's reply
 
 The server (tests/mcp_upstream.py: uvicorn over TLS with its own CA, on this host) has a
 name no resolver knows: the interceptor reaches it through the stand-in for squid
-(`InterceptorRoute`, the test seam tests/test_secret_runs.py uses). The model is the scripted
-server, through the run's gateway, as in tests/test_mcp.py."""
+(`InterceptorRoute`, the test seam tests/backends/docker/test_secret_runs.py uses). The
+model is the scripted server, through the run's gateway, as in tests/payloads/test_mcp.py."""
 
 from __future__ import annotations
 

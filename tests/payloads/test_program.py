@@ -678,7 +678,8 @@ def test_a_programs_spans_are_under_the_hosts_root() -> None:
     ]
 
 
-# ---- helpers the backend tests share (test_e2b_backend_program.py, test_program_ray.py) -----
+# ---- helpers the backend tests share (backends/e2b/test_backend_program.py, -------------
+# ---- examples/test_program_ray.py) ---------------------------------------------------------
 
 
 def events_in(record_dir: str) -> list[dict[str, Any]]:

@@ -250,7 +250,7 @@ def readme_command_lines() -> list[list[str]]:
 
 def test_every_command_the_readme_shows_parses() -> None:
     """The commands a reader copies from the README are commands the parser takes (the quick
-    start itself is run by tests/test_packaging.py and scripts/quickstart.sh)."""
+    start itself is run by tests/project/test_packaging.py and scripts/quickstart.sh)."""
     commands = readme_command_lines()
     assert len(commands) >= 3, commands
     for argv in commands:

@@ -6,7 +6,7 @@ export, which `runs export-traces` makes later.
 The host's checks are tested on forged data first, then end to end on the real engine with a
 payload that forges spans every way it can, against a real OTLP/HTTP endpoint
 (`tests/otlp_receiver.py`, decoding with OpenTelemetry's own protobuf classes). The test
-against a real Phoenix server is `tests/test_traces_phoenix.py`.
+against a real Phoenix server is `tests/records/test_traces_phoenix.py`.
 """
 
 from __future__ import annotations

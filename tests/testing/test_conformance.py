@@ -1,5 +1,5 @@
 """The conformance kit (`orchestrator.testing`) against the backends we ship and register:
-docker (runc; gVisor through tests/test_doctor.py's doctor run), the `mirror` plugin, and
+docker (runc; gVisor through tests/testing/test_doctor.py's doctor run), the `mirror` plugin, and
 deliberately broken copies of the mirror, each of which must fail the check of the promise
 it breaks."""
 
@@ -70,8 +70,8 @@ def test_a_check_needing_an_optional_part_is_not_applicable_without_it() -> None
 # ---- real backends -----------------------------------------------------------------------
 
 #: On runc, as the rest of the docker tier; on gVisor the whole kit runs in
-#: tests/test_doctor.py (`doctor --sandbox-runtime auto`: gVisor where registered, as in CI),
-#: not a second time here.
+#: tests/testing/test_doctor.py (`doctor --sandbox-runtime auto`: gVisor where registered,
+#: as in CI), not a second time here.
 test_docker = pytest.mark.docker(conformance_tests("docker"))
 test_mirror = pytest.mark.docker(conformance_tests("mirror"))
 

@@ -48,7 +48,7 @@ def test_doctor_json_passes_on_this_machine_and_leaves_nothing(
     agent_image: str, docker_client, nothing_left: None
 ) -> None:
     """As a user's doctor runs: on the runtime `auto` picks (gVisor where registered, as in
-    CI, so this is the kit's run on gVisor there; tests/test_conformance.py runs it on runc,
+    CI, so this is the kit's run on gVisor there; tests/testing/test_conformance.py runs it on runc,
     check by check)."""
     out = cli("doctor", "--json", "--sandbox-runtime", "auto", timeout=1200)
     assert out.returncode == 0, out.stdout + out.stderr

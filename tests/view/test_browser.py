@@ -473,9 +473,9 @@ def test_pages_read_at_1400_px_without_a_click(browser, server: str, world: Worl
 def test_run_page_shows_where_bound_secrets_went(
     browser, server: str, world: World, docker_client, monkeypatch, tmp_path: Path
 ):
-    """A bound-secret run (tests/test_secret_runs.py's probe, against its HTTPS server): the
-    page lists where the value was injected and what was refused, by secret, host and place,
-    and never holds the value."""
+    """A bound-secret run (tests/backends/docker/test_secret_runs.py's probe, against its
+    HTTPS server): the page lists where the value was injected and what was refused, by secret,
+    host and place, and never holds the value."""
     from orchestrator.backends.docker.backend import DockerBackend
     from orchestrator.backends.docker.interceptor import (
         InterceptorRoute,

@@ -2,7 +2,7 @@
 base (mitmproxy 12, Python 3.13), started as a hardened container on a network of the test's
 own, configured through its attached stdin, between a client on this host and a real HTTPS
 server with its own CA (reached at the network's gateway). Runs use it as
-tests/test_secret_runs.py shows.
+tests/backends/docker/test_secret_runs.py shows.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The guide's program as written on E2B: the project's E2B test server,
-through the real `e2b` SDK. Named to run right after test_e2b_backend.py, meant to reuse its
+through the real `e2b` SDK. Named to run right after test_backend.py, meant to reuse its
 template; in a fresh-clone CI run it still took 105 s, most of it a template build of its own
 (why the template differs is not known yet).
 

@@ -1,4 +1,4 @@
-"""Amazon Bedrock on E2B: the same program as tests/test_bedrock.py's, its gateway an E2B
+"""Amazon Bedrock on E2B: the same program as tests/models/test_bedrock.py's, its gateway an E2B
 sandbox of its own (reached through E2B's per-port host name), given the host's AWS
 credentials on its stdin only; the project's E2B test server, through the real `e2b` SDK."""
 
