@@ -313,3 +313,43 @@ def test_backend_requires_at_most_six_members() -> None:
         "prune_images",
         "bootstrap_base",
     }
+
+
+#: Folders of tests/ that hold suites across modules, not the tests of one sub-package
+#: (tests/README.md), and where orchestrator_runtime's tests live.
+TEST_SUITES = frozenset({"security", "faults", "examples", "project", "e2b_server"})
+RUNTIME_TESTS = "runtime"
+
+
+def misplaced_tests(tests: Path) -> list[str]:
+    """Test modules under `tests` whose place mirrors no code: tests/test_<module>.py needs
+    orchestrator/<module>.py; tests/<sub-package>/... needs orchestrator/<sub-package>/
+    (tests/runtime/ stands for orchestrator_runtime/), unless the folder is a suite."""
+    misplaced = []
+    for path in sorted(tests.rglob("test_*.py")):
+        folder = path.parent.relative_to(tests).parts
+        if not folder:
+            mirrored = REPO / "orchestrator" / f"{path.stem.removeprefix('test_')}.py"
+        elif folder[0] in TEST_SUITES:
+            continue
+        elif folder[0] == RUNTIME_TESTS:
+            mirrored = REPO.joinpath("orchestrator_runtime", *folder[1:])
+        else:
+            mirrored = REPO.joinpath("orchestrator", *folder)
+        if not mirrored.exists():
+            misplaced.append(f"{path.relative_to(tests)} (no {mirrored.relative_to(REPO)})")
+    return misplaced
+
+
+def test_tests_mirror_the_code(tmp_path: Path) -> None:
+    """A newcomer finds a module's tests by its path (tests/README.md)."""
+    misplaced = misplaced_tests(REPO / "tests")
+    assert not misplaced, f"move them (tests/README.md): {misplaced}"
+    planted = tmp_path / "tests"
+    for name in ("test_batch_epochs.py", "batches/test_epochs.py", "batch/test_epochs.py"):
+        (planted / name).parent.mkdir(parents=True, exist_ok=True)
+        (planted / name).write_text("")
+    assert misplaced_tests(planted) == [
+        "batches/test_epochs.py (no orchestrator/batches)",
+        "test_batch_epochs.py (no orchestrator/batch_epochs.py)",
+    ]
