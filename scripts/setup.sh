@@ -22,8 +22,8 @@ say "installing orchestrator and its test tools into .venv (uv, quiet: under a m
 # Byte-compiled as pip would (--compile-bytecode): with PYTHONDONTWRITEBYTECODE set, every
 # `orchestrator` command would otherwise compile its dependencies' modules again.
 .venv/bin/python -m pip install --quiet --upgrade pip uv
-# `ray`: the optional extra behind `batch --ray` (orchestrator/cluster/), for tests/test_ray.py.
-# `export`: Inspect AI and pyarrow behind `batch export` (tests/test_batch_export.py). Inspect
+# `ray`: the optional extra behind `batch --ray` (orchestrator/cluster/), for tests/cluster/.
+# `export`: Inspect AI and pyarrow behind `batch export` (tests/batch/test_export.py). Inspect
 # AI needs s3fs, whose aiobotocore caps botocore below the 1.44 that dev and the agent image
 # pin; the override keeps 1.44 (aiobotocore is only imported for s3:// logs, never here).
 PYTHONWARNINGS=$quiet_build .venv/bin/uv pip install --quiet --native-tls --compile-bytecode \
@@ -38,11 +38,12 @@ PYTHONWARNINGS=$quiet_build .venv/bin/uv pip install --quiet --native-tls --no-d
 # cold run). A module edited since is compiled in memory, as without this.
 .venv/bin/python -m compileall -q orchestrator orchestrator_runtime
 
-# Arize Phoenix, the tracing UI smolagents' docs point to, for tests/test_traces_phoenix.py: in
-# a virtualenv of its own (.venv-phoenix), since its ~150 dependencies (pandas, grpcio,
-# SQLAlchemy, ...) would clash with ours. uv (a dev dependency) installs it in well under a
-# minute where pip takes three; byte-compiled, or its first start compiles it (a minute more).
-# --native-tls: the system's certificates (a proxy's CA among them). A no-op when it is there.
+# Arize Phoenix, the tracing UI smolagents' docs point to, for
+# tests/records/test_traces_phoenix.py: in a virtualenv of its own (.venv-phoenix), since its
+# ~150 dependencies (pandas, grpcio, SQLAlchemy, ...) would clash with ours. uv (a dev
+# dependency) installs it in well under a minute where pip takes three; byte-compiled, or its
+# first start compiles it (a minute more). --native-tls: the system's certificates (a proxy's CA
+# among them). A no-op when it is there.
 say "installing Arize Phoenix for the trace tests into .venv-phoenix (uv, quiet: under a minute the first time)"
 if [ ! -x .venv-phoenix/bin/python ]; then
     "$python" -m venv --without-pip .venv-phoenix
@@ -50,9 +51,10 @@ fi
 .venv/bin/uv pip install --quiet --native-tls --compile-bytecode --python .venv-phoenix/bin/python \
     'arize-phoenix==20.26.1'
 
-# mitmproxy, the secret interceptor's proxy (images/interceptor/), for tests/test_interceptor.py:
-# in a virtualenv of its own (.venv-mitmproxy), since it pins h11, cryptography and others
-# below what ours need; it runs there as in its image, a process of its own.
+# mitmproxy, the secret interceptor's proxy (images/interceptor/), for
+# tests/backends/docker/test_interceptor.py: in a virtualenv of its own (.venv-mitmproxy), since
+# it pins h11, cryptography and others below what ours need; it runs there as in its image, a
+# process of its own.
 say "installing mitmproxy for the interceptor tests into .venv-mitmproxy (uv, quiet: seconds)"
 if [ ! -x .venv-mitmproxy/bin/python ]; then
     "$python" -m venv --without-pip .venv-mitmproxy

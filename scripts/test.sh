@@ -73,7 +73,8 @@ trap stop_images EXIT
 
 # 4. House rules that need no engine: lint and the types (mypy, configured in pyproject.toml).
 #    The layer contracts (lint-imports) and the docs site (`mkdocs build --strict`) are checked
-#    by the fast tier's tests/test_architecture.py and tests/test_docs.py, so not twice here.
+#    by the fast tier's tests/project/test_architecture.py and tests/project/test_docs.py, so
+#    not twice here.
 log "lint, types"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -25,7 +25,8 @@ EXAMPLES = sorted(p for p in PAYLOADS.iterdir() if (p / "manifest.toml").is_file
 def pytest_configure(config: pytest.Config) -> None:
     """A pytest-xdist worker starts with SIGINT ignored (Ctrl-C is its controller's), and
     every process it starts inherits that: Python then raises no KeyboardInterrupt. The
-    Ctrl-C tests (tests/test_interrupts.py, test_batch.py) need Python's own handler."""
+    Ctrl-C tests (tests/lifecycle/test_interrupts.py, tests/batch/test_session.py) need
+    Python's own handler."""
     if hasattr(config, "workerinput"):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
@@ -50,8 +51,9 @@ def orchestrator_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 @pytest.fixture(scope="session", autouse=True)
 def sandbox_runtime() -> Iterator[str]:
     """The suite runs its sandboxes on runc (`$ORCHESTRATOR_SANDBOX_RUNTIME` chooses another
-    for the whole suite); tests/test_sandbox_kernel.py runs a chosen set on gVisor too. Not
-    `auto`: on an engine with gVisor that would move every test onto it, and CI time with it."""
+    for the whole suite); tests/backends/docker/test_sandbox_kernel.py runs a chosen set on
+    gVisor too. Not `auto`: on an engine with gVisor that would move every test onto it, and CI
+    time with it."""
     saved = os.environ.get("ORCHESTRATOR_SANDBOX_RUNTIME")
     chosen = os.environ.setdefault("ORCHESTRATOR_SANDBOX_RUNTIME", "runc")
     yield chosen
@@ -75,17 +77,17 @@ ENGINE_FIXTURES = frozenset({"docker_client", "e2b_test_server"})
 
 #: The modules that use the session's E2B test server (`e2b_test_server` below): under
 #: pytest-xdist one worker runs them all, so their templates are built once (the agent
-#: template the conformance kit's runs use is the one test_e2b_backend.py checks: a minute
+#: template the conformance kit's runs use is the one backends/e2b/test_backend.py checks: a minute
 #: of building each, when the kit had a server of its own). Checked at collection
 #: (`pytest_itemcollected`), so a new module cannot be left out unnoticed.
 E2B_SERVER_MODULES = frozenset(
     {
-        "tests/test_conformance_e2b.py",
-        "tests/test_e2b_bedrock.py",
-        "tests/test_e2b_backend.py",
-        "tests/test_e2b_backend_program.py",
-        "tests/test_e2b_gateway.py",
-        "tests/test_e2b_warm.py",
+        "tests/backends/e2b/test_backend.py",
+        "tests/backends/e2b/test_backend_program.py",
+        "tests/backends/e2b/test_bedrock.py",
+        "tests/backends/e2b/test_gateway.py",
+        "tests/backends/e2b/test_warm.py",
+        "tests/testing/test_conformance_e2b.py",
     }
 )
 
@@ -99,7 +101,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     if ENGINE_FIXTURES & fixtures:
         item.add_marker(pytest.mark.docker)
     module = item.nodeid.split("::", 1)[0]  # as `work_unit` reads it: where it is collected
-    own_server = hasattr(getattr(item, "module", None), "e2b_test_server")  # test_e2b_server
+    own_server = hasattr(getattr(item, "module", None), "e2b_test_server")  # its own tests
     if "e2b_test_server" in fixtures and not own_server and module not in E2B_SERVER_MODULES:
         raise pytest.UsageError(f"{module} uses e2b_test_server: add it to E2B_SERVER_MODULES")
 

@@ -3,8 +3,8 @@ orchestrator_runtime` imports before it reads its request (the runtime's modules
 its `preload`), once, then forks one child per request that runs the runtime's `main` from
 there; one per test process (`shared_zygote`). Each run is still a process of its own, with
 its own stdin, stdout, stderr, exit code and fork; the half second of imports is paid once
-per test process instead of once per run (tests/test_runtime_local.py's `run_runtime`, also
-used by test_program.py and test_traces.py).
+per test process instead of once per run (tests/runtime/test_runtime.py's `run_runtime`, also
+used by payloads/test_program.py and records/test_traces.py).
 
 Control: one JSON line per run on stdin (`argv`, the test's environment, and the paths of
 the run's stdin, stdout and stderr files); the zygote answers with the child's pid, then its

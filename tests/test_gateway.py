@@ -348,7 +348,7 @@ def test_host_measured_tokens_match_the_servers_own_counts(
     agent_image: str, model_key: str, nothing_left: None
 ) -> None:
     """Acceptance 2: plain and streamed responses, and a sandbox that under-reports."""
-    from .test_egress import research_outputs
+    from tests.backends.docker.test_egress import research_outputs
 
     with ScriptedModelServer(research_outputs()) as server:
         plain = run(RunSpec(payload=RESEARCH, model="openai:scripted", api_base=server.api_base()))
@@ -706,7 +706,7 @@ def test_which_runs_get_a_gateway_and_where_it_forwards() -> None:
 def test_hf_models_go_through_the_gateway_too(
     agent_image: str, monkeypatch: pytest.MonkeyPatch, nothing_left: None
 ) -> None:
-    from .test_egress import research_outputs
+    from tests.backends.docker.test_egress import research_outputs
 
     monkeypatch.setenv("HF_TOKEN", "hf_gwtest_token_123456")
     said: list[str] = []
@@ -736,8 +736,7 @@ def test_a_batch_summary_counts_the_tokens_the_gateway_measured(
 ) -> None:
     from orchestrator.batch import BatchSpec, run_batch
     from orchestrator.payloads.manifest import load_manifest
-
-    from .test_batch import MATH, math_rows, write_jsonl
+    from tests.batch.test_session import MATH, math_rows, write_jsonl
 
     step = load_manifest(MATH).mock_scripts["manager"][0]
     tasks = write_jsonl(tmp_path / "tasks.jsonl", math_rows(3))

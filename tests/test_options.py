@@ -21,9 +21,8 @@ from orchestrator.options import RUN_OPTIONS, Option
 from orchestrator.schedules.file import SCHEDULE, load_schedules
 from orchestrator.schema import Field
 from orchestrator.spec import SETTABLE_LIMITS, RunSpec
-
-from .test_docs import REFERENCE, sections
-from .test_schedules import toml_value
+from tests.project.test_docs import REFERENCE, sections
+from tests.schedules.test_schedules import toml_value
 
 IDS = [o.name for o in RUN_OPTIONS]
 

@@ -9,7 +9,7 @@
 - `changelog.md` from the repository's CHANGELOG.md.
 
 The pages exist only in the built site (`on_files` adds them), so they cannot drift from
-the code; tests/test_docs.py renders them with the functions below.
+the code; tests/project/test_docs.py renders them with the functions below.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The host's own outcome (time limit, cancel, a lost proxy or gateway, a spent budget), the
 engine's exit record and the event channel's integrity decide; what the sandbox reported is a
 claim that counts only when all of those agree (see `decide_status`). This module is the one
-writer of a result's status and error (`tests/test_architecture.py` holds every other module
+writer of a result's status and error (`tests/project/test_architecture.py` holds every other module
 to it); the record (records/record.py) only writes what it is given.
 """
 

@@ -106,7 +106,7 @@ def check_syntax(files: dict[str, ShippedFile], folder: Path) -> dict[str, ast.M
 #: The extras smolagents declares (its `Provides-Extra`) at the version the agent image pins
 #: (`image_smolagents`): a payload's `smolagents[...]` may name these only (pip skips an
 #: unknown one with a warning, and the program then fails at its import, in the sandbox).
-#: tests/test_program.py compares the list with smolagents' own metadata.
+#: tests/payloads/test_program.py compares the list with smolagents' own metadata.
 SMOLAGENTS_EXTRAS = (
     "all",
     "audio",

@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from orchestrator.records.store import Store
+from tests.batch.test_session import API_CALLER, MATH, write_jsonl
 
 from ..conftest import REPO, TEST_PAYLOADS, cli, our_containers, wait_for
-from ..test_batch import API_CALLER, MATH, write_jsonl
 
 pytestmark = pytest.mark.docker
 

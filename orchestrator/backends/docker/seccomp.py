@@ -28,8 +28,9 @@ profile by its own names for the system calls, and the runsc this project meets 
 - it ignores `errnoRet`: every refusal answers EPERM, so the `clone3` rule would make the C
   library's thread creation fail (it falls back to `clone` only on ENOSYS). `clone3` is
   allowed instead: this gVisor does not implement it and answers ENOSYS itself, so the flags
-  are still checked on `clone`. tests/test_sandbox_kernel.py checks both answers under
-  gVisor, so a runsc that implements `clone3` fails that test rather than open the door.
+  are still checked on `clone`. tests/backends/docker/test_sandbox_kernel.py checks both
+  answers under gVisor, so a runsc that implements `clone3` fails that test rather than open the
+  door.
 System calls this gVisor does not know by name (openat2, landlock_*, futex_waitv, ...) answer
 EPERM instead of its ENOSYS: refused either way.
 """
