@@ -29,7 +29,7 @@ from orchestrator.execution.executor import (
     Attempt,
     AttemptExecutor,
     Capacity,
-    WarmCapacity,
+    PoolControl,
 )
 from orchestrator.execution.hostload import (
     HostLoad,
@@ -360,7 +360,7 @@ def test_overlapping_firings_of_serve_wait_for_a_slot(tmp_path: Path) -> None:
     assert [r["outcome"] for n in names for r in store.history(n)] == ["succeeded"] * 2
 
 
-class Answers(AttemptExecutor, Capacity, WarmCapacity):
+class Answers(AttemptExecutor, Capacity, PoolControl):
     """An executor whose every member notes its call and answers something of its own, so
     that a decorator's answer can be told from a default."""
 
@@ -400,12 +400,12 @@ class Answers(AttemptExecutor, Capacity, WarmCapacity):
         return 3
 
     @property
-    def warms(self) -> bool:
-        self.calls.append("warms")
+    def has_pool(self) -> bool:
+        self.calls.append("has_pool")
         return True
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
-        self.calls.append("keep_warm")
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
+        self.calls.append("keep_ready")
 
     def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
         self.calls.append("expect")
@@ -414,7 +414,7 @@ class Answers(AttemptExecutor, Capacity, WarmCapacity):
 def seam_members() -> set[str]:
     """Every public member of the executor interfaces, read from the classes themselves (a
     member added later is in it)."""
-    interfaces = (AttemptExecutor, Capacity, WarmCapacity)
+    interfaces = (AttemptExecutor, Capacity, PoolControl)
     return {name for cls in interfaces for name in vars(cls) if not name.startswith("_")}
 
 
@@ -436,18 +436,18 @@ def test_serves_decorator_answers_every_member_of_the_seam_from_the_executor(
         "close": lambda e: e.close(),
         "max_concurrency": lambda e: e.max_concurrency(prepared),
         "runs_per_core": lambda e: e.runs_per_core(prepared),
-        "warms": lambda e: e.warms,
-        "keep_warm": lambda e: e.keep_warm(prepared, 1),
+        "has_pool": lambda e: e.has_pool,
+        "keep_ready": lambda e: e.keep_ready(prepared, 1),
         "expect": lambda e: e.expect(prepared, 1),
     }
     assert set(calls) == seam_members()  # a new member needs a line here
     answers = Answers(attempt, result)
     wrapped = Paced(answers, Slots(AdaptiveLimit(1, adapt=False)), log=lambda _line: None)
-    assert isinstance(wrapped, Capacity) and isinstance(wrapped, WarmCapacity)
+    assert isinstance(wrapped, Capacity) and isinstance(wrapped, PoolControl)
     for name, call in calls.items():
         inner = Answers(attempt, result)
         paced = Paced(inner, Slots(AdaptiveLimit(1, adapt=False)), log=lambda _line: None)
-        inner.calls.clear()  # (wrapping asks isinstance, which reads `warms`)
+        inner.calls.clear()  # (wrapping asks isinstance, which reads `has_pool`)
         assert call(paced) == call(Answers(attempt, result)), name
         assert inner.calls == [name], name
 
@@ -457,14 +457,14 @@ def test_a_decorator_over_an_executor_without_the_optional_parts_answers_as_it_w
     the limit's own start and nothing warm, and keeping warm does nothing."""
     prepared = prepare(RunSpec(payload=MATH, task="1+1"))
     paced = Paced(Gated(), Slots(AdaptiveLimit(1, adapt=False)), log=lambda _line: None)
-    assert not isinstance(Gated(), Capacity) and not isinstance(Gated(), WarmCapacity)
+    assert not isinstance(Gated(), Capacity) and not isinstance(Gated(), PoolControl)
     assert paced.max_concurrency(prepared) is None and paced.runs_per_core(prepared) is None
-    assert paced.warms is False
-    paced.keep_warm(prepared, 1)
+    assert paced.has_pool is False
+    paced.keep_ready(prepared, 1)
     paced.expect(prepared)
 
 
-class Counting(StandInExecutor, WarmCapacity):
+class Counting(StandInExecutor, PoolControl):
     """The batch tests' stand-in executor (no sandbox), counting runs at once; with `meet`,
     each run waits (up to a minute) until that many run together. It says it keeps
     sandboxes warm, to note how many the batch asks for (`warm`)."""
@@ -474,14 +474,14 @@ class Counting(StandInExecutor, WarmCapacity):
         self.meet = meet
         self.now = self.most = 0
         self.together = threading.Condition()
-        self.warm: list[int] = []
+        self.kept_ready: list[int] = []
 
     @property
-    def warms(self) -> bool:
+    def has_pool(self) -> bool:
         return True
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
-        self.warm.append(count)
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
+        self.kept_ready.append(count)
 
     def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
         pass
@@ -511,7 +511,7 @@ def test_a_fixed_concurrency_runs_exactly_that_many_at_once(tmp_path: Path) -> N
     summary = run_batch(spec, executor=runs, observers=BatchObservers(monitor=progress.append))
     assert summary.counts["succeeded"] == 9 and runs.most == 3
     assert summary.concurrency["mode"] == "fixed" and summary.concurrency["limit"] == 3
-    assert summary.session["concurrency"] == 3 and runs.warm == [3]
+    assert summary.session["concurrency"] == 3 and runs.kept_ready == [3]
     assert progress[-1].concurrency == 3 and "concurrency 3 (fixed)" in progress_line(progress[-1])
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["concurrency"]["changes"] == [{"at": 0.0, "limit": 3, "reason": "fixed"}]
@@ -526,7 +526,7 @@ def test_auto_runs_no_more_than_its_limit_and_says_how_it_moved(tmp_path: Path) 
     assert summary.counts["succeeded"] == 12
     assert pace["mode"] == "auto" and pace["requested"] == 8 and pace["ceiling"] == 8
     assert runs.opened == [(12, 8)]  # the executor is opened for the ceiling...
-    assert runs.warm[0] == pace["changes"][0]["limit"] <= 8  # ...and warms for the limit
+    assert runs.kept_ready[0] == pace["changes"][0]["limit"] <= 8  # ...and keeps that many ready
     assert 1 <= runs.most <= pace["highest"] <= 8
     assert [c["limit"] for c in pace["changes"]][-1] == pace["limit"]
 

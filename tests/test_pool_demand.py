@@ -144,7 +144,7 @@ def test_on_a_saturated_host_runs_wait_for_the_builders_instead_of_starting_cold
         return results
 
     with Pool(size=1, ttl=60, builders=1, defer=saturated.is_set) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         busy = three_at_once(pool)
         saturated.clear()
         room = three_at_once(pool)
@@ -193,7 +193,7 @@ def test_the_pool_makes_as_many_at_once_as_the_backend_asks_per_core(
     backend = GatedBackend(docker_client, per_core)
     spec = RunSpec(payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7})
     with Pool(size=min(MAX_SIZE, expected + 2), ttl=60, backend=backend) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         try:
             wait_for(lambda: backend.in_flight >= expected, timeout=60)
         finally:
@@ -245,7 +245,7 @@ def test_at_a_batchs_start_runs_go_cold_only_up_to_what_fills_the_cpu(
     runs = 8
     claims: list[Any] = []
     with Pool(size=runs, ttl=60, backend=backend, defer=lambda: False) as pool:
-        pool.warm(prepared, runs=runs)
+        pool.keep_ready(prepared, runs=runs)
         threads = [
             threading.Thread(target=lambda: claims.append(pool.claim(prepared)))
             for _ in range(runs)

@@ -269,7 +269,7 @@ class _BatchRun:
         0.6 s on 2 cores), so one per slot left a batch at concurrency 1 waiting on each
         sandbox in turn: slower than cold (56 against 68 tasks/min; 148 with two)."""
         if self.spec.warm is None:
-            self.executor.keep_warm(self.first, max(limit, MIN_BUILDERS))
+            self.executor.keep_ready(self.first, max(limit, MIN_BUILDERS))
 
     # -- running ----------------------------------------------------------------------------
 

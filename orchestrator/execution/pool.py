@@ -12,7 +12,7 @@ the gateway's key and token) is in it until a run takes it; the run then goes th
 Sandboxes are pooled per key: image, command, limits, network policy and gateway endpoint
 (a run's token and key are its own, so they are no part of the key). The pool holds at most
 `size` sandboxes, idle or being made; a background builder refills a slot when a run takes
-its sandbox. When its owner says how many runs are still to come (`warm(..., runs=N)`, a
+its sandbox. When its owner says how many runs are still to come (`keep_ready(..., runs=N)`, a
 batch's attempts; `expect` for a retry), the pool never makes a sandbox that no run will
 take: every run handed out (`claim`, warm or cold) counts down, and the builder stops once
 each run still to come has a sandbox idle or being made, so the last ones made are taken
@@ -29,6 +29,7 @@ import contextlib
 import os
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -254,7 +255,7 @@ class Pool:
         meanwhile)."""
         return self.images.prepare(backend, prepared.image_requirements, self.message)
 
-    def warm(
+    def keep_ready(
         self, prepared: PreparedRun, count: int | None = None, *, runs: int | None = None
     ) -> None:
         """Keep `count` (default: the pool's size) sandboxes ready for runs like `prepared`;
@@ -265,8 +266,17 @@ class Pool:
         wanted = self.size if count is None else max(0, min(count, self.size))
         self._update(prepared, wanted=wanted, runs=runs)
 
+    def warm(
+        self, prepared: PreparedRun, count: int | None = None, *, runs: int | None = None
+    ) -> None:
+        """Deprecated: `keep_ready` (the same; "warm" now names only the sandboxes)."""
+        warnings.warn(
+            "Pool.warm is deprecated; call Pool.keep_ready", DeprecationWarning, stacklevel=2
+        )
+        self.keep_ready(prepared, count, runs=runs)
+
     def expect(self, prepared: PreparedRun, more: int = 1) -> None:
-        """`more` runs like `prepared` will be handed out than `warm(..., runs=N)` said (a
+        """`more` runs like `prepared` will be handed out than `keep_ready(..., runs=N)` said (a
         retry): the pool may make a sandbox for each. Nothing when the count is unknown."""
         self._update(prepared, more=more)
 

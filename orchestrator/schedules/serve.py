@@ -141,9 +141,9 @@ class Scheduler:
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
                 )
 
-    def prewarm(self) -> None:
+    def keep_ready_ahead(self) -> None:
         """Ask the executor for a sandbox for each schedule that fires within WARM_AHEAD."""
-        if not self.executor.warms:
+        if not self.executor.has_pool:
             return
         now = self.clock.now()
         for schedule in self.schedules:
@@ -154,7 +154,7 @@ class Scheduler:
                 continue
             try:
                 prepared = prepare(schedule.run_spec(), secret_values=False)
-                self.executor.keep_warm(prepared, 1)
+                self.executor.keep_ready(prepared, 1)
                 self._warmed[schedule.name] = (at, prepared)
             except Exception as exc:  # the firing then starts cold (and says why)
                 self._warmed.pop(schedule.name, None)
@@ -170,7 +170,7 @@ class Scheduler:
         if warmed is None:
             return None
         prepared = warmed[1]
-        self.executor.keep_warm(prepared, 0)  # one sandbox per firing: no refill until the next
+        self.executor.keep_ready(prepared, 0)  # one sandbox per firing: no refill until the next
         return self.executor.reserve(prepared)  # the one being made (or made) is handed out
 
     def _launch(self, schedule: Schedule, at: datetime, trigger: str) -> None:
@@ -224,13 +224,13 @@ class Scheduler:
             if self._tidied is None or (now - self._tidied).total_seconds() >= TIDY_INTERVAL:
                 self.tidy()
                 self._tidied = now
-            self.prewarm()
+            self.keep_ready_ahead()
             self.tick()
             wake = self.next_wake()
             wait = self.max_sleep
             if wake is not None:
                 until = (wake - self.clock.now()).total_seconds()
-                if self.executor.warms and until > WARM_AHEAD:
+                if self.executor.has_pool and until > WARM_AHEAD:
                     until -= WARM_AHEAD  # wake up to start the firing's sandbox
                 wait = min(wait, max(0.0, until))
             if self.clock.sleep(wait, stop):
