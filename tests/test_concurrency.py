@@ -29,6 +29,7 @@ from orchestrator.execution.executor import (
     Attempt,
     AttemptExecutor,
     Capacity,
+    LocalExecutor,
     PoolControl,
 )
 from orchestrator.execution.hostload import (
@@ -564,3 +565,10 @@ def test_fixed_concurrency_needs_a_number(tmp_path: Path) -> None:
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), adapt=False)
     with pytest.raises(ConfigError, match="--fixed-concurrency needs"):
         run_batch(spec, executor=Counting())
+
+
+def test_the_deprecated_warm_keyword_still_sizes_a_local_executors_pool() -> None:
+    """`LocalExecutor(warm=N)` was the pool size's old name: it still works, and says so."""
+    with pytest.deprecated_call(match="pool_size"):
+        assert LocalExecutor(warm=3).pool_size == 3
+    assert LocalExecutor(pool_size=0).pool_size == 0

@@ -224,8 +224,8 @@ def test_a_warm_batch_on_docker_starts_auto_from_the_backends_starts_per_core(
     prepared = prepare(RunSpec(payload=MATH))
     expected = 2 if sandbox_runtime == "runsc" else 1
     assert LocalExecutor(backend).runs_per_core(prepared) == expected
-    assert LocalExecutor(backend, warm=3).runs_per_core(prepared) == expected
-    assert LocalExecutor(backend, warm=0).runs_per_core(prepared) is None
+    assert LocalExecutor(backend, pool_size=3).runs_per_core(prepared) == expected
+    assert LocalExecutor(backend, pool_size=0).runs_per_core(prepared) is None
 
 
 def test_at_a_batchs_start_runs_go_cold_only_up_to_what_fills_the_cpu(

@@ -116,7 +116,9 @@ def run_batch(
         spec = replace(spec, output=default_output(spec.run.payload, spec.tasks))
     plan = plan_batch(spec)
     observers = observers or BatchObservers()
-    executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=observers.on_message)
+    executor = executor or LocalExecutor(
+        backend, pool_size=spec.warm, on_message=observers.on_message
+    )
     store = store or Store()
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))

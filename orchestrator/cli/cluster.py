@@ -39,7 +39,7 @@ def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) ->
 
     return RayExecutor(
         address or None,
-        warm=getattr(args, "warm", None),
+        pool_size=getattr(args, "warm", None),
         adapt=not getattr(args, "fixed_concurrency", False),
         on_message=on_message,
     )

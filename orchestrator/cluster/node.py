@@ -48,10 +48,10 @@ class NodeWorker:
     """Runs the attempts a driver sends to this node, each in a sandbox of this node's
     engine; thread-safe (the actor runs its calls on several threads)."""
 
-    def __init__(self, node: dict[str, Any], backend: str, warm: int | None = None) -> None:
+    def __init__(self, node: dict[str, Any], backend: str, pool_size: int | None = None) -> None:
         self.node = dict(node)
         self.backend_name = backend
-        self.warm = warm
+        self.pool_size = pool_size
         self.store = Store(home_dir() / NODE_STORE)
         self._backend: Backend | None = None
         self._executor: LocalExecutor | None = None
@@ -80,7 +80,7 @@ class NodeWorker:
         with self._lock:
             if self._executor is None:
                 self._backend = get_backend(self.backend_name)
-                self._executor = LocalExecutor(self._backend, warm=self.warm)
+                self._executor = LocalExecutor(self._backend, pool_size=self.pool_size)
             return self._executor
 
     def reap_orphans(self) -> int:

@@ -31,6 +31,7 @@ waits for room where it runs (a cluster's node that is full).
 from __future__ import annotations
 
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -200,6 +201,17 @@ class DelegatingExecutor(AttemptExecutor):
             self._pool_control.expect(prepared, attempts)
 
 
+def deprecated_pool_size(pool_size: int | None, warm: int | None, owner: str) -> int | None:
+    """`pool_size`, or the deprecated keyword `warm` it replaced (said once, as a warning):
+    "warm" names only the sandboxes now, not how many are kept."""
+    if warm is None:
+        return pool_size
+    warnings.warn(
+        f"{owner}(warm=...) is deprecated; pass pool_size=", DeprecationWarning, stacklevel=3
+    )
+    return warm if pool_size is None else pool_size
+
+
 def attempt_limit(
     executor: AttemptExecutor,
     template: PreparedRun | None,
@@ -229,13 +241,14 @@ def attempt_limit(
 
 class LocalExecutor(AttemptExecutor, Capacity, PoolControl):
     """Attempts on this host, each in the calling thread, in a sandbox of the run's backend
-    (`backend` when given, else found by the run's backend name): a warm one when the pool
-    has one for it, else cold.
+        (`backend` when given, else found by the run's backend name): a warm one when the pool
+        has one for it, else cold.
 
-    `pool`: warm sandboxes to take (its owner closes it). `warm`: the size of the pool that
-    `open` makes for a batch (None: the concurrency, or the attempts when fewer, for more
-    than one attempt; 0: none; `keep_ready` then moves how many are kept, up to it).
-    Images are prepared once from `open` on (one cache, shared with the pool).
+        `pool`: warm sandboxes to take (its owner closes it). `pool_size`: the size of the pool that
+        `open` makes for a batch (None: the concurrency, or the attempts when fewer, for more
+        than one attempt; 0: none; `keep_ready` then moves how many are kept, up to it; `warm`:
+    its deprecated name).
+        Images are prepared once from `open` on (one cache, shared with the pool).
     """
 
     def __init__(
@@ -243,12 +256,13 @@ class LocalExecutor(AttemptExecutor, Capacity, PoolControl):
         backend: Backend | None = None,
         *,
         pool: Pool | None = None,
-        warm: int | None = None,
+        pool_size: int | None = None,
         on_message: Callable[[str], None] | None = None,
+        warm: int | None = None,
     ) -> None:
         self.backend = backend
         self.pool = pool
-        self.pool_size = warm
+        self.pool_size = deprecated_pool_size(pool_size, warm, "LocalExecutor")
         self.message = on_message or (lambda _text: None)
         self.images: ImageCache | None = pool.images if pool is not None else None
         self._own_pool = False
@@ -279,8 +293,8 @@ class LocalExecutor(AttemptExecutor, Capacity, PoolControl):
         host: its pool's builders then overlap the starts beside the runs, and a warm run is
         mostly CPU (as much as the backend says its sandboxes also wait)."""
         backend = self.backend_for(template)
-        warm = self.pool is not None or self.pool_size != 0
-        if not warm or backend.capabilities.sandboxes_run != "this_host":
+        pooled = self.pool is not None or self.pool_size != 0
+        if not pooled or backend.capabilities.sandboxes_run != "this_host":
             return None
         # The image is not chosen yet: what a start costs does not depend on it.
         return starts_per_core(backend, sandbox_spec(template, image=""))

@@ -245,7 +245,7 @@ class Pool:
                 backend=self._backend_for(prepared),
                 observers=observers,
                 images=self.images,
-                warm=claim,
+                warm_sandbox=claim,
             )
         finally:
             claim.release()

@@ -99,7 +99,7 @@ class Scheduler:
         self._cancels: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.last: dict[str, datetime | None] = {}
-        self._warmed: dict[str, tuple[datetime, PreparedRun]] = {}
+        self._kept_ready: dict[str, tuple[datetime, PreparedRun]] = {}
 
     def tidy(self) -> None:
         """Close runs whose orchestrator died (another process's, or ours before a restart)."""
@@ -149,15 +149,15 @@ class Scheduler:
         for schedule in self.schedules:
             at = schedule.cron.next_after(max(filter(None, [self.last.get(schedule.name), now])))
             ahead = (at - now).total_seconds()
-            warmed = self._warmed.get(schedule.name)
-            if ahead > WARM_AHEAD or (warmed is not None and warmed[0] == at):
+            ready = self._kept_ready.get(schedule.name)
+            if ahead > WARM_AHEAD or (ready is not None and ready[0] == at):
                 continue
             try:
                 prepared = prepare(schedule.run_spec(), secret_values=False)
                 self.executor.keep_ready(prepared, 1)
-                self._warmed[schedule.name] = (at, prepared)
+                self._kept_ready[schedule.name] = (at, prepared)
             except Exception as exc:  # the firing then starts cold (and says why)
-                self._warmed.pop(schedule.name, None)
+                self._kept_ready.pop(schedule.name, None)
                 self.log(
                     f"{utc_iso(now)} schedule={schedule.name} warm_error="
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
@@ -166,10 +166,10 @@ class Scheduler:
     def _reserve(self, schedule: Schedule) -> Attempt | None:
         """The run of this firing, reserved with the sandbox started for it (None: none was;
         the firing then chooses its run id and starts cold)."""
-        warmed = self._warmed.pop(schedule.name, None)
-        if warmed is None:
+        ready = self._kept_ready.pop(schedule.name, None)
+        if ready is None:
             return None
-        prepared = warmed[1]
+        prepared = ready[1]
         self.executor.keep_ready(prepared, 0)  # one sandbox per firing: no refill until the next
         return self.executor.reserve(prepared)  # the one being made (or made) is handed out
 
