@@ -49,6 +49,7 @@ from ..backends.base import Backend
 from ..execution.concurrency import Slots
 from ..execution.executor import Attempt, AttemptExecutor, DelegatingExecutor, LocalExecutor
 from ..execution.pool import MIN_BUILDERS
+from ..images.imagedef import Progress
 from ..lifecycle.interrupts import stop_on_interrupt
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store
@@ -88,7 +89,7 @@ class BatchObservers:
 
     cancel: threading.Event = field(default_factory=threading.Event)
     monitor: Callable[[BatchProgress], None] | None = None
-    on_message: Callable[[str], None] | None = None
+    on_message: Progress | None = None
     on_result: Callable[[dict[str, Any]], None] | None = None
 
 

@@ -25,12 +25,12 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError, EngineUnavailable
 from ..execution.executor import Attempt, AttemptExecutor, Capacity, deprecated_pool_size
+from ..images.imagedef import Progress
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store, new_run_id
 from ..spec import RunResult, host_error
@@ -88,7 +88,7 @@ class RayExecutor(AttemptExecutor, Capacity):
         *,
         pool_size: int | None = None,
         adapt: bool = True,
-        on_message: Callable[[str], None] | None = None,
+        on_message: Progress | None = None,
         warm: int | None = None,
     ) -> None:
         import_ray()  # refused before anything starts when the extra is missing

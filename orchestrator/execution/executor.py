@@ -33,13 +33,12 @@ from __future__ import annotations
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..backends import get_backend
-from ..backends.base import Backend
+from ..backends.base import Backend, Progress
 from ..lifecycle.imagecache import ImageCache
 from ..lifecycle.runner import PreparedRun, RunObservers, execute, sandbox_spec
 from ..records.store import Store, new_run_id
@@ -220,7 +219,7 @@ def attempt_limit(
     most: int | None = None,
     memory_mb: int | None = None,
     adapt: bool = True,
-    message: Callable[[str], None] | None = None,
+    message: Progress | None = None,
 ) -> AdaptiveLimit:
     """How many attempts like `template` run at once on `executor`: the one place that
     limit is made (a batch's session, `schedule serve`, a cluster node's worker). `requested`
@@ -257,7 +256,7 @@ class LocalExecutor(AttemptExecutor, Capacity, PoolControl):
         *,
         pool: Pool | None = None,
         pool_size: int | None = None,
-        on_message: Callable[[str], None] | None = None,
+        on_message: Progress | None = None,
         warm: int | None = None,
     ) -> None:
         self.backend = backend

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import get_backend
-from ..backends.base import Backend, Sandbox, SandboxSpec, WarmSandboxes
+from ..backends.base import Backend, Progress, Sandbox, SandboxSpec, WarmSandboxes
 from ..errors import ConfigError
 from ..labels import owner_label, pool_marker, run_labels
 from ..lifecycle.imagecache import ImageCache
@@ -149,7 +149,7 @@ class Pool:
         backend: Backend | None = None,
         store: Store | None = None,
         builders: int | None = None,
-        on_message: Callable[[str], None] | None = None,
+        on_message: Progress | None = None,
         images: ImageCache | None = None,
         defer: Callable[[], bool] | None = None,
     ) -> None:
@@ -199,7 +199,7 @@ class Pool:
         spec: RunSpec,
         *,
         on_event: EventHandler | None = None,
-        on_progress: Callable[[str], None] | None = None,
+        on_progress: Progress | None = None,
         cancel: threading.Event | None = None,
     ) -> RunResult:
         """`runner.run`, in a warm sandbox when one is ready or on its way (else cold).

@@ -103,7 +103,7 @@ def run(
     spec: RunSpec,
     *,
     on_event: EventHandler | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
     cancel: threading.Event | None = None,
     store: Store | None = None,
     backend: Backend | None = None,
@@ -153,7 +153,7 @@ def run_spec(
 
 def observers_of(
     on_event: EventHandler | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
     cancel: threading.Event | None = None,
     store: Store | None = None,
 ) -> RunObservers:

@@ -21,6 +21,7 @@ from ..execution.executor import (
     LocalExecutor,
     attempt_limit,
 )
+from ..images.imagedef import Progress
 from ..lifecycle.cleanup import closed_line
 from ..lifecycle.cleanup import tidy as tidy_store
 from ..lifecycle.runner import PreparedRun, RunObservers, prepare
@@ -29,7 +30,7 @@ from .clock import Clock, SystemClock
 from .cron import utc_iso
 from .due import LATE_TOLERANCE, plan, record_missed
 from .file import Schedule
-from .firing import Log, fire, print_log
+from .firing import fire, print_log
 from .store import ScheduleStore
 
 #: How often `serve` closes runs whose orchestrator died, in seconds.
@@ -43,7 +44,7 @@ class Paced(DelegatingExecutor):
     whose cancel is set meanwhile goes on at once, to be recorded cancelled). Everything
     but `run` is the wrapped executor's (`DelegatingExecutor`)."""
 
-    def __init__(self, executor: AttemptExecutor, slots: Slots, log: Log) -> None:
+    def __init__(self, executor: AttemptExecutor, slots: Slots, log: Progress) -> None:
         super().__init__(executor)
         self.slots, self.log = slots, log
 
@@ -80,7 +81,7 @@ class Scheduler:
         clock: Clock | None = None,
         executor: AttemptExecutor | None = None,
         spawn: Callable[[Callable[[], None]], None] | None = None,
-        log: Log = print_log,
+        log: Progress = print_log,
         concurrency: int | AdaptiveLimit | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
