@@ -268,9 +268,9 @@ class _BatchRun:
 
     def pace(self, limit: int) -> None:
         """The limit moved: the warm pool follows it (unless --warm): a sandbox per slot, and
-        at least two coming. A warm run is shorter than a sandbox's making (0.15 s against
-        0.6 s on 2 cores), so one per slot left a batch at concurrency 1 waiting on each
-        sandbox in turn: slower than cold (56 against 68 tasks/min; 148 with two)."""
+        at least two coming. A warm run is shorter than a sandbox's making, so one per slot
+        left a batch at concurrency 1 waiting on each sandbox in turn: slower than cold
+        (figures: benchmarks/results/code_figures.md#a-batchs-pool-at-least-two-sandboxes)."""
         if self.spec.warm is None:
             self.executor.keep_ready(self.first, max(limit, MIN_BUILDERS))
 

@@ -5,8 +5,9 @@ How many attempts it runs at once is the node's own (`concurrency.AdaptiveLimit`
 host, made by `executor.attempt_limit` as every such limit is, under the
 `orchestrator_sandboxes` it declares): a batch's `open` starts the measure, and every
 finished attempt tells the driver the node's limit now, which the driver holds to (a node
-declaring 8 on a 2-core machine runs about 4; one whose runs wait on a hosted model climbs
-to its 8). Without a batch (a schedule's firings) the node runs as many as it declares.
+whose runs are CPU-bound settles under what it declares; one whose runs wait on a hosted
+model climbs to it: benchmarks/results/code_figures.md#concurrency-per-core). Without a
+batch (a schedule's firings) the node runs as many as it declares.
 
 It records each run in the node's own state directory (`$ORCHESTRATOR_HOME/ray-node`, a
 store apart from any driver's on the same machine) and hands the record back packed; the

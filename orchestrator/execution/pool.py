@@ -67,8 +67,8 @@ EXPIRY_MARGIN = 10.0
 MIN_BUILDERS, MAX_STARTS_PER_CORE = 2, 2
 #: A refill starts this long after a run took its sandbox, so that the run's own start (the
 #: latency that matters) does not share the CPU with the next sandbox's start; only while
-#: the key has another sandbox ready (else the next run would wait for this one: at
-#: concurrency 1 the pause cost a third of a batch's throughput).
+#: the key has another sandbox ready (else the next run would wait for this one: see
+#: benchmarks/results/code_figures.md#refill-delay).
 REFILL_DELAY = 0.3
 #: After a failed creation, how long the builder leaves that key alone (runs go cold).
 FAILURE_BACKOFF = 30.0
@@ -76,8 +76,8 @@ FAILURE_BACKOFF = 30.0
 #: least the builders'): a batch's run with none ready for it starts cold only below this
 #: (where the backend's sandboxes run on this host: `Capabilities.sandboxes_run`).
 #: The CPU's busy share shows a burst of starts only once they are under way: at a batch's
-#: start at a fixed 32 on 2 cores, 30 runs went cold at once beside the two builders (half
-#: the batch cold, 1.2 GB of sandboxes at once, a fifth slower than the other rounds).
+#: start at a high fixed concurrency, most runs went cold at once beside the builders
+#: (benchmarks/results/code_figures.md#sandbox-makings-per-core).
 MAKINGS_PER_CORE = 2
 #: How long a run gone cold counts as a making, until the pool has timed its own makings
 #: (it does not see a cold start end; its own, the same work, stand in).
@@ -358,8 +358,8 @@ class Pool:
         a batch's), open, whose builds of the key are not backing off after a failure, while
         the host is saturated or (for sandboxes made on this host) MAKINGS_PER_CORE
         sandboxes are being made already. A cold start would only add a making to a full CPU,
-        beside the builders' (on 2 cores, 64 mock tasks at a fixed 8 or 32 ran a few per cent
-        slower warm than cold while runs did)."""
+        beside the builders' (while runs did, a warm batch ran slower than a cold one:
+        benchmarks/results/code_figures.md#sandbox-makings-per-core)."""
         if self.defer is None or self._closed or time.monotonic() < slot.failed_until:
             return False
         here = self.backend is not None and self.backend.capabilities.sandboxes_run == "this_host"
