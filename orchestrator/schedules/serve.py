@@ -3,7 +3,7 @@ through its executor; with one that keeps sandboxes warm, each firing's sandbox 
 shortly before its time. Firings that overlap run as many at once as the host carries
 (`concurrency.AdaptiveLimit`, made by `executor.attempt_limit` as a batch's is): a run past
 the limit waits for a slot (its firing has its schedule's lock already, so `forbid` and
-`replace` hold as before)."""
+`replace` hold while it waits)."""
 
 from __future__ import annotations
 
