@@ -137,19 +137,12 @@ def debian_base(suite: str) -> str:
     return f"{BASE_IMAGE.rpartition(':')[0]}:{suite}"
 
 
-def ensure_debian_base(
-    client: docker.DockerClient, suite: str, progress: Progress | None = None
-) -> str:
-    """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
-    missing: for an image whose interpreter must be other than the agent's base's (the
-    secret interceptor's mitmproxy needs Python 3.12+: trixie). No registry needed."""
-    return _debian_base(client, suite, progress)[0]
-
-
 def _debian_base(
     client: docker.DockerClient, suite: str, progress: Progress | None
 ) -> tuple[str, str]:
-    """`ensure_debian_base`'s tag and image id (from the inspection that found it)."""
+    """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
+    missing (no registry needed): its tag and image id (from the inspection that found
+    it)."""
     tag = debian_base(suite)
     found = inspect_image(client, tag)
     if found is None:
