@@ -137,8 +137,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
     ) -> DockerSandbox:
-        # A run's helpers' code is imported by the runs that have them (a cost on every
-        # start otherwise: benchmarks/results/code_figures.md#import-costs-on-the-start-path).
+        # A run's helpers' code is imported by the runs that have them (a cost on every start).
         from .egress import Egress, ensure_egress_image
         from .gateway import Gateway
         from .interceptor import Interceptor, ensure_interceptor_image
@@ -161,10 +160,9 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         interceptor: Interceptor | None = None
         sandbox: DockerSandbox | None = None
         command = list(spec.command)
-        # The network first; then the model gateway starts in the background while squid
-        # (or, without squid, the sandbox itself) starts: each start is a good part of a
-        # run's engine time (benchmarks/results/code_figures.md#engine-calls). The sandbox's
-        # environment needs the gateway's address only beside squid.
+        # The network first; then the gateway starts in the background while squid (or, without
+        # squid, the sandbox itself) starts: each is slow (results/code_figures.md#engine-calls).
+        # The sandbox's environment needs the gateway's address only beside squid.
         starting: Future[Gateway] | None = None
         starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
         try:
