@@ -60,8 +60,9 @@ def bootstrap_base(
     (by default `debian_base(suite)`: bookworm's is `BASE_IMAGE`, the agent's fallback;
     trixie's the secret interceptor's).
 
-    Needs root and the `debootstrap` tool on the host, and Debian's mirror (about a minute,
-    265 MB). The image has `python3`, `python3-venv` and `ca-certificates`, nothing more.
+    Needs root and the `debootstrap` tool on the host, and Debian's mirror (its time and
+    size: benchmarks/results/code_figures.md#sizes-on-disk). The image has `python3`,
+    `python3-venv` and `ca-certificates`, nothing more.
     """
     tag = tag or debian_base(suite)
     if shutil.which("debootstrap") is None:
