@@ -85,7 +85,7 @@ def warm_runs(backend, runtime: str, rounds: int) -> list[float]:
     spec = RunSpec(payload=PAYLOAD, task="mul", additional_args=ARGS, sandbox_runtime=runtime)
     ends = []
     with Pool(size=1, ttl=120, backend=backend) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         for _ in range(rounds):
             while pool.stats()["idle"] < pool.size:
                 time.sleep(0.05)

@@ -113,7 +113,7 @@ def main() -> None:
             with Pool(size=1, backend=backend) as off, Pool(size=1, backend=backend) as on:
                 pools = {"off": off, "on": on}
                 for side in ("off", "on"):
-                    pools[side].warm(prepare(specs[side]))
+                    pools[side].keep_ready(prepare(specs[side]))
                     warm_run(pools[side], specs[side])  # first runs: page cache, imports
                 for i in range(args.rounds):  # interleaved: a drift in load favours no side
                     for side in ("off", "on") if i % 2 == 0 else ("on", "off"):

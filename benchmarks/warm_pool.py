@@ -130,7 +130,7 @@ def timed(fn) -> float:
 def warm_runs(pool: Pool, rounds: int) -> tuple[list[float], list[float]]:
     """End to end and submit -> runtime running, each with a ready sandbox."""
     ends, starts = [], []
-    pool.warm(prepare(RunSpec(payload=PAYLOAD, task="mul", additional_args=ARGS)))
+    pool.keep_ready(prepare(RunSpec(payload=PAYLOAD, task="mul", additional_args=ARGS)))
     for _ in range(rounds):
         while pool.stats()["idle"] < pool.size:
             time.sleep(0.05)
@@ -173,7 +173,7 @@ def hosted_runs(backend, rounds: int) -> tuple[list[float], list[float]]:
             cold.append(time.perf_counter() - started)
         warm = []
         with Pool(size=1, backend=backend) as pool:
-            pool.warm(prepare(spec))
+            pool.keep_ready(prepare(spec))
             for _ in range(rounds):
                 while pool.stats()["idle"] < pool.size:
                     time.sleep(0.05)

@@ -161,7 +161,8 @@ def check_requirement(text: str, allowed: Collection[str] = ()) -> str | None:
         return "is empty"
     if text.startswith("-"):
         return "is a pip option, not a package specification"
-    # Imported here: a run without requirements never pays for `packaging` (50 ms).
+    # Imported here: a run without requirements never pays for `packaging` (its cost:
+    # benchmarks/results/code_figures.md#import-costs-on-the-start-path).
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:

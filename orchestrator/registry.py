@@ -65,8 +65,9 @@ def entry_points(**selection: str) -> Any:
 def backend_entries() -> dict[str, BackendEntry]:
     """Every backend by name: the built-in ones first, then those of installed packages (a
     package cannot replace a built-in name: a plugin must not silently take over `docker`).
-    Reads every installed distribution's entry points (15 ms of CPU in a large environment),
-    once per process: `backend_entry` spares it a run on a built-in backend."""
+    Reads every installed distribution's entry points (milliseconds of CPU in a large
+    environment: benchmarks/results/code_figures.md#import-costs-on-the-start-path), once
+    per process: `backend_entry` spares it a run on a built-in backend."""
     found = dict(_BY_NAME)
     for point in entry_points(group=ENTRY_POINT_GROUP):
         if point.name in found:

@@ -12,17 +12,16 @@ to the file, the run's --allow-requirement, a cron line in its time zone) stay w
 kind's loader and add to the same list.
 
 Why our own and not pydantic v2 (the field's usual choice): pydantic is no host dependency
-(pyproject.toml; only the openai client brings it, into the dev environment), and importing it
-with one small model costs about 150 ms (measured on the 2-core machine: `python -c` of
-`from pydantic import BaseModel` and a two-field model, min of 20, 176 ms against 27 ms for
-an empty interpreter). Cold `orchestrator run` loads the manifest on its start path, where we
-count milliseconds; this module is standard library only and adds about 0.8 ms there
-(`python -X importtime -c "import orchestrator.payloads.manifest"`, self times, min of 30: schema
-0.55 ms, and errors, spec, manifest together +0.25 ms); `difflib` is imported only when a
-key is unknown. The messages are the product (cause and fix in our words, asserted by
-tests): pydantic's errors (`loc` tuples, its own `msg` texts) would be reworded one by one
-anyway, and neither "did you mean" nor TOML line numbers come with it. What it would give
-that we need, every error at once with its path, is the ~150 lines of checking below.
+(pyproject.toml; only the openai client brings it, into the dev environment), and importing
+it with one small model costs several times what an empty interpreter's start does. Cold
+`orchestrator run` loads the manifest on its start path, where we count milliseconds; this
+module is standard library only and adds well under a millisecond there (both measured:
+benchmarks/results/code_figures.md#import-costs-on-the-start-path); `difflib` is imported
+only when a key is unknown. The messages are the product (cause and fix in our words,
+asserted by tests): pydantic's errors (`loc` tuples, its own `msg` texts) would be reworded
+one by one anyway, and neither "did you mean" nor TOML line numbers come with it. What it
+would give that we need, every error at once with its path, is the ~150 lines of checking
+below.
 """
 
 from __future__ import annotations

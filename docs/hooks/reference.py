@@ -5,7 +5,8 @@
 - `reference/files.md` from the schema tables (`orchestrator.schema.Table`) of the manifest, a
   program's `[tool.orchestrator]`, the config file, the schedules file and a tasks row: every
   field, its type, range or allowed values, and default;
-- `performance.md` from the newest result of each benchmark in `benchmarks/results/`;
+- `performance.md` from the newest result of each benchmark in `benchmarks/results/`, then
+  the figures behind the code (`benchmarks/results/code_figures.md`);
 - `changelog.md` from the repository's CHANGELOG.md.
 
 The pages exist only in the built site (`on_files` adds them), so they cannot drift from
@@ -410,6 +411,8 @@ def files_reference() -> str:
 
 _DATE = re.compile(r"20\d\d-\d\d-\d\d(?:[ T]\d\d:\d\d(?::\d\d)?(?: UTC)?)?")
 _MACHINE = re.compile(r"\d+ (?:CPUs|cores)")
+#: Hand-written: the measurements behind constants in `orchestrator/` (no benchmark's result).
+CODE_FIGURES = "code_figures.md"
 
 
 def _summary(script: Path) -> str:
@@ -469,6 +472,9 @@ def performance_page() -> str:
             body.strip(),
             "",
         ]
+    # The figures behind the code's constants, which its comments point to.
+    figures = (REPO / "benchmarks" / "results" / CODE_FIGURES).read_text()
+    lines.append(re.sub(r"^(#+) ", r"#\1 ", figures, flags=re.M).strip())
     return "\n".join(lines) + "\n"
 
 

@@ -25,6 +25,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from ..images.imagedef import Progress
 from ..spec import HostErrorType, RunError, RunResult, StopRequest, host_error
 from .judge import JudgeReply, judge_spent
 from .output import BatchDir
@@ -153,7 +154,7 @@ class Spend:
         *,
         stop: StopRequest,
         on_reached: Callable[[str], None],
-        message: Callable[[str], None],
+        message: Progress,
     ) -> None:
         self.cap = spec.max_total_tokens
         self.max_cost = parse_max_cost(spec.max_cost) if spec.max_cost is not None else None

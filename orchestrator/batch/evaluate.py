@@ -14,6 +14,7 @@ from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
+from ..images.imagedef import Progress
 from ..spec import RunSpec
 from .plan import BatchProgress, BatchSpec, BatchSummary
 from .session import BatchObservers, run_batch
@@ -42,7 +43,7 @@ def evaluate(
     fields: Mapping[str, str] | None = None,
     sample_ids: str | tuple[str, ...] | list[str] = (),
     on_result: Callable[[dict[str, Any]], None] | None = None,
-    on_message: Callable[[str], None] | None = None,
+    on_message: Progress | None = None,
     monitor: Callable[[BatchProgress], None] | None = None,
     cancel: threading.Event | None = None,
     **options: Any,

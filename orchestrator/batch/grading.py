@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..images.imagedef import Progress
 from .judge import (
     GRADES,
     GradeCache,
@@ -94,7 +95,7 @@ class Scoring:
         #: A lock per grade being asked for.
         self._asking: dict[str, threading.Lock] = {}
         #: Said when the grade cache cannot be written (the grade itself is kept).
-        self.message: Callable[[str], None] = lambda _text: None
+        self.message: Progress = lambda _text: None
 
     def score(self, task: dict[str, Any], status: str, answer: Any) -> Scored:
         """`task`: its id, text and expected answer (a tasks-file row). None without an

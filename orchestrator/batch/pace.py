@@ -9,10 +9,9 @@ tasks to run); `--fixed-concurrency` holds it at exactly that.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from ..execution.concurrency import AdaptiveLimit
 from ..execution.executor import AttemptExecutor, attempt_limit
+from ..images.imagedef import Progress
 from ..lifecycle.runner import PreparedRun
 from .plan import BatchSpec
 
@@ -23,7 +22,7 @@ def batch_limit(
     executor: AttemptExecutor,
     *,
     todo: int,
-    message: Callable[[str], None],
+    message: Progress,
 ) -> AdaptiveLimit:
     """The limit of a session with `todo` tasks to run (`executor.attempt_limit`): the
     spec's ceiling (None: auto), lowered to the executor's cap and to `todo`, starting from

@@ -175,7 +175,7 @@ class BatchSummary(Figures):
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if not data["scorers"]:  # one scorer: summary.json as it always was
+        if not data["scorers"]:  # one scorer: no `scorers` key, as one-scorer readers expect
             del data["scorers"]
         return data
 

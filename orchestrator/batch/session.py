@@ -49,6 +49,7 @@ from ..backends.base import Backend
 from ..execution.concurrency import Slots
 from ..execution.executor import Attempt, AttemptExecutor, DelegatingExecutor, LocalExecutor
 from ..execution.pool import MIN_BUILDERS
+from ..images.imagedef import Progress
 from ..lifecycle.interrupts import stop_on_interrupt
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store
@@ -88,7 +89,7 @@ class BatchObservers:
 
     cancel: threading.Event = field(default_factory=threading.Event)
     monitor: Callable[[BatchProgress], None] | None = None
-    on_message: Callable[[str], None] | None = None
+    on_message: Progress | None = None
     on_result: Callable[[dict[str, Any]], None] | None = None
 
 
@@ -116,7 +117,9 @@ def run_batch(
         spec = replace(spec, output=default_output(spec.run.payload, spec.tasks))
     plan = plan_batch(spec)
     observers = observers or BatchObservers()
-    executor = executor or LocalExecutor(backend, warm=spec.warm, on_message=observers.on_message)
+    executor = executor or LocalExecutor(
+        backend, pool_size=spec.warm, on_message=observers.on_message
+    )
     store = store or Store()
     assert spec.output is not None  # the default was filled in above
     out = BatchDir(Path(spec.output))
@@ -265,11 +268,11 @@ class _BatchRun:
 
     def pace(self, limit: int) -> None:
         """The limit moved: the warm pool follows it (unless --warm): a sandbox per slot, and
-        at least two coming. A warm run is shorter than a sandbox's making (0.15 s against
-        0.6 s on 2 cores), so one per slot left a batch at concurrency 1 waiting on each
-        sandbox in turn: slower than cold (56 against 68 tasks/min; 148 with two)."""
+        at least two coming. A warm run is shorter than a sandbox's making, so one per slot
+        left a batch at concurrency 1 waiting on each sandbox in turn: slower than cold
+        (figures: benchmarks/results/code_figures.md#a-batchs-pool-at-least-two-sandboxes)."""
         if self.spec.warm is None:
-            self.executor.keep_warm(self.first, max(limit, MIN_BUILDERS))
+            self.executor.keep_ready(self.first, max(limit, MIN_BUILDERS))
 
     # -- running ----------------------------------------------------------------------------
 

@@ -10,9 +10,9 @@ for a table's rows, counted from 0 as `dataset[i]` counts them); then `--sample-
 `--shuffle` and `--limit` select the tasks to run.
 
 Parquet is read with `pyarrow` and datasets with Hugging Face's `datasets`, the standard
-readers of both formats (what the hub itself and pandas use); they are heavy (together
-~150 MB), so they are the optional extra `orchestrator[datasets]`, imported only when such a
-source is read.
+readers of both formats (what the hub itself and pandas use); they are heavy
+(benchmarks/results/code_figures.md#sizes-on-disk), so they are the optional extra
+`orchestrator[datasets]`, imported only when such a source is read.
 """
 
 from __future__ import annotations

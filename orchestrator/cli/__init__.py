@@ -25,8 +25,9 @@ def command() -> NoReturn:
     then the exit. A command whose parser says `leaves_at_once` (`run`: its record written
     and closed, its sandbox removed, its store's transactions committed) leaves without the
     interpreter's shutdown when no other thread of ours runs, as the in-sandbox runtime
-    does: the module teardown and the store's WAL checkpoint (an fsync) took 0.08-0.9 s of
-    each cold run after its result was printed, on a busy machine. atexit's functions run
+    does: the module teardown and the store's WAL checkpoint (an fsync) took a noticeable
+    share of each cold run after its result was printed
+    (benchmarks/results/code_figures.md#leaving-the-process-at-once). atexit's functions run
     first (logging's flush, temporary directories' finalizers)."""
     code = main()
     if _done_with_process and threading.active_count() == 1:

@@ -4,11 +4,11 @@ a Ray cluster's nodes (`orchestrator.cluster.RayExecutor`)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..batch.plan import BatchSpec
 from ..execution.executor import AttemptExecutor
+from ..images.imagedef import Progress
 
 if TYPE_CHECKING:
     from ..cluster import RayExecutor
@@ -29,7 +29,7 @@ def add_ray_option(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
-def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) -> RayExecutor | None:
+def ray_executor(args: argparse.Namespace, on_message: Progress) -> RayExecutor | None:
     """The executor `--ray` asks for (None without it: this host). Raises ConfigError (exit
     2) when Ray is not installed."""
     address: Any = getattr(args, "ray", None)
@@ -39,14 +39,14 @@ def ray_executor(args: argparse.Namespace, on_message: Callable[[str], None]) ->
 
     return RayExecutor(
         address or None,
-        warm=getattr(args, "warm", None),
+        pool_size=getattr(args, "warm", None),
         adapt=not getattr(args, "fixed_concurrency", False),
         on_message=on_message,
     )
 
 
 def ray_batch(
-    args: argparse.Namespace, spec: BatchSpec, on_message: Callable[[str], None]
+    args: argparse.Namespace, spec: BatchSpec, on_message: Progress
 ) -> tuple[AttemptExecutor | None, BatchSpec]:
     """A batch's executor and spec under `--ray`: without --concurrency (or its setting), as
     many at once as the cluster's nodes declare, not this machine's default. This limit does

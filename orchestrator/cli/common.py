@@ -48,7 +48,8 @@ class LazyOption(argparse.Action):
     """A run option whose choices and help are read when asked (a name given, --help,
     completion, the reference), not when the parser is built: `--backend` lists every
     backend, and a run that names none never reads the installed packages' entry points
-    (`registry.backend_entries`, 15 ms of CPU) for it."""
+    (`registry.backend_entries`; its cost:
+    benchmarks/results/code_figures.md#import-costs-on-the-start-path) for it."""
 
     def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
         self.option: Option = kwargs.pop("option")

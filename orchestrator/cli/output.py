@@ -96,9 +96,10 @@ def say(text: str, *, kind: str | None = None, stream: TextIO | None = None) -> 
 
 def is_terminal(stream: TextIO) -> bool:
     """Whether `stream` gets terminal output, by rich's rule (`Console.is_terminal`):
-    TTY_COMPATIBLE=1 or 0 says so, else FORCE_COLOR set and not empty, else a tty. Written out
-    here because asking rich costs its import (35 ms of CPU) on every piped run, which then
-    never prints a styled line."""
+    TTY_COMPATIBLE=1 or 0 says so, else FORCE_COLOR set and not empty, else a tty. Written
+    out here because asking rich costs its import
+    (benchmarks/results/code_figures.md#import-costs-on-the-start-path) on every piped run,
+    which then never prints a styled line."""
     compatible = os.environ.get("TTY_COMPATIBLE", "")
     if compatible in ("0", "1"):
         return compatible == "1"

@@ -17,7 +17,8 @@ from .common import EPILOG_EXIT
 class Command:
     """A top-level command: its help line, and the functions (`module:function` in
     `orchestrator.cli`) that add its parser. Why not import them all: `orchestrator run` would
-    pay for importing batch, schedules and the viewer (about 0.2 s of every cold run)."""
+    pay for importing batch, schedules and the viewer on every cold run (its cost:
+    benchmarks/results/code_figures.md#import-costs-on-the-start-path)."""
 
     name: str
     help: str

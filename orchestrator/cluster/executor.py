@@ -25,12 +25,12 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError, EngineUnavailable
-from ..execution.executor import Attempt, AttemptExecutor, Capacity
+from ..execution.executor import Attempt, AttemptExecutor, Capacity, deprecated_pool_size
+from ..images.imagedef import Progress
 from ..lifecycle.runner import PreparedRun, RunObservers
 from ..records.store import Store, new_run_id
 from ..spec import RunResult, host_error
@@ -75,23 +75,25 @@ class _Node:
 
 class RayExecutor(AttemptExecutor, Capacity):
     """Attempts on the nodes of the Ray cluster at `address` (None: $RAY_ADDRESS, else a
-    cluster started on this machine). `warm`: each node's pool size for a batch (as
+    cluster started on this machine). `pool_size`: each node's pool size for a batch (as
     `LocalExecutor`'s: None = that node's share of the concurrency when there are more
-    attempts than that; 0: none); `adapt`: each node runs as many at once as its host
-    carries, under what it declares (False: what it declares). Raises ConfigError (exit 2)
-    at once when Ray is not installed; joins the cluster on first use."""
+    attempts than that; 0: none; `warm`: its deprecated name); `adapt`: each node runs as
+    many at once as its host carries, under what it declares (False: what it declares).
+    Raises ConfigError (exit 2) at once when Ray is not installed; joins the cluster on
+    first use."""
 
     def __init__(
         self,
         address: str | None = None,
         *,
-        warm: int | None = None,
+        pool_size: int | None = None,
         adapt: bool = True,
-        on_message: Callable[[str], None] | None = None,
+        on_message: Progress | None = None,
+        warm: int | None = None,
     ) -> None:
         import_ray()  # refused before anything starts when the extra is missing
         self.address = address
-        self.warm = warm
+        self.pool_size = deprecated_pool_size(pool_size, warm, "RayExecutor")
         self.adapt = adapt
         self.message = on_message or (lambda _text: None)
         self._nodes: list[_Node] = []
@@ -151,7 +153,7 @@ class RayExecutor(AttemptExecutor, Capacity):
                 max_restarts=0,  # a dead worker's attempts are the batch's to retry
                 max_task_retries=0,
                 max_concurrency=2 * info.capacity + 8,
-            ).remote(info.describe(), template.backend, self.warm)
+            ).remote(info.describe(), template.backend, self.pool_size)
             started.append(_Node(info, actor))
         hellos = {node.actor.hello.remote(): node for node in started}
         done, _ = ray.wait(list(hellos), num_returns=len(hellos), timeout=READY_TIMEOUT)

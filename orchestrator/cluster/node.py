@@ -5,8 +5,9 @@ How many attempts it runs at once is the node's own (`concurrency.AdaptiveLimit`
 host, made by `executor.attempt_limit` as every such limit is, under the
 `orchestrator_sandboxes` it declares): a batch's `open` starts the measure, and every
 finished attempt tells the driver the node's limit now, which the driver holds to (a node
-declaring 8 on a 2-core machine runs about 4; one whose runs wait on a hosted model climbs
-to its 8). Without a batch (a schedule's firings) the node runs as many as it declares.
+whose runs are CPU-bound settles under what it declares; one whose runs wait on a hosted
+model climbs to it: benchmarks/results/code_figures.md#concurrency-per-core). Without a
+batch (a schedule's firings) the node runs as many as it declares.
 
 It records each run in the node's own state directory (`$ORCHESTRATOR_HOME/ray-node`, a
 store apart from any driver's on the same machine) and hands the record back packed; the
@@ -48,10 +49,10 @@ class NodeWorker:
     """Runs the attempts a driver sends to this node, each in a sandbox of this node's
     engine; thread-safe (the actor runs its calls on several threads)."""
 
-    def __init__(self, node: dict[str, Any], backend: str, warm: int | None = None) -> None:
+    def __init__(self, node: dict[str, Any], backend: str, pool_size: int | None = None) -> None:
         self.node = dict(node)
         self.backend_name = backend
-        self.warm = warm
+        self.pool_size = pool_size
         self.store = Store(home_dir() / NODE_STORE)
         self._backend: Backend | None = None
         self._executor: LocalExecutor | None = None
@@ -80,7 +81,7 @@ class NodeWorker:
         with self._lock:
             if self._executor is None:
                 self._backend = get_backend(self.backend_name)
-                self._executor = LocalExecutor(self._backend, warm=self.warm)
+                self._executor = LocalExecutor(self._backend, pool_size=self.pool_size)
             return self._executor
 
     def reap_orphans(self) -> int:

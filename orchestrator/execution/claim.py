@@ -1,6 +1,6 @@
 """A warm sandbox handed to one run (`Claim`), and sandboxes removed in the background.
 
-A pool hands out a claim; the run uses its sandbox (`runner.execute(..., warm=claim)`) and
+A pool hands out a claim; the run uses its sandbox (`runner.execute(..., warm_sandbox=claim)`) and
 removes it; `Claim.release` then removes its helpers (network, proxy, gateway) without
 holding up the run's result. `wait_removals` waits for every removal started here (a pool's
 close does, so that nothing of it is left when it returns).
@@ -19,7 +19,7 @@ from ..lifecycle.runner import WarmSandbox
 @dataclass(frozen=True)
 class Claim(WarmSandbox):
     """A warm sandbox taken from the pool, for the run `run_id` only (`Pool.execute_claimed`,
-    or `runner.execute(..., warm=claim)` then `release`)."""
+    or `runner.execute(..., warm_sandbox=claim)` then `release`)."""
 
     _released: threading.Event = field(default_factory=threading.Event, compare=False)
 

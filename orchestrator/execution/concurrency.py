@@ -7,25 +7,23 @@ adapted while the work goes on, from what it measures.
         try: run()
         finally: slots.release()     # one completion, for the throughput measure
 
-Why: a run of a mock or local model is CPU-bound (`import smolagents` alone is about a second
-of CPU), so runs beyond the cores only queue for them, and past a point they cost throughput
-(more containers for the engine, more memory, more context switches: 64 tasks on 2 cores ran
-at about 123 tasks/min at concurrency 4 and 100 at 32). A run against a hosted model mostly
-waits on the network, and the same host then carries many more. No fixed number suits both,
-nor a host that other work shares, so the number is measured, not guessed.
+Why: a run of a mock or local model is CPU-bound (`import smolagents` alone is a lot of
+CPU), so runs beyond the cores only queue for them, and past a point they cost throughput
+(more containers for the engine, more memory, more context switches; figures:
+benchmarks/results/code_figures.md#concurrency-per-core). A run against a hosted model
+mostly waits on the network, and the same host then carries many more. No fixed number suits
+both, nor a host that other work shares, so the number is measured, not guessed.
 
 The rule (a hill climb on throughput, the CPU as its fast path; AIMD-like):
 
 - **Start** from what the host has: min(ceiling, per_core x cores, 75 % of available memory /
   each run's memory limit). Two per core for runs that start their own sandboxes: such a
   run is not all CPU (the engine's calls, the container's start and end), and two per core
-  overlap those waits (on 2 cores, 64 mock tasks ran at about 123 tasks/min at 4 at once,
-  110 at 8, 100 at 32). A warm batch whose sandboxes a pool makes on this host needs fewer:
+  overlap those waits. A warm batch whose sandboxes a pool makes on this host needs fewer:
   the pool's builders overlap the starts beside the runs, and a warm run is mostly CPU, so
   its executor says how many per core (`executor.Capacity.runs_per_core`: the backend's
-  `starts_per_core`, one under runc, two under gVisor, where a run also waits on its gofer).
-  On 2 cores under runc, 64 warm mock tasks (four rotated rounds) ran at 72.9 tasks/min at
-  a fixed 2, 69.6 at a fixed 4, and 66.8 at auto starting from 4 (70.0 starting from 2).
+  `starts_per_core`, one under runc, two under gVisor, where a run also waits on its gofer;
+  figures for both: benchmarks/results/code_figures.md#concurrency-per-core).
 - **Windows.** The controller decides once per window: at least MIN_WINDOW seconds and
   MIN_DONE completions, and as many as the limit (each slot turned over once: throughput
   cannot be measured faster than a run lasts), or MAX_WINDOW seconds. Over a window it

@@ -14,8 +14,8 @@ The seam is narrow so that a newcomer's executor (or a decorator) has little to 
 `AttemptExecutor` is what every executor does (open, reserve, run, release, reap_orphans,
 close; only `run` has no default). What only some executors have is an interface of its
 own, asked for with `isinstance` where it is used: `Capacity` (how many attempts it carries
-at once: its cap, its runs per core) and `WarmCapacity` (sandboxes started ahead of runs:
-warms, keep_warm, expect). A decorator derives from `DelegatingExecutor`, which forwards
+at once: its cap, its runs per core) and `PoolControl` (sandboxes started ahead of runs:
+has_pool, keep_ready, expect). A decorator derives from `DelegatingExecutor`, which forwards
 every member of all three, so that none falls back to a default unseen.
 
 How many attempts run at once is the caller's, not the executor's: the batch's session, the
@@ -31,14 +31,14 @@ waits for room where it runs (a cluster's node that is full).
 from __future__ import annotations
 
 import threading
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from ..backends import get_backend
-from ..backends.base import Backend
+from ..backends.base import Backend, Progress
 from ..lifecycle.imagecache import ImageCache
 from ..lifecycle.runner import PreparedRun, RunObservers, execute, sandbox_spec
 from ..records.store import Store, new_run_id
@@ -128,17 +128,18 @@ class Capacity(Protocol):
 
 
 @runtime_checkable
-class WarmCapacity(Protocol):
-    """An executor that may start sandboxes ahead of the runs that take them (`reserve` then
-    hands one out): the caller says how many to keep and how many runs are still to come."""
+class PoolControl(Protocol):
+    """An executor that may keep a pool of warm sandboxes, started ahead of the runs that
+    take them (`reserve` then hands one out): the caller says how many to keep ready and how
+    many runs are still to come."""
 
     @property
-    def warms(self) -> bool:
-        """Whether `keep_warm` starts sandboxes ahead of runs now (a scheduler then wakes
-        early)."""
+    def has_pool(self) -> bool:
+        """Whether it has a pool now, so that `keep_ready` starts sandboxes ahead of runs (a
+        scheduler then wakes early)."""
         ...
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
         """Keep `count` sandboxes ready for runs like `prepared` (0: make no more)."""
         ...
 
@@ -150,7 +151,7 @@ class WarmCapacity(Protocol):
 
 class DelegatingExecutor(AttemptExecutor):
     """The base of a decorator: forwards every member of `AttemptExecutor`, `Capacity` and
-    `WarmCapacity` to `executor`, so a subclass overrides only what it changes and none
+    `PoolControl` to `executor`, so a subclass overrides only what it changes and none
     falls back to a default unseen. Those the wrapped executor lacks answer as it would
     without them (no cap, nothing warm)."""
 
@@ -158,7 +159,7 @@ class DelegatingExecutor(AttemptExecutor):
         self.executor = executor
         # Asked once: a runtime-checked Protocol reads the members it checks for (a property).
         self._capacity = executor if isinstance(executor, Capacity) else None
-        self._warm = executor if isinstance(executor, WarmCapacity) else None
+        self._pool_control = executor if isinstance(executor, PoolControl) else None
 
     def open(self, template: PreparedRun, *, attempts: int, concurrency: int) -> None:
         self.executor.open(template, attempts=attempts, concurrency=concurrency)
@@ -187,16 +188,27 @@ class DelegatingExecutor(AttemptExecutor):
         return self._capacity.runs_per_core(template) if self._capacity is not None else None
 
     @property
-    def warms(self) -> bool:
-        return self._warm.warms if self._warm is not None else False
+    def has_pool(self) -> bool:
+        return self._pool_control.has_pool if self._pool_control is not None else False
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
-        if self._warm is not None:
-            self._warm.keep_warm(prepared, count)
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
+        if self._pool_control is not None:
+            self._pool_control.keep_ready(prepared, count)
 
     def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
-        if self._warm is not None:
-            self._warm.expect(prepared, attempts)
+        if self._pool_control is not None:
+            self._pool_control.expect(prepared, attempts)
+
+
+def deprecated_pool_size(pool_size: int | None, warm: int | None, owner: str) -> int | None:
+    """`pool_size`, or the deprecated keyword `warm` it replaced (said once, as a warning):
+    "warm" names only the sandboxes now, not how many are kept."""
+    if warm is None:
+        return pool_size
+    warnings.warn(
+        f"{owner}(warm=...) is deprecated; pass pool_size=", DeprecationWarning, stacklevel=3
+    )
+    return warm if pool_size is None else pool_size
 
 
 def attempt_limit(
@@ -207,7 +219,7 @@ def attempt_limit(
     most: int | None = None,
     memory_mb: int | None = None,
     adapt: bool = True,
-    message: Callable[[str], None] | None = None,
+    message: Progress | None = None,
 ) -> AdaptiveLimit:
     """How many attempts like `template` run at once on `executor`: the one place that
     limit is made (a batch's session, `schedule serve`, a cluster node's worker). `requested`
@@ -226,15 +238,16 @@ def attempt_limit(
     return AdaptiveLimit(ceiling, memory_mb=memory_mb, per_core=per_core, adapt=adapt)
 
 
-class LocalExecutor(AttemptExecutor, Capacity, WarmCapacity):
+class LocalExecutor(AttemptExecutor, Capacity, PoolControl):
     """Attempts on this host, each in the calling thread, in a sandbox of the run's backend
-    (`backend` when given, else found by the run's backend name): a warm one when the pool
-    has one for it, else cold.
+        (`backend` when given, else found by the run's backend name): a warm one when the pool
+        has one for it, else cold.
 
-    `pool`: warm sandboxes to take (its owner closes it). `warm`: the size of the pool that
-    `open` makes for a batch (None: the concurrency, or the attempts when fewer, for more
-    than one attempt; 0: none; `keep_warm` then moves how many are kept, up to it).
-    Images are prepared once from `open` on (one cache, shared with the pool).
+        `pool`: warm sandboxes to take (its owner closes it). `pool_size`: the size of the pool that
+        `open` makes for a batch (None: the concurrency, or the attempts when fewer, for more
+        than one attempt; 0: none; `keep_ready` then moves how many are kept, up to it; `warm`:
+    its deprecated name).
+        Images are prepared once from `open` on (one cache, shared with the pool).
     """
 
     def __init__(
@@ -242,12 +255,13 @@ class LocalExecutor(AttemptExecutor, Capacity, WarmCapacity):
         backend: Backend | None = None,
         *,
         pool: Pool | None = None,
+        pool_size: int | None = None,
+        on_message: Progress | None = None,
         warm: int | None = None,
-        on_message: Callable[[str], None] | None = None,
     ) -> None:
         self.backend = backend
         self.pool = pool
-        self.pool_size = warm
+        self.pool_size = deprecated_pool_size(pool_size, warm, "LocalExecutor")
         self.message = on_message or (lambda _text: None)
         self.images: ImageCache | None = pool.images if pool is not None else None
         self._own_pool = False
@@ -256,7 +270,7 @@ class LocalExecutor(AttemptExecutor, Capacity, WarmCapacity):
         self._lock = threading.Lock()
 
     @property
-    def warms(self) -> bool:
+    def has_pool(self) -> bool:
         return self.pool is not None
 
     def backend_for(self, prepared: PreparedRun) -> Backend:
@@ -278,8 +292,8 @@ class LocalExecutor(AttemptExecutor, Capacity, WarmCapacity):
         host: its pool's builders then overlap the starts beside the runs, and a warm run is
         mostly CPU (as much as the backend says its sandboxes also wait)."""
         backend = self.backend_for(template)
-        warm = self.pool is not None or self.pool_size != 0
-        if not warm or backend.capabilities.sandboxes_run != "this_host":
+        pooled = self.pool is not None or self.pool_size != 0
+        if not pooled or backend.capabilities.sandboxes_run != "this_host":
             return None
         # The image is not chosen yet: what a start costs does not depend on it.
         return starts_per_core(backend, sandbox_spec(template, image=""))
@@ -305,15 +319,15 @@ class LocalExecutor(AttemptExecutor, Capacity, WarmCapacity):
             )
             self._own_pool = True
         if self.pool is not None:  # its own pool makes no sandbox past the last attempt
-            self.pool.warm(template, runs=attempts if self._own_pool else None)
+            self.pool.keep_ready(template, runs=attempts if self._own_pool else None)
 
     def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
         if self.pool is not None and self._own_pool:
             self.pool.expect(prepared, attempts)
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
         if self.pool is not None:
-            self.pool.warm(prepared, count)
+            self.pool.keep_ready(prepared, count)
 
     def reserve(
         self, prepared: PreparedRun, *, number: int = 1, cancel: threading.Event | None = None

@@ -12,7 +12,7 @@ the gateway's key and token) is in it until a run takes it; the run then goes th
 Sandboxes are pooled per key: image, command, limits, network policy and gateway endpoint
 (a run's token and key are its own, so they are no part of the key). The pool holds at most
 `size` sandboxes, idle or being made; a background builder refills a slot when a run takes
-its sandbox. When its owner says how many runs are still to come (`warm(..., runs=N)`, a
+its sandbox. When its owner says how many runs are still to come (`keep_ready(..., runs=N)`, a
 batch's attempts; `expect` for a retry), the pool never makes a sandbox that no run will
 take: every run handed out (`claim`, warm or cold) counts down, and the builder stops once
 each run still to come has a sandbox idle or being made, so the last ones made are taken
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import get_backend
-from ..backends.base import Backend, Sandbox, SandboxSpec, WarmSandboxes
+from ..backends.base import Backend, Progress, Sandbox, SandboxSpec, WarmSandboxes
 from ..errors import ConfigError
 from ..labels import owner_label, pool_marker, run_labels
 from ..lifecycle.imagecache import ImageCache
@@ -66,8 +66,8 @@ EXPIRY_MARGIN = 10.0
 MIN_BUILDERS, MAX_STARTS_PER_CORE = 2, 2
 #: A refill starts this long after a run took its sandbox, so that the run's own start (the
 #: latency that matters) does not share the CPU with the next sandbox's start; only while
-#: the key has another sandbox ready (else the next run would wait for this one: at
-#: concurrency 1 the pause cost a third of a batch's throughput).
+#: the key has another sandbox ready (else the next run would wait for this one: see
+#: benchmarks/results/code_figures.md#refill-delay).
 REFILL_DELAY = 0.3
 #: After a failed creation, how long the builder leaves that key alone (runs go cold).
 FAILURE_BACKOFF = 30.0
@@ -75,8 +75,8 @@ FAILURE_BACKOFF = 30.0
 #: least the builders'): a batch's run with none ready for it starts cold only below this
 #: (where the backend's sandboxes run on this host: `Capabilities.sandboxes_run`).
 #: The CPU's busy share shows a burst of starts only once they are under way: at a batch's
-#: start at a fixed 32 on 2 cores, 30 runs went cold at once beside the two builders (half
-#: the batch cold, 1.2 GB of sandboxes at once, a fifth slower than the other rounds).
+#: start at a high fixed concurrency, most runs went cold at once beside the builders
+#: (benchmarks/results/code_figures.md#sandbox-makings-per-core).
 MAKINGS_PER_CORE = 2
 #: How long a run gone cold counts as a making, until the pool has timed its own makings
 #: (it does not see a cold start end; its own, the same work, stand in).
@@ -148,7 +148,7 @@ class Pool:
         backend: Backend | None = None,
         store: Store | None = None,
         builders: int | None = None,
-        on_message: Callable[[str], None] | None = None,
+        on_message: Progress | None = None,
         images: ImageCache | None = None,
         defer: Callable[[], bool] | None = None,
     ) -> None:
@@ -198,7 +198,7 @@ class Pool:
         spec: RunSpec,
         *,
         on_event: EventHandler | None = None,
-        on_progress: Callable[[str], None] | None = None,
+        on_progress: Progress | None = None,
         cancel: threading.Event | None = None,
     ) -> RunResult:
         """`runner.run`, in a warm sandbox when one is ready or on its way (else cold).
@@ -244,7 +244,7 @@ class Pool:
                 backend=self._backend_for(prepared),
                 observers=observers,
                 images=self.images,
-                warm=claim,
+                warm_sandbox=claim,
             )
         finally:
             claim.release()
@@ -254,7 +254,7 @@ class Pool:
         meanwhile)."""
         return self.images.prepare(backend, prepared.image_requirements, self.message)
 
-    def warm(
+    def keep_ready(
         self, prepared: PreparedRun, count: int | None = None, *, runs: int | None = None
     ) -> None:
         """Keep `count` (default: the pool's size) sandboxes ready for runs like `prepared`;
@@ -265,8 +265,10 @@ class Pool:
         wanted = self.size if count is None else max(0, min(count, self.size))
         self._update(prepared, wanted=wanted, runs=runs)
 
+    warm = keep_ready  # its deprecated name ("warm" names only the sandboxes now)
+
     def expect(self, prepared: PreparedRun, more: int = 1) -> None:
-        """`more` runs like `prepared` will be handed out than `warm(..., runs=N)` said (a
+        """`more` runs like `prepared` will be handed out than `keep_ready(..., runs=N)` said (a
         retry): the pool may make a sandbox for each. Nothing when the count is unknown."""
         self._update(prepared, more=more)
 
@@ -348,8 +350,8 @@ class Pool:
         a batch's), open, whose builds of the key are not backing off after a failure, while
         the host is saturated or (for sandboxes made on this host) MAKINGS_PER_CORE
         sandboxes are being made already. A cold start would only add a making to a full CPU,
-        beside the builders' (on 2 cores, 64 mock tasks at a fixed 8 or 32 ran a few per cent
-        slower warm than cold while runs did)."""
+        beside the builders' (while runs did, a warm batch ran slower than a cold one:
+        benchmarks/results/code_figures.md#sandbox-makings-per-core)."""
         if self.defer is None or self._closed or time.monotonic() < slot.failed_until:
             return False
         here = self.backend is not None and self.backend.capabilities.sandboxes_run == "this_host"

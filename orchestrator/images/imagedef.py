@@ -24,8 +24,10 @@ from ..policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement
 
 log = logging.getLogger(__name__)
 
-#: Where a long step says what it is doing, one line at a time (the CLI's progress display,
-#: a build's output): the one definition, which `backends.base` hands on to backends.
+#: Where lines of text for the user go, one at a time: a run's progress (`progress`,
+#: `on_progress`), what a batch, pool or executor says as it goes (`message`, `on_message`),
+#: a cleanup's warnings (`warn`), a scheduler's log lines (`log`). The one type of every such
+#: callback (docs/ARCHITECTURE.md, Glossary), which `backends.base` hands on to backends.
 Progress = Callable[[str], None]
 
 

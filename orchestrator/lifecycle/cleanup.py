@@ -15,12 +15,11 @@ Two ways in:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..backends import backend_capabilities, backend_class, get_backend
-from ..backends.base import Backend, SandboxInfo, WarmSandboxes
+from ..backends.base import Backend, Progress, SandboxInfo, WarmSandboxes
 from ..errors import OrchestratorError
 from ..labels import LABEL_OWNER, LABEL_RUN_ID, LABEL_STORE, POOLS_DIR, owner_alive, store_id
 from ..paths import home_dir
@@ -69,7 +68,7 @@ def cleanup(
     return report
 
 
-def tidy(store: Store | None = None, *, warn: Callable[[str], None] | None = None) -> list[str]:
+def tidy(store: Store | None = None, *, warn: Progress | None = None) -> list[str]:
     """Close the runs of this store whose owner process died; returns their ids.
 
     Cheap when there are none (one index query). Never raises: a command goes on even when
@@ -101,7 +100,7 @@ def close_orphaned_runs(
     store: Store,
     *,
     backends: dict[str, Backend] | None = None,
-    warn: Callable[[str], None] | None = None,
+    warn: Progress | None = None,
 ) -> list[str]:
     """Close runs whose owner died before recording an end, removing what each left through
     its backend (one of `backends`, else one made here when it allows that on its own)."""
@@ -121,7 +120,7 @@ def close_orphaned_runs(
     return closed
 
 
-def reap_dead_pools(store: Store, found: Found, warn: Callable[[str], None] | None = None) -> None:
+def reap_dead_pools(store: Store, found: Found, warn: Progress | None = None) -> None:
     """Remove the warm sandboxes of pools whose process died (their markers say whose),
     through every backend that has warm sandboxes and may be used on its own; one directory
     listing when there are none."""
@@ -144,7 +143,7 @@ def reap_dead_pools(store: Store, found: Found, warn: Callable[[str], None] | No
             marker.unlink(missing_ok=True)
 
 
-def _pool_backends(found: Found, warn: Callable[[str], None] | None) -> list[Backend | str]:
+def _pool_backends(found: Found, warn: Progress | None) -> list[Backend | str]:
     """The backends that may hold a dead pool's sandboxes: those with warm sandboxes."""
     pooled = []
     for name in backend_names():
@@ -157,7 +156,7 @@ def _pool_backends(found: Found, warn: Callable[[str], None] | None) -> list[Bac
     return pooled
 
 
-def _backend_for(name: str, found: Found, warn: Callable[[str], None] | None) -> Backend | str:
+def _backend_for(name: str, found: Found, warn: Progress | None) -> Backend | str:
     """The backend to remove an orphan's leftovers with: the one given, else one made here if
     it says that is local and cheap (`Capabilities.removes_orphans`); else why not."""
     if name not in found:

@@ -103,7 +103,7 @@ def run(
     spec: RunSpec,
     *,
     on_event: EventHandler | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
     cancel: threading.Event | None = None,
     store: Store | None = None,
     backend: Backend | None = None,
@@ -153,7 +153,7 @@ def run_spec(
 
 def observers_of(
     on_event: EventHandler | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    on_progress: Progress | None = None,
     cancel: threading.Event | None = None,
     store: Store | None = None,
 ) -> RunObservers:
@@ -172,24 +172,24 @@ def execute(
     backend: Backend,
     observers: RunObservers | None = None,
     images: ImageCache | None = None,
-    warm: WarmSandbox | None = None,
+    warm_sandbox: WarmSandbox | None = None,
 ) -> RunResult:
     """Run a prepared run in a sandbox of `backend`, recording it in `observers.store`; the
     sandbox is removed when this returns. `images`: where the image is taken from once
-    prepared (else the backend prepares it for this run). `warm`: the run's sandbox, made
+    prepared (else the backend prepares it for this run). `warm_sandbox`: the run's sandbox, made
     in advance (its id must be the run's; its helpers are left to its pool). Raises
     RecordError when the record cannot be created, ConfigError when the backend cannot give
     the sandbox runtime asked for (nothing was started in either case), ValueError for a
     warm sandbox of another run."""
-    if warm is not None and warm.run_id != prepared.run_id:
-        raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {warm.run_id}")
+    if warm_sandbox is not None and warm_sandbox.run_id != prepared.run_id:
+        raise ValueError(f"run {prepared.run_id} cannot use the sandbox of {warm_sandbox.run_id}")
     observers = observers or RunObservers()
     store = observers.store or Store()
     masker = Masker(prepared.secrets.values())
     with at_field("sandbox_runtime"):  # nothing has started yet
         backend.check_runtime(prepared.sandbox_runtime, asked=bool(prepared.spec.sandbox_runtime))
     record = open_record(prepared, backend, store, masker, observers.on_event)
-    return _Execution(prepared, backend, observers, store, record, images, warm).run()
+    return _Execution(prepared, backend, observers, store, record, images, warm_sandbox).run()
 
 
 def open_record(
@@ -237,7 +237,7 @@ class _Execution:
         store: Store,
         record: RunRecorder,
         images: ImageCache | None,
-        warm: WarmSandbox | None,
+        warm_sandbox: WarmSandbox | None,
     ) -> None:
         self.prepared = prepared
         self.backend = backend
@@ -246,7 +246,7 @@ class _Execution:
         self.store = store
         self.record = record
         self.images = images
-        self.warm = warm
+        self.warm_sandbox = warm_sandbox
         self.masker = record.masker
         self.result = outcome.undecided(prepared, backend.name, record.directory)
         self.timings: dict[str, float] = {"created": time.time()}
@@ -304,14 +304,14 @@ class _Execution:
         self.checkpoint()
         prepared, result = self.prepared, self.result
         self.store.update_run(prepared.run_id, status="starting")
-        if self.warm is None:
+        if self.warm_sandbox is None:
             spec = sandbox_spec(prepared, result.image)
             self.sandbox = sandbox = self.backend.create(spec, self.progress)
         else:
-            self.warm.sandbox.take(sandbox_spec(prepared, result.image))
-            self.sandbox = sandbox = self.warm.sandbox
+            self.warm_sandbox.sandbox.take(sandbox_spec(prepared, result.image))
+            self.sandbox = sandbox = self.warm_sandbox.sandbox
             result.warm = True
-            self.timings["sandbox_wait"] = self.warm.waited
+            self.timings["sandbox_wait"] = self.warm_sandbox.waited
         result.sandbox = dict(sandbox.isolation)
         self.record.host_event(
             "sandbox_created",
@@ -391,7 +391,7 @@ class _Execution:
         record_gateway(sandbox, self.record, close=True)
         record_injections(sandbox, self.record)
         try:
-            if self.warm is not None:  # its pool removes the helpers in the background
+            if self.warm_sandbox is not None:  # its pool removes the helpers in the background
                 sandbox.remove_sandbox_only()
             else:
                 sandbox.remove()

@@ -9,7 +9,7 @@ payload defines), and `manager` for one made without a name (smolagents leaves i
 runtime calls the top level `manager`, a program's later ones `manager_2`, ...). When the
 source cannot tell (a name that is not a literal, an agent made by code the payload does not
 ship, classes used other than by a call), `agent_names` says None and the runtime's check
-alone decides, as before.
+alone decides.
 """
 
 from __future__ import annotations

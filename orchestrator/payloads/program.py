@@ -150,7 +150,9 @@ def filter_smolagents(
 
     Also what is wrong: a specifier that excludes the image's version, an extra smolagents
     does not have (`SMOLAGENTS_EXTRAS`). Raises nothing."""
-    if not dependencies:  # most payloads: `packaging` not imported (25 ms of a run's start)
+    # Most payloads: `packaging` not imported (its cost:
+    # benchmarks/results/code_figures.md#import-costs-on-the-start-path).
+    if not dependencies:
         return [], []
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..images.imagedef import Progress
 from .clock import Clock, SystemClock
 from .cron import COUNT_LIMIT, utc_iso
 from .file import Schedule
-from .firing import Log, fire, firing_line, print_log
+from .firing import fire, firing_line, print_log
 from .notify import maybe_notify
 from .store import Firing, ScheduleStore
 
@@ -91,7 +92,7 @@ def plan(
 
 
 def record_missed(
-    schedule: Schedule, p: Plan, store: ScheduleStore, now: datetime, trigger: str, log: Log
+    schedule: Schedule, p: Plan, store: ScheduleStore, now: datetime, trigger: str, log: Progress
 ) -> None:
     if not p.missed or p.missed_last is None:
         return
@@ -116,7 +117,7 @@ def run_due(
     store: ScheduleStore,
     clock: Clock | None = None,
     catch_up: bool = False,
-    log: Log = print_log,
+    log: Progress = print_log,
     **kwargs: Any,
 ) -> Firing | None:
     """What a cron line does: fire if a fire time is due now (`--if-due`), or apply the

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 from filelock import FileLock, Timeout
 
 from ..errors import OrchestratorError
+from ..images.imagedef import Progress
 from ..records.store import new_run_id
 from ..spec import EXIT_CODES
 from .clock import Clock, SystemClock
 from .cron import local_iso, utc_iso
 from .file import Schedule
-from .notify import Log, maybe_notify
+from .notify import maybe_notify
 from .store import Firing, ScheduleStore
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def fire(
     clock: Clock | None = None,
     executor: AttemptExecutor | None = None,
     observers: RunObservers | None = None,
-    log: Log = print_log,
+    log: Progress = print_log,
     run_id: str | None = None,
 ) -> Firing:
     """Fire a schedule once: claim the fire time, apply the concurrency rule, run, record,
@@ -123,7 +124,7 @@ def _fire_claimed(
     clock: Clock,
     executor: AttemptExecutor,
     observers: RunObservers,
-    log: Log,
+    log: Progress,
 ) -> Firing:
     from ..execution.executor import Attempt
     from ..lifecycle.runner import prepare

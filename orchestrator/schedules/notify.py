@@ -14,18 +14,16 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..images.imagedef import Progress
 from .cron import utc_iso
 from .file import Schedule
 from .store import Firing, ScheduleStore
-
-#: Where a firing's one-line messages go (stderr by default; tests collect them).
-Log = Callable[[str], None]
 
 #: Outcomes that count as a failure for notifications (`cancelled` is an operator's act).
 FAILURES = frozenset({"failed", "timed_out", "oom_killed", "infra_error", "error", "lost"})
 
 
-def maybe_notify(schedule: Schedule, firing: Firing, store: ScheduleStore, log: Log) -> None:
+def maybe_notify(schedule: Schedule, firing: Firing, store: ScheduleStore, log: Progress) -> None:
     notify = schedule.notify
     if notify is None:
         return
@@ -59,7 +57,7 @@ def notification_fields(schedule: Schedule, firing: Firing) -> dict[str, str]:
     }
 
 
-def notify_firing(schedule: Schedule, firing: Firing, store: ScheduleStore, log: Log) -> None:
+def notify_firing(schedule: Schedule, firing: Firing, store: ScheduleStore, log: Progress) -> None:
     """Tell someone about a firing. A notifier that fails or hangs is recorded and logged;
     it never raises into the scheduler."""
     assert schedule.notify is not None

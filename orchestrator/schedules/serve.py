@@ -3,7 +3,7 @@ through its executor; with one that keeps sandboxes warm, each firing's sandbox 
 shortly before its time. Firings that overlap run as many at once as the host carries
 (`concurrency.AdaptiveLimit`, made by `executor.attempt_limit` as a batch's is): a run past
 the limit waits for a slot (its firing has its schedule's lock already, so `forbid` and
-`replace` hold as before)."""
+`replace` hold while it waits)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from ..execution.executor import (
     LocalExecutor,
     attempt_limit,
 )
+from ..images.imagedef import Progress
 from ..lifecycle.cleanup import closed_line
 from ..lifecycle.cleanup import tidy as tidy_store
 from ..lifecycle.runner import PreparedRun, RunObservers, prepare
@@ -29,7 +30,7 @@ from .clock import Clock, SystemClock
 from .cron import utc_iso
 from .due import LATE_TOLERANCE, plan, record_missed
 from .file import Schedule
-from .firing import Log, fire, print_log
+from .firing import fire, print_log
 from .store import ScheduleStore
 
 #: How often `serve` closes runs whose orchestrator died, in seconds.
@@ -43,7 +44,7 @@ class Paced(DelegatingExecutor):
     whose cancel is set meanwhile goes on at once, to be recorded cancelled). Everything
     but `run` is the wrapped executor's (`DelegatingExecutor`)."""
 
-    def __init__(self, executor: AttemptExecutor, slots: Slots, log: Log) -> None:
+    def __init__(self, executor: AttemptExecutor, slots: Slots, log: Progress) -> None:
         super().__init__(executor)
         self.slots, self.log = slots, log
 
@@ -80,7 +81,7 @@ class Scheduler:
         clock: Clock | None = None,
         executor: AttemptExecutor | None = None,
         spawn: Callable[[Callable[[], None]], None] | None = None,
-        log: Log = print_log,
+        log: Progress = print_log,
         concurrency: int | AdaptiveLimit | None = None,
     ) -> None:
         self.schedules = [s for s in schedules if s.enabled]
@@ -99,7 +100,7 @@ class Scheduler:
         self._cancels: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self.last: dict[str, datetime | None] = {}
-        self._warmed: dict[str, tuple[datetime, PreparedRun]] = {}
+        self._kept_ready: dict[str, tuple[datetime, PreparedRun]] = {}
 
     def tidy(self) -> None:
         """Close runs whose orchestrator died (another process's, or ours before a restart)."""
@@ -141,23 +142,23 @@ class Scheduler:
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
                 )
 
-    def prewarm(self) -> None:
+    def keep_ready_ahead(self) -> None:
         """Ask the executor for a sandbox for each schedule that fires within WARM_AHEAD."""
-        if not self.executor.warms:
+        if not self.executor.has_pool:
             return
         now = self.clock.now()
         for schedule in self.schedules:
             at = schedule.cron.next_after(max(filter(None, [self.last.get(schedule.name), now])))
             ahead = (at - now).total_seconds()
-            warmed = self._warmed.get(schedule.name)
-            if ahead > WARM_AHEAD or (warmed is not None and warmed[0] == at):
+            ready = self._kept_ready.get(schedule.name)
+            if ahead > WARM_AHEAD or (ready is not None and ready[0] == at):
                 continue
             try:
                 prepared = prepare(schedule.run_spec(), secret_values=False)
-                self.executor.keep_warm(prepared, 1)
-                self._warmed[schedule.name] = (at, prepared)
+                self.executor.keep_ready(prepared, 1)
+                self._kept_ready[schedule.name] = (at, prepared)
             except Exception as exc:  # the firing then starts cold (and says why)
-                self._warmed.pop(schedule.name, None)
+                self._kept_ready.pop(schedule.name, None)
                 self.log(
                     f"{utc_iso(now)} schedule={schedule.name} warm_error="
                     f"{json.dumps(f'{type(exc).__name__}: {exc}')}"
@@ -166,11 +167,11 @@ class Scheduler:
     def _reserve(self, schedule: Schedule) -> Attempt | None:
         """The run of this firing, reserved with the sandbox started for it (None: none was;
         the firing then chooses its run id and starts cold)."""
-        warmed = self._warmed.pop(schedule.name, None)
-        if warmed is None:
+        ready = self._kept_ready.pop(schedule.name, None)
+        if ready is None:
             return None
-        prepared = warmed[1]
-        self.executor.keep_warm(prepared, 0)  # one sandbox per firing: no refill until the next
+        prepared = ready[1]
+        self.executor.keep_ready(prepared, 0)  # one sandbox per firing: no refill until the next
         return self.executor.reserve(prepared)  # the one being made (or made) is handed out
 
     def _launch(self, schedule: Schedule, at: datetime, trigger: str) -> None:
@@ -224,13 +225,13 @@ class Scheduler:
             if self._tidied is None or (now - self._tidied).total_seconds() >= TIDY_INTERVAL:
                 self.tidy()
                 self._tidied = now
-            self.prewarm()
+            self.keep_ready_ahead()
             self.tick()
             wake = self.next_wake()
             wait = self.max_sleep
             if wake is not None:
                 until = (wake - self.clock.now()).total_seconds()
-                if self.executor.warms and until > WARM_AHEAD:
+                if self.executor.has_pool and until > WARM_AHEAD:
                     until -= WARM_AHEAD  # wake up to start the firing's sandbox
                 wait = min(wait, max(0.0, until))
             if self.clock.sleep(wait, stop):

@@ -137,9 +137,11 @@ def check_warm_one_run(kit: Kit) -> str:
             "Refuse in Sandbox.take a spec whose run id is not the sandbox's own.",
         )
     seen: list[dict[str, object]] = []
-    warm = WarmSandbox(first.run_id, idle)
+    warm_sandbox = WarmSandbox(first.run_id, idle)
     observers = observers_of(on_event=seen.append)
-    result = execute(first, backend=kit.backend, observers=observers, images=images, warm=warm)
+    result = execute(
+        first, backend=kit.backend, observers=observers, images=images, warm_sandbox=warm_sandbox
+    )
     kit.answer(result)
     made = [e for e in seen if e.get("type") == "sandbox_created"]
     if not result.warm or not made or made[0].get("sandbox_id") != idle.id:

@@ -28,7 +28,8 @@ from orchestrator.execution.executor import (
     Attempt,
     AttemptExecutor,
     Capacity,
-    WarmCapacity,
+    LocalExecutor,
+    PoolControl,
 )
 from orchestrator.execution.hostload import (
     HostLoad,
@@ -356,7 +357,7 @@ def test_overlapping_firings_of_serve_wait_for_a_slot(tmp_path: Path) -> None:
     assert [r["outcome"] for n in names for r in store.history(n)] == ["succeeded"] * 2
 
 
-class Counting(StandInExecutor, WarmCapacity):
+class Counting(StandInExecutor, PoolControl):
     """The batch tests' stand-in executor (no sandbox), counting runs at once; with `meet`,
     each run waits (up to a minute) until that many run together. It says it keeps
     sandboxes warm, to note how many the batch asks for (`warm`)."""
@@ -366,14 +367,14 @@ class Counting(StandInExecutor, WarmCapacity):
         self.meet = meet
         self.now = self.most = 0
         self.together = threading.Condition()
-        self.warm: list[int] = []
+        self.kept_ready: list[int] = []
 
     @property
-    def warms(self) -> bool:
+    def has_pool(self) -> bool:
         return True
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
-        self.warm.append(count)
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
+        self.kept_ready.append(count)
 
     def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
         pass
@@ -403,7 +404,7 @@ def test_a_fixed_concurrency_runs_exactly_that_many_at_once(tmp_path: Path) -> N
     summary = run_batch(spec, executor=runs, observers=BatchObservers(monitor=progress.append))
     assert summary.counts["succeeded"] == 9 and runs.most == 3
     assert summary.concurrency["mode"] == "fixed" and summary.concurrency["limit"] == 3
-    assert summary.session["concurrency"] == 3 and runs.warm == [3]
+    assert summary.session["concurrency"] == 3 and runs.kept_ready == [3]
     assert progress[-1].concurrency == 3 and "concurrency 3 (fixed)" in progress_line(progress[-1])
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["concurrency"]["changes"] == [{"at": 0.0, "limit": 3, "reason": "fixed"}]
@@ -418,7 +419,7 @@ def test_auto_runs_no_more_than_its_limit_and_says_how_it_moved(tmp_path: Path) 
     assert summary.counts["succeeded"] == 12
     assert pace["mode"] == "auto" and pace["requested"] == 8 and pace["ceiling"] == 8
     assert runs.opened == [(12, 8)]  # the executor is opened for the ceiling...
-    assert runs.warm[0] == pace["changes"][0]["limit"] <= 8  # ...and warms for the limit
+    assert runs.kept_ready[0] == pace["changes"][0]["limit"] <= 8  # ...and keeps that many ready
     assert 1 <= runs.most <= pace["highest"] <= 8
     assert [c["limit"] for c in pace["changes"]][-1] == pace["limit"]
 
@@ -456,3 +457,10 @@ def test_fixed_concurrency_needs_a_number(tmp_path: Path) -> None:
     spec = BatchSpec(tasks=tasks, output=tmp_path / "out", run=RunSpec(payload=MATH), adapt=False)
     with pytest.raises(ConfigError, match="--fixed-concurrency needs"):
         run_batch(spec, executor=Counting())
+
+
+def test_the_deprecated_warm_keyword_still_sizes_a_local_executors_pool() -> None:
+    """`LocalExecutor(warm=N)` was the pool size's old name: it still works, and says so."""
+    with pytest.deprecated_call(match="pool_size"):
+        assert LocalExecutor(warm=3).pool_size == 3
+    assert LocalExecutor(pool_size=0).pool_size == 0

@@ -15,7 +15,7 @@ from orchestrator.execution.executor import (
     Attempt,
     AttemptExecutor,
     Capacity,
-    WarmCapacity,
+    PoolControl,
 )
 from orchestrator.lifecycle.runner import PreparedRun, RunObservers, prepare
 from orchestrator.records.store import Store
@@ -25,7 +25,7 @@ from tests.batch.test_session import MATH
 from tests.execution.test_concurrency import Gated
 
 
-class Answers(AttemptExecutor, Capacity, WarmCapacity):
+class Answers(AttemptExecutor, Capacity, PoolControl):
     """An executor whose every member notes its call and answers something of its own, so
     that a decorator's answer can be told from a default."""
 
@@ -65,12 +65,12 @@ class Answers(AttemptExecutor, Capacity, WarmCapacity):
         return 3
 
     @property
-    def warms(self) -> bool:
-        self.calls.append("warms")
+    def has_pool(self) -> bool:
+        self.calls.append("has_pool")
         return True
 
-    def keep_warm(self, prepared: PreparedRun, count: int) -> None:
-        self.calls.append("keep_warm")
+    def keep_ready(self, prepared: PreparedRun, count: int) -> None:
+        self.calls.append("keep_ready")
 
     def expect(self, prepared: PreparedRun, attempts: int = 1) -> None:
         self.calls.append("expect")
@@ -79,7 +79,7 @@ class Answers(AttemptExecutor, Capacity, WarmCapacity):
 def seam_members() -> set[str]:
     """Every public member of the executor interfaces, read from the classes themselves (a
     member added later is in it)."""
-    interfaces = (AttemptExecutor, Capacity, WarmCapacity)
+    interfaces = (AttemptExecutor, Capacity, PoolControl)
     return {name for cls in interfaces for name in vars(cls) if not name.startswith("_")}
 
 
@@ -101,18 +101,18 @@ def test_serves_decorator_answers_every_member_of_the_seam_from_the_executor(
         "close": lambda e: e.close(),
         "max_concurrency": lambda e: e.max_concurrency(prepared),
         "runs_per_core": lambda e: e.runs_per_core(prepared),
-        "warms": lambda e: e.warms,
-        "keep_warm": lambda e: e.keep_warm(prepared, 1),
+        "has_pool": lambda e: e.has_pool,
+        "keep_ready": lambda e: e.keep_ready(prepared, 1),
         "expect": lambda e: e.expect(prepared, 1),
     }
     assert set(calls) == seam_members()  # a new member needs a line here
     answers = Answers(attempt, result)
     wrapped = Paced(answers, Slots(AdaptiveLimit(1, adapt=False)), log=lambda _line: None)
-    assert isinstance(wrapped, Capacity) and isinstance(wrapped, WarmCapacity)
+    assert isinstance(wrapped, Capacity) and isinstance(wrapped, PoolControl)
     for name, call in calls.items():
         inner = Answers(attempt, result)
         paced = Paced(inner, Slots(AdaptiveLimit(1, adapt=False)), log=lambda _line: None)
-        inner.calls.clear()  # (wrapping asks isinstance, which reads `warms`)
+        inner.calls.clear()  # (wrapping asks isinstance, which reads `has_pool`)
         assert call(paced) == call(Answers(attempt, result)), name
         assert inner.calls == [name], name
 
@@ -122,8 +122,8 @@ def test_a_decorator_over_an_executor_without_the_optional_parts_answers_as_it_w
     the limit's own start and nothing warm, and keeping warm does nothing."""
     prepared = prepare(RunSpec(payload=MATH, task="1+1"))
     paced = Paced(Gated(), Slots(AdaptiveLimit(1, adapt=False)), log=lambda _line: None)
-    assert not isinstance(Gated(), Capacity) and not isinstance(Gated(), WarmCapacity)
+    assert not isinstance(Gated(), Capacity) and not isinstance(Gated(), PoolControl)
     assert paced.max_concurrency(prepared) is None and paced.runs_per_core(prepared) is None
-    assert paced.warms is False
-    paced.keep_warm(prepared, 1)
+    assert paced.has_pool is False
+    paced.keep_ready(prepared, 1)
     paced.expect(prepared)

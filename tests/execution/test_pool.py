@@ -101,7 +101,7 @@ def test_secrets_and_payload_reach_an_idle_sandbox_only_when_taken(
     monkeypatch.setenv("LEAKY_SECRET", SECRET)
     spec = RunSpec(payload=LEAKY)
     with Pool(size=2, ttl=60) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         wait_for(lambda: pool.stats()["idle"] == 2, timeout=60)
         idle = [c for c in our_containers(docker_client, store_label) if c["State"] == "running"]
         assert len(idle) == 2
@@ -158,8 +158,8 @@ def test_an_idle_sandbox_has_its_models_client_library_loaded(
     a `mock` run's sandbox does not load it at all."""
     openai = RunSpec(payload=MATH, model="openai:gpt-4o-mini", api_base="http://127.0.0.1:9/v1")
     with Pool(size=2, ttl=60) as pool:
-        pool.warm(prepare(openai), count=1)
-        pool.warm(prepare(RunSpec(payload=MATH)), count=1)
+        pool.keep_ready(prepare(openai), count=1)
+        pool.keep_ready(prepare(RunSpec(payload=MATH)), count=1)
         wait_for(lambda: pool.stats()["idle"] == 2, timeout=90)
         loaded = {}
         for container in our_containers(docker_client, store_label):
@@ -202,7 +202,7 @@ def test_a_warm_run_returns_with_its_sandbox_gone_and_its_helpers_follow(
             api_base=server.api_base(),
         )
         with Pool(size=1, ttl=60) as pool:
-            pool.warm(prepare(spec))
+            pool.keep_ready(prepare(spec))
             wait_for(lambda: pool.stats()["idle"] == 1, timeout=90)
             result = pool.run(spec)
             assert result.status == "succeeded" and result.answer == 42, result.error
@@ -320,7 +320,7 @@ from orchestrator.lifecycle.runner import prepare
 from orchestrator.spec import RunSpec
 
 pool = Pool(size=2, ttl=float(sys.argv[2]))
-pool.warm(prepare(RunSpec(payload=sys.argv[1])))
+pool.keep_ready(prepare(RunSpec(payload=sys.argv[1])))
 while pool.stats()["idle"] < 2:
     time.sleep(0.1)
 print("ready", flush=True)

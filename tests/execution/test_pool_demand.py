@@ -143,7 +143,7 @@ def test_on_a_saturated_host_runs_wait_for_the_builders_instead_of_starting_cold
         return results
 
     with Pool(size=1, ttl=60, builders=1, defer=saturated.is_set) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         busy = three_at_once(pool)
         saturated.clear()
         room = three_at_once(pool)
@@ -192,7 +192,7 @@ def test_the_pool_makes_as_many_at_once_as_the_backend_asks_per_core(
     backend = GatedBackend(docker_client, per_core)
     spec = RunSpec(payload=MATH, task="mul", additional_args={"op": "mul", "a": 6, "b": 7})
     with Pool(size=min(MAX_SIZE, expected + 2), ttl=60, backend=backend) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         try:
             wait_for(lambda: backend.in_flight >= expected, timeout=60)
         finally:
@@ -223,8 +223,8 @@ def test_a_warm_batch_on_docker_starts_auto_from_the_backends_starts_per_core(
     prepared = prepare(RunSpec(payload=MATH))
     expected = 2 if sandbox_runtime == "runsc" else 1
     assert LocalExecutor(backend).runs_per_core(prepared) == expected
-    assert LocalExecutor(backend, warm=3).runs_per_core(prepared) == expected
-    assert LocalExecutor(backend, warm=0).runs_per_core(prepared) is None
+    assert LocalExecutor(backend, pool_size=3).runs_per_core(prepared) == expected
+    assert LocalExecutor(backend, pool_size=0).runs_per_core(prepared) is None
 
 
 def test_at_a_batchs_start_runs_go_cold_only_up_to_what_fills_the_cpu(
@@ -244,7 +244,7 @@ def test_at_a_batchs_start_runs_go_cold_only_up_to_what_fills_the_cpu(
     runs = 8
     claims: list[Any] = []
     with Pool(size=runs, ttl=60, backend=backend, defer=lambda: False) as pool:
-        pool.warm(prepared, runs=runs)
+        pool.keep_ready(prepared, runs=runs)
         threads = [
             threading.Thread(target=lambda: claims.append(pool.claim(prepared)))
             for _ in range(runs)

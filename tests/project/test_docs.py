@@ -121,6 +121,26 @@ def test_the_performance_page_has_each_benchmarks_newest_result_with_date_and_re
     assert page.count("- **Date:**") == page.count("- **Rerun:**") == len(results)
 
 
+def test_each_pointer_from_the_code_to_its_figures_names_a_section_of_them() -> None:
+    """Comments in orchestrator/ keep the reason and point to the measurement
+    (`benchmarks/results/code_figures.md#section`), which the performance page carries."""
+    figures = REPO / "benchmarks" / "results" / REFERENCE.CODE_FIGURES
+    sections = {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in figures.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    pointers = {
+        f"{path.relative_to(REPO)}: {anchor}"
+        for path in (REPO / "orchestrator").rglob("*.py")
+        for anchor in re.findall(r"code_figures\.md#([\w-]+)", path.read_text())
+        if anchor not in sections
+    }
+    assert not pointers, (pointers, sections)
+    assert len(re.findall(r"code_figures\.md#", (REPO / "orchestrator" / "schema.py").read_text()))
+    assert "## Figures behind the code" in REFERENCE.performance_page()
+
+
 #: A commit hash as a page would name one: 7 to 12 hex digits (git's short form) or 40, with
 #: at least one digit and one letter (so `1024` or `facade` do not count; nor do the 16 and
 #: 32 digits of an OpenTelemetry span or trace id in an example).

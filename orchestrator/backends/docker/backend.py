@@ -78,9 +78,9 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
 
     def starts_per_core(self, spec: SandboxSpec) -> int:
         """Two under gVisor, whose start waits as well as computes (its boot, its gofer): with
-        one per core a warm batch of 64 mock tasks on 2 cores left 6 % of the CPU idle and
-        sent 15-25 runs cold; with two, 4 %, as cold does, and one. One under runc, where two
-        made warm 0.95x of cold at a fixed 4 (one: 1.05x)."""
+        one per core a warm batch left the CPU idler and sent many runs cold. One under runc,
+        where two made a warm batch slower than a cold one (figures:
+        benchmarks/results/code_figures.md#sandbox-starts-per-core)."""
         try:
             gvisor = place(spec.runtime, self.runtimes, networked=False).runtime == "runsc"
         except ConfigError:  # no gVisor for a run that asks for it: the run says so
@@ -137,7 +137,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
     ) -> DockerSandbox:
-        # A run's helpers' code is imported by the runs that have them (10 ms of every start).
+        # A run's helpers' code is imported by the runs that have them (a cost on every start).
         from .egress import Egress, ensure_egress_image
         from .gateway import Gateway
         from .interceptor import Interceptor, ensure_interceptor_image
@@ -160,9 +160,9 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         interceptor: Interceptor | None = None
         sandbox: DockerSandbox | None = None
         command = list(spec.command)
-        # The network first; then the model gateway starts in the background while squid (or,
-        # without squid, the sandbox itself) starts: each start is about 0.25 s of engine
-        # time. The sandbox's environment needs the gateway's address only beside squid.
+        # The network first; then the gateway starts in the background while squid (or, without
+        # squid, the sandbox itself) starts: each is slow (results/code_figures.md#engine-calls).
+        # The sandbox's environment needs the gateway's address only beside squid.
         starting: Future[Gateway] | None = None
         starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
         try:

@@ -60,8 +60,9 @@ def bootstrap_base(
     (by default `debian_base(suite)`: bookworm's is `BASE_IMAGE`, the agent's fallback;
     trixie's the secret interceptor's).
 
-    Needs root and the `debootstrap` tool on the host, and Debian's mirror (about a minute,
-    265 MB). The image has `python3`, `python3-venv` and `ca-certificates`, nothing more.
+    Needs root and the `debootstrap` tool on the host, and Debian's mirror (its time and
+    size: benchmarks/results/code_figures.md#sizes-on-disk). The image has `python3`,
+    `python3-venv` and `ca-certificates`, nothing more.
     """
     tag = tag or debian_base(suite)
     if shutil.which("debootstrap") is None:
@@ -137,19 +138,12 @@ def debian_base(suite: str) -> str:
     return f"{BASE_IMAGE.rpartition(':')[0]}:{suite}"
 
 
-def ensure_debian_base(
-    client: docker.DockerClient, suite: str, progress: Progress | None = None
-) -> str:
-    """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
-    missing: for an image whose interpreter must be other than the agent's base's (the
-    secret interceptor's mitmproxy needs Python 3.12+: trixie). No registry needed."""
-    return _debian_base(client, suite, progress)[0]
-
-
 def _debian_base(
     client: docker.DockerClient, suite: str, progress: Progress | None
 ) -> tuple[str, str]:
-    """`ensure_debian_base`'s tag and image id (from the inspection that found it)."""
+    """The debootstrapped base of Debian `suite`, made once per host (`bootstrap_base`) when
+    missing (no registry needed): its tag and image id (from the inspection that found
+    it)."""
     tag = debian_base(suite)
     found = inspect_image(client, tag)
     if found is None:

@@ -23,8 +23,8 @@ def connect() -> docker.DockerClient:
 
     The version comes from `/_ping`'s `Api-Version` header, the same number the SDK's
     "auto" reads from `/version`: a round trip that fails as a ping would when no engine
-    answers, but `/version` asks containerd for its components too (12 ms against 3 on
-    this engine, at the start of every run)."""
+    answers, but `/version` asks containerd for its components too, several times slower, at
+    the start of every run (benchmarks/results/code_figures.md#engine-calls)."""
     try:
         client = docker.from_env(timeout=120, version=engine_api_version())
     except Exception as exc:  # the SDK raises several types for "no engine"

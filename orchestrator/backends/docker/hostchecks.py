@@ -108,9 +108,9 @@ def check_snapshots(info: dict[str, Any]) -> str:
 
 
 #: Storage drivers that cost every sandbox CPU: fuse-overlayfs serves each file a container
-#: opens from a FUSE process in user space (Python's imports open hundreds; a container
-#: importing smolagents measured 0.67 CPU-s against 0.51-0.56 on overlay2), vfs copies the
-#: whole image for each container.
+#: opens from a FUSE process in user space (Python's imports open hundreds; measured:
+#: benchmarks/results/code_figures.md#slow-storage-drivers), vfs copies the whole image for
+#: each container.
 SLOW_STORAGE = {
     "fuse-overlayfs": "serves each file a sandbox opens from a process in user space (FUSE)",
     "vfs": "copies the whole image for each sandbox",

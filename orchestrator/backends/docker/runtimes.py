@@ -48,12 +48,12 @@ RUNC = "runc"
 #: sandbox's processes.
 #:
 #: The cgroup stays, as a bound on gVisor's host threads, with room for them: about 512 at
-#: rest and under blocking network calls (fewer starved a networked sandbox, "failed to create
-#: new OS thread", exit 2), and, on this runsc's ptrace platform, stub threads that grow with
-#: the square of the sandbox's live processes (each address space gets one per sentry thread
-#: that runs it). Measured with a fork bomb held by RLIMIT_NPROC (at most, over a run):
-#: 16 processes 230 host threads, 32 631, 48 1167, 64 1969; with fewer, gVisor itself dies
-#: (exit 2) before the sandbox meets its own limit. Hence 512 + pids**2 / 2, at most
+#: rest and under blocking network calls (fewer starved a networked sandbox, "failed to
+#: create new OS thread", exit 2), and, on this runsc's ptrace platform, stub threads that
+#: grow with the square of the sandbox's live processes (each address space gets one per
+#: sentry thread that runs it); with fewer, gVisor itself dies (exit 2) before the sandbox
+#: meets its own limit (measured with a fork bomb:
+#: benchmarks/results/code_figures.md#gvisor-host-threads). Hence 512 + pids**2 / 2, at most
 #: GVISOR_HOST_THREADS_MAX: one sandbox never takes more of the host's threads (an eighth of
 #: a kernel's default pid_max, 32768; room for about 80 busy processes).
 GVISOR_HOST_THREADS = 512
@@ -61,17 +61,17 @@ GVISOR_HOST_THREADS_MAX = 4096
 #: What one more process costs a gVisor sandbox's memory: a Python process forked by a tool
 #: from the runtime's agent process (smolagents and the runtime imported), in MiB. gVisor
 #: breaks copy-on-write in 2 MiB pieces where Linux copies 4 KiB pages, so each such process
-#: took about 29 MiB (the container's peak memory against the number of sleeping children,
-#: restored from a snapshot and cold alike; under 2 MiB each on runc), rounded up here
-#: because what a process touches after its fork varies. RLIMIT_NPROC holds a gVisor
-#: sandbox to what its memory carries at this price (`gvisor_nproc`), so that a fork bomb
-#: is refused a fork, as on runc, rather than killed for memory.
+#: costs far more than on runc (measured:
+#: benchmarks/results/code_figures.md#gvisor-memory-per-process), rounded up here because
+#: what a process touches after its fork varies. RLIMIT_NPROC holds a gVisor sandbox to what
+#: its memory carries at this price (`gvisor_nproc`), so that a fork bomb is refused a fork,
+#: as on runc, rather than killed for memory.
 GVISOR_PROCESS_MB = 32
 #: A gVisor sandbox's memory before any process of the payload's, in MiB: gVisor's own, the
-#: deadline keeper, the runtime's relay and its agent process (a trivial run peaked at 150 to
-#: 170 restored from a snapshot, about 110 started cold; the rest is room for the agent's own
-#: work). GVISOR_RUNTIME_TASKS: the tasks those three processes are, which RLIMIT_NPROC
-#: counts as it counts every thread.
+#: deadline keeper, the runtime's relay and its agent process (a trivial run's peak,
+#: measured: benchmarks/results/code_figures.md#gvisor-memory-per-process; the rest is room
+#: for the agent's own work). GVISOR_RUNTIME_TASKS: the tasks those three processes are,
+#: which RLIMIT_NPROC counts as it counts every thread.
 GVISOR_RUNTIME_MB = 176
 GVISOR_RUNTIME_TASKS = 3
 #: The least RLIMIT_NPROC of a gVisor sandbox, whatever its memory: the runtime's own tasks
@@ -112,8 +112,9 @@ def pids_by_gvisor(limits: Limits) -> str:
 
 
 class EngineRuntimes:
-    """The runtimes registered with the engine, asked once (about 40 ms; `prefetch` asks in
-    the background, so that a run on `auto` waits for nothing)."""
+    """The runtimes registered with the engine, asked once (an engine round trip worth
+    saving: benchmarks/results/code_figures.md#engine-calls; `prefetch` asks in the
+    background, so that a run on `auto` waits for nothing)."""
 
     def __init__(self, client: docker.DockerClient) -> None:
         self.client = client

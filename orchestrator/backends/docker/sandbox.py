@@ -197,8 +197,9 @@ class DockerSandbox(Sandbox):
         return list(self._attempts)
 
     def remove_sandbox_only(self) -> None:
-        """The sandbox's container (a few ms once it has exited); its network, proxy and
-        gateway stay for `remove` (their removal takes about 0.3 s)."""
+        """The sandbox's container (quick once it has exited); its network, proxy and
+        gateway stay for `remove` (their removal takes far longer:
+        benchmarks/results/code_figures.md#engine-calls)."""
         if self._socket is not None:
             with contextlib.suppress(Exception):
                 self._socket.close()

@@ -19,8 +19,9 @@ from ...errors import ConfigError
 from ...paths import home_dir
 
 #: `ORCHESTRATOR_SNAPSHOTS_KEEP=N`: how many snapshots a state directory keeps (one per
-#: image, runtime, limits and time-to-live used; ~13 MB each). Making one more removes the
-#: least recently used beyond N (none used in the last RECENT_USE seconds).
+#: image, runtime, limits and time-to-live used; their size:
+#: benchmarks/results/code_figures.md#sizes-on-disk). Making one more removes the least
+#: recently used beyond N (none used in the last RECENT_USE seconds).
 KEEP_ENV = "ORCHESTRATOR_SNAPSHOTS_KEEP"
 DEFAULT_KEEP = 8
 #: A snapshot restored this recently is never removed to make room (a restore may be

@@ -86,7 +86,8 @@ CHECKPOINT_NAME = "ready"
 RESTORED_INTO = "restored-into"
 #: The prefix of the folder containerd unpacks each restored checkpoint into: its task
 #: service makes it with `os.MkdirTemp($XDG_RUNTIME_DIR, "ctrd-checkpoint")` (the temp dir
-#: when that is unset) and never removes it, ~13 MB a restore (containerd 1.6 to 2.x).
+#: when that is unset) and never removes it (containerd 1.6 to 2.x; its size a restore:
+#: benchmarks/results/code_figures.md#sizes-on-disk).
 EXTRACTED_PREFIX = "ctrd-checkpoint"
 #: A whole container id, as RESTORED_INTO holds it.
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")

@@ -326,7 +326,7 @@ def test_a_warm_pool_fills_from_the_snapshot(
         payload=program, sandbox_runtime="runsc", network="none", env_file=tmp_path / "s.env"
     )
     with Pool(size=2, ttl=90) as pool:  # its own snapshot: the idle time differs
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         wait_for(lambda: pool.stats()["idle"] == 2, timeout=120)
         results = [pool.run(spec) for _ in range(2)]
     held = []

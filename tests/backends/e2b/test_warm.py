@@ -81,7 +81,7 @@ def test_an_idle_e2b_sandbox_holds_nothing_of_a_run_until_one_takes_it(
     monkeypatch.setenv("LEAKY_SECRET", SECRET)
     spec = RunSpec(payload=LEAKY, backend="e2b")
     with Pool(size=2, ttl=90) as pool:
-        pool.warm(prepare(spec))
+        pool.keep_ready(prepare(spec))
         wait_for(lambda: pool.stats()["idle"] == 2, timeout=180)
         idle = e2b_env.alive_ids()
         assert len(idle) == 2
@@ -204,7 +204,7 @@ from orchestrator.lifecycle.runner import prepare
 from orchestrator.spec import RunSpec
 
 pool = Pool(size=2, ttl=float(sys.argv[2]))
-pool.warm(prepare(RunSpec(payload=sys.argv[1], backend="e2b")))
+pool.keep_ready(prepare(RunSpec(payload=sys.argv[1], backend="e2b")))
 while pool.stats()["idle"] < 2:
     time.sleep(0.1)
 print("ready", flush=True)
@@ -312,7 +312,7 @@ def test_idle_sandboxes_count_against_the_cap_and_close_removes_every_one(
     prepared = prepare(RunSpec(payload=SLEEPER, backend="e2b"))
     pool = Pool(size=3, ttl=60)
     try:
-        pool.warm(prepared)
+        pool.keep_ready(prepared)
         wait_for(lambda: pool.stats() == {"idle": 2, "making": 1}, timeout=180)
         assert e2b_env.alive_count() == 2
     finally:
@@ -338,7 +338,7 @@ def test_a_warm_e2b_sandbox_of_a_hosted_model_reaches_it_only_through_its_gatewa
             payload=PROBE, model="openai:scripted", api_base=api_base(server), backend="e2b"
         )
         with Pool(size=1, ttl=60) as pool:
-            pool.warm(prepare(spec))
+            pool.keep_ready(prepare(spec))
             wait_for(lambda: pool.stats()["idle"] == 1, timeout=120)
             result = pool.run(spec)
         headers = [r["headers"] for r in server.requests]
