@@ -6,7 +6,7 @@ import threading
 from dataclasses import asdict, dataclass, field, fields
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from orchestrator_runtime.protocol import LIMIT_RANGES
 
@@ -351,11 +351,17 @@ class Limits:
             )
 
 
+#: A network policy's mode: no network, an allowlist through an egress proxy, or open.
+NetworkMode = Literal["none", "allowlist", "open"]
+#: What `network` may be (`--network`, the config file, a schedule, a tasks row).
+NETWORK_MODES: tuple[str, ...] = get_args(NetworkMode)
+
+
 @dataclass(frozen=True)
 class NetworkPolicy:
     """Where a sandbox may connect. `mode` is `none`, `allowlist` or `open`."""
 
-    mode: Literal["none", "allowlist", "open"] = "none"
+    mode: NetworkMode = "none"
     #: Allowed host names (`api.example.com`, `*.example.com`) on ports 80 and 443.
     hosts: tuple[str, ...] = ()
     #: A model endpoint on the Docker host itself (`host:port`), reachable only if named.
