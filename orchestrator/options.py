@@ -25,7 +25,7 @@ from .models import PROVIDERS
 from .policy import hosts_field
 from .registry import backend_entry, backend_names, backends_help
 from .schema import Field, Table
-from .spec import NETWORK_MODES, SETTABLE_LIMITS_TABLE, Limits, RunSpec
+from .spec import LIMIT_RULES, NETWORK_MODES, SETTABLE_LIMITS_TABLE, Limits, RunSpec
 
 #: Where an option may be given: a flag of `orchestrator run`, of `orchestrator batch`, a key
 #: of a `[[schedule]]` table, a field of a batch's tasks row (that task's override), the
@@ -142,24 +142,34 @@ class Option:
         return tuple(raw) if isinstance(raw, list) else raw
 
 
-def _limit(name: str, *, help: str, says_default: bool = False, **kwargs: Any) -> Option:
-    """A settable limit (`spec.SETTABLE_LIMITS`): its type and range are `Limits`' and
-    `protocol.LIMIT_RANGES`' (one rule for a manifest, flags, a schedule and a tasks row),
-    checked by the runner with the manifest's. Its help ends with its default, `Limits`'
-    (unless `says_default`: the help says it)."""
-    if not says_default:
-        default = getattr(Limits, name)
-        shown = int(default) if isinstance(default, float) and default.is_integer() else default
-        help = f"{help} (default: manifest, else {shown})"
-    return Option(
-        name,
-        SETTABLE_LIMITS_TABLE.fields[name],
-        help=help,
-        limit=True,
-        checked_by_run=True,
-        applies=PLACES,
-        **kwargs,
-    )
+def _limits() -> tuple[Option, ...]:
+    """An option for each settable limit, in `Limits`' order, from its `LimitRule` (declared
+    with the limit in spec.py): its type and range (one rule for a manifest, flags, a
+    schedule and a tasks row, checked by the runner with the manifest's), its flag and help,
+    which ends with `Limits`' default (unless the help says it)."""
+    found = []
+    for name, rule in LIMIT_RULES.items():
+        if not rule.settable:
+            continue
+        help = rule.help
+        if not rule.says_default:
+            default = getattr(Limits, name)
+            shown = int(default) if isinstance(default, float) and default.is_integer() else default
+            help = f"{help} (default: manifest, else {shown})"
+        found.append(
+            Option(
+                name,
+                SETTABLE_LIMITS_TABLE.fields[name],
+                help=help,
+                flag=rule.flag,
+                metavar=rule.metavar,
+                aliases=rule.aliases,
+                limit=True,
+                checked_by_run=True,
+                applies=PLACES,
+            )
+        )
+    return tuple(found)
 
 
 def _model_help() -> str:
@@ -240,33 +250,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "package specification, e.g. a `name @ file:///...` or `name @ https://...` reference "
         "(pip on this machine fetches or opens it); repeat for each",
     ),
-    # the run's limits (each: the flag, else the manifest, else the default)
-    _limit(
-        "max_steps",
-        says_default=True,
-        help="steps of the top agent; its managed agents get at most as many (default: the "
-        "manifest's [limits] max_steps, the same way; else each agent keeps the max_steps its "
-        "program gave it, smolagents' default 20; `runs show` says what each had and why)",
-    ),
-    _limit(
-        "timeout_seconds",
-        flag="--timeout",
-        aliases=("timeout",),
-        help="wall-clock seconds",
-    ),
-    _limit("memory_mb", flag="--memory", help="memory limit in MiB"),
-    _limit("cpus", help="CPU limit"),
-    _limit("pids", help="process limit"),
-    _limit(
-        "max_model_calls",
-        metavar="N",
-        help="model calls the run's gateway forwards; call N+1 ends the run with budget_exceeded",
-    ),
-    _limit(
-        "max_tokens",
-        metavar="N",
-        help="input + output tokens the run may spend, as the gateway measures them",
-    ),
+    # the run's limits (each: the flag, else the manifest, else the default): spec.Limits
+    *_limits(),
     Option(
         "gateway",
         Field(bool),
