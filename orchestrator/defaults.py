@@ -5,31 +5,26 @@ Precedence, highest first: a command-line flag > an environment variable > the c
 passes a flag's value when one was given, the runner applies the manifest and built-ins to
 what is still unset.
 
-    ORCHESTRATOR_MODEL, ORCHESTRATOR_BACKEND, ORCHESTRATOR_NETWORK, ORCHESTRATOR_CONCURRENCY,
-    ORCHESTRATOR_SANDBOX_RUNTIME
-
-The config file is `$ORCHESTRATOR_CONFIG`, else `config.toml` in the state directory
-(`$ORCHESTRATOR_HOME`, else `~/.orchestrator`):
+Which options, their rules and their variables are declared with the options
+(`options.USER_DEFAULTS`: those that apply to `defaults`, each read from
+`$ORCHESTRATOR_NAME`); the config file is `$ORCHESTRATOR_CONFIG`, else `config.toml` in the
+state directory (`$ORCHESTRATOR_HOME`, else `~/.orchestrator`), with one table:
 
     [defaults]
     model = "openai:gpt-4o-mini"
-    backend = "docker"
-    network = "allowlist"
     concurrency = 4
-    sandbox_runtime = "auto"
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, Problem
+from .options import USER_DEFAULTS
 from .paths import home_dir
-from .registry import backend_names
 from .schema import Field, Table, TomlLines, check_table, check_value, toml_named
 
 if sys.version_info >= (3, 11):
@@ -38,37 +33,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 CONFIG_ENV = "ORCHESTRATOR_CONFIG"
-#: What `network` may be (`spec.NetworkPolicy.mode`), in the config file and a schedule.
-NETWORK_MODES = ("none", "allowlist", "open")
-#: What `sandbox_runtime` may be in a file or a variable: `auto` or a runtime's name. Which
-#: names exist is the run's backend's (`Capabilities.sandbox_runtimes`, checked by
-#: `Backend.check_runtime` with the allowed names), so a plugin can offer its own.
-SANDBOX_RUNTIME = Field(
-    str,
-    pattern=re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$"),
-    fix="Use auto or a sandbox runtime the run's backend offers (lowercase letters, digits, "
-    "., _ and -).",
-)
 #: Option name -> the environment variable that sets it.
-OPTIONS: dict[str, str] = {
-    "model": "ORCHESTRATOR_MODEL",
-    "backend": "ORCHESTRATOR_BACKEND",
-    "network": "ORCHESTRATOR_NETWORK",
-    "concurrency": "ORCHESTRATOR_CONCURRENCY",
-    "sandbox_runtime": "ORCHESTRATOR_SANDBOX_RUNTIME",
-}
-#: What each option may be, in the config file's `[defaults]` and in its variable. The
-#: backends are the registry's, asked when a value is checked (a plugin registers more).
-DEFAULTS = Table(
-    {
-        "model": Field(str),
-        "backend": Field(str, choices=backend_names),
-        "network": Field(str, choices=NETWORK_MODES),
-        "concurrency": Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
-        "sandbox_runtime": SANDBOX_RUNTIME,
-    },
-    noun="option",
-)
+OPTIONS: dict[str, str] = {o.name: str(o.variable) for o in USER_DEFAULTS}
+#: What each option may be, in the config file's `[defaults]` and in its variable: the
+#: option's own rule (the backends are the registry's, asked when a value is checked).
+DEFAULTS = Table({o.name: o.rule for o in USER_DEFAULTS}, noun="option")
 #: The config file: one `[defaults]` table.
 CONFIG = Table({"defaults": Field(dict, table=DEFAULTS)}, noun="table", brackets=True)
 

@@ -9,28 +9,46 @@ the generated reference (docs/hooks/reference.py) all read `RUN_OPTIONS`, so a n
 one `Option` below, the `RunSpec` field it fills, and its use; tests/test_options.py checks
 that every declared option reaches each place it applies to. Its default is its `RunSpec`
 field's (None: the payload's, else the built-in one), never a second copy.
+
+An option that applies to `defaults` may also be set once by the user: the config file's
+`[defaults]` table and its variable (`$ORCHESTRATOR_` and its name in capitals) read it
+(`defaults.py`), below a flag and above the manifest.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from .defaults import NETWORK_MODES, SANDBOX_RUNTIME
 from .models import PROVIDERS
 from .policy import hosts_field
 from .registry import backend_entry, backend_names, backends_help
 from .schema import Field, Table
-from .spec import SETTABLE_LIMITS_TABLE, RunSpec
+from .spec import LIMIT_RULES, NETWORK_MODES, SETTABLE_LIMITS_TABLE, Limits, RunSpec
 
 #: Where an option may be given: a flag of `orchestrator run`, of `orchestrator batch`, a key
-#: of a `[[schedule]]` table, a field of a batch's tasks row (that task's override).
-Place = Literal["run", "batch", "schedule", "task"]
+#: of a `[[schedule]]` table, a field of a batch's tasks row (that task's override), the
+#: user's defaults (the config file's `[defaults]` and the option's `$ORCHESTRATOR_` variable).
+Place = Literal["run", "batch", "schedule", "task", "defaults"]
+#: Every place a run's own value may be given (a limit may be given in each).
 PLACES: tuple[Place, ...] = ("run", "batch", "schedule", "task")
 #: The run's own settings: every command that runs, and a schedule; a task takes the batch's.
 RUN_WIDE: frozenset[Place] = frozenset({"run", "batch", "schedule"})
 #: A flag only: a schedule file cannot set it (it would let a file widen what a run may do).
 FLAGS: frozenset[Place] = frozenset({"run", "batch"})
+#: The prefix of an option's variable (`ORCHESTRATOR_MODEL` for `model`).
+VARIABLE_PREFIX = "ORCHESTRATOR_"
+
+#: What `sandbox_runtime` may be in a file, a flag or a variable: `auto` or a runtime's name.
+#: Which names exist is the run's backend's (`Capabilities.sandbox_runtimes`, checked by
+#: `Backend.check_runtime` with the allowed names), so a plugin can offer its own.
+SANDBOX_RUNTIME = Field(
+    str,
+    pattern=re.compile(r"^[a-z0-9]([a-z0-9._-]*[a-z0-9])?$"),
+    fix="Use auto or a sandbox runtime the run's backend offers (lowercase letters, digits, "
+    "., _ and -).",
+)
 
 
 class Option:
@@ -59,6 +77,7 @@ class Option:
         "path",
         "checked_by_run",
         "known",
+        "every_run",
     )
 
     def __init__(
@@ -75,6 +94,7 @@ class Option:
         path: bool = False,
         checked_by_run: bool = False,
         known: Callable[[str], bool] | None = None,
+        every_run: bool = False,
     ) -> None:
         self.name = name
         self.rule = rule or Field(str)
@@ -87,6 +107,7 @@ class Option:
         self.path = path
         self.checked_by_run = checked_by_run
         self.known = known
+        self.every_run = every_run
 
     @property
     def kind(self) -> type:
@@ -95,10 +116,18 @@ class Option:
 
     @property
     def default(self) -> Any:
-        """The RunSpec field's default: what a run gets when nothing sets the option."""
-        spec_field = RunSpec.__dataclass_fields__[self.name]
+        """The RunSpec field's default: what a run gets when nothing sets the option (None
+        for a batch's own option, `CONCURRENCY`: the batch then chooses)."""
+        spec_field = RunSpec.__dataclass_fields__.get(self.name)
+        if spec_field is None:
+            return None
         factory = spec_field.default_factory
         return factory() if callable(factory) else spec_field.default
+
+    @property
+    def variable(self) -> str | None:
+        """The environment variable of its user default (None: it has none)."""
+        return VARIABLE_PREFIX + self.name.upper() if "defaults" in self.applies else None
 
     @property
     def key(self) -> str:
@@ -113,18 +142,34 @@ class Option:
         return tuple(raw) if isinstance(raw, list) else raw
 
 
-def _limit(name: str, **kwargs: Any) -> Option:
-    """A settable limit (`spec.SETTABLE_LIMITS`): its type and range are `Limits`' and
-    `protocol.LIMIT_RANGES`' (one rule for a manifest, flags, a schedule and a tasks row),
-    checked by the runner with the manifest's."""
-    return Option(
-        name,
-        SETTABLE_LIMITS_TABLE.fields[name],
-        limit=True,
-        checked_by_run=True,
-        applies=PLACES,
-        **kwargs,
-    )
+def _limits() -> tuple[Option, ...]:
+    """An option for each settable limit, in `Limits`' order, from its `LimitRule` (declared
+    with the limit in spec.py): its type and range (one rule for a manifest, flags, a
+    schedule and a tasks row, checked by the runner with the manifest's), its flag and help,
+    which ends with `Limits`' default (unless the help says it)."""
+    found = []
+    for name, rule in LIMIT_RULES.items():
+        if not rule.settable:
+            continue
+        help = rule.help
+        if not rule.says_default:
+            default = getattr(Limits, name)
+            shown = int(default) if isinstance(default, float) and default.is_integer() else default
+            help = f"{help} (default: manifest, else {shown})"
+        found.append(
+            Option(
+                name,
+                SETTABLE_LIMITS_TABLE.fields[name],
+                help=help,
+                flag=rule.flag,
+                metavar=rule.metavar,
+                aliases=rule.aliases,
+                limit=True,
+                checked_by_run=True,
+                applies=PLACES,
+            )
+        )
+    return tuple(found)
 
 
 def _model_help() -> str:
@@ -142,10 +187,13 @@ def _backend_help() -> str:
     )
 
 
+#: A run-wide option the user may also set once (`defaults`).
+USER_SET: frozenset[Place] = RUN_WIDE | {"defaults"}
+
 #: Every run option, in the order `--help` lists them.
 RUN_OPTIONS: tuple[Option, ...] = (
     # which model, at which endpoint, with which key
-    Option("model", help=_model_help),
+    Option("model", help=_model_help, applies=USER_SET),
     Option("api_base", help="model endpoint URL (OpenAI-compatible servers, LiteLLM)"),
     Option("model_key_env", help="environment variable holding the model's API key"),
     # where the sandbox runs, on which kernel, and what it may reach or install
@@ -153,12 +201,14 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "backend",
         Field(str, choices=backend_names),  # None: the payload's, else the default
         help=_backend_help,
+        applies=USER_SET,
         metavar="NAME",
         known=lambda name: backend_entry(name) is not None,
     ),
     Option(
         "network",
         Field(str, choices=NETWORK_MODES),
+        applies=USER_SET,
         help="network policy: none (default for a mock model and no declared hosts), "
         "allowlist (default otherwise: the model's host, the payload's [network] hosts and "
         "--allow-host, through an egress proxy) or open (unrestricted; only when named); "
@@ -168,6 +218,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "sandbox_runtime",
         SANDBOX_RUNTIME,  # None: the payload's, else auto
         metavar="RUNTIME",
+        applies=USER_SET,
+        every_run=True,
         checked_by_run=True,
         help="the sandbox's kernel: auto (default: the backend's best) or one the backend "
         "offers (refused otherwise, naming them); on docker: runsc (gVisor's; set it up with "
@@ -198,34 +250,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "package specification, e.g. a `name @ file:///...` or `name @ https://...` reference "
         "(pip on this machine fetches or opens it); repeat for each",
     ),
-    # the run's limits (each: the flag, else the manifest, else the default)
-    _limit(
-        "max_steps",
-        help="steps of the top agent; its managed agents get at most as many (default: the "
-        "manifest's [limits] max_steps, the same way; else each agent keeps the max_steps its "
-        "program gave it, smolagents' default 20; `runs show` says what each had and why)",
-    ),
-    _limit(
-        "timeout_seconds",
-        flag="--timeout",
-        aliases=("timeout",),
-        help="wall-clock seconds (default: manifest, else 300)",
-    ),
-    _limit("memory_mb", flag="--memory", help="memory limit in MiB (default: manifest, else 1024)"),
-    _limit("cpus", help="CPU limit (default: manifest, else 1.0)"),
-    _limit("pids", help="process limit (default: manifest, else 256)"),
-    _limit(
-        "max_model_calls",
-        metavar="N",
-        help="model calls the run's gateway forwards; call N+1 ends the run with "
-        "budget_exceeded (default: manifest, else 200)",
-    ),
-    _limit(
-        "max_tokens",
-        metavar="N",
-        help="input + output tokens the run may spend, as the gateway measures them "
-        "(default: manifest, else 2000000)",
-    ),
+    # the run's limits (each: the flag, else the manifest, else the default): spec.Limits
+    *_limits(),
     Option(
         "gateway",
         Field(bool),
@@ -292,3 +318,29 @@ def from_schedule(values: Mapping[str, Any]) -> dict[str, Any]:
 
 #: A tasks row's other names for fields (`timeout` for `timeout_seconds`).
 TASK_ALIASES: dict[str, str] = {a: o.name for o in options_for("task") for a in o.aliases}
+
+#: A batch's own option (`BatchSpec.concurrency`, not a run's), declared here so that the
+#: user's defaults can hold it too; `orchestrator batch` reads its flag from it (with `-j`
+#: and `auto`, the batch's own choice, which is also its default).
+CONCURRENCY = Option(
+    "concurrency",
+    Field(int, minimum=1, fix="Use a whole number of sandboxes, at least 1."),
+    metavar="auto|N",
+    applies=("batch", "defaults"),
+    help="the most sandboxes at once: how many run adapts under it to what the host "
+    "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit); warm on runc, "
+    "1 x CPUs: the pool starts sandboxes beside the runs; then more "
+    "while throughput grows, fewer when it does not fall or memory runs short). Default: "
+    "$ORCHESTRATOR_CONCURRENCY, the config file's concurrency, else auto (up to 32)",
+)
+
+#: The options a user may set once (`defaults.py`: the config file and the variables).
+USER_DEFAULTS: tuple[Option, ...] = (*options_for("defaults"), CONCURRENCY)
+
+_BY_NAME = {o.name: o for o in (*RUN_OPTIONS, CONCURRENCY)}
+
+
+def option(name: str) -> Option:
+    """The option declared as `name` (KeyError for none), for a command or a file that takes
+    it under its own rule (`validate`'s flags, a manifest's `payload.backend`)."""
+    return _BY_NAME[name]

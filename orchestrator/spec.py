@@ -6,9 +6,9 @@ import threading
 from dataclasses import asdict, dataclass, field, fields
 from dataclasses import field as dataclass_field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, get_args
 
-from orchestrator_runtime.protocol import LIMIT_RANGES
+from orchestrator_runtime.protocol import MAX_STEPS_CEILING
 
 from .errors import ManifestError
 from .schema import Field, Table, check_table
@@ -313,21 +313,94 @@ class RunResult:
 _RESULT_FIELDS = frozenset(f.name for f in fields(RunResult))
 
 
+_L = TypeVar("_L", int, float)
+
+
+@dataclass(frozen=True)
+class LimitRule:
+    """How a limit may be set, declared with its `Limits` field: its range and the words for
+    it (every file kind's schema, the flags and `Limits.validate` check it); for a limit a run
+    may set (`settable`: a manifest's `[limits]`, a flag of `run` and `batch`, a schedule's
+    `limits`, a tasks row), its flag's help (ending with the default, unless `says_default`),
+    flag (default `--name-with-dashes`), metavar and the other names a tasks row may use
+    (`options.RUN_OPTIONS` makes its `Option` from this)."""
+
+    low: float
+    high: float
+    allowed: str
+    help: str = ""
+    flag: str | None = None
+    metavar: str | None = None
+    aliases: tuple[str, ...] = ()
+    says_default: bool = False
+    settable: bool = True
+
+
+def limit(default: _L, rule: LimitRule) -> _L:
+    """A `Limits` field: its default and its rule, declared once."""
+    return dataclass_field(default=default, metadata={"limit": rule})
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one run. Every limit has a default; nothing is unbounded."""
+    """Resource limits of one run. Every limit has a default; nothing is unbounded. A new
+    limit is a field here (its `LimitRule`), its `RunSpec` field and its use."""
 
-    max_steps: int = 10
-    timeout_seconds: float = 300.0
-    memory_mb: int = 1024
-    cpus: float = 1.0
-    pids: int = 256
-    tmpfs_mb: int = 256
+    max_steps: int = limit(
+        10,
+        LimitRule(
+            1,
+            MAX_STEPS_CEILING,
+            f"an integer from 1 to {MAX_STEPS_CEILING}",
+            says_default=True,
+            help="steps of the top agent; its managed agents get at most as many (default: the "
+            "manifest's [limits] max_steps, the same way; else each agent keeps the max_steps "
+            "its program gave it, smolagents' default 20; `runs show` says what each had and "
+            "why)",
+        ),
+    )
+    timeout_seconds: float = limit(
+        300.0,
+        LimitRule(
+            1,
+            86400,
+            "1 to 86400 seconds",
+            help="wall-clock seconds",
+            flag="--timeout",
+            aliases=("timeout",),
+        ),
+    )
+    memory_mb: int = limit(
+        1024, LimitRule(64, 65536, "64 to 65536 MiB", help="memory limit in MiB", flag="--memory")
+    )
+    cpus: float = limit(1.0, LimitRule(0.1, 64, "0.1 to 64", help="CPU limit"))
+    pids: int = limit(256, LimitRule(16, 32768, "16 to 32768", help="process limit"))
+    #: The sandbox's /tmp: the image's business, not a run's.
+    tmpfs_mb: int = limit(256, LimitRule(1, 16384, "1 to 16384 MiB", settable=False))
     #: Model calls the gateway forwards in one run (call N+1 is refused; the run ends).
-    max_model_calls: int = 200
+    max_model_calls: int = limit(
+        200,
+        LimitRule(
+            1,
+            100_000,
+            "1 to 100000 calls",
+            metavar="N",
+            help="model calls the run's gateway forwards; call N+1 ends the run with "
+            "budget_exceeded",
+        ),
+    )
     #: Input plus output tokens the gateway lets one run spend (measured from responses; the
     #: call that crosses the line completes, the next is refused).
-    max_tokens: int = 2_000_000
+    max_tokens: int = limit(
+        2_000_000,
+        LimitRule(
+            1,
+            1_000_000_000,
+            "1 to 1000000000 tokens",
+            metavar="N",
+            help="input + output tokens the run may spend, as the gateway measures them",
+        ),
+    )
 
     def recorded(self, max_steps_from: str) -> dict[str, Any]:
         """The limits as a run's record keeps them: `max_steps` None when nobody set it
@@ -338,8 +411,8 @@ class Limits:
         return kept
 
     def validate(self, where: str) -> None:
-        """Raise ManifestError naming every limit out of its range (`protocol.LIMIT_RANGES`,
-        shared with the runtime); `where` says where the limits came from (a file, the
+        """Raise ManifestError naming every limit out of its range (its `LimitRule`); `where`
+        says where the limits came from (a file, the
         command line)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         problems = check_table(LIMITS_TABLE, values)[1]
@@ -351,11 +424,17 @@ class Limits:
             )
 
 
+#: A network policy's mode: no network, an allowlist through an egress proxy, or open.
+NetworkMode = Literal["none", "allowlist", "open"]
+#: What `network` may be (`--network`, the config file, a schedule, a tasks row).
+NETWORK_MODES: tuple[str, ...] = get_args(NetworkMode)
+
+
 @dataclass(frozen=True)
 class NetworkPolicy:
     """Where a sandbox may connect. `mode` is `none`, `allowlist` or `open`."""
 
-    mode: Literal["none", "allowlist", "open"] = "none"
+    mode: NetworkMode = "none"
     #: Allowed host names (`api.example.com`, `*.example.com`) on ports 80 and 443.
     hosts: tuple[str, ...] = ()
     #: A model endpoint on the Docker host itself (`host:port`), reachable only if named.
@@ -364,22 +443,25 @@ class NetworkPolicy:
     endpoints: tuple[tuple[str, int], ...] = ()
 
 
+#: Every limit's rule, from `Limits`.
+LIMIT_RULES: dict[str, LimitRule] = {f.name: f.metadata["limit"] for f in fields(Limits)}
+
 #: Every limit's type, from `Limits`.
 LIMIT_TYPES_BY_NAME: dict[str, type] = {
     f.name: {"int": int, "float": float}[str(f.type)] for f in fields(Limits)
 }
 
 #: The limits a manifest, a command line, a tasks file or a schedule may set, with their
-#: types (every field of `Limits` but the tmpfs size, which is the image's business).
+#: types (every field of `Limits` whose rule is `settable`).
 SETTABLE_LIMITS: dict[str, type] = {
-    name: kind for name, kind in LIMIT_TYPES_BY_NAME.items() if name != "tmpfs_mb"
+    name: kind for name, kind in LIMIT_TYPES_BY_NAME.items() if LIMIT_RULES[name].settable
 }
 
 
 def _limit_field(name: str) -> Field:
-    low, high, allowed = LIMIT_RANGES[name]
+    rule = LIMIT_RULES[name]
     kind = LIMIT_TYPES_BY_NAME[name]
-    return Field(kind, minimum=low, maximum=high, fix=f"Use {allowed}.")
+    return Field(kind, minimum=rule.low, maximum=rule.high, fix=f"Use {rule.allowed}.")
 
 
 #: The `[limits]` table of a manifest, a schedule's `limits`, a tasks row's limit fields:

@@ -27,7 +27,7 @@ from smolagents.memory import ActionStep, PlanningStep, SystemPromptStep
 
 from .events import EventStream
 from .models import ScriptedModel, last_step_error
-from .protocol import LIMIT_RANGES
+from .protocol import MAX_STEPS_CEILING
 
 TOP_LEVEL_NAME = "manager"
 #: The attribute that keeps a CodeAgent's own `additional_authorized_imports` (what the
@@ -38,8 +38,6 @@ DECLARED_IMPORTS = "orchestrator_declared_imports"
 DECLARED_EXECUTOR = "orchestrator_declared_executor"
 #: The attribute a model carries for the record (program.py: class, model id, source).
 MODEL_NOTE = "orchestrator_model"
-#: The most steps any agent may take, whoever set its `max_steps`.
-MAX_STEPS_CEILING = int(LIMIT_RANGES["max_steps"][1])
 
 
 @dataclass

@@ -20,18 +20,9 @@ ENTRYPOINT_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 MODULE_RE = re.compile(r"^(\*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(\.\*)?)$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
-#: Each run limit's range and how to say it: the host checks every file and option against
-#: it (`orchestrator.spec`), the runtime may check its request against the same figures.
-LIMIT_RANGES: dict[str, tuple[float, float, str]] = {
-    "max_steps": (1, 1000, "an integer from 1 to 1000"),
-    "timeout_seconds": (1, 86400, "1 to 86400 seconds"),
-    "memory_mb": (64, 65536, "64 to 65536 MiB"),
-    "cpus": (0.1, 64, "0.1 to 64"),
-    "pids": (16, 32768, "16 to 32768"),
-    "tmpfs_mb": (1, 16384, "1 to 16384 MiB"),
-    "max_model_calls": (1, 100_000, "1 to 100000 calls"),
-    "max_tokens": (1, 1_000_000_000, "1 to 1000000000 tokens"),
-}
+#: The most steps any agent may take, whoever set its `max_steps`: the runtime holds every
+#: agent to it, and the host's range of `max_steps` ends here (`orchestrator.spec.Limits`).
+MAX_STEPS_CEILING = 1000
 
 
 def unknown_script_problem(name: str, agents: list[str]) -> str:

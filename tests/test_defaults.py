@@ -11,11 +11,14 @@ import pytest
 
 from orchestrator.defaults import check, load_config
 from orchestrator.errors import ConfigError
+from orchestrator.options import USER_DEFAULTS
 from orchestrator.registry import backend_names
 from tests.conftest import cli
 
 #: The backends' names as messages list them: docker, e2b, then any installed plugin's.
 NAMES = ", ".join(backend_names())
+#: The options the config file takes (those declared with a user default), as listed.
+KNOWN = ", ".join(f"`{name}`" for name in sorted(o.name for o in USER_DEFAULTS))
 
 BAD = """\
 [defaults]
@@ -37,7 +40,7 @@ def test_every_problem_of_the_config_file_is_named_with_its_line(tmp_path: Path)
     assert info.value.cause.startswith(f"Config file {config}: 5 problems:\n")
     for expected in (
         "line 2: field `defaults.modle` is not a known option; did you mean `model`? "
-        "Known options: `backend`, `concurrency`, `model`, `network`, `sandbox_runtime`.",
+        f"Known options: {KNOWN}.",
         "line 3: field `defaults.network` is 'sideways', not one of none, allowlist, open. "
         "Use one of none, allowlist, open.",
         "line 4: field `defaults.concurrency` is 0, out of range. "

@@ -1,7 +1,8 @@
 """The run options are declared once (orchestrator/options.py): every declared option reaches
 each place it says it applies to (`run` and `batch` flags and their --help, a schedule key, a
-tasks row field) as the RunSpec field it names, and the generated reference lists it. A new
-`Option` is checked here without a new test. No Docker needed."""
+tasks row field, the user's defaults: the config file and its variable) as the RunSpec field
+it names, `validate` takes its flags from the same declarations, and the generated reference
+lists them. A new `Option` is checked here without a new test. No Docker needed."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import pytest
 from orchestrator.batch.tasks import ROW, read_tasks, task_from_row
 from orchestrator.cli.common import add_options, check_flags, spec_from_args
 from orchestrator.cli.parser import build_parser, subcommands
+from orchestrator.cli.payload import VALIDATE_OPTIONS
+from orchestrator.defaults import CONFIG, DEFAULTS, OPTIONS, choose_sandbox_runtime, user_default
 from orchestrator.errors import ConfigError, OrchestratorError
-from orchestrator.options import RUN_OPTIONS, Option
+from orchestrator.options import CONCURRENCY, RUN_OPTIONS, USER_DEFAULTS, Option
+from orchestrator.options import option as declared_option
 from orchestrator.schedules.file import SCHEDULE, load_schedules
 from orchestrator.schema import Field
 from orchestrator.spec import SETTABLE_LIMITS, RunSpec
@@ -25,6 +29,7 @@ from tests.project.test_docs import REFERENCE, sections
 from tests.schedules.test_schedules import toml_value
 
 IDS = [o.name for o in RUN_OPTIONS]
+USER_IDS = [o.name for o in USER_DEFAULTS]
 
 
 def sample(option: Option) -> Any:
@@ -91,7 +96,7 @@ def test_a_flag_reaches_the_runspec_and_the_help(option: Option, command: str) -
     spec = spec_from_args(args)
     assert getattr(spec, option.name) == as_spec(option, value)
     unset = spec_from_args(build_parser().parse_args([command, *positionals]))
-    if option.name not in ("model", "backend", "network"):  # filled from the user's defaults
+    if option.variable is None or option.every_run:  # else filled from the user's defaults
         assert getattr(unset, option.name) == option.default
 
 
@@ -135,6 +140,69 @@ def test_a_tasks_row_field_is_that_tasks_override(option: Option, tmp_path: Path
         assert task.overrides == {option.name: as_spec(option, value)}
 
 
+def user_set_value(option: Option) -> Any:
+    """What a run gets from the user's defaults for `option`, read as the run reads it: a
+    command's flags (`spec_from_args`), the runner's (`every_run`), a batch's concurrency."""
+    if option is CONCURRENCY:
+        from orchestrator.cli.batch import batch_spec_from_args
+
+        args = build_parser().parse_args(["batch", "research_team", "tasks.jsonl"])
+        return batch_spec_from_args(args).concurrency
+    if option.every_run:
+        assert option.name == "sandbox_runtime", "a new every_run option: read it here"
+        return choose_sandbox_runtime(None, None)
+    args = build_parser().parse_args(["run", "research_team"])
+    return getattr(spec_from_args(args), option.name)
+
+
+@pytest.mark.parametrize("option", USER_DEFAULTS, ids=USER_IDS)
+def test_a_user_default_is_read_from_the_config_file_and_its_variable(
+    option: Option, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An option that applies to `defaults` is a key of the config file's `[defaults]` and
+    the variable its declaration names, under the option's own rule; the variable wins."""
+    assert DEFAULTS.fields[option.name] is option.rule
+    assert OPTIONS[option.name] == option.variable == f"ORCHESTRATOR_{option.name.upper()}"
+    assert f"${option.variable}" in option.help_text()  # --help says where else it is read
+    for other in USER_DEFAULTS:
+        monkeypatch.delenv(str(other.variable), raising=False)
+    value = sample(option)
+    config = tmp_path / "config.toml"
+    config.write_text(f"[defaults]\n{option.name} = {toml_value(value)}\n")
+    monkeypatch.setenv("ORCHESTRATOR_CONFIG", str(config))
+    assert user_default(option.name) == (value, str(config))
+    assert user_set_value(option) == value
+    config.write_text("")  # the variable alone, as text
+    monkeypatch.setenv(str(option.variable), str(value))
+    assert user_default(option.name) == (value, f"${option.variable}")
+    assert user_set_value(option) == value
+
+
+def test_only_declared_options_are_user_defaults() -> None:
+    assert set(CONFIG.fields["defaults"].table.fields) == {o.name for o in USER_DEFAULTS}
+    assert [o for o in RUN_OPTIONS if o.variable is not None] == [
+        o for o in USER_DEFAULTS if o is not CONCURRENCY
+    ]
+    flags = [action.dest for action in command_parser("batch")._actions]
+    assert CONCURRENCY.name in flags and CONCURRENCY.name not in IDS
+
+
+def test_validate_takes_the_declared_flags() -> None:
+    """`validate` reads the declarations of the run options it takes: the same flag, rule and
+    help as `run`'s, never its own copy."""
+    validate = {a.dest: a for a in command_parser("validate")._actions}
+    run = {a.dest: a for a in command_parser("run")._actions}
+    for name in VALIDATE_OPTIONS:
+        declared = declared_option(name)
+        assert validate[name].option_strings == run[name].option_strings == [declared.flag]
+        assert validate[name].help == run[name].help == declared.help_text()
+    args = build_parser().parse_args(
+        ["validate", "research_team", "--backend", "docker", "--env-file", "x.env"]
+    )
+    spec = spec_from_args(args)
+    assert (spec.backend, spec.env_file, spec.allow_dangerous_imports) == ("docker", "x.env", False)
+
+
 def test_every_option_is_in_the_generated_reference() -> None:
     cli = sections(REFERENCE.cli_reference())
     files = sections(REFERENCE.files_reference())
@@ -150,6 +218,11 @@ def test_every_option_is_in_the_generated_reference() -> None:
         assert in_schedule == ("schedule" in option.applies), option.name
         in_row = f"| `{option.name}` |" in files["A tasks row"]
         assert in_row == ("task" in option.applies), option.name
+        (line,) = [line for line in row.splitlines() if line.startswith(f"| `{option.name}` |")]
+        assert (f"| `{option.variable}` |" in line) == (option.variable is not None), line
+    for option in USER_DEFAULTS:
+        assert f"| `defaults.{option.name}` |" in files["The config file"], option.name
+        assert f"| `{option.variable}` |" in cli["Environment variables"], option.name
         if "task" in option.applies:  # the batch help's list of what a tasks row may set
             assert option.name in batch_help, option.name
 

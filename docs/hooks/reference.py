@@ -78,11 +78,16 @@ def _walk(
 
 
 def _environment_variables() -> dict[str, list[str]]:
-    """Every `ORCHESTRATOR_*`/`E2B_*`/`OTEL_*` variable the host package reads, and where."""
+    """Every `ORCHESTRATOR_*` variable the host package reads, and where: named in the
+    source, or an option's user default (`options.USER_DEFAULTS`, read in defaults.py)."""
+    from orchestrator.options import USER_DEFAULTS
+
     found: dict[str, set[str]] = {}
     for source in sorted((REPO / "orchestrator").rglob("*.py")):
         for name in re.findall(r"[\"'](ORCHESTRATOR_[A-Z0-9_]+)[\"']", source.read_text()):
             found.setdefault(name, set()).add(str(source.relative_to(REPO)))
+    for option in USER_DEFAULTS:
+        found.setdefault(str(option.variable), set()).add("orchestrator/defaults.py")
     return {name: sorted(where) for name, where in sorted(found.items())}
 
 
@@ -142,7 +147,11 @@ def cli_reference() -> str:
 def _cli_reference() -> str:
     from orchestrator.cli.parser import build_parser
     from orchestrator.defaults import OPTIONS
+    from orchestrator.options import USER_DEFAULTS
 
+    user_set = [
+        f"{'batch ' if o.applies.isdisjoint({'run'}) else ''}`{o.flag}`" for o in USER_DEFAULTS
+    ]
     parser = build_parser()
     parser.prog = "orchestrator"
     lines = [
@@ -153,11 +162,10 @@ def _cli_reference() -> str:
         "built-in ones; `--backend` also takes any a package registers "
         "([backends](backends.md)).",
         "",
-        "A *default* here is the built-in one. `--model`, `--backend`, `--network`, "
-        "`--sandbox-runtime` and batch `--concurrency` are also read, in this order, from the "
-        "flag, the environment variable shown, the config file's `[defaults]` "
-        "([files](files.md#the-config-file)), the payload's manifest, then the built-in "
-        "default.",
+        f"A *default* here is the built-in one. {', '.join(user_set[:-1])} and {user_set[-1]} "
+        "are also read, in this order, from the flag, the environment variable shown, the "
+        "config file's `[defaults]` ([files](files.md#the-config-file)), the payload's "
+        "manifest, then the built-in default (`orchestrator.options.USER_DEFAULTS`).",
         "",
         "## orchestrator",
         "",
@@ -222,19 +230,23 @@ def _run_options_section() -> list[str]:
         "",
         "Generated from `orchestrator.options.RUN_OPTIONS`: what a run may be given, and where "
         "([files](files.md)): a flag of `run` and `batch`, a key of a `[[schedule]]` table, a "
-        "field of a batch's tasks row (that task's own value). The rule holds in each place.",
+        "field of a batch's tasks row (that task's own value), the user's default (its "
+        "variable, and the same key in the config file's `[defaults]`). The rule holds in each "
+        "place.",
         "",
-        "| option | flag | schedule key | tasks field | type | allowed | what |",
-        "|---|---|---|---|---|---|---|",
+        "| option | flag | schedule key | tasks field | user default | type | allowed | what |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for option in RUN_OPTIONS:
         flag = option.flag if option.applies & {"run", "batch"} else ""
         key = option.key if "schedule" in option.applies else ""
         task = (option.name, *option.aliases) if "task" in option.applies else ()
+        variable = f"`{option.variable}`" if option.variable else ""
         lines.append(
             f"| `{option.name}` | {_name(flag) if flag else ''} | {_name(key) if key else ''} "
-            f"| {', '.join(_name(t) for t in task)} | {_type_name(option.rule.kind)} "
-            f"| {_rule(option.rule)} | {_cell(option.help_text())} |"
+            f"| {', '.join(_name(t) for t in task)} | {variable} "
+            f"| {_type_name(option.rule.kind)} | {_rule(option.rule)} "
+            f"| {_cell(option.help_text())} |"
         )
     return [*lines, ""]
 

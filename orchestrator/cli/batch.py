@@ -19,7 +19,7 @@ from ..batch.scoring import BUILTIN_SCORERS
 from ..batch.session import BatchObservers, run_batch
 from ..batch.sources import parse_fields, split_ids
 from ..defaults import fill
-from ..options import options_for
+from ..options import CONCURRENCY, options_for
 from . import signals
 from .batch_display import BatchDisplay
 from .cluster import add_ray_option, leave_cluster, ray_batch
@@ -140,15 +140,12 @@ def _add_dataset_options(p: argparse.ArgumentParser) -> None:
 def _add_pace_options(p: argparse.ArgumentParser) -> None:
     """How many at once: the ceiling, fixed or adaptive, and the warm sandboxes."""
     p.add_argument(
-        "--concurrency",
+        CONCURRENCY.flag,
         "-j",
+        dest=CONCURRENCY.name,
         type=concurrency_arg,
-        metavar="auto|N",
-        help="the most sandboxes at once: how many run adapts under it to what the host "
-        "carries (starts at min(2 x CPUs, 75%% of free memory / memory limit); warm on runc, "
-        "1 x CPUs: the pool starts sandboxes beside the runs; then more "
-        "while throughput grows, fewer when it does not fall or memory runs short). Default: "
-        "$ORCHESTRATOR_CONCURRENCY, the config file's concurrency, else auto (up to 32)",
+        metavar=CONCURRENCY.metavar,
+        help=CONCURRENCY.help_text(),
     )
     p.add_argument(
         "--fixed-concurrency",

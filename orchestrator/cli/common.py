@@ -129,7 +129,10 @@ def spec_from_args(args: argparse.Namespace, **overrides: Any) -> RunSpec:
         value = getattr(args, option.name)
         fields[option.name] = option.default if value is None else option.value(value)
     fields.update(overrides)
-    fields.update(fill({k: fields[k] for k in ("model", "backend", "network")}))
+    # The user's defaults of the command's options; an `every_run` one the runner applies
+    # (for the Python API's runs and schedules too).
+    users = [o.name for o in given if "defaults" in o.applies and not o.every_run]
+    fields.update(fill({name: fields[name] for name in users}))
     return RunSpec(**fields)
 
 

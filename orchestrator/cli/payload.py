@@ -6,9 +6,15 @@ import argparse
 import json
 from typing import Any
 
+from ..options import option
 from ..registry import DEFAULT_BACKEND, backend_names, backends_help
+from .common import add_options, spec_from_args
 from .output import say
 from .parser import HELP
+
+#: The run options `validate` takes, as `run` does: where the payload loads (the user's
+#: default backend too), the secrets it looks up, its dangerous imports accepted.
+VALIDATE_OPTIONS = ("backend", "env_file", "allow_dangerous_imports")
 
 
 def add_payload_parser(sub: Any) -> None:
@@ -35,19 +41,7 @@ def add_payload_parser(sub: Any) -> None:
         action="store_true",
         help="check the manifest and files only (no sandbox; faster, finds less)",
     )
-    p.add_argument(
-        "--backend",
-        choices=backend_names(),
-        help=f"where to load it: {backends_help()}. Default: the payload's `payload.backend`, "
-        "else docker",
-    )
-    p.add_argument("--env-file", help="dotenv file the secrets are looked up in (default: ./.env)")
-    p.add_argument(
-        "--i-understand-dangerous-imports",
-        action="store_true",
-        dest="allow_dangerous_imports",
-        help="accept authorized_imports such as os or subprocess, as `run` would with it",
-    )
+    add_options(p, [option(name) for name in VALIDATE_OPTIONS])
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.set_defaults(handler=cmd_validate)
 
@@ -114,20 +108,16 @@ def prepare_check(args: argparse.Namespace, manifest: Any, report: dict) -> tupl
     from ..errors import OrchestratorError
     from ..lifecycle.runner import prepare
     from ..payloads.agentnames import known_scripts
-    from ..spec import RunSpec
 
     program = manifest.program is not None
-    spec = RunSpec(
-        payload=args.payload,
+    spec = spec_from_args(  # the flags of VALIDATE_OPTIONS, the user's default backend
+        args,
         task=None if program else manifest.example_task or "(validation: no step runs)",
         # A program's own models are checked (routable, one endpoint, their key set); the
         # mock runs in their place, and no model is called.
         model=None if program else "mock",
-        backend=args.backend,
         network="none",
         timeout_seconds=120,
-        env_file=args.env_file,
-        allow_dangerous_imports=args.allow_dangerous_imports,
         check_only=True,
     )
     code = 0

@@ -12,11 +12,10 @@ from typing import Any
 
 from orchestrator_runtime.protocol import ENTRYPOINT_RE, ENV_NAME_RE, MODULE_RE, is_dangerous_import
 
-from ..defaults import SANDBOX_RUNTIME
 from ..errors import ManifestError, Problem
+from ..options import option
 from ..paths import examples_dir
 from ..policy import REQUIREMENT_HELP, AllowedRequirement, check_requirement, hosts_field
-from ..registry import backend_names
 from ..schema import Field, Table, TomlLines, check_table, decode_utf8, toml_named
 from ..spec import SETTABLE_LIMITS_TABLE, Limits
 from . import pysource
@@ -78,8 +77,9 @@ SCHEMA = Table(
                     ),
                     "example_task": Field(str),
                     "example_answer": Field(str),
-                    "backend": Field(str, choices=backend_names),
-                    "sandbox_runtime": SANDBOX_RUNTIME,
+                    # the run options' own rules (a run's flag overrides the payload's)
+                    "backend": option("backend").rule,
+                    "sandbox_runtime": option("sandbox_runtime").rule,
                 }
             ),
         ),
