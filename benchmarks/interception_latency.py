@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import context  # noqa: E402
 import requests  # noqa: E402
 
+from tests.backends.docker.test_interceptor import NAMES, PLACEHOLDER, VALUE, start_interceptor  # noqa: E402
 from tests.https_upstream import https_upstream  # noqa: E402
-from tests.test_interceptor import NAMES, PLACEHOLDER, VALUE, start_interceptor  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 
