@@ -51,7 +51,10 @@ fi
 # 3. The images the tests use (content-addressed: a warm machine reuses them): the agent image
 #    and the secret interceptor's, built in the background while the checks that need no
 #    engine run; their output is shown once they are done, and a build still going when this
-#    stops is stopped with it.
+#    stops is stopped with it. Then, on the agent image, the derived images the docker tier
+#    runs in (LiteLLM's client, smolagents[mcp], the web_browser example: tests/derived_images.py),
+#    through the code a run calls: built here beside the fast tier, not one by one inside the
+#    docker tier's tests, where each held a worker a minute or more.
 log "images (in the background)"
 images_log=$(mktemp /tmp/test-images.XXXXXX)
 (
@@ -59,9 +62,10 @@ images_log=$(mktemp /tmp/test-images.XXXXXX)
 from orchestrator.backends.docker.interceptor import ensure_interceptor_image
 ensure_interceptor_image(connect(), print)" &
     interceptor_build=$!
-    .venv/bin/orchestrator images build
-    agent_status=$?
-    wait "$interceptor_build" && exit "$agent_status"
+    status=0
+    .venv/bin/orchestrator images build || status=$?
+    [ "$status" -ne 0 ] || .venv/bin/python -m tests.derived_images || status=$?
+    wait "$interceptor_build" && exit "$status"
 ) >"$images_log" 2>&1 &
 images_build=$!
 stop_images() {  # never fails: it runs on the way out

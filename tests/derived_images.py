@@ -1,0 +1,50 @@
+"""The derived images the docker tier runs in: the agent image plus a payload's, a program's
+or a model client's requirements. On a bare machine each took its first test a minute or
+more to build, in a worker of the docker tier; scripts/test.sh builds them beforehand, beside
+the fast tier, through the same `ensure_agent_image` a run calls, so the tests find them
+cached (content-addressed: a warm machine builds nothing).
+
+`python -m tests.derived_images` builds them, saying each step; exits non-zero on the first
+that fails."""
+
+from __future__ import annotations
+
+import sys
+
+from .conftest import PAYLOADS, REPO
+
+#: The version of mcp tests/test_images.py pins over the constraint (images/agent/constraints.txt).
+MCP_PIN = "mcp==1.25.0"
+
+
+def suite_requirements() -> list[tuple[str, ...]]:
+    """Each derived image's requirements, read where the runs read them."""
+    from orchestrator.models import PROVIDERS
+    from orchestrator.payloads.manifest import load_manifest
+
+    mcp = load_manifest(REPO / "tests" / "programs" / "mcp_tools").requirements
+    return [
+        # tests/test_model_routes.py: programs with a LiteLLMModel (the provider's client).
+        PROVIDERS["litellm"].extra_requirements,
+        # tests/test_mcp.py, test_mcp_remote.py and test_images.py: `smolagents[mcp]`.
+        mcp,
+        # tests/test_images.py: a payload's own pin wins over the constraint.
+        (*mcp, MCP_PIN),
+        # the web_browser example (tests/test_run_docker.py, test_web_browser.py, ...).
+        load_manifest(PAYLOADS / "web_browser").requirements,
+    ]
+
+
+def main() -> int:
+    from orchestrator.backends.docker import connect
+    from orchestrator.backends.docker.images import ensure_agent_image
+
+    client = connect()
+    for requirements in suite_requirements():
+        print(f"derived image for {' '.join(requirements)}:", flush=True)
+        print(ensure_agent_image(client, extra_requirements=requirements, progress=print))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
