@@ -36,9 +36,10 @@ STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
 #: was killed by SIGKILL (128 + 9): the kernel's OOM killer, or a kill.
 SIGKILL_EXIT = 137
 #: How long after a container's exit the host waits for the engine's `oom` event when the
-#: engine's record says no OOM kill but the exit was a SIGKILL the host did not send: the
-#: engine's OOM notice and its exit notice travel apart, and the first is a few
-#: milliseconds late at most on an idle machine (`oom_killed`).
+#: engine's record says no OOM kill but the exit was a SIGKILL the host did not send
+#: (`oom_killed`). An OOM notice that comes in after the exit's is still logged as the
+#: container's `oom` event, just after its `die` (here 0.1-0.2 s before it, under load, when
+#: in order); the wait ends at the event, so only a SIGKILL that was no OOM waits it out.
 OOM_EVENT_GRACE = 3.0
 
 
