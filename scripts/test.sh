@@ -28,9 +28,21 @@ if ! docker info >/dev/null 2>&1; then
     exit 1
 fi
 
-# 1. The project and its test tools (idempotent: seconds once set up).
+# 1. The project and its test tools (idempotent: seconds once set up). Then the types (mypy,
+#    configured in pyproject.toml) are checked in the background: cold, mypy reads thousands of
+#    modules of litellm and openai (minutes on one core), while the steps below mostly wait on
+#    apt, the network and the image builds; the run waits for its verdict after the fast tier.
 log "setting up .venv"
 bash scripts/setup.sh
+log "types (in the background)"
+types_log=$(mktemp /tmp/test-types.XXXXXX)
+.venv/bin/mypy >"$types_log" 2>&1 &
+types_check=$!
+stop_types() {  # never fails: it runs on the way out
+    if [ -n "$types_check" ]; then kill "$types_check" 2>/dev/null || true; fi
+    rm -f "$types_log"
+}
+trap stop_types EXIT
 
 # 2. What the tests need beyond Python, installed where this machine lets it; otherwise the tests
 #    that need it are left out, said here in one line.
@@ -73,15 +85,14 @@ stop_images() {  # never fails: it runs on the way out
     kill "$images_build" 2>/dev/null || true
     rm -f "$images_log"
 }
-trap stop_images EXIT
+trap 'stop_types; stop_images' EXIT
 
-# 4. House rules that need no engine: lint and the types (mypy, configured in pyproject.toml).
+# 4. House rules that need no engine: lint (seconds; the types are being checked since step 1).
 #    The layer contracts (lint-imports) and the docs site (`mkdocs build --strict`) are checked
 #    by the fast tier's tests/test_architecture.py and tests/test_docs.py, so not twice here.
-log "lint, types"
+log "lint"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
 
 # 5. The tests run in pytest-xdist workers, each running whole modules (tests/conftest.py):
 #    two (one per core) for the fast tier; three for the docker tier and two for the gVisor
@@ -97,7 +108,7 @@ gvisor_tier=""
 stop_gvisor() {  # never fails: it runs on the way out
     if [ -n "$gvisor_tier" ]; then kill "$gvisor_tier" 2>/dev/null || true; fi
 }
-trap 'stop_images; stop_gvisor; rm -rf "$basetemp"' EXIT
+trap 'stop_types; stop_images; stop_gvisor; rm -rf "$basetemp"' EXIT
 export PYTHONPYCACHEPREFIX="$basetemp/pycache"
 pytest=(.venv/bin/python -m pytest -q)
 workers() { echo "${CI_WORKERS:-$1}"; }  # $CI_WORKERS, else the tier's own number
@@ -121,7 +132,17 @@ fast_status=$?
 set -e
 checked "$fast_status" "fast tier"
 
-#    b. The images, built meanwhile (step 3).
+#    b. The types, checked meanwhile (step 1).
+log "types: waiting for mypy"
+set +e
+wait "$types_check"
+types_status=$?
+set -e
+types_check=""
+cat "$types_log"
+[ "$types_status" -eq 0 ] || { log "mypy found problems (exit $types_status)"; exit 1; }
+
+#    c. The images, built meanwhile (step 3).
 log "images: waiting for the build"
 set +e
 wait "$images_build"
@@ -130,7 +151,7 @@ set -e
 cat "$images_log"
 [ "$images_status" -eq 0 ] || { log "the images did not build (exit $images_status)"; exit 1; }
 
-#    c. The tests marked `docker`, every sandbox on runc (tests/conftest.py), and beside them
+#    d. The tests marked `docker`, every sandbox on runc (tests/conftest.py), and beside them
 #       those marked `gvisor` again with every sandbox on gVisor: both runtimes covered, not the
 #       suite twice. The two tiers run at once (each its own store and temporary root): the
 #       docker tier's last minutes are one worker finishing a long module while the cores idle,
