@@ -60,13 +60,10 @@ if ! bash scripts/setup-gvisor.sh >/tmp/orchestrator-setup-gvisor.log 2>&1; then
     log "skipped: the gVisor tier ($(tail -n 1 /tmp/orchestrator-setup-gvisor.log))"
 fi
 
-# 3. The images the tests use (content-addressed: a warm machine reuses them): the agent image
-#    and the secret interceptor's, built in the background while the checks that need no
-#    engine run; their output is shown once they are done, and a build still going when this
-#    stops is stopped with it. Then, on the agent image, the derived images the docker tier
-#    runs in (LiteLLM's client, smolagents[mcp], the web_browser example: tests/derived_images.py),
-#    through the code a run calls: built here beside the fast tier, not one by one inside the
-#    docker tier's tests, where each held a worker a minute or more.
+# 3. The images the tests use (content-addressed: a warm machine reuses them), built in the
+#    background while the checks that need no engine run; their output is shown once they are
+#    done, and a build still going when this stops is stopped with it.
+#    a. The agent image and the secret interceptor's: the docker tier waits for them.
 log "images (in the background)"
 images_log=$(mktemp /tmp/test-images.XXXXXX)
 (
@@ -74,16 +71,26 @@ images_log=$(mktemp /tmp/test-images.XXXXXX)
 from orchestrator.backends.docker.interceptor import ensure_interceptor_image
 ensure_interceptor_image(connect(), print)" &
     interceptor_build=$!
-    status=0
-    .venv/bin/orchestrator images build || status=$?
-    [ "$status" -ne 0 ] || .venv/bin/python -m tests.derived_images || status=$?
-    wait "$interceptor_build" && exit "$status"
+    .venv/bin/orchestrator images build
+    agent_status=$?
+    wait "$interceptor_build" && exit "$agent_status"
 ) >"$images_log" 2>&1 &
 images_build=$!
+#    b. The derived images some docker tests run in (the web_browser example's, LiteLLM's
+#       client, smolagents[mcp]: tests/derived_images.py), through the code a run calls: on a
+#       bare machine each cost its first test a minute or more, one worker of the docker tier
+#       held. Started now, they wait for the agent image through its build lock, then build
+#       while the fast tier and the docker tier's first modules run (the docker tier does not
+#       wait for them: a test that came first would build its image itself). Waited for at
+#       the end.
+derived_log=$(mktemp /tmp/test-derived.XXXXXX)
+.venv/bin/python -m tests.derived_images >"$derived_log" 2>&1 &
+derived_build=$!
 stop_images() {  # never fails: it runs on the way out
     pkill -P "$images_build" 2>/dev/null || true
     kill "$images_build" 2>/dev/null || true
-    rm -f "$images_log"
+    if [ -n "$derived_build" ]; then kill "$derived_build" 2>/dev/null || true; fi
+    rm -f "$images_log" "$derived_log"
 }
 trap 'stop_types; stop_images' EXIT
 
@@ -142,7 +149,7 @@ types_check=""
 cat "$types_log"
 [ "$types_status" -eq 0 ] || { log "mypy found problems (exit $types_status)"; exit 1; }
 
-#    c. The images, built meanwhile (step 3).
+#    c. The agent and interceptor images, built meanwhile (step 3a).
 log "images: waiting for the build"
 set +e
 wait "$images_build"
@@ -175,7 +182,13 @@ if [ "$gvisor" -eq 1 ]; then
     gvisor_tier=""
     cat "$gvisor_log"
 fi
+log "derived images (step 3b): waiting for them"
+wait "$derived_build"
+derived_status=$?
+derived_build=""
+cat "$derived_log"
 set -e
 checked "$status" "runc" || exit $?
 checked "$gvisor_status" "gvisor"
+[ "$derived_status" -eq 0 ] || { log "the derived images did not build (exit $derived_status)"; exit 1; }
 log "passed"

@@ -1,8 +1,8 @@
 """The derived images the docker tier runs in: the agent image plus a payload's, a program's
 or a model client's requirements. On a bare machine each took its first test a minute or
-more to build, in a worker of the docker tier; scripts/test.sh builds them beforehand, beside
-the fast tier, through the same `ensure_agent_image` a run calls, so the tests find them
-cached (content-addressed: a warm machine builds nothing).
+more to build, in a worker of the docker tier; scripts/test.sh builds them beforehand, in the
+background from the fast tier on, through the same `ensure_agent_image` a run calls, so the
+tests find them cached (content-addressed: a warm machine builds nothing).
 
 `python -m tests.derived_images` builds them, saying each step; exits non-zero on the first
 that fails."""
@@ -23,15 +23,15 @@ def suite_requirements() -> list[tuple[str, ...]]:
     from orchestrator.payloads.manifest import load_manifest
 
     mcp = load_manifest(REPO / "tests" / "programs" / "mcp_tools").requirements
-    return [
+    return [  # in the order the docker tier is likely to need them
+        # the web_browser example (tests/test_run_docker.py, test_web_browser.py).
+        load_manifest(PAYLOADS / "web_browser").requirements,
         # tests/test_model_routes.py: programs with a LiteLLMModel (the provider's client).
         PROVIDERS["litellm"].extra_requirements,
-        # tests/test_mcp.py, test_mcp_remote.py and test_images.py: `smolagents[mcp]`.
+        # tests/test_images.py, test_mcp.py and test_mcp_remote.py: `smolagents[mcp]`.
         mcp,
         # tests/test_images.py: a payload's own pin wins over the constraint.
         (*mcp, MCP_PIN),
-        # the web_browser example (tests/test_run_docker.py, test_web_browser.py, ...).
-        load_manifest(PAYLOADS / "web_browser").requirements,
     ]
 
 
