@@ -105,16 +105,25 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 #: Modules whose test functions are work units of their own (each function's parameters
-#: together): the longest modules, so that two workers share one instead of one worker
-#: running it on alone at the end. Their module-scoped fixtures are made once per worker that
-#: runs a part (cheap ones only).
-SPLIT_MODULES = frozenset[str]()
+#: together): the longest modules, so that workers share one instead of one worker running
+#: it on alone at the end. Their module-scoped fixtures are made once per worker that runs a
+#: part (cheap ones only). test_conformance.py: 400 s of runs in one unit on the loaded
+#: machine; the kit of each backend is the worker's own either way (`kit_for`).
+SPLIT_MODULES = frozenset({"tests/test_conformance.py"})
 
-#: The work units that took longest in CI (the summary below prints each unit's seconds:
-#: refresh this order from it), longest first. pytest-xdist hands them out first, so none
-#: begins late and runs on alone while the other workers idle; the others follow, those with
-#: the most tests first (pytest-xdist's own order).
-LONG_UNITS: tuple[str, ...] = ()
+#: The work units that take longest (the summary below prints each unit's seconds after a
+#: run: refresh this order from CI's), longest first. pytest-xdist hands them out first, so
+#: none begins late and runs on alone while the other workers idle; the others follow, those
+#: with the most tests first (pytest-xdist's own order). The E2B server's modules build their
+#: templates (minutes); doctor runs the whole kit on gVisor in one test; the conformance
+#: kit's parts took 147, 104 and 95 s on the loaded machine.
+LONG_UNITS: tuple[str, ...] = (
+    "e2b-server",
+    "tests/test_doctor.py",
+    "tests/test_conformance.py::test_a_broken_backend_fails_exactly_the_check_of_its_promise",
+    "tests/test_conformance.py::test_mirror",
+    "tests/test_conformance.py::test_docker",
+)
 
 
 def work_unit(nodeid: str) -> str:
