@@ -115,14 +115,14 @@ SPLIT_MODULES = frozenset({"tests/test_conformance.py"})
 #: run: refresh this order from CI's), longest first. pytest-xdist hands them out first, so
 #: none begins late and runs on alone while the other workers idle; the others follow, those
 #: with the most tests first (pytest-xdist's own order). The E2B server's modules build their
-#: templates (minutes); doctor runs the whole kit on gVisor in one test; the conformance
-#: kit's parts took 147, 104 and 95 s on the loaded machine.
+#: templates (minutes); on the loaded machine the conformance kit's parts took 147, 104 and
+#: 95 s, doctor (the whole kit on gVisor, in one test) 94 s.
 LONG_UNITS: tuple[str, ...] = (
     "e2b-server",
-    "tests/test_doctor.py",
     "tests/test_conformance.py::test_a_broken_backend_fails_exactly_the_check_of_its_promise",
     "tests/test_conformance.py::test_mirror",
     "tests/test_conformance.py::test_docker",
+    "tests/test_doctor.py",
 )
 
 
