@@ -35,14 +35,20 @@ def suite_requirements() -> list[tuple[str, ...]]:
     ]
 
 
+def say(message: str) -> None:
+    """A build's steps, without the builder's and pip's own lines (as `images build` says)."""
+    if not message.startswith(("build: ", "pip: ")):
+        print(message, flush=True)
+
+
 def main() -> int:
     from orchestrator.backends.docker import connect
     from orchestrator.backends.docker.images import ensure_agent_image
 
     client = connect()
     for requirements in suite_requirements():
-        print(f"derived image for {' '.join(requirements)}:", flush=True)
-        print(ensure_agent_image(client, extra_requirements=requirements, progress=print))
+        say(f"derived image for {' '.join(requirements)}:")
+        say(ensure_agent_image(client, extra_requirements=requirements, progress=say))
     return 0
 
 
