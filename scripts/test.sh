@@ -28,9 +28,21 @@ if ! docker info >/dev/null 2>&1; then
     exit 1
 fi
 
-# 1. The project and its test tools (idempotent: seconds once set up).
+# 1. The project and its test tools (idempotent: seconds once set up). Then the types (mypy,
+#    configured in pyproject.toml) are checked in the background: cold, mypy reads thousands of
+#    modules of litellm and openai (minutes on one core), while the steps below mostly wait on
+#    apt, the network and the image builds; the run waits for its verdict after the fast tier.
 log "setting up .venv"
 bash scripts/setup.sh
+log "types (in the background)"
+types_log=$(mktemp /tmp/test-types.XXXXXX)
+.venv/bin/mypy >"$types_log" 2>&1 &
+types_check=$!
+stop_types() {  # never fails: it runs on the way out
+    if [ -n "$types_check" ]; then kill "$types_check" 2>/dev/null || true; fi
+    rm -f "$types_log"
+}
+trap stop_types EXIT
 
 # 2. What the tests need beyond Python, installed where this machine lets it; otherwise the tests
 #    that need it are left out, said here in one line.
@@ -48,10 +60,10 @@ if ! bash scripts/setup-gvisor.sh >/tmp/orchestrator-setup-gvisor.log 2>&1; then
     log "skipped: the gVisor tier ($(tail -n 1 /tmp/orchestrator-setup-gvisor.log))"
 fi
 
-# 3. The images the tests use (content-addressed: a warm machine reuses them): the agent image
-#    and the secret interceptor's, built in the background while the checks that need no
-#    engine run; their output is shown once they are done, and a build still going when this
-#    stops is stopped with it.
+# 3. The images the tests use (content-addressed: a warm machine reuses them), built in the
+#    background while the checks that need no engine run; their output is shown once they are
+#    done, and a build still going when this stops is stopped with it.
+#    a. The agent image and the secret interceptor's: the docker tier waits for them.
 log "images (in the background)"
 images_log=$(mktemp /tmp/test-images.XXXXXX)
 (
@@ -64,21 +76,31 @@ ensure_interceptor_image(connect(), print)" &
     wait "$interceptor_build" && exit "$agent_status"
 ) >"$images_log" 2>&1 &
 images_build=$!
+#    b. The derived images some docker tests run in (the web_browser example's, LiteLLM's
+#       client, smolagents[mcp]: tests/derived_images.py), through the code a run calls: on a
+#       bare machine each cost its first test a minute or more, one worker of the docker tier
+#       held. Started now, they wait for the agent image through its build lock, then build
+#       while the fast tier and the docker tier's first modules run (the docker tier does not
+#       wait for them: a test that came first would build its image itself). Waited for at
+#       the end.
+derived_log=$(mktemp /tmp/test-derived.XXXXXX)
+.venv/bin/python -m tests.derived_images >"$derived_log" 2>&1 &
+derived_build=$!
 stop_images() {  # never fails: it runs on the way out
     pkill -P "$images_build" 2>/dev/null || true
     kill "$images_build" 2>/dev/null || true
-    rm -f "$images_log"
+    if [ -n "$derived_build" ]; then kill "$derived_build" 2>/dev/null || true; fi
+    rm -f "$images_log" "$derived_log"
 }
-trap stop_images EXIT
+trap 'stop_types; stop_images' EXIT
 
-# 4. House rules that need no engine: lint and the types (mypy, configured in pyproject.toml).
+# 4. House rules that need no engine: lint (seconds; the types are being checked since step 1).
 #    The layer contracts (lint-imports) and the docs site (`mkdocs build --strict`) are checked
 #    by the fast tier's tests/project/test_architecture.py and tests/project/test_docs.py, so
 #    not twice here.
-log "lint, types"
+log "lint"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy
 
 # 5. The tests run in pytest-xdist workers, each running whole modules (tests/conftest.py):
 #    two (one per core) for the fast tier; three for the docker tier and two for the gVisor
@@ -94,7 +116,7 @@ gvisor_tier=""
 stop_gvisor() {  # never fails: it runs on the way out
     if [ -n "$gvisor_tier" ]; then kill "$gvisor_tier" 2>/dev/null || true; fi
 }
-trap 'stop_images; stop_gvisor; rm -rf "$basetemp"' EXIT
+trap 'stop_types; stop_images; stop_gvisor; rm -rf "$basetemp"' EXIT
 export PYTHONPYCACHEPREFIX="$basetemp/pycache"
 pytest=(.venv/bin/python -m pytest -q)
 workers() { echo "${CI_WORKERS:-$1}"; }  # $CI_WORKERS, else the tier's own number
@@ -118,7 +140,17 @@ fast_status=$?
 set -e
 checked "$fast_status" "fast tier"
 
-#    b. The images, built meanwhile (step 3).
+#    b. The types, checked meanwhile (step 1).
+log "types: waiting for mypy"
+set +e
+wait "$types_check"
+types_status=$?
+set -e
+types_check=""
+cat "$types_log"
+[ "$types_status" -eq 0 ] || { log "mypy found problems (exit $types_status)"; exit 1; }
+
+#    c. The agent and interceptor images, built meanwhile (step 3a).
 log "images: waiting for the build"
 set +e
 wait "$images_build"
@@ -127,7 +159,7 @@ set -e
 cat "$images_log"
 [ "$images_status" -eq 0 ] || { log "the images did not build (exit $images_status)"; exit 1; }
 
-#    c. The tests marked `docker`, every sandbox on runc (tests/conftest.py), and beside them
+#    d. The tests marked `docker`, every sandbox on runc (tests/conftest.py), and beside them
 #       those marked `gvisor` again with every sandbox on gVisor: both runtimes covered, not the
 #       suite twice. The two tiers run at once (each its own store and temporary root): the
 #       docker tier's last minutes are one worker finishing a long module while the cores idle,
@@ -151,7 +183,13 @@ if [ "$gvisor" -eq 1 ]; then
     gvisor_tier=""
     cat "$gvisor_log"
 fi
+log "derived images (step 3b): waiting for them"
+wait "$derived_build"
+derived_status=$?
+derived_build=""
+cat "$derived_log"
 set -e
 checked "$status" "runc" || exit $?
 checked "$gvisor_status" "gvisor"
+[ "$derived_status" -eq 0 ] || { log "the derived images did not build (exit $derived_status)"; exit 1; }
 log "passed"

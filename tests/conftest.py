@@ -106,11 +106,42 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         raise pytest.UsageError(f"{module} uses e2b_test_server: add it to E2B_SERVER_MODULES")
 
 
+#: Modules whose test functions are work units of their own (each function's parameters
+#: together): the longest modules, so that workers share one instead of one worker running
+#: it on alone at the end. Their module-scoped fixtures are made once per worker that runs a
+#: part (cheap ones only). test_conformance.py: 400 s of runs in one unit on the loaded
+#: machine; the kit of each backend is the worker's own either way (`kit_for`).
+SPLIT_MODULES = frozenset({"tests/testing/test_conformance.py"})
+
+#: The work units that take longest (the summary below prints each unit's seconds after a
+#: run: refresh this order from CI's), longest first. pytest-xdist hands them out first, so
+#: none begins late and runs on alone while the other workers idle; the others follow, those
+#: with the most tests first (pytest-xdist's own order). The E2B server's modules build their
+#: templates (minutes); on the loaded machine the conformance kit's parts took 147, 104 and
+#: 95 s, doctor (the whole kit on gVisor, in one test) 94 s.
+LONG_UNITS: tuple[str, ...] = (
+    "e2b-server",
+    "tests/testing/test_conformance.py::test_a_broken_backend_fails_exactly_the_check_of_its_promise",
+    "tests/testing/test_conformance.py::test_mirror",
+    "tests/testing/test_conformance.py::test_docker",
+    "tests/testing/test_doctor.py",
+)
+
+
 def work_unit(nodeid: str) -> str:
-    """What one pytest-xdist worker runs whole: a test's module, or every module of the
-    session's E2B test server together."""
+    """What one pytest-xdist worker runs whole: a test's module, a test function of a
+    SPLIT_MODULES module, or every module of the session's E2B test server together."""
     module = nodeid.split("::", 1)[0]
-    return "e2b-server" if module in E2B_SERVER_MODULES else module
+    if module in E2B_SERVER_MODULES:
+        return "e2b-server"
+    if module in SPLIT_MODULES:
+        return nodeid.split("[", 1)[0]
+    return module
+
+
+def unit_rank(unit: str) -> int:
+    """Where a work unit is handed out: LONG_UNITS in their order, then every other."""
+    return LONG_UNITS.index(unit) if unit in LONG_UNITS else len(LONG_UNITS)
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: none without it
@@ -119,12 +150,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     in one worker, in order, its module-scoped fixtures set up once. Workers share nothing
     else: each has its own store (`orchestrator_home`), and its containers, networks and
     `cleanup` carry that store's label. (Not `--dist loadgroup`: pytest-xdist 3.8 marks the
-    groups on an attribute pytest 9.2 no longer reads, so every test goes its own way.)"""
+    groups on an attribute pytest 9.2 no longer reads, so every test goes its own way.)
+
+    The longest units go first (`unit_rank`), and a worker takes its next unit only when its
+    current one is down to its last test (pytest-xdist's own rule takes it two tests before
+    the end: a long test then holds a unit back that an idle worker could have run)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class WorkUnitScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            first = min(self.workqueue, key=unit_rank)  # ties: the queue's own order
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node: Any) -> None:
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            # A worker runs a test once it knows the next (or that none comes): one test
+            # left, it waits for its next unit, sent at once.
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
 
     return WorkUnitScheduling(config, log)
 

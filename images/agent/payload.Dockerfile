@@ -25,9 +25,10 @@ RUN set -eux; \
 FROM ${AGENT_IMAGE}
 COPY --from=build /tmp/delta/ /opt/venv/
 ARG AGENT_IMAGE ORCHESTRATOR_VERSION=dev ORCHESTRATOR_CONTENT_HASH=unknown \
-    ORCHESTRATOR_REQUIREMENTS=unknown
+    ORCHESTRATOR_REQUIREMENTS=unknown ORCHESTRATOR_CONSTRAINTS=
 LABEL orchestrator.kind=payload-image \
       orchestrator.version=${ORCHESTRATOR_VERSION} \
       orchestrator.content-hash=${ORCHESTRATOR_CONTENT_HASH} \
       orchestrator.agent-image=${AGENT_IMAGE} \
-      orchestrator.requirements="${ORCHESTRATOR_REQUIREMENTS}"
+      orchestrator.requirements="${ORCHESTRATOR_REQUIREMENTS}" \
+      orchestrator.constraints="${ORCHESTRATOR_CONSTRAINTS}"

@@ -79,11 +79,9 @@ def constraints_text(pins: str, constraints: Iterable[Constraint]) -> str:
     return pins + ("\n".join(lines) + "\n" if lines else "")
 
 
-def report_applied(
-    constraints: Iterable[Constraint], wheels: Iterable[str], progress: Progress | None
-) -> list[str]:
-    """Say which constraints bore on the resolution (a wheel of their project is among
-    `wheels`, the derived wheelhouse's file names); returns what was said."""
+def bearing(constraints: Iterable[Constraint], wheels: Iterable[str]) -> tuple[Constraint, ...]:
+    """The constraints that bore on a resolution: those with a wheel of their project among
+    `wheels` (the derived wheelhouse's file names)."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
     projects = set()
@@ -92,7 +90,14 @@ def report_applied(
             projects.add(parse_wheel_filename(name)[0])
         except InvalidWheelFilename:
             continue
-    said = [c.describe() for c in constraints if c.project in projects]
+    return tuple(c for c in constraints if c.project in projects)
+
+
+def report_applied(
+    constraints: Iterable[Constraint], wheels: Iterable[str], progress: Progress | None
+) -> list[str]:
+    """Say which constraints bore on the resolution (`bearing`); returns what was said."""
+    said = [c.describe() for c in bearing(constraints, wheels)]
     for message in said:
         report(progress, message)
     return said

@@ -18,7 +18,7 @@ import pytest
 from orchestrator import RunSpec, Store, load_manifest, run
 from orchestrator.backends.docker.runtimes import PIDS_BY_CGROUP, gvisor_nproc
 from orchestrator.backends.docker.seccomp import security_options
-from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.records.store import new_run_id
 from orchestrator.spec import Limits
 from tests.conftest import (
@@ -218,6 +218,50 @@ def test_memory_limit_is_oom_killed(agent_image: str, no_leftovers) -> None:
     result = run(spec)
     assert result.status == "oom_killed", (result.status, result.error)
     assert result.oom_killed
+
+
+#: A parent that outlives its child as the runtime's relay does: the child holds memory past
+#: the container's limit, the parent exits as a shell reports the child's end (137 for a
+#: SIGKILL); with "self", the child kills itself with SIGKILL instead (no OOM at all).
+OUTLIVED_CHILD = (
+    "import subprocess, sys\n"
+    "hoard = 'held = [bytearray(16 << 20) for _ in range(64)]'\n"
+    "suicide = 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)'\n"
+    "child = subprocess.run([sys.executable, '-c', suicide if sys.argv[1:] else hoard])\n"
+    "sys.exit(128 - child.returncode if child.returncode < 0 else child.returncode)\n"
+)
+
+
+@pytest.mark.parametrize("ending", ["oom", "self-kill"])
+def test_an_oom_kill_is_the_hosts_finding_even_when_the_engines_record_missed_it(
+    agent_image: str, docker_client, ending: str
+) -> None:
+    """The engine sets State.OOMKilled only when its OOM notice comes in before the exit's;
+    under load the relay's exit (137, at once) can come first, and a run over its memory
+    limit ended `failed`. The host's finding (`oom_killed`) also asks the engine's events:
+    given the real container's state with the record cleared, as the engine leaves it then,
+    an OOM kill is still found, and a process that killed itself is not one."""
+    from orchestrator.backends.docker.sandbox import SIGKILL_EXIT, oom_killed
+
+    api = docker_client.api
+    command = ["python", "-c", OUTLIVED_CHILD, *(["self"] if ending == "self-kill" else [])]
+    container = api.create_container(
+        agent_image,
+        command=command,
+        labels={LABEL_KIND: "test"},
+        host_config=api.create_host_config(
+            init=True, mem_limit="64m", memswap_limit="64m", network_mode="none"
+        ),
+    )
+    try:
+        api.start(container)
+        code = api.wait(container, timeout=120)["StatusCode"]
+        state = api.inspect_container(container)["State"]
+        assert code == SIGKILL_EXIT
+        missed = {**state, "OOMKilled": False}  # as the engine leaves it when its notice is late
+        assert oom_killed(api, container["Id"], code, missed) == (ending == "oom")
+    finally:
+        api.remove_container(container, force=True)
 
 
 @pytest.mark.gvisor

@@ -28,7 +28,13 @@ from typing import IO
 import docker.errors
 
 from ...errors import ImageBuildError
-from ...images.constraints import applicable, constraints_text, read_constraints, report_applied
+from ...images.constraints import (
+    applicable,
+    bearing,
+    constraints_text,
+    read_constraints,
+    report_applied,
+)
 from ...images.imagedef import (
     AGENT_IMAGE_DIR,
     BASE_IMAGE_ENV,
@@ -84,6 +90,11 @@ LABEL_AGENT_IMAGE = "orchestrator.agent-image"  # on payload images: the agent i
 
 
 LABEL_REQUIREMENTS = "orchestrator.requirements"  # on payload images: the extra requirements
+
+
+#: On payload images: the constraints (images/agent/constraints.txt) that bore on their
+#: resolution, as the build said them, so a cached image still tells which held.
+LABEL_CONSTRAINTS = "orchestrator.constraints"
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # the classic builder colours a step's stderr
@@ -249,6 +260,9 @@ def _ensure_payload_image(
             "ORCHESTRATOR_VERSION": VERSION,
             "ORCHESTRATOR_CONTENT_HASH": content_hash,
             "ORCHESTRATOR_REQUIREMENTS": " ".join(requirements),
+            "ORCHESTRATOR_CONSTRAINTS": " ".join(
+                c.line for c in bearing(in_force, wheelhouse.wheels)
+            ),
         }
         build_image(client, tag, files, wheels, buildargs, progress)
     return tag

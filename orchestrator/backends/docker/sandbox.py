@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from orchestrator_runtime.request import Request
 
 from ...spec import Limits
 from ..base import ExitInfo, Sandbox, SandboxSpec, StreamName
+from .engine import engine_time
 from .runtimes import Placement
 from .snapshots import start_from_checkpoint
 
@@ -29,6 +31,51 @@ if TYPE_CHECKING:  # a run's helpers, imported only by the runs that have them (
     from .interceptor import Interceptor
 
 STREAM_NAMES: dict[int, StreamName] = {1: "stdout", 2: "stderr"}
+
+#: The exit status of a container whose runtime, or the agent process its relay waits for,
+#: was killed by SIGKILL (128 + 9): the kernel's OOM killer, or a kill.
+SIGKILL_EXIT = 137
+#: How long after a container's exit the host waits for the engine's `oom` event when the
+#: engine's record says no OOM kill but the exit was a SIGKILL the host did not send
+#: (`oom_killed`). An OOM notice that comes in after the exit's is still logged as the
+#: container's `oom` event, just after its `die` (here 0.1-0.2 s before it, under load, when
+#: in order); the wait ends at the event, so only a SIGKILL that was no OOM waits it out.
+OOM_EVENT_GRACE = 3.0
+
+
+def oom_killed(
+    api: docker.APIClient, container_id: str, exit_code: int, state: dict[str, Any]
+) -> bool:
+    """Whether the kernel's OOM killer ended a process of the container, as the engine saw
+    it. `state`: the container's inspected State, after its exit.
+
+    The engine's record (State.OOMKilled) is set only when its OOM notice from containerd
+    came in before the exit's. The OOM killer takes the largest process, the agent process;
+    the runtime's relay outlives it, reports that it died without a result and exits 137 at
+    once: on a loaded machine the exit's notice can then come first, and the record says no
+    OOM (a run holding 768 MiB under 128 MiB ended `failed`). So for an exit by SIGKILL the
+    engine's events are asked too: its `oom` event for the container, waited for until
+    OOM_EVENT_GRACE after the exit (the event stream ends then). The caller leaves out the
+    SIGKILLs it sent itself (a time limit, a cancel)."""
+    if state.get("OOMKilled"):
+        return True
+    if exit_code != SIGKILL_EXIT:
+        return False
+    started = engine_time(state.get("StartedAt")) or time.time() - 24 * 3600
+    finished = engine_time(state.get("FinishedAt")) or time.time()
+    try:
+        events = api.events(
+            since=f"{started - 1:.9f}",  # the engine's own clock, as its records are
+            until=f"{finished + OOM_EVENT_GRACE:.9f}",
+            filters={"type": "container", "container": container_id, "event": "oom"},
+            decode=True,
+        )
+    except docker.errors.APIError:
+        return False
+    try:
+        return any(event.get("Action", event.get("status")) == "oom" for event in events)
+    finally:
+        events.close()
 
 
 class DockerSandbox(Sandbox):
@@ -64,6 +111,8 @@ class DockerSandbox(Sandbox):
         self.isolation = placement.isolation(limits) if placement else {}
         #: The snapshot it was restored from (snapshots.py); None: started cold.
         self.restored_from: str | None = None
+        #: Whether this host killed it (`kill`).
+        self._killed = False
 
     def start(self, request: Request, secrets: dict[str, str]) -> None:
         """The request and its secrets go in as one JSON object on the runtime's stdin: a
@@ -153,14 +202,21 @@ class DockerSandbox(Sandbox):
             return  # closed under us (kill/remove): the exit state says what happened
 
     def wait(self, timeout: float) -> ExitInfo:
+        """The container's exit. An OOM kill is decided by the host from the engine
+        (`oom_killed`), never from what the sandbox said; a SIGKILL this host sent
+        (`kill`: a time limit, a cancel) is not looked up as one."""
         try:
             result = self.api.wait(self.id, timeout=timeout)
             state = self.api.inspect_container(self.id)["State"]
+            code = int(result.get("StatusCode", -1))
+            killed = bool(state.get("OOMKilled")) or (
+                not self._killed and oom_killed(self.api, self.id, code, state)
+            )
         except docker.errors.NotFound:
             return ExitInfo(None, infra_error="the container vanished during the run")
         except Exception as exc:
             return ExitInfo(None, infra_error=f"waiting for the container failed: {exc}")
-        return ExitInfo(int(result.get("StatusCode", -1)), oom_killed=bool(state.get("OOMKilled")))
+        return ExitInfo(code, oom_killed=killed)
 
     def recover_stdout(self) -> bytes:
         """Nothing: the sandbox keeps no engine-side log to recover from (see
@@ -168,6 +224,7 @@ class DockerSandbox(Sandbox):
         return b""
 
     def kill(self) -> None:
+        self._killed = True  # its SIGKILL is this host's, not the OOM killer's (`wait`)
         with contextlib.suppress(docker.errors.APIError):
             self.api.kill(self.id)
 
