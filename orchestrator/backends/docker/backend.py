@@ -27,6 +27,9 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, restorable_kep
 from .engine import connect, engine_time
 from .hardening import host_config_options, network_options
 from .hostchecks import EngineHostChecks
+from .runsc_direct import direct
+from .runsc_direct.direct import RUNSC_DIRECT
+from .runsc_direct.sandbox import RunscSandbox
 from .runtimes import RUNC, RUNSC, EngineRuntimes, check_requested, place
 from .sandbox import DockerSandbox
 from .snapshots import Snapshots
@@ -52,7 +55,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         egress_events=True,
         removes_orphans=True,
         orphans_end="its containers stop at their deadline",
-        sandbox_runtimes=(RUNSC, RUNC),
+        sandbox_runtimes=(RUNSC, RUNC, RUNSC_DIRECT),
         bound_secrets=True,
     )
 
@@ -74,6 +77,11 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
         """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
         super().check_runtime(runtime, asked=asked)
+        if runtime == RUNSC_DIRECT:
+            from .runsc_direct.binary import runsc_path
+
+            runsc_path()  # raises ConfigError without runsc
+            return
         check_requested(runtime, self.runtimes)
 
     def starts_per_core(self, spec: SandboxSpec) -> int:
@@ -117,10 +125,13 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
 
         return bootstrap_base(self.client, suite=suite, mirror=mirror, progress=progress)
 
-    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
+    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox | RunscSandbox:
         """The sandbox container, and what its network policy needs beside it: a private
         network (allowlist, or any run with a gateway), squid on it (when the sandbox has
-        hosts of its own to reach) and the model gateway. All removed again on failure."""
+        hosts of its own to reach) and the model gateway. All removed again on failure.
+        On `runsc-direct`, a sandbox runsc runs itself (runsc_direct/)."""
+        if spec.runtime == RUNSC_DIRECT:
+            return direct.create(self.client, spec, progress)
         return self._create_all(spec, progress, None)
 
     def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> DockerSandbox:
@@ -137,6 +148,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
     ) -> DockerSandbox:
+        if spec.runtime == RUNSC_DIRECT:  # runsc itself, not the engine (runsc_direct/)
+            raise direct.refusal(spec, pooled=ttl is not None) or ValueError(spec.runtime)
         # A run's helpers' code is imported by the runs that have them (10 ms of every start).
         from .egress import Egress, ensure_egress_image
         from .gateway import Gateway
@@ -313,6 +326,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         they can be removed."""
         from .egress import KIND_EGRESS_NETWORK
 
+        labels_wanted = dict(labels)
         filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
         found = []
         for c in self.client.api.containers(all=True, filters=filters):
@@ -328,7 +342,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
             labels = n.get("Labels") or {}
             if labels.get(LABEL_KIND) == KIND_EGRESS_NETWORK:
                 found.append(SandboxInfo(n["Id"], n["Name"], labels, "-", KIND_EGRESS_NETWORK))
-        return found
+        return found + direct.list_sandboxes(labels_wanted)
 
     def _with_end(self, info: SandboxInfo) -> SandboxInfo:
         """The engine's record of how a container ended (exit code, OOM kill, times)."""
@@ -350,7 +364,11 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """An orphan (`cleanup`); a container's removal also sweeps what containerd
         unpacked for restores whose containers are gone (`Snapshots.sweep`)."""
         from .egress import KIND_EGRESS_NETWORK, remove_network
+        from .runsc_direct.records import is_ours
 
+        if is_ours(info.id):  # run by runsc itself (runsc_direct/)
+            direct.remove(info.id)
+            return
         with contextlib.suppress(docker.errors.NotFound):
             if info.kind == KIND_EGRESS_NETWORK:
                 remove_network(self.client, info.id)
