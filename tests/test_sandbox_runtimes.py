@@ -109,7 +109,7 @@ def test_a_run_on_docker_naming_another_backends_runtime_is_refused_before_anyth
             backend=DockerBackend(),
         )
     assert refused.value.exit_code == 2 and refused.value.field == "sandbox_runtime"
-    assert "Use one of auto, runsc, runc." in refused.value.fix
+    assert "Use one of auto, runsc, runc, runsc-direct." in refused.value.fix
     done = cli("run", str(TEST_PAYLOADS / "kernel_probe"), "--sandbox-runtime", "runs")
     assert done.returncode == 2, done.stderr
     assert "did you mean `runsc`?" in done.stderr and "auto, runsc, runc" in done.stderr
