@@ -119,16 +119,15 @@ def test_the_join_script_puts_the_process_into_the_cgroup_then_runs_it(tmp_path:
 
 
 @pytest.mark.parametrize(
-    ("network", "gateway", "pooled", "named"),
+    ("network", "gateway", "named"),
     [
-        ("allowlist", False, False, "network 'allowlist'"),
-        ("open", False, False, "network 'open'"),
-        ("none", True, False, "a model gateway"),
-        ("none", False, True, "warm (pooled) sandboxes"),
+        ("allowlist", False, "network 'allowlist'"),
+        ("open", False, "network 'open'"),
+        ("none", True, "a model gateway"),
     ],
 )
 def test_what_it_cannot_run_yet_is_refused_with_the_fix(
-    network: str, gateway: bool, pooled: bool, named: str
+    network: str, gateway: bool, named: str
 ) -> None:
     from orchestrator.gateway import GatewaySpec
 
@@ -140,7 +139,7 @@ def test_what_it_cannot_run_yet_is_refused_with_the_fix(
         NetworkPolicy(mode=network),
         gateway=GatewaySpec("http://x", "token", 1, 1, None) if gateway else None,
     )
-    refused = direct.refusal(spec, pooled=pooled)
+    refused = direct.refusal(spec)
     assert refused is not None and refused.exit_code == 2
     assert named in refused.cause and "--sandbox-runtime runsc" in refused.fix
     plain = SandboxSpec("r", "img", ("python",), Limits(), NetworkPolicy(mode="none"))

@@ -59,3 +59,33 @@ def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str)
     if not (env and os.environ.get(env) == "1"):
         check_remote_endpoint(model, backend=backend, opt_in_env=env)
     return False
+
+
+def check_offline_runtime(
+    capabilities: Capabilities,
+    runtime: str,
+    network: NetworkPolicy,
+    gateway: bool,
+    manifest: Manifest,
+) -> None:
+    """Raise ConfigError (exit 2, before anything starts) for a run that needs a network on
+    a sandbox runtime whose sandboxes have none yet (`Capabilities.offline_runtimes`): a
+    network other than `none`, a model gateway (it is reached over the run's network) or
+    bound secrets (their interceptor is)."""
+    if runtime not in capabilities.offline_runtimes:
+        return
+    needs = []
+    if network.mode != "none":
+        needs.append(f"network {network.mode!r}")
+    if gateway:
+        needs.append("a model gateway")
+    if manifest.bindings:
+        needs.append("secrets bound to hosts")
+    if not needs:
+        return
+    raise ConfigError(
+        f"The sandbox runtime {runtime} runs only sandboxes without network yet, and this run "
+        f"has {' and '.join(needs)}. Nothing was started.",
+        "Run it on another sandbox runtime (--sandbox-runtime auto), or without network: "
+        "--network none, with the mock model or --no-gateway.",
+    )

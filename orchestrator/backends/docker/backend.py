@@ -56,6 +56,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         removes_orphans=True,
         orphans_end="its containers stop at their deadline",
         sandbox_runtimes=(RUNSC, RUNC, RUNSC_DIRECT),
+        offline_runtimes=(RUNSC_DIRECT,),  # until it joins a holder's netns (runsc_direct/)
         bound_secrets=True,
     )
 
@@ -89,6 +90,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         one per core a warm batch of 64 mock tasks on 2 cores left 6 % of the CPU idle and
         sent 15-25 runs cold; with two, 4 %, as cold does, and one. One under runc, where two
         made warm 0.95x of cold at a fixed 4 (one: 1.05x)."""
+        if spec.runtime == RUNSC_DIRECT:
+            return 2
         try:
             gvisor = place(spec.runtime, self.runtimes, networked=False).runtime == "runsc"
         except ConfigError:  # no gVisor for a run that asks for it: the run says so
@@ -134,22 +137,25 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
             return direct.create(self.client, spec, progress)
         return self._create_all(spec, progress, None)
 
-    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> DockerSandbox:
+    def create_idle(
+        self, spec: SandboxSpec, progress: Progress, ttl: float
+    ) -> DockerSandbox | RunscSandbox:
         """A pooled sandbox: created exactly as `create` does (same hardening, labels, network
         and helpers), then started idle (`DockerSandbox.prestart`), or restored from its
         snapshot where a run's would be (snapshots.py). Its keeper stops it `ttl` seconds
         from now unless a run takes it; a taken one stops at the run's time limit and grace
         after it read its request. Its helpers stop when an untaken sandbox would
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
-        return self._create_all(
-            replace(spec, labels={**spec.labels, LABEL_WARM: "true"}), progress, ttl
-        )
+        warm = replace(spec, labels={**spec.labels, LABEL_WARM: "true"})
+        if spec.runtime == RUNSC_DIRECT:
+            return direct.create(self.client, warm, progress, idle=ttl)
+        return self._create_all(warm, progress, ttl)
 
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
     ) -> DockerSandbox:
-        if spec.runtime == RUNSC_DIRECT:  # runsc itself, not the engine (runsc_direct/)
-            raise direct.refusal(spec, pooled=ttl is not None) or ValueError(spec.runtime)
+        if spec.runtime == RUNSC_DIRECT:  # runsc itself, not the engine (`create`)
+            raise ValueError(f"{RUNSC_DIRECT} sandboxes are made by runsc_direct/direct.py")
         # A run's helpers' code is imported by the runs that have them (10 ms of every start).
         from .egress import Egress, ensure_egress_image
         from .gateway import Gateway

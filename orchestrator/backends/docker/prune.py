@@ -174,6 +174,7 @@ def prune_images(
                 continue
         report(progress, f"{'would remove' if dry_run else 'removed'} {row['tag']}")
         removed.append(row["tag"])
+    removed += sweep_exported(client, dry_run=dry_run, progress=progress)
     for image_id in dangling_images(client):
         name = f"<none> ({image_id.removeprefix('sha256:')[:12]})"
         if not dry_run:
@@ -185,3 +186,18 @@ def prune_images(
         report(progress, f"{'would remove' if dry_run else 'removed'} {name}")
         removed.append(name)
     return removed
+
+
+def sweep_exported(
+    client: docker.DockerClient, *, dry_run: bool, progress: Progress | None
+) -> list[str]:
+    """The images exported for runsc-direct (runsc_direct/bundle.py), with the snapshots made
+    of them, whose image the engine no longer has: they go with it."""
+    from .runsc_direct import bundle
+
+    gone = bundle.orphaned(client)
+    for exported in gone:
+        if not dry_run:
+            bundle.remove(exported)
+        report(progress, f"{'would remove' if dry_run else 'removed'} runsc:{exported.image_id}")
+    return [f"runsc:{exported.image_id}" for exported in gone]

@@ -140,20 +140,23 @@ def list_bundles() -> list[Bundle]:
     return [bundle for bundle in found if bundle is not None]
 
 
-def sweep(client: docker.DockerClient) -> list[str]:
-    """Remove the bundles (and the snapshots in them) of images the engine no longer has,
-    and partial exports a dead process left; returns the image ids removed."""
+def orphaned(client: docker.DockerClient) -> list[Bundle]:
+    """The bundles (with the snapshots in them) of images the engine no longer has."""
     gone = []
     for bundle in list_bundles():
         try:
             client.api.inspect_image(bundle.image_id)
         except docker.errors.ImageNotFound:
-            shutil.rmtree(bundle.folder, ignore_errors=True)
-            bundle.folder.with_name(f"{bundle.folder.name}.lock").unlink(missing_ok=True)
-            gone.append(bundle.image_id)
+            gone.append(bundle)
+    return gone
+
+
+def remove(bundle: Bundle) -> None:
+    """A bundle, its snapshots and its lock; partial exports a dead process left go too."""
+    shutil.rmtree(bundle.folder, ignore_errors=True)
+    bundle.folder.with_name(f"{bundle.folder.name}.lock").unlink(missing_ok=True)
     root = images_root()
     for partial in root.glob("*.partial") if root.is_dir() else ():
         pid = partial.name.rsplit(".", 2)[-2]
         if not Path(f"/proc/{pid}").exists():
             shutil.rmtree(partial, ignore_errors=True)
-    return gone

@@ -28,10 +28,10 @@ from .sandbox import RunscSandbox, remove_left
 RUNSC_DIRECT = "runsc-direct"
 
 
-def refusal(spec: SandboxSpec, pooled: bool = False) -> ConfigError | None:
+def refusal(spec: SandboxSpec) -> ConfigError | None:
     """Why this runtime cannot run `spec` yet (None: it can): only sandboxes without
-    network, model gateway or bound secrets, and no warm pools, until the sandbox joins a
-    holder container's network namespace on the run's Docker network."""
+    network, model gateway or bound secrets, until the sandbox joins a holder container's
+    network namespace on the run's Docker network."""
     missing = []
     if spec.network.mode != "none":
         missing.append(f"network {spec.network.mode!r}")
@@ -39,29 +39,31 @@ def refusal(spec: SandboxSpec, pooled: bool = False) -> ConfigError | None:
         missing.append("a model gateway (it needs a network)")
     if spec.bindings:
         missing.append("bound secrets (they need a network)")
-    if pooled:
-        missing.append("warm (pooled) sandboxes")
     if not missing:
         return None
     return ConfigError(
         f"--sandbox-runtime {RUNSC_DIRECT} runs only sandboxes without network yet; this run "
-        f"has {', '.join(missing)}.",
+        f"has {' and '.join(missing)}.",
         "Use --sandbox-runtime runsc (gVisor through the engine) or auto for this run, or "
         "--network none with a mock or --no-gateway model.",
     )
 
 
-def create(client: docker.DockerClient, spec: SandboxSpec, progress: Progress) -> RunscSandbox:
+def create(
+    client: docker.DockerClient, spec: SandboxSpec, progress: Progress, idle: float | None = None
+) -> RunscSandbox:
     """The run's sandbox, restored from its snapshot (made first when there is none) and
-    running, waiting for its request. Raises ConfigError for what `refusal` names."""
+    running, waiting for its request. `idle`: a pooled sandbox's time-to-live, which its
+    keeper idles after the restore unless a run takes it (in the keeper's argv: pools and
+    single runs have a snapshot each, one per time-to-live). Raises ConfigError for what
+    `refusal` names."""
     refused = refusal(spec)
     if refused is not None:
         raise refused
     image = bundle.ensure(client, spec.image, progress)
     env = list(client.api.inspect_image(spec.image)["Config"].get("Env") or [])
-    argv = restorable_kept(
-        AGENT_KEEPER, RESTORABLE_IDLE, run_seconds(spec.limits), list(spec.command)
-    )
+    idle_seconds = RESTORABLE_IDLE if idle is None else idle
+    argv = restorable_kept(AGENT_KEEPER, idle_seconds, run_seconds(spec.limits), list(spec.command))
     config = ocispec.config(image.rootfs, argv, env, spec.limits)
     ready = snapshot.ensure(image, config, spec.limits, progress)
     return restore(ready, spec)

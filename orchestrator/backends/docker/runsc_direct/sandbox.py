@@ -104,6 +104,13 @@ class RunscSandbox(Sandbox):
             f"{seen[-500:].decode(errors='replace')!r}"
         )
 
+    def take(self, spec: SandboxSpec) -> None:
+        """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
+        start). Raises ValueError for another run's."""
+        if self.spec is None or spec.run_id != self.spec.run_id:
+            raise ValueError(f"pooled sandbox {self.id} is not for run {spec.run_id}")
+        self.spec = spec
+
     def stream(self) -> Iterator[tuple[StreamName, bytes]]:
         yield from self._early
         self._early = []
@@ -183,10 +190,14 @@ def remove_left(
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=CALL_TIMEOUT)
-    if any(state_root().glob(f"*{container_id}*")):
+    root = state_root()
+    if any(root.glob(f"*{container_id}*.state")):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(
                 runsc("delete", "--force", container_id),
                 capture_output=True,
                 timeout=CALL_TIMEOUT,
             )
+    for left in root.glob(f"*{container_id}*"):  # runsc leaves its lock file behind
+        with contextlib.suppress(OSError):
+            left.unlink()
