@@ -154,8 +154,6 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
     ) -> DockerSandbox:
-        if spec.runtime == RUNSC_DIRECT:  # runsc itself, not the engine (`create`)
-            raise ValueError(f"{RUNSC_DIRECT} sandboxes are made by runsc_direct/direct.py")
         # A run's helpers' code is imported by the runs that have them (10 ms of every start).
         from .egress import Egress, ensure_egress_image
         from .gateway import Gateway
