@@ -5,6 +5,8 @@ refuses yet is refused with its cause and fix (direct.py)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +146,59 @@ def test_what_it_cannot_run_yet_is_refused_with_the_fix(
     assert named in refused.cause and "--sandbox-runtime runsc" in refused.fix
     plain = SandboxSpec("r", "img", ("python",), Limits(), NetworkPolicy(mode="none"))
     assert direct.refusal(plain) is None
+
+
+def fake_snapshot(key: str, used: float, image: str = "a" * 64) -> None:
+    from orchestrator.backends.docker.runsc_direct import bundle, snapshot
+
+    folder = bundle.images_root() / image
+    (folder / "rootfs").mkdir(parents=True, exist_ok=True)
+    (folder / bundle.META_FILE).write_text("{}")
+    made = folder / snapshot.SNAPSHOTS_DIR / key
+    (made / "checkpoint").mkdir(parents=True)
+    (made / snapshot.META_FILE).write_text("{}")
+    os.utime(made / snapshot.META_FILE, (used, used))
+
+
+def test_snapshots_beyond_the_kept_number_go_least_recently_used_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across every exported image, as the engine path's: a restore marks its snapshot
+    used, and one used in the last RECENT_USE seconds is never removed."""
+    from orchestrator.backends.docker.runsc_direct import snapshot
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path))
+    now = time.time()
+    fake_snapshot("old", now - 5000)
+    fake_snapshot("older", now - 9000, image="b" * 64)
+    fake_snapshot("recent", now - 10)
+    assert snapshot.evict(1, now=now) == ["old", "older"]
+    assert [s.key for s in snapshot.list_snapshots()] == ["recent"]
+    fake_snapshot("newer", now - 20)
+    assert snapshot.evict(1, now=now) == []  # both used within RECENT_USE
+    (newer,) = [s for s in snapshot.list_snapshots() if s.key == "newer"]
+    snapshot.mark_used(newer)
+    assert snapshot.evict(1, now=time.time() + snapshot.RECENT_USE + 15) == ["recent"]
+
+
+def test_a_run_that_needs_a_network_is_refused_on_an_offline_runtime() -> None:
+    """`Capabilities.offline_runtimes`: refused while the run is prepared (exit 2), for its
+    network, its gateway and its bound secrets alike; other runtimes are not concerned."""
+    from orchestrator.backends.base import Capabilities
+    from orchestrator.errors import ConfigError
+    from orchestrator.lifecycle.admission import check_offline_runtime
+    from orchestrator.payloads.manifest import load_manifest
+
+    from .conftest import TEST_PAYLOADS
+
+    capabilities = Capabilities(sandbox_runtimes=("a", "b"), offline_runtimes=("b",))
+    manifest = load_manifest(TEST_PAYLOADS / "kernel_probe")
+    assert not manifest.bindings
+    none, allowlist = NetworkPolicy(mode="none"), NetworkPolicy(mode="allowlist")
+    check_offline_runtime(capabilities, "a", allowlist, True, manifest)
+    check_offline_runtime(capabilities, "b", none, False, manifest)
+    with pytest.raises(ConfigError) as refused:
+        check_offline_runtime(capabilities, "b", allowlist, True, manifest)
+    assert refused.value.exit_code == 2
+    assert "network 'allowlist' and a model gateway" in refused.value.cause
+    assert "--sandbox-runtime auto" in refused.value.fix

@@ -93,6 +93,7 @@ def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
     except BaseException:
         sandbox.remove()
         raise
+    snapshot.mark_used(ready)
     return sandbox
 
 

@@ -31,8 +31,9 @@ from typing import Any
 from ....labels import LABEL_KIND, run_labels
 from ....spec import Limits
 from ...base import Progress
+from ..snapshot_store import RECENT_USE, keep_count
 from .binary import GLOBAL_FLAGS, runsc, runsc_path
-from .bundle import Bundle
+from .bundle import Bundle, list_bundles
 from .cgroup import Cgroup
 from .records import SandboxRecord, new_id
 from .sandbox import CALL_TIMEOUT, RunscSandbox
@@ -101,7 +102,47 @@ def ensure(bundle: Bundle, config: dict[str, Any], limits: Limits, progress: Pro
         if found is not None:
             return found
         progress(f"making runsc snapshot {snapshot_key} of the ready runtime (once)")
-        return make(bundle, snapshot_key, config, limits)
+        made = make(bundle, snapshot_key, config, limits)
+        evict(keep_count())  # the new one is the most recently used: it stays
+        return made
+
+
+def mark_used(snapshot: Snapshot) -> None:
+    """A restore's mark on its snapshot (its meta file's mtime), which eviction reads."""
+    with contextlib.suppress(OSError):
+        os.utime(snapshot.folder / META_FILE)
+
+
+def list_snapshots() -> list[Snapshot]:
+    """Every complete snapshot of every exported image of this state directory."""
+    found = []
+    for exported in list_bundles():
+        for meta in sorted((exported.folder / SNAPSHOTS_DIR).glob(f"*/{META_FILE}")):
+            found.append(Snapshot(meta.parent.name, meta.parent))
+    return found
+
+
+def evict(keep: int, now: float | None = None) -> list[str]:
+    """Remove the least recently used snapshots beyond `keep` (one per image, limits and
+    time-to-live used; ~13 MB each), never one used in the last RECENT_USE seconds (a
+    restore may be reading it); the same number as the engine path's
+    ($ORCHESTRATOR_SNAPSHOTS_KEEP). Returns the keys removed."""
+    now = time.time() if now is None else now
+
+    def used(snapshot: Snapshot) -> float:
+        try:
+            return (snapshot.folder / META_FILE).stat().st_mtime
+        except OSError:
+            return 0.0
+
+    by_use = sorted(list_snapshots(), key=used, reverse=True)
+    gone = []
+    for snapshot in by_use[keep:]:
+        if now - used(snapshot) >= RECENT_USE:
+            shutil.rmtree(snapshot.folder, ignore_errors=True)
+            snapshot.folder.with_name(f"{snapshot.key}.lock").unlink(missing_ok=True)
+            gone.append(snapshot.key)
+    return gone
 
 
 def make(bundle: Bundle, snapshot_key: str, config: dict[str, Any], limits: Limits) -> Snapshot:
