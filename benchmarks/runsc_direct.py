@@ -170,9 +170,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         "# runsc-direct against the floor",
         "",
-        context.summary(report),
-        f"; load (1 min) {report['load_1m']['before']} before, {report['load_1m']['after']} "
-        f"after; {report['rounds']} interleaved rounds, medians.",
+        f"{context.summary(report)}; load (1 min) {report['load_1m']['before']} before, "
+        f"{report['load_1m']['after']} after; {report['rounds']} interleaved rounds, medians.",
         "",
         report["what"] + ".",
         "",
