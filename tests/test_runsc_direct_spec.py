@@ -120,32 +120,21 @@ def test_the_join_script_puts_the_process_into_the_cgroup_then_runs_it(tmp_path:
     assert subprocess.run(missing.joined(["true"]), capture_output=True).returncode == 125
 
 
-@pytest.mark.parametrize(
-    ("network", "gateway", "named"),
-    [
-        ("allowlist", False, "network 'allowlist'"),
-        ("open", False, "network 'open'"),
-        ("none", True, "a model gateway"),
-    ],
-)
-def test_what_it_cannot_run_yet_is_refused_with_the_fix(
-    network: str, gateway: bool, named: str
-) -> None:
-    from orchestrator.gateway import GatewaySpec
+def test_network_open_is_refused_with_the_fix_and_the_rest_needs_a_holder() -> None:
+    def spec(network: str, gateway: bool = False) -> SandboxSpec:
+        from orchestrator.gateway import GatewaySpec
 
-    spec = SandboxSpec(
-        "r",
-        "img",
-        ("python",),
-        Limits(),
-        NetworkPolicy(mode=network),
-        gateway=GatewaySpec("http://x", "token", 1, 1, None) if gateway else None,
-    )
-    refused = direct.refusal(spec)
+        made = GatewaySpec("http://x", "token", 1, 1, None) if gateway else None
+        return SandboxSpec(
+            "r", "img", ("python",), Limits(), NetworkPolicy(mode=network), gateway=made
+        )
+
+    refused = direct.refusal(spec("open"))
     assert refused is not None and refused.exit_code == 2
-    assert named in refused.cause and "--sandbox-runtime runsc" in refused.fix
-    plain = SandboxSpec("r", "img", ("python",), Limits(), NetworkPolicy(mode="none"))
-    assert direct.refusal(plain) is None
+    assert "network 'open'" in refused.cause and "--sandbox-runtime runsc" in refused.fix
+    for networked in (spec("allowlist"), spec("none", gateway=True)):
+        assert direct.refusal(networked) is None and direct.networked(networked)
+    assert direct.refusal(spec("none")) is None and not direct.networked(spec("none"))
 
 
 def fake_snapshot(key: str, used: float, image: str = "a" * 64) -> None:
@@ -181,24 +170,18 @@ def test_snapshots_beyond_the_kept_number_go_least_recently_used_first(
     assert snapshot.evict(1, now=time.time() + snapshot.RECENT_USE + 15) == ["recent"]
 
 
-def test_a_run_that_needs_a_network_is_refused_on_an_offline_runtime() -> None:
-    """`Capabilities.offline_runtimes`: refused while the run is prepared (exit 2), for its
-    network, its gateway and its bound secrets alike; other runtimes are not concerned."""
+def test_network_open_is_refused_on_a_closed_runtime() -> None:
+    """`Capabilities.closed_runtimes`: refused while the run is prepared (exit 2); other
+    networks, and other runtimes, are not concerned."""
     from orchestrator.backends.base import Capabilities
     from orchestrator.errors import ConfigError
-    from orchestrator.lifecycle.admission import check_offline_runtime
-    from orchestrator.payloads.manifest import load_manifest
+    from orchestrator.lifecycle.admission import check_closed_runtime
 
-    from .conftest import TEST_PAYLOADS
-
-    capabilities = Capabilities(sandbox_runtimes=("a", "b"), offline_runtimes=("b",))
-    manifest = load_manifest(TEST_PAYLOADS / "kernel_probe")
-    assert not manifest.bindings
-    none, allowlist = NetworkPolicy(mode="none"), NetworkPolicy(mode="allowlist")
-    check_offline_runtime(capabilities, "a", allowlist, True, manifest)
-    check_offline_runtime(capabilities, "b", none, False, manifest)
+    capabilities = Capabilities(sandbox_runtimes=("a", "b"), closed_runtimes=("b",))
+    check_closed_runtime(capabilities, "a", NetworkPolicy(mode="open"))
+    check_closed_runtime(capabilities, "b", NetworkPolicy(mode="allowlist"))
     with pytest.raises(ConfigError) as refused:
-        check_offline_runtime(capabilities, "b", allowlist, True, manifest)
+        check_closed_runtime(capabilities, "b", NetworkPolicy(mode="open"))
     assert refused.value.exit_code == 2
-    assert "network 'allowlist' and a model gateway" in refused.value.cause
+    assert "network 'open'" in refused.value.cause
     assert "--sandbox-runtime auto" in refused.value.fix

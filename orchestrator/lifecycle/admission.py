@@ -61,31 +61,14 @@ def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str)
     return False
 
 
-def check_offline_runtime(
-    capabilities: Capabilities,
-    runtime: str,
-    network: NetworkPolicy,
-    gateway: bool,
-    manifest: Manifest,
-) -> None:
-    """Raise ConfigError (exit 2, before anything starts) for a run that needs a network on
-    a sandbox runtime whose sandboxes have none yet (`Capabilities.offline_runtimes`): a
-    network other than `none`, a model gateway (it is reached over the run's network) or
-    bound secrets (their interceptor is)."""
-    if runtime not in capabilities.offline_runtimes:
-        return
-    needs = []
-    if network.mode != "none":
-        needs.append(f"network {network.mode!r}")
-    if gateway:
-        needs.append("a model gateway")
-    if manifest.bindings:
-        needs.append("secrets bound to hosts")
-    if not needs:
+def check_closed_runtime(capabilities: Capabilities, runtime: str, network: NetworkPolicy) -> None:
+    """Raise ConfigError (exit 2, before anything starts) for a run on network `open` on a
+    sandbox runtime whose sandboxes cannot have it yet (`Capabilities.closed_runtimes`)."""
+    if runtime not in capabilities.closed_runtimes or network.mode != "open":
         return
     raise ConfigError(
-        f"The sandbox runtime {runtime} runs only sandboxes without network yet, and this run "
-        f"has {' and '.join(needs)}. Nothing was started.",
-        "Run it on another sandbox runtime (--sandbox-runtime auto), or without network: "
-        "--network none, with the mock model or --no-gateway.",
+        f"The sandbox runtime {runtime} does not run sandboxes on network 'open' yet. "
+        "Nothing was started.",
+        "Run it on another sandbox runtime (--sandbox-runtime auto), or on --network "
+        "allowlist with the hosts it needs.",
     )

@@ -56,7 +56,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         removes_orphans=True,
         orphans_end="its containers stop at their deadline",
         sandbox_runtimes=(RUNSC, RUNC, RUNSC_DIRECT),
-        offline_runtimes=(RUNSC_DIRECT,),  # until it joins a holder's netns (runsc_direct/)
+        closed_runtimes=(RUNSC_DIRECT,),  # no `open` network yet (runsc_direct/direct.py)
         bound_secrets=True,
     )
 
@@ -134,7 +134,16 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         hosts of its own to reach) and the model gateway. All removed again on failure.
         On `runsc-direct`, a sandbox runsc runs itself (runsc_direct/)."""
         if spec.runtime == RUNSC_DIRECT:
-            return direct.create(self.client, spec, progress)
+            if not direct.networked(spec):
+                return direct.create(self.client, spec, progress)
+            refused = direct.refusal(spec)
+            if refused is not None:
+                raise refused
+            held = {**spec.labels, LABEL_KIND: direct.KIND_HOLDER}
+            holder = replace(spec, runtime=RUNC, command=direct.HOLDER_COMMAND, labels=held)
+            return direct.beside(
+                self.client, spec, self._create_all(holder, progress, None), progress
+            )
         return self._create_all(spec, progress, None)
 
     def create_idle(
@@ -316,7 +325,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         placement = place(spec.runtime, self.runtimes, networked=networked)
         container = self.client.api.create_container(
             name=f"orchestrator-{spec.run_id}",
-            labels={**spec.labels, LABEL_KIND: kind},
+            labels={LABEL_KIND: kind, **spec.labels},  # a spec's own kind first (a holder's)
             **self._config(spec, egress, gateway, entrypoint, interceptor),
         )
         if spec.network.mode == "open" and egress is not None:  # the bridge, and the gateway

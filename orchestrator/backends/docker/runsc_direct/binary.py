@@ -21,10 +21,6 @@ ROOT_DIR = "runsc/root"
 #: The global flags of every runsc call, each with why. Changing one changes every
 #: snapshot's key (`snapshot.key`): a checkpoint restores only into the runsc that made it.
 GLOBAL_FLAGS: tuple[tuple[str, str], ...] = (
-    # No network stack at all: only loopback inside gVisor. The only network this path
-    # serves yet (`direct.refusal`); the allowlist's will join a holder container's
-    # namespace with --network=host, as the engine's `runsc-net` does.
-    ("--network=none", "sandboxes without network"),
     # gVisor applies the OCI spec's seccomp filter (our profile) to the sandbox's own
     # processes: two layers, gVisor's kernel and the filter in front of it.
     (OCI_SECCOMP, "our seccomp profile inside gVisor"),
@@ -33,6 +29,18 @@ GLOBAL_FLAGS: tuple[tuple[str, str], ...] = (
     # cgroups alone.
     ("--ignore-cgroups", "the run's own cgroup is ours (cgroup.py)"),
 )
+
+
+#: The network flag of each kind of sandbox (`runsc(..., network=...)`), each with why.
+NETWORK_FLAGS: dict[str, tuple[str, str]] = {
+    # No network stack at all: only loopback inside gVisor; the kind snapshots are made of.
+    "none": ("--network=none", "sandboxes without network"),
+    # The network namespace the spec names (a holder container's on the run's Docker
+    # network, direct.py) used through the host's stack, as the engine's `runsc-net` does:
+    # this runsc's own stack does not start. gVisor cannot checkpoint it: such sandboxes
+    # start cold.
+    "holder": ("--network=host", "sandboxes on the run's network, in a holder's namespace"),
+}
 
 
 def runsc_path() -> str:
@@ -55,6 +63,8 @@ def state_root() -> Path:
     return root
 
 
-def runsc(*args: str) -> list[str]:
-    """The argv of one runsc call: the binary, `--root`, GLOBAL_FLAGS, then `args`."""
-    return [runsc_path(), f"--root={state_root()}", *(flag for flag, _ in GLOBAL_FLAGS), *args]
+def runsc(*args: str, network: str = "none") -> list[str]:
+    """The argv of one runsc call: the binary, `--root`, GLOBAL_FLAGS, the `network` kind's
+    flag (NETWORK_FLAGS), then `args`."""
+    flags = [flag for flag, _ in GLOBAL_FLAGS]
+    return [runsc_path(), f"--root={state_root()}", *flags, NETWORK_FLAGS[network][0], *args]

@@ -9,14 +9,20 @@ restored (RESTORED_LINE: it reseeds, its keeper's idle time starts again).
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import docker
 
 from orchestrator_runtime.protocol import RESTORED_LINE
+from orchestrator_runtime.request import Request
 
 from ....errors import ConfigError
 from ....labels import LABEL_KIND
 from ...base import Progress, SandboxInfo, SandboxSpec
-from ..deadline import AGENT_KEEPER, restorable_kept, run_seconds
+from ..deadline import AGENT_KEEPER, deadline_at, kept, restorable_kept, run_seconds
 from ..runtimes import Placement
 from ..snapshots import RESTORABLE_IDLE
 from . import bundle, ocispec, records, snapshot
@@ -24,28 +30,24 @@ from .cgroup import Cgroup
 from .records import SandboxRecord
 from .sandbox import RunscSandbox, remove_left
 
+if TYPE_CHECKING:
+    from ..sandbox import DockerSandbox
+
 #: The runtime's name, as `--sandbox-runtime` takes it.
 RUNSC_DIRECT = "runsc-direct"
 
 
 def refusal(spec: SandboxSpec) -> ConfigError | None:
-    """Why this runtime cannot run `spec` yet (None: it can): only sandboxes without
-    network, model gateway or bound secrets, until the sandbox joins a holder container's
-    network namespace on the run's Docker network."""
-    missing = []
-    if spec.network.mode != "none":
-        missing.append(f"network {spec.network.mode!r}")
-    if spec.gateway is not None:
-        missing.append("a model gateway (it needs a network)")
-    if spec.bindings:
-        missing.append("bound secrets (they need a network)")
-    if not missing:
+    """Why this runtime cannot run `spec` yet (None: it can): network `open`, whose names
+    resolve through the engine's resolv.conf, which the sandbox's read-only root (the
+    image's, shared) does not have. (`allowlist` resolves nothing by design, and its
+    proxy, gateway and interceptor are reached by address.)"""
+    if spec.network.mode != "open":
         return None
     return ConfigError(
-        f"--sandbox-runtime {RUNSC_DIRECT} runs only sandboxes without network yet; this run "
-        f"has {' and '.join(missing)}.",
+        f"--sandbox-runtime {RUNSC_DIRECT} does not run sandboxes on network 'open' yet.",
         "Use --sandbox-runtime runsc (gVisor through the engine) or auto for this run, or "
-        "--network none with a mock or --no-gateway model.",
+        "--network allowlist with the hosts it needs.",
     )
 
 
@@ -57,9 +59,8 @@ def create(
     keeper idles after the restore unless a run takes it (in the keeper's argv: pools and
     single runs have a snapshot each, one per time-to-live). Raises ConfigError for what
     `refusal` names."""
-    refused = refusal(spec)
-    if refused is not None:
-        raise refused
+    if networked(spec):
+        raise ValueError("a networked sandbox is made beside its holder (`beside`)")
     image = bundle.ensure(client, spec.image, progress)
     env = list(client.api.inspect_image(spec.image)["Config"].get("Env") or [])
     idle_seconds = RESTORABLE_IDLE if idle is None else idle
@@ -111,6 +112,104 @@ def remove(sandbox_id: str) -> None:
     """A sandbox `list_sandboxes` found (an orphan): its processes, runsc's state of it, its
     cgroup and its record. Gone already is fine."""
     remove_left(sandbox_id, Cgroup.of(sandbox_id))
+    shutil.rmtree(bundle_dir(sandbox_id), ignore_errors=True)
     record = records.load(sandbox_id)
     if record is not None:
         record.forget()
+
+
+#: The kind label of a networked sandbox's holder container.
+KIND_HOLDER = "network-holder"
+
+
+def networked(spec: SandboxSpec) -> bool:
+    """Whether a sandbox needs the run's Docker network (a holder container): a network,
+    a model gateway or bound secrets (both reached over it)."""
+    return spec.network.mode != "none" or spec.gateway is not None or bool(spec.bindings)
+
+
+#: What a holder container runs under its keeper (which stops it at the run's deadline):
+#: nothing, until it is killed. It only holds its network namespace on the run's network.
+HOLDER_COMMAND = ("python", "-I", "-S", "-c", "import signal; signal.pause()")
+
+
+def beside(
+    client: docker.DockerClient, spec: SandboxSpec, holder: DockerSandbox, progress: Progress
+) -> HeldSandbox:
+    """A networked run's sandbox: started cold by runsc (gVisor cannot checkpoint the host
+    network stack it then uses) in the network namespace of `holder`, a created container
+    on the run's Docker network with its egress proxy, gateway and interceptor beside it,
+    as a Kubernetes pod's containers join its pause container's. The holder's environment
+    (the image's and the proxy settings) is the sandbox's. Everything is removed again
+    when this fails."""
+    refused = refusal(spec)
+    if refused is not None:
+        raise refused
+    container_id = records.new_id(spec.run_id)
+    record = SandboxRecord(container_id, {**spec.labels, LABEL_KIND: "sandbox"})
+    cgroup = Cgroup.of(container_id)
+    sandbox = HeldSandbox(record, cgroup, spec, holder)
+    try:
+        image = bundle.ensure(client, spec.image, progress)
+        if not holder.started:
+            holder.prestart()
+        state = client.api.inspect_container(holder.id)
+        pid = int(state["State"].get("Pid") or 0)
+        if pid <= 0:
+            raise RuntimeError(f"the network holder {holder.id[:12]} is not running")
+        env = list(state["Config"].get("Env") or [])
+        argv = kept(AGENT_KEEPER, deadline_at(spec.limits), list(spec.command))
+        config = ocispec.config(image.rootfs, argv, env, spec.limits, f"/proc/{pid}/ns/net")
+        folder = bundle_dir(container_id)
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(config))
+        record.save()
+        cgroup.make(spec.limits)
+        sandbox.launch(["run", f"--bundle={folder}", container_id])
+    except BaseException:
+        sandbox.remove()
+        raise
+    return sandbox
+
+
+def bundle_dir(container_id: str) -> Path:
+    """A cold sandbox's own bundle folder (its config.json; the root is the image's)."""
+    return records.records_root() / f"{container_id}.bundle"
+
+
+class HeldSandbox(RunscSandbox):
+    """A sandbox in a holder container's network namespace: what is beside it (egress
+    proxy, gateway, interceptor) is the holder's, and goes with it."""
+
+    def __init__(
+        self, record: SandboxRecord, cgroup: Cgroup, spec: SandboxSpec, holder: DockerSandbox
+    ) -> None:
+        super().__init__(record, cgroup, spec, network="holder")
+        self.holder = holder
+        self.gateway = holder.gateway
+        self.secrets_proxy = holder.secrets_proxy
+        placement = Placement("runsc", RUNSC_DIRECT, spec.runtime)
+        self.isolation = placement.isolation(spec.limits)
+
+    def start(self, request: Request, secrets: dict[str, str]) -> None:
+        """As a restored one's, once the holder's squid and gateway are ready."""
+        if self.holder.egress is not None:
+            self.holder.egress.wait_ready()
+        if self.holder.gateway is not None:
+            self.holder.gateway.wait_ready()
+        super().start(request, secrets)
+
+    def health(self) -> str | None:
+        return self.holder.health()
+
+    def egress_blocked(self) -> list[dict[str, Any]]:
+        return self.holder.egress_blocked()
+
+    def remove_sandbox_only(self) -> None:
+        super().remove()
+        shutil.rmtree(bundle_dir(self.id), ignore_errors=True)
+        self.holder.remove_sandbox_only()
+
+    def remove(self) -> None:
+        self.remove_sandbox_only()
+        self.holder.remove()

@@ -36,9 +36,16 @@ def tmpfs(destination: str, size_mb: int) -> dict[str, Any]:
     return {"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options}
 
 
-def config(rootfs: Path, argv: list[str], env: list[str], limits: Limits) -> dict[str, Any]:
+def config(
+    rootfs: Path, argv: list[str], env: list[str], limits: Limits, netns: str | None = None
+) -> dict[str, Any]:
     """The whole config.json of a sandbox running `argv` (the keeper and the runtime) with
-    the image's `env`, on the read-only `rootfs`, with `limits`' mounts and rlimits."""
+    `env` (the image's, and a networked run's proxy settings), on the read-only `rootfs`,
+    with `limits`' mounts and rlimits; `netns`: the network namespace it joins (a holder
+    container's), else one of its own with nothing in it."""
+    network: dict[str, str] = {"type": "network"}
+    if netns is not None:
+        network["path"] = netns
     nproc = gvisor_nproc(limits)
     no_caps: list[str] = []
     return {
@@ -97,7 +104,7 @@ def config(rootfs: Path, argv: list[str], env: list[str], limits: Limits) -> dic
             # not even loopback of the host's); the sandbox's own are gVisor's.
             "namespaces": [
                 {"type": "pid"},
-                {"type": "network"},
+                network,
                 {"type": "ipc"},
                 {"type": "uts"},
                 {"type": "mount"},

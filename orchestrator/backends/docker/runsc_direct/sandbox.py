@@ -38,9 +38,14 @@ class RunscSandbox(Sandbox):
     """A sandbox of `record.id`, in `cgroup`; `launch` starts its runsc process."""
 
     def __init__(
-        self, record: SandboxRecord, cgroup: Cgroup, spec: SandboxSpec | None = None
+        self,
+        record: SandboxRecord,
+        cgroup: Cgroup,
+        spec: SandboxSpec | None = None,
+        network: str = "none",
     ) -> None:
         self.id = record.id
+        self.network = network
         self.record = record
         self.cgroup = cgroup
         self.spec = spec
@@ -56,7 +61,7 @@ class RunscSandbox(Sandbox):
         (a Ctrl-C at the terminal reaches the orchestrator, which decides; never runsc,
         which would forward it into the sandbox). Raises OSError when it cannot start."""
         self.proc = subprocess.Popen(
-            self.cgroup.joined(runsc(*args)),
+            self.cgroup.joined(runsc(*args, network=self.network)),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -160,7 +165,9 @@ class RunscSandbox(Sandbox):
             return
         try:
             done = subprocess.run(
-                runsc("kill", self.id, "KILL"), capture_output=True, timeout=CALL_TIMEOUT
+                runsc("kill", self.id, "KILL", network=self.network),
+                capture_output=True,
+                timeout=CALL_TIMEOUT,
             )
             if done.returncode == 0:
                 return

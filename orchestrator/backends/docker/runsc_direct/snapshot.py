@@ -32,7 +32,7 @@ from ....labels import LABEL_KIND, run_labels
 from ....spec import Limits
 from ...base import Progress
 from ..snapshot_store import RECENT_USE, keep_count
-from .binary import GLOBAL_FLAGS, runsc, runsc_path
+from .binary import GLOBAL_FLAGS, NETWORK_FLAGS, runsc, runsc_path
 from .bundle import Bundle, list_bundles
 from .cgroup import Cgroup
 from .records import SandboxRecord, new_id
@@ -75,7 +75,7 @@ def key(bundle: Bundle, config: dict[str, Any]) -> str:
         {
             "image": bundle.image_id,
             "config": config,
-            "flags": [flag for flag, _ in GLOBAL_FLAGS],
+            "flags": [flag for flag, _ in GLOBAL_FLAGS] + [NETWORK_FLAGS["none"][0]],
             "runsc": [binary.st_size, binary.st_mtime_ns],
             "kernel": platform.release(),
         },
