@@ -136,15 +136,26 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         if spec.runtime == RUNSC_DIRECT:
             if not direct.networked(spec):
                 return direct.create(self.client, spec, progress)
-            refused = direct.refusal(spec)
-            if refused is not None:
-                raise refused
-            held = {**spec.labels, LABEL_KIND: direct.KIND_HOLDER}
-            holder = replace(spec, runtime=RUNC, command=direct.HOLDER_COMMAND, labels=held)
-            return direct.beside(
-                self.client, spec, self._create_all(holder, progress, None), progress
-            )
+            return self._held(spec, progress, None)
         return self._create_all(spec, progress, None)
+
+    def _held(self, spec: SandboxSpec, progress: Progress, ttl: float | None) -> RunscSandbox:
+        """A networked runsc-direct sandbox: its holder container made as this path's
+        sandbox would be (network, proxy, gateway, interceptor; a pooled one's helpers live
+        its time-to-live longer), then the sandbox in the holder's network namespace."""
+        refused = direct.refusal(spec)
+        if refused is not None:
+            raise refused
+        limits = replace(spec.limits, timeout_seconds=spec.limits.timeout_seconds + (ttl or 0))
+        holder = replace(
+            spec,
+            runtime=RUNC,
+            command=direct.HOLDER_COMMAND,
+            labels={**spec.labels, LABEL_KIND: direct.KIND_HOLDER},
+            limits=limits,
+        )
+        made = self._create_all(holder, progress, None)  # with what is beside it
+        return direct.beside(self.client, spec, made, progress, idle=ttl)
 
     def create_idle(
         self, spec: SandboxSpec, progress: Progress, ttl: float
@@ -157,6 +168,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
         warm = replace(spec, labels={**spec.labels, LABEL_WARM: "true"})
         if spec.runtime == RUNSC_DIRECT:
+            if direct.networked(warm):
+                return self._held(warm, progress, ttl)
             return direct.create(self.client, warm, progress, idle=ttl)
         return self._create_all(warm, progress, ttl)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,14 @@ from orchestrator_runtime.request import Request
 from ....errors import ConfigError
 from ....labels import LABEL_KIND
 from ...base import Progress, SandboxInfo, SandboxSpec
-from ..deadline import AGENT_KEEPER, deadline_at, kept, restorable_kept, run_seconds
+from ..deadline import (
+    AGENT_KEEPER,
+    deadline_at,
+    idle_kept,
+    kept,
+    restorable_kept,
+    run_seconds,
+)
 from ..runtimes import Placement
 from ..snapshots import RESTORABLE_IDLE
 from . import bundle, ocispec, records, snapshot
@@ -33,6 +41,8 @@ from .sandbox import RunscSandbox, remove_left
 if TYPE_CHECKING:
     from ..sandbox import DockerSandbox
 
+#: How long a pooled sandbox's runtime may take to import everything (backend.py's).
+IDLE_READY_TIMEOUT = 60.0
 #: The runtime's name, as `--sandbox-runtime` takes it.
 RUNSC_DIRECT = "runsc-direct"
 
@@ -134,14 +144,19 @@ HOLDER_COMMAND = ("python", "-I", "-S", "-c", "import signal; signal.pause()")
 
 
 def beside(
-    client: docker.DockerClient, spec: SandboxSpec, holder: DockerSandbox, progress: Progress
+    client: docker.DockerClient,
+    spec: SandboxSpec,
+    holder: DockerSandbox,
+    progress: Progress,
+    idle: float | None = None,
 ) -> HeldSandbox:
     """A networked run's sandbox: started cold by runsc (gVisor cannot checkpoint the host
     network stack it then uses) in the network namespace of `holder`, a created container
     on the run's Docker network with its egress proxy, gateway and interceptor beside it,
     as a Kubernetes pod's containers join its pause container's. The holder's environment
-    (the image's and the proxy settings) is the sandbox's. Everything is removed again
-    when this fails."""
+    (the image's and the proxy settings) is the sandbox's. `idle`: a pooled sandbox's
+    time-to-live (it is ready when this returns). Everything is removed again when this
+    fails."""
     refused = refusal(spec)
     if refused is not None:
         raise refused
@@ -158,7 +173,11 @@ def beside(
         if pid <= 0:
             raise RuntimeError(f"the network holder {holder.id[:12]} is not running")
         env = list(state["Config"].get("Env") or [])
-        argv = kept(AGENT_KEEPER, deadline_at(spec.limits), list(spec.command))
+        command = list(spec.command)
+        if idle is None:
+            argv = kept(AGENT_KEEPER, deadline_at(spec.limits), command)
+        else:
+            argv = idle_kept(AGENT_KEEPER, time.time() + idle, run_seconds(spec.limits), command)
         config = ocispec.config(image.rootfs, argv, env, spec.limits, f"/proc/{pid}/ns/net")
         folder = bundle_dir(container_id)
         folder.mkdir(parents=True)
@@ -166,6 +185,8 @@ def beside(
         record.save()
         cgroup.make(spec.limits)
         sandbox.launch(["run", f"--bundle={folder}", container_id])
+        if idle is not None:
+            sandbox.wait_idle(IDLE_READY_TIMEOUT)
     except BaseException:
         sandbox.remove()
         raise
