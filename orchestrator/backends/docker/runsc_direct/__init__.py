@@ -12,8 +12,11 @@ The rooms, in the order a run meets them:
 - cgroup.py    the sandbox's own cgroup: memory, CPU, pids; the OOM kill read from it;
 - sandbox.py   one sandbox: `runsc restore` in the foreground, its pipes, exit, kill, removal;
 - records.py   what the state directory knows of each sandbox (labels), for cleanup;
-- direct.py    the runtime as the Docker backend offers it: create, what it refuses yet,
-               list and remove for cleanup.
+- direct.py    the runtime as the Docker backend offers it: a restore for a run without
+               network; for a networked run (allowlist, gateway, bound secrets) a cold
+               sandbox in the network namespace of a holder container (made by the Docker
+               path, with its proxy, gateway and interceptor); what it refuses yet (network
+               `open`); list and remove for cleanup.
 
 The guarantees are the engine path's: the same user, no capabilities, no-new-privileges,
 our seccomp profile inside gVisor, tmpfs /tmp and /work with their sizes, memory, CPU and
