@@ -54,7 +54,6 @@ class RunscSandbox(Sandbox):
         #: What was read while waiting for the runtime to be ready (`wait_idle`).
         self._early: list[tuple[StreamName, bytes]] = []
         self._stdin_lock = threading.Lock()
-        self._killed = False
 
     def launch(self, args: list[str]) -> None:
         """Start `runsc ARGS` inside the cgroup, its stdio our pipes, in a session of its own
@@ -160,7 +159,6 @@ class RunscSandbox(Sandbox):
         """SIGKILL to the sandbox's init through runsc, and every process of its cgroup
         (runsc, gVisor's sandbox and gofer) when runsc cannot: at once, whatever state it
         is in."""
-        self._killed = True
         if self.proc is None or self.proc.poll() is not None:
             return
         try:
