@@ -138,6 +138,26 @@ def test_two_runs_restored_from_one_snapshot_share_nothing(
         assert run_id.encode() not in held, run_id
 
 
+def test_a_snapshot_runsc_cannot_restore_is_made_again(
+    agent_image: str, leaves_nothing: None, tmp_path: Path
+) -> None:
+    """A broken checkpoint: the run ends `infra_error` saying runsc could not restore it (a
+    batch retries those), the snapshot goes, and the next run makes it again and runs."""
+    made, _ = probe_run(tmp_path, "direct-s3cret-MAKE-1357")
+    key = made.sandbox.get("snapshot")
+    (exported,) = [b for b in bundle.list_bundles() if find(b, key) is not None]
+    broken = find(exported, key)
+    assert broken is not None
+    (broken.checkpoint / "checkpoint.img").write_bytes(b"not a checkpoint")
+    failed, _ = probe_run(tmp_path, "direct-s3cret-BROKEN-2468")
+    assert failed.status == "infra_error", (failed.status, failed.error)
+    assert failed.error is not None and "could not restore" in failed.error.message
+    assert find(exported, key) is None
+    again, held = probe_run(tmp_path, "direct-s3cret-AGAIN-3579")
+    assert again.status == "succeeded" and held, (again.error, again.output)
+    assert again.sandbox.get("snapshot") == key
+
+
 def test_a_restored_run_stops_at_its_time_limit(
     agent_image: str, leaves_nothing: None, tmp_path: Path
 ) -> None:

@@ -105,6 +105,9 @@ def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
         sandbox.remove()
         raise
     snapshot.mark_used(ready)
+    # A snapshot runsc cannot restore (the run ends `infra_error`, which a batch retries) is
+    # removed, so that the next run makes it again rather than fail the same way.
+    sandbox.on_restore_failed = lambda: snapshot.remove(ready)
     return sandbox
 
 

@@ -17,7 +17,7 @@ import os
 import selectors
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from orchestrator_runtime.protocol import READY_LINE
@@ -32,6 +32,12 @@ from .records import SandboxRecord
 CALL_TIMEOUT = 30.0
 #: How much of a stream is read at once.
 CHUNK = 65536
+#: runsc's exit status when it failed itself (its error on stderr), not the sandbox's.
+RUNSC_FAILED = 128
+#: The start of runsc's error when a restore failed (`restoring container "ID": ...`).
+RESTORE_FAILED = b"restoring container"
+#: How much of the end of stderr is kept to tell runsc's own failure.
+STDERR_TAIL = 4096
 
 
 class RunscSandbox(Sandbox):
@@ -54,6 +60,10 @@ class RunscSandbox(Sandbox):
         #: What was read while waiting for the runtime to be ready (`wait_idle`).
         self._early: list[tuple[StreamName, bytes]] = []
         self._stdin_lock = threading.Lock()
+        #: The end of what stderr said (runsc's own error is there when it failed).
+        self._stderr_tail = b""
+        #: Called when runsc says the restore failed (direct.py: the snapshot goes).
+        self.on_restore_failed: Callable[[], None] | None = None
 
     def launch(self, args: list[str]) -> None:
         """Start `runsc ARGS` inside the cgroup, its stdio our pipes, in a session of its own
@@ -134,6 +144,8 @@ class RunscSandbox(Sandbox):
                     if not chunk:
                         selector.unregister(key.fd)
                         continue
+                    if key.data == "stderr":
+                        self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL:]
                     yield key.data, chunk
         finally:
             selector.close()
@@ -149,6 +161,11 @@ class RunscSandbox(Sandbox):
             return ExitInfo(None, infra_error=f"runsc did not end within {timeout:g} s")
         if code < 0:  # runsc itself was killed (`kill`'s fallback): the sandbox with it
             code = 128 - code
+        if code == RUNSC_FAILED and RESTORE_FAILED in self._stderr_tail:
+            if self.on_restore_failed is not None:
+                self.on_restore_failed()
+            said = self._stderr_tail.decode(errors="replace").strip().splitlines()[-1:]
+            return ExitInfo(None, infra_error=f"runsc could not restore the sandbox: {said}")
         return ExitInfo(code, oom_killed=self.cgroup.oom_killed())
 
     def recover_stdout(self) -> bytes:

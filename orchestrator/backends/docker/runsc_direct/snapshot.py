@@ -107,6 +107,12 @@ def ensure(bundle: Bundle, config: dict[str, Any], limits: Limits, progress: Pro
         return made
 
 
+def remove(snapshot: Snapshot) -> None:
+    """A snapshot's folder and its lock; gone already is fine."""
+    shutil.rmtree(snapshot.folder, ignore_errors=True)
+    snapshot.folder.with_name(f"{snapshot.key}.lock").unlink(missing_ok=True)
+
+
 def mark_used(snapshot: Snapshot) -> None:
     """A restore's mark on its snapshot (its meta file's mtime), which eviction reads."""
     with contextlib.suppress(OSError):
@@ -139,8 +145,7 @@ def evict(keep: int, now: float | None = None) -> list[str]:
     gone = []
     for snapshot in by_use[keep:]:
         if now - used(snapshot) >= RECENT_USE:
-            shutil.rmtree(snapshot.folder, ignore_errors=True)
-            snapshot.folder.with_name(f"{snapshot.key}.lock").unlink(missing_ok=True)
+            remove(snapshot)
             gone.append(snapshot.key)
     return gone
 
