@@ -158,6 +158,16 @@ def test_a_snapshot_runsc_cannot_restore_is_made_again(
     assert again.sandbox.get("snapshot") == key
 
 
+def test_with_snapshots_off_a_run_starts_cold(
+    agent_image: str, leaves_nothing: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$ORCHESTRATOR_SNAPSHOTS=off, as on the engine path: `runsc run`, no snapshot."""
+    monkeypatch.setenv("ORCHESTRATOR_SNAPSHOTS", "off")
+    result, held = probe_run(tmp_path, "direct-s3cret-COLD-8642")
+    assert result.status == "succeeded" and held, (result.error, result.output)
+    assert result.sandbox.get("requested") == RUNTIME and "snapshot" not in result.sandbox
+
+
 def test_a_restored_run_stops_at_its_time_limit(
     agent_image: str, leaves_nothing: None, tmp_path: Path
 ) -> None:

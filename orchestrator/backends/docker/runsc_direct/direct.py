@@ -10,10 +10,10 @@ restored (RESTORED_LINE: it reseeds, its keeper's idle time starts again).
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import docker
 
@@ -23,6 +23,7 @@ from orchestrator_runtime.request import Request
 from ....errors import ConfigError
 from ....labels import LABEL_KIND
 from ...base import Progress, SandboxInfo, SandboxSpec
+from .. import snapshots
 from ..deadline import (
     AGENT_KEEPER,
     deadline_at,
@@ -73,20 +74,71 @@ def create(
         raise ValueError("a networked sandbox is made beside its holder (`beside`)")
     image = bundle.ensure(client, spec.image, progress)
     env = list(client.api.inspect_image(spec.image)["Config"].get("Env") or [])
+    if not snapshots.enabled():  # $ORCHESTRATOR_SNAPSHOTS=off: every run cold, silently
+        return cold(RunscSandbox(*_new(spec), spec), spec, image.rootfs, env, None, idle)
     idle_seconds = RESTORABLE_IDLE if idle is None else idle
     argv = restorable_kept(AGENT_KEEPER, idle_seconds, run_seconds(spec.limits), list(spec.command))
     config = ocispec.config(image.rootfs, argv, env, spec.limits)
-    ready = snapshot.ensure(image, config, spec.limits, progress)
+    try:
+        ready = snapshot.ensure(image, config, spec.limits, progress)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        said = getattr(exc, "stderr", None) or exc
+        snapshots.say_cold_once(f"the runsc snapshot could not be made ({said!s:.300})")
+        return cold(RunscSandbox(*_new(spec), spec), spec, image.rootfs, env, None, idle)
     return restore(ready, spec)
+
+
+def _new(spec: SandboxSpec) -> tuple[SandboxRecord, Cgroup]:
+    """A new sandbox's record (not saved yet) and cgroup (not made yet)."""
+    container_id = records.new_id(spec.run_id)
+    record = SandboxRecord(container_id, {**spec.labels, LABEL_KIND: "sandbox"})
+    return record, Cgroup.of(container_id)
+
+
+S = TypeVar("S", bound=RunscSandbox)
+
+
+def cold(
+    sandbox: S,
+    spec: SandboxSpec,
+    rootfs: Path,
+    env: list[str],
+    netns: str | None,
+    idle: float | None,
+) -> S:
+    """`sandbox` started cold (`runsc run`) with a bundle folder of its own (its
+    config.json; the root is the image's): its keeper holds the run's deadline, or a pooled
+    one's time-to-live (`idle`: it is ready when this returns). Everything of it is removed
+    again when this fails."""
+    command = list(spec.command)
+    if idle is None:
+        argv = kept(AGENT_KEEPER, deadline_at(spec.limits), command)
+    else:
+        argv = idle_kept(AGENT_KEEPER, time.time() + idle, run_seconds(spec.limits), command)
+    if not sandbox.isolation:
+        sandbox.isolation = Placement("runsc", RUNSC_DIRECT, spec.runtime).isolation(spec.limits)
+    try:
+        folder = records.bundle_dir(sandbox.id)
+        folder.mkdir(parents=True)
+        config = ocispec.config(rootfs, argv, env, spec.limits, netns)
+        (folder / "config.json").write_text(json.dumps(config))
+        sandbox.record.save()
+        sandbox.cgroup.make(spec.limits)
+        sandbox.launch(["run", f"--bundle={folder}", sandbox.id])
+        if idle is not None:
+            sandbox.wait_idle(IDLE_READY_TIMEOUT)
+    except BaseException:
+        sandbox.remove()
+        raise
+    return sandbox
 
 
 def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
     """A new container of `spec`'s run restored from `ready`, in its own cgroup, told it was
     restored. Everything of it is removed again when this fails."""
-    container_id = records.new_id(spec.run_id)
-    record = SandboxRecord(container_id, {**spec.labels, LABEL_KIND: "sandbox"})
+    record, cgroup = _new(spec)
+    container_id = record.id
     record.save()
-    cgroup = Cgroup.of(container_id)
     sandbox = RunscSandbox(record, cgroup, spec)
     placement = Placement("runsc", RUNSC_DIRECT, spec.runtime)
     sandbox.isolation = {**placement.isolation(spec.limits), "snapshot": ready.key}
@@ -125,7 +177,6 @@ def remove(sandbox_id: str) -> None:
     """A sandbox `list_sandboxes` found (an orphan): its processes, runsc's state of it, its
     cgroup and its record. Gone already is fine."""
     remove_left(sandbox_id, Cgroup.of(sandbox_id))
-    shutil.rmtree(bundle_dir(sandbox_id), ignore_errors=True)
     record = records.load(sandbox_id)
     if record is not None:
         record.forget()
@@ -163,10 +214,7 @@ def beside(
     refused = refusal(spec)
     if refused is not None:
         raise refused
-    container_id = records.new_id(spec.run_id)
-    record = SandboxRecord(container_id, {**spec.labels, LABEL_KIND: "sandbox"})
-    cgroup = Cgroup.of(container_id)
-    sandbox = HeldSandbox(record, cgroup, spec, holder)
+    sandbox = HeldSandbox(*_new(spec), spec, holder)
     try:
         image = bundle.ensure(client, spec.image, progress)
         if not holder.started:
@@ -175,30 +223,11 @@ def beside(
         pid = int(state["State"].get("Pid") or 0)
         if pid <= 0:
             raise RuntimeError(f"the network holder {holder.id[:12]} is not running")
-        env = list(state["Config"].get("Env") or [])
-        command = list(spec.command)
-        if idle is None:
-            argv = kept(AGENT_KEEPER, deadline_at(spec.limits), command)
-        else:
-            argv = idle_kept(AGENT_KEEPER, time.time() + idle, run_seconds(spec.limits), command)
-        config = ocispec.config(image.rootfs, argv, env, spec.limits, f"/proc/{pid}/ns/net")
-        folder = bundle_dir(container_id)
-        folder.mkdir(parents=True)
-        (folder / "config.json").write_text(json.dumps(config))
-        record.save()
-        cgroup.make(spec.limits)
-        sandbox.launch(["run", f"--bundle={folder}", container_id])
-        if idle is not None:
-            sandbox.wait_idle(IDLE_READY_TIMEOUT)
     except BaseException:
         sandbox.remove()
         raise
-    return sandbox
-
-
-def bundle_dir(container_id: str) -> Path:
-    """A cold sandbox's own bundle folder (its config.json; the root is the image's)."""
-    return records.records_root() / f"{container_id}.bundle"
+    env = list(state["Config"].get("Env") or [])
+    return cold(sandbox, spec, image.rootfs, env, f"/proc/{pid}/ns/net", idle)
 
 
 class HeldSandbox(RunscSandbox):
@@ -231,7 +260,6 @@ class HeldSandbox(RunscSandbox):
 
     def remove_sandbox_only(self) -> None:
         super().remove()
-        shutil.rmtree(bundle_dir(self.id), ignore_errors=True)
         self.holder.remove_sandbox_only()
 
     def remove(self) -> None:

@@ -31,6 +31,11 @@ def records_root() -> Path:
     return root
 
 
+def bundle_dir(sandbox_id: str) -> Path:
+    """A cold sandbox's own bundle folder (its config.json; the root is the image's)."""
+    return records_root() / f"{sandbox_id}.bundle"
+
+
 def is_ours(sandbox_id: str) -> bool:
     return sandbox_id.startswith(ID_PREFIX)
 

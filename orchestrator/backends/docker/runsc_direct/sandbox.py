@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import selectors
+import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from orchestrator_runtime.request import Request
 from ...base import ExitInfo, Sandbox, SandboxSpec, StreamName
 from .binary import runsc, state_root
 from .cgroup import Cgroup
-from .records import SandboxRecord
+from .records import SandboxRecord, bundle_dir
 
 #: How long a runsc call of the host's own (kill, delete, checkpoint) may take.
 CALL_TIMEOUT = 30.0
@@ -223,3 +224,4 @@ def remove_left(
     for left in root.glob(f"*{container_id}*"):  # runsc leaves its lock file behind
         with contextlib.suppress(OSError):
             left.unlink()
+    shutil.rmtree(bundle_dir(container_id), ignore_errors=True)
