@@ -185,3 +185,24 @@ def test_network_open_is_refused_on_a_closed_runtime() -> None:
     assert refused.value.exit_code == 2
     assert "network 'open'" in refused.value.cause
     assert "--sandbox-runtime auto" in refused.value.fix
+
+
+def test_images_list_shows_the_exported_images_and_their_snapshots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What runsc-direct keeps in the state directory is listed with the images (an export
+    is about as large as its image), each with the image it was made of."""
+    import json
+
+    from orchestrator.backends.docker import prune
+    from orchestrator.backends.docker.runsc_direct import bundle
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path))
+    fake_snapshot("k1", time.time())
+    meta = {"image": "orchestrator-agent:x", "size": 341 << 20, "created": time.time()}
+    (bundle.images_root() / ("a" * 64) / bundle.META_FILE).write_text(json.dumps(meta))
+    rows = {row["kind"]: row for row in prune.runsc_rows()}
+    assert rows[prune.KIND_RUNSC_EXPORT]["size"] == 341 << 20
+    assert rows[prune.KIND_RUNSC_EXPORT]["tag"] == "runsc-export:aaaaaaaaaaaa"
+    assert rows[prune.KIND_RUNSC_EXPORT]["image"] == "orchestrator-agent:x"
+    assert rows[prune.KIND_RUNSC_SNAPSHOT]["tag"] == "runsc-snapshot:k1"

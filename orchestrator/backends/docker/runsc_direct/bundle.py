@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -49,6 +50,14 @@ class Bundle:
     @property
     def rootfs(self) -> Path:
         return self.folder / "rootfs"
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What the export recorded: the image's name, its size, when and how long."""
+        try:
+            return dict(json.loads((self.folder / META_FILE).read_text()))
+        except (OSError, ValueError):
+            return {}
 
 
 def images_root() -> Path:
@@ -112,7 +121,9 @@ def _export(client: docker.DockerClient, image: str, image_id: str) -> Bundle:
             client.api.remove_container(container["Id"], force=True)
     for point in MOUNT_POINTS:
         (partial / "rootfs" / point).mkdir(exist_ok=True)
-    meta = {"image": image, "id": image_id, "took": round(time.monotonic() - started, 3)}
+    size = sum(p.lstat().st_size for p in (partial / "rootfs").rglob("*"))
+    took = round(time.monotonic() - started, 3)
+    meta = {"image": image, "id": image_id, "took": took, "size": size, "created": time.time()}
     (partial / META_FILE).write_text(json.dumps(meta, indent=2))
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
