@@ -45,7 +45,7 @@ class KataBackend(Backend):
 
 
 def test_the_built_in_backends_offer_what_they_always_had() -> None:
-    assert backend_capabilities("docker").sandbox_runtimes == ("runsc", "runc")
+    assert backend_capabilities("docker").sandbox_runtimes == ("runsc", "runc", "runsc-direct")
     assert backend_capabilities("e2b").sandbox_runtimes == ()
 
 
@@ -65,7 +65,7 @@ def test_docker_refuses_another_backends_runtime_naming_its_own() -> None:
     with pytest.raises(ConfigError) as refused:
         check_sandbox_runtime("docker", docker, "kata", asked=False)  # the machine's, too
     assert "Unknown sandbox runtime 'kata' for the docker backend." in str(refused.value)
-    assert refused.value.fix == "Use one of auto, runsc, runc."
+    assert refused.value.fix == "Use one of auto, runsc, runc, runsc-direct."
     with pytest.raises(ConfigError, match="did you mean `runsc`"):
         check_sandbox_runtime("docker", docker, "runs")
 
@@ -108,7 +108,7 @@ def test_a_run_on_docker_naming_another_backends_runtime_is_refused_before_anyth
             backend=DockerBackend(),
         )
     assert refused.value.exit_code == 2 and refused.value.field == "sandbox_runtime"
-    assert "Use one of auto, runsc, runc." in refused.value.fix
+    assert "Use one of auto, runsc, runc, runsc-direct." in refused.value.fix
     done = cli("run", str(TEST_PAYLOADS / "kernel_probe"), "--sandbox-runtime", "runs")
     assert done.returncode == 2, done.stderr
     assert "did you mean `runsc`?" in done.stderr and "auto, runsc, runc" in done.stderr

@@ -27,6 +27,9 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, restorable_kep
 from .engine import connect, engine_time
 from .hardening import host_config_options, network_options
 from .hostchecks import EngineHostChecks
+from .runsc_direct import direct
+from .runsc_direct.direct import RUNSC_DIRECT
+from .runsc_direct.sandbox import RunscSandbox
 from .runtimes import RUNC, RUNSC, EngineRuntimes, check_requested, place
 from .sandbox import DockerSandbox
 from .snapshots import Snapshots
@@ -52,7 +55,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         egress_events=True,
         removes_orphans=True,
         orphans_end="its containers stop at their deadline",
-        sandbox_runtimes=(RUNSC, RUNC),
+        sandbox_runtimes=(RUNSC, RUNC, RUNSC_DIRECT),
+        closed_runtimes=(RUNSC_DIRECT,),  # no `open` network yet (runsc_direct/direct.py)
         bound_secrets=True,
     )
 
@@ -74,6 +78,11 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
         """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
         super().check_runtime(runtime, asked=asked)
+        if runtime == RUNSC_DIRECT:
+            from .runsc_direct.binary import runsc_path
+
+            runsc_path()  # raises ConfigError without runsc
+            return
         check_requested(runtime, self.runtimes)
 
     def starts_per_core(self, spec: SandboxSpec) -> int:
@@ -81,6 +90,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         one per core a warm batch left the CPU idler and sent many runs cold. One under runc,
         where two made a warm batch slower than a cold one (figures:
         benchmarks/results/code_figures.md#sandbox-starts-per-core)."""
+        if spec.runtime == RUNSC_DIRECT:
+            return 2
         try:
             gvisor = place(spec.runtime, self.runtimes, networked=False).runtime == "runsc"
         except ConfigError:  # no gVisor for a run that asks for it: the run says so
@@ -117,22 +128,50 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
 
         return bootstrap_base(self.client, suite=suite, mirror=mirror, progress=progress)
 
-    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox:
+    def create(self, spec: SandboxSpec, progress: Progress) -> DockerSandbox | RunscSandbox:
         """The sandbox container, and what its network policy needs beside it: a private
         network (allowlist, or any run with a gateway), squid on it (when the sandbox has
-        hosts of its own to reach) and the model gateway. All removed again on failure."""
+        hosts of its own to reach) and the model gateway. All removed again on failure.
+        On `runsc-direct`, a sandbox runsc runs itself (runsc_direct/)."""
+        if spec.runtime == RUNSC_DIRECT:
+            if not direct.networked(spec):
+                return direct.create(self.client, spec, progress)
+            return self._held(spec, progress, None)
         return self._create_all(spec, progress, None)
 
-    def create_idle(self, spec: SandboxSpec, progress: Progress, ttl: float) -> DockerSandbox:
+    def _held(self, spec: SandboxSpec, progress: Progress, ttl: float | None) -> RunscSandbox:
+        """A networked runsc-direct sandbox: its holder container made as this path's
+        sandbox would be (network, proxy, gateway, interceptor; a pooled one's helpers live
+        its time-to-live longer), then the sandbox in the holder's network namespace."""
+        refused = direct.refusal(spec)
+        if refused is not None:
+            raise refused
+        limits = replace(spec.limits, timeout_seconds=spec.limits.timeout_seconds + (ttl or 0))
+        holder = replace(
+            spec,
+            runtime=RUNC,
+            command=direct.HOLDER_COMMAND,
+            labels={**spec.labels, LABEL_KIND: direct.KIND_HOLDER},
+            limits=limits,
+        )
+        made = self._create_all(holder, progress, None)  # with what is beside it
+        return direct.beside(self.client, spec, made, progress, idle=ttl)
+
+    def create_idle(
+        self, spec: SandboxSpec, progress: Progress, ttl: float
+    ) -> DockerSandbox | RunscSandbox:
         """A pooled sandbox: created exactly as `create` does (same hardening, labels, network
         and helpers), then started idle (`DockerSandbox.prestart`), or restored from its
         snapshot where a run's would be (snapshots.py). Its keeper stops it `ttl` seconds
         from now unless a run takes it; a taken one stops at the run's time limit and grace
         after it read its request. Its helpers stop when an untaken sandbox would
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
-        return self._create_all(
-            replace(spec, labels={**spec.labels, LABEL_WARM: "true"}), progress, ttl
-        )
+        warm = replace(spec, labels={**spec.labels, LABEL_WARM: "true"})
+        if spec.runtime == RUNSC_DIRECT:
+            if direct.networked(warm):
+                return self._held(warm, progress, ttl)
+            return direct.create(self.client, warm, progress, idle=ttl)
+        return self._create_all(warm, progress, ttl)
 
     def _create_all(
         self, spec: SandboxSpec, progress: Progress, ttl: float | None
@@ -299,7 +338,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         placement = place(spec.runtime, self.runtimes, networked=networked)
         container = self.client.api.create_container(
             name=f"orchestrator-{spec.run_id}",
-            labels={**spec.labels, LABEL_KIND: kind},
+            labels={LABEL_KIND: kind, **spec.labels},  # a spec's own kind first (a holder's)
             **self._config(spec, egress, gateway, entrypoint, interceptor),
         )
         if spec.network.mode == "open" and egress is not None:  # the bridge, and the gateway
@@ -313,6 +352,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         they can be removed."""
         from .egress import KIND_EGRESS_NETWORK
 
+        labels_wanted = dict(labels)
         filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
         found = []
         for c in self.client.api.containers(all=True, filters=filters):
@@ -328,7 +368,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
             labels = n.get("Labels") or {}
             if labels.get(LABEL_KIND) == KIND_EGRESS_NETWORK:
                 found.append(SandboxInfo(n["Id"], n["Name"], labels, "-", KIND_EGRESS_NETWORK))
-        return found
+        return found + direct.list_sandboxes(labels_wanted)
 
     def _with_end(self, info: SandboxInfo) -> SandboxInfo:
         """The engine's record of how a container ended (exit code, OOM kill, times)."""
@@ -350,7 +390,11 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """An orphan (`cleanup`); a container's removal also sweeps what containerd
         unpacked for restores whose containers are gone (`Snapshots.sweep`)."""
         from .egress import KIND_EGRESS_NETWORK, remove_network
+        from .runsc_direct.records import is_ours
 
+        if is_ours(info.id):  # run by runsc itself (runsc_direct/)
+            direct.remove(info.id)
+            return
         with contextlib.suppress(docker.errors.NotFound):
             if info.kind == KIND_EGRESS_NETWORK:
                 remove_network(self.client, info.id)

@@ -4,6 +4,7 @@ them (snapshot_store.py: kept in this state directory, each pruned with its imag
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -83,6 +84,7 @@ def list_images(client: docker.DockerClient) -> list[dict[str, Any]]:
                 }
             )
     rows += [snapshot_row(snapshot) for snapshot in list_snapshots()]
+    rows += runsc_rows()
     rows.sort(key=lambda row: row["created"], reverse=True)
     return rows
 
@@ -100,6 +102,61 @@ def snapshot_row(snapshot: Snapshot) -> dict[str, Any]:
         "labels": {},
         "image": snapshot.meta.get("image"),
     }
+
+
+#: The kinds of an image exported for runsc-direct and of a snapshot made of it (tags
+#: `runsc-export:<image id>`, `runsc-snapshot:<key>`); they go with their image
+#: (`sweep_exported`).
+KIND_RUNSC_EXPORT = "runsc-export"
+KIND_RUNSC_SNAPSHOT = "runsc-snapshot"
+
+
+def runsc_rows() -> list[dict[str, Any]]:
+    """runsc-direct's exported images and their snapshots (runsc_direct/), as `list_images`
+    lists them: what they take of the state directory's disk."""
+    from .runsc_direct import bundle, snapshot
+
+    rows: list[dict[str, Any]] = []
+    for exported in bundle.list_bundles():
+        meta = exported.meta
+        rows.append(
+            {
+                "tag": f"{KIND_RUNSC_EXPORT}:{exported.folder.name[:12]}",
+                "id": exported.image_id,
+                "kind": KIND_RUNSC_EXPORT,
+                "created": _iso(meta.get("created") or _made_at(exported.folder)),
+                "size": int(meta.get("size") or 0),
+                "in_use": False,
+                "labels": {},
+                "image": meta.get("image"),
+            }
+        )
+    for made in snapshot.list_snapshots():
+        meta = made.meta
+        rows.append(
+            {
+                "tag": f"{KIND_RUNSC_SNAPSHOT}:{made.key}",
+                "id": made.key,
+                "kind": KIND_RUNSC_SNAPSHOT,
+                "created": _iso(meta.get("created")),
+                "size": int(meta.get("size") or 0),
+                "in_use": False,
+                "labels": {},
+                "image": meta.get("image"),
+            }
+        )
+    return rows
+
+
+def _made_at(folder: Path) -> float:
+    try:
+        return folder.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _iso(created: Any) -> str:
+    return datetime.fromtimestamp(float(created or 0), timezone.utc).isoformat()
 
 
 def dangling_images(client: docker.DockerClient) -> list[str]:
@@ -144,6 +201,8 @@ def prune_images(
         if interceptor is not None:
             keep.add(interceptor.tag)
     order = {
+        KIND_RUNSC_SNAPSHOT: -1,
+        KIND_RUNSC_EXPORT: -1,
         KIND_SNAPSHOT: -1,
         KIND_PAYLOAD: 0,
         KIND_AGENT: 1,
@@ -155,6 +214,8 @@ def prune_images(
     for row in sorted(rows, key=lambda row: order[row["kind"]]):
         if row["tag"] in keep or row["in_use"]:
             continue
+        if row["kind"] in (KIND_RUNSC_EXPORT, KIND_RUNSC_SNAPSHOT):
+            continue  # they go with their image (`sweep_exported`, below)
         if row["kind"] == KIND_BASE and not include_base:
             continue
         if row["kind"] == KIND_SNAPSHOT:
@@ -174,6 +235,7 @@ def prune_images(
                 continue
         report(progress, f"{'would remove' if dry_run else 'removed'} {row['tag']}")
         removed.append(row["tag"])
+    removed += sweep_exported(client, dry_run=dry_run, progress=progress)
     for image_id in dangling_images(client):
         name = f"<none> ({image_id.removeprefix('sha256:')[:12]})"
         if not dry_run:
@@ -185,3 +247,18 @@ def prune_images(
         report(progress, f"{'would remove' if dry_run else 'removed'} {name}")
         removed.append(name)
     return removed
+
+
+def sweep_exported(
+    client: docker.DockerClient, *, dry_run: bool, progress: Progress | None
+) -> list[str]:
+    """The images exported for runsc-direct (runsc_direct/bundle.py), with the snapshots made
+    of them, whose image the engine no longer has: they go with it."""
+    from .runsc_direct import bundle
+
+    gone = bundle.orphaned(client)
+    for exported in gone:
+        if not dry_run:
+            bundle.remove(exported)
+        report(progress, f"{'would remove' if dry_run else 'removed'} runsc:{exported.image_id}")
+    return [f"runsc:{exported.image_id}" for exported in gone]

@@ -1,0 +1,208 @@
+"""The `runsc-direct` runtime's data, without runsc: the sandbox's OCI spec holds the engine
+path's hardening (orchestrator/backends/docker/runsc_direct/ocispec.py), the run's cgroup
+gets its limits in the files of its cgroup version (cgroup.py), and what the runtime
+refuses yet is refused with its cause and fix (direct.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.base import SandboxSpec
+from orchestrator.backends.docker.runsc_direct import cgroup, direct, ocispec
+from orchestrator.backends.docker.runtimes import gvisor_nproc, gvisor_pids_limit
+from orchestrator.spec import Limits, NetworkPolicy
+
+
+def test_the_spec_holds_the_engine_paths_hardening(tmp_path: Path) -> None:
+    limits = Limits(memory_mb=768, tmpfs_mb=48, pids=40)
+    spec = ocispec.config(tmp_path / "rootfs", ["python", "-m", "x"], ["PATH=/bin"], limits)
+    process = spec["process"]
+    assert process["user"] == {"uid": 10001, "gid": 10001, "additionalGids": []}
+    assert all(v == [] for v in process["capabilities"].values())
+    assert process["noNewPrivileges"] is True
+    assert process["terminal"] is False
+    assert spec["root"] == {"path": str(tmp_path / "rootfs"), "readonly": True}
+    rlimits = {r["type"]: (r["soft"], r["hard"]) for r in process["rlimits"]}
+    nproc = gvisor_nproc(limits)
+    assert rlimits == {
+        "RLIMIT_NOFILE": (1024, 1024),
+        "RLIMIT_CORE": (0, 0),
+        "RLIMIT_NPROC": (nproc, nproc),
+    }
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    for folder in ("/tmp", "/work"):
+        assert mounts[folder]["type"] == "tmpfs"
+        assert {"size=48m", "noexec", "nosuid", "nodev"} <= set(mounts[folder]["options"])
+    assert process["cwd"] == "/work"
+    assert {"type": "network"} in spec["linux"]["namespaces"]
+    assert "PATH=/bin" in process["env"]
+
+
+def test_the_seccomp_profile_is_ours_in_the_oci_form() -> None:
+    """Docker's archMap flattened, rules of other architectures left out, our refusals kept
+    (io_uring, ptrace not allowed; AF_VSOCK refused by argument)."""
+    profile = ocispec.oci_seccomp("x86_64")
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert {"SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"} <= set(profile["architectures"])
+    allowed = {
+        n for r in profile["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]
+    }
+    assert "arch_prctl" in allowed and "arm_fadvise64_64" not in allowed
+    assert not {"io_uring_setup", "io_uring_enter", "ptrace", "process_vm_readv"} & allowed
+    assert "pselect" in allowed  # gVisor's own name for pselect6 (seccomp.py)
+    socket = next(r for r in profile["syscalls"] if r["names"] == ["socket"])
+    assert socket["args"] == [{"index": 0, "value": 40, "valueTwo": 0, "op": "SCMP_CMP_NE"}]
+    for rule in profile["syscalls"]:
+        assert set(rule) <= {"names", "action", "errnoRet", "args"}, rule
+    arm = ocispec.oci_seccomp("aarch64")
+    arm_allowed = {
+        n for r in arm["syscalls"] if r["action"] == "SCMP_ACT_ALLOW" for n in r["names"]
+    }
+    assert "arm_fadvise64_64" in arm_allowed and "arch_prctl" not in arm_allowed
+
+
+def fake_v1(root: Path) -> None:
+    for controller in cgroup.V1_CONTROLLERS:
+        (root / controller).mkdir(parents=True)
+        (root / controller / "cgroup.procs").write_text("")
+
+
+def test_a_v1_cgroup_gets_memory_without_swap_cpu_and_pids(tmp_path: Path) -> None:
+    fake_v1(tmp_path)
+    group = cgroup.Cgroup.of("runsc-r1-abc", tmp_path)
+    assert not group.v2
+    limits = Limits(memory_mb=300, cpus=1.5, pids=50)
+    group.make(limits)
+    memory, cpu, pids = group.folders
+    assert (memory / "memory.limit_in_bytes").read_text() == str(300 * 1024 * 1024)
+    assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(300 * 1024 * 1024)
+    assert (cpu / "cpu.cfs_quota_us").read_text() == "150000"
+    assert (cpu / "cpu.cfs_period_us").read_text() == "100000"
+    assert (pids / "pids.max").read_text() == str(gvisor_pids_limit(50))
+    assert cgroup.leftovers(tmp_path) == ["runsc-r1-abc"]
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    assert not group.oom_killed()
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert group.oom_killed()
+
+
+def test_a_v2_cgroup_gets_the_same_limits_in_its_files(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    group = cgroup.Cgroup.of("runsc-r2-abc", tmp_path)
+    assert group.v2
+    group.make(Limits(memory_mb=256, cpus=0.5, pids=20))
+    (folder,) = group.folders
+    assert (folder / "memory.max").read_text() == str(256 * 1024 * 1024)
+    assert (folder / "memory.swap.max").read_text() == "0"
+    assert (folder / "cpu.max").read_text() == "50000 100000"
+    (folder / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert group.oom_killed()
+
+
+def test_the_join_script_puts_the_process_into_the_cgroup_then_runs_it(tmp_path: Path) -> None:
+    """The shell writes its own pid into each controller's procs file and becomes the
+    command: the pid written is the command's own."""
+    import subprocess
+
+    fake_v1(tmp_path)
+    group = cgroup.Cgroup.of("runsc-r3-abc", tmp_path)
+    for folder in group.folders:
+        folder.mkdir(parents=True)
+    done = subprocess.run(group.joined(["sh", "-c", "echo $$"]), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for folder in group.folders:
+        assert (folder / "cgroup.procs").read_text().strip() == done.stdout.strip()
+    missing = cgroup.Cgroup.of("runsc-gone", tmp_path)
+    assert subprocess.run(missing.joined(["true"]), capture_output=True).returncode == 125
+
+
+def test_network_open_is_refused_with_the_fix_and_the_rest_needs_a_holder() -> None:
+    def spec(network: str, gateway: bool = False) -> SandboxSpec:
+        from orchestrator.gateway import GatewaySpec
+
+        made = GatewaySpec("http://x", "token", 1, 1, None) if gateway else None
+        return SandboxSpec(
+            "r", "img", ("python",), Limits(), NetworkPolicy(mode=network), gateway=made
+        )
+
+    refused = direct.refusal(spec("open"))
+    assert refused is not None and refused.exit_code == 2
+    assert "network 'open'" in refused.cause and "--sandbox-runtime runsc" in refused.fix
+    for networked in (spec("allowlist"), spec("none", gateway=True)):
+        assert direct.refusal(networked) is None and direct.networked(networked)
+    assert direct.refusal(spec("none")) is None and not direct.networked(spec("none"))
+
+
+def fake_snapshot(key: str, used: float, image: str = "a" * 64) -> None:
+    from orchestrator.backends.docker.runsc_direct import bundle, snapshot
+
+    folder = bundle.images_root() / image
+    (folder / "rootfs").mkdir(parents=True, exist_ok=True)
+    (folder / bundle.META_FILE).write_text("{}")
+    made = folder / snapshot.SNAPSHOTS_DIR / key
+    (made / "checkpoint").mkdir(parents=True)
+    (made / snapshot.META_FILE).write_text("{}")
+    os.utime(made / snapshot.META_FILE, (used, used))
+
+
+def test_snapshots_beyond_the_kept_number_go_least_recently_used_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Across every exported image, as the engine path's: a restore marks its snapshot
+    used, and one used in the last RECENT_USE seconds is never removed."""
+    from orchestrator.backends.docker.runsc_direct import snapshot
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path))
+    now = time.time()
+    fake_snapshot("old", now - 5000)
+    fake_snapshot("older", now - 9000, image="b" * 64)
+    fake_snapshot("recent", now - 10)
+    assert snapshot.evict(1, now=now) == ["old", "older"]
+    assert [s.key for s in snapshot.list_snapshots()] == ["recent"]
+    fake_snapshot("newer", now - 20)
+    assert snapshot.evict(1, now=now) == []  # both used within RECENT_USE
+    (newer,) = [s for s in snapshot.list_snapshots() if s.key == "newer"]
+    snapshot.mark_used(newer)
+    assert snapshot.evict(1, now=time.time() + snapshot.RECENT_USE + 15) == ["recent"]
+
+
+def test_network_open_is_refused_on_a_closed_runtime() -> None:
+    """`Capabilities.closed_runtimes`: refused while the run is prepared (exit 2); other
+    networks, and other runtimes, are not concerned."""
+    from orchestrator.backends.base import Capabilities
+    from orchestrator.errors import ConfigError
+    from orchestrator.lifecycle.admission import check_closed_runtime
+
+    capabilities = Capabilities(sandbox_runtimes=("a", "b"), closed_runtimes=("b",))
+    check_closed_runtime(capabilities, "a", NetworkPolicy(mode="open"))
+    check_closed_runtime(capabilities, "b", NetworkPolicy(mode="allowlist"))
+    with pytest.raises(ConfigError) as refused:
+        check_closed_runtime(capabilities, "b", NetworkPolicy(mode="open"))
+    assert refused.value.exit_code == 2
+    assert "network 'open'" in refused.value.cause
+    assert "--sandbox-runtime auto" in refused.value.fix
+
+
+def test_images_list_shows_the_exported_images_and_their_snapshots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What runsc-direct keeps in the state directory is listed with the images (an export
+    is about as large as its image), each with the image it was made of."""
+    import json
+
+    from orchestrator.backends.docker import prune
+    from orchestrator.backends.docker.runsc_direct import bundle
+
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path))
+    fake_snapshot("k1", time.time())
+    meta = {"image": "orchestrator-agent:x", "size": 341 << 20, "created": time.time()}
+    (bundle.images_root() / ("a" * 64) / bundle.META_FILE).write_text(json.dumps(meta))
+    rows = {row["kind"]: row for row in prune.runsc_rows()}
+    assert rows[prune.KIND_RUNSC_EXPORT]["size"] == 341 << 20
+    assert rows[prune.KIND_RUNSC_EXPORT]["tag"] == "runsc-export:aaaaaaaaaaaa"
+    assert rows[prune.KIND_RUNSC_EXPORT]["image"] == "orchestrator-agent:x"
+    assert rows[prune.KIND_RUNSC_SNAPSHOT]["tag"] == "runsc-snapshot:k1"
