@@ -144,6 +144,7 @@ NOT_BEFORE_THE_SANDBOX = (
     "orchestrator.backends.docker.egress",  # a run without a network or a model gateway
     "orchestrator.backends.docker.gateway",
     "orchestrator.backends.docker.interceptor",
+    "concurrent.futures",  # the gateway's start beside the sandbox's
 )
 
 

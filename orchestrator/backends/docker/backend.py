@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +31,8 @@ from .sandbox import DockerSandbox
 from .snapshots import Snapshots
 
 if TYPE_CHECKING:  # a run's helpers: imported by the runs that have them (`_create_all`)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from .egress import Egress
     from .gateway import Gateway
     from .interceptor import Interceptor, InterceptorRoute
@@ -164,7 +165,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         # without squid, the sandbox itself) starts: each start is about 0.25 s of engine
         # time. The sandbox's environment needs the gateway's address only beside squid.
         starting: Future[Gateway] | None = None
-        starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
+        starter: ThreadPoolExecutor | None = None
         try:
             if needs_network:
                 egress = Egress.start(
@@ -173,7 +174,10 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
                     labels=spec.labels,
                 )
             if spec.gateway is not None and egress is not None:
+                from concurrent.futures import ThreadPoolExecutor  # only a gateway's run's
+
                 progress(starting_line(spec.gateway))
+                starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
                 starting = starter.submit(
                     Gateway.start,
                     self.client,
@@ -222,7 +226,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
                 egress.remove()
             raise
         finally:
-            starter.shutdown(wait=False)
+            if starter is not None:
+                starter.shutdown(wait=False)
         if ttl is None:
             return sandbox
         try:
