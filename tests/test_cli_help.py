@@ -207,8 +207,8 @@ cli.command()
 def test_a_runs_start_up_runs_no_garbage_collection(tmp_path: Path) -> None:
     """`orchestrator run`'s start-up (its imports, the Docker SDK's, the payload's checks)
     makes objects that live as long as the process and hardly any garbage: the collector is
-    held off until the run is checked (some 60 collections less, a tenth of the host's CPU
-    before the sandbox), then what was made is frozen and the collector runs again."""
+    held off until the run is checked (some 60 collections less, and their CPU in every cold
+    run), then what was made is frozen and the collector runs again."""
     env = {
         **os.environ,
         "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",  # the run stops at the engine
