@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -18,6 +19,9 @@ from . import signals
 #: Whether the command that just ran left nothing of its own to finish (its parser's
 #: `leaves_at_once`, set by `_main` when its handler returned): see `command`.
 _done_with_process = False
+#: Whether the cyclic garbage collector is held off for the process's start-up (`command`
+#: holds it; `start_up_done` lets it go).
+_collector_held = False
 
 
 def command() -> NoReturn:
@@ -28,7 +32,15 @@ def command() -> NoReturn:
     does: the module teardown and the store's WAL checkpoint (an fsync) took a noticeable
     share of each cold run after its result was printed
     (benchmarks/results/code_figures.md#leaving-the-process-at-once). atexit's functions run
-    first (logging's flush, temporary directories' finalizers)."""
+    first (logging's flush, temporary directories' finalizers).
+
+    The cyclic garbage collector is held off until the command's start-up is done
+    (`start_up_done`): importing a command's modules (and, for `run`, the Docker SDK's)
+    makes hundreds of thousands of objects and almost no garbage, yet triggers a collection
+    every 700 of them."""
+    global _collector_held
+    gc.disable()
+    _collector_held = True
     code = main()
     if _done_with_process and threading.active_count() == 1:
         atexit._run_exitfuncs()
@@ -37,6 +49,18 @@ def command() -> NoReturn:
             sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+def start_up_done() -> None:
+    """The end of the command's start-up, where `command` held the collector off (else
+    nothing): what the start-up made is frozen (never scanned again: it lives as long as
+    the process) and the collector runs again for what the command makes from now on. For
+    `run`, once its payload is checked: the sandbox's create call comes next."""
+    global _collector_held
+    if _collector_held:
+        _collector_held = False
+        gc.freeze()
+        gc.enable()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,6 +105,8 @@ def _main(argv: list[str] | None) -> int:
         display.route_logs()
         if not getattr(args, "watches_stop", False):
             signals.restore_defaults()
+        if not getattr(args, "starts_up_in_handler", False):  # (`run`: start_up_done)
+            start_up_done()
         code = int(args.handler(args) or 0)
         global _done_with_process
         _done_with_process = bool(getattr(args, "leaves_at_once", False))

@@ -72,7 +72,9 @@ def add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no live output")
-    p.set_defaults(handler=cmd_run, watches_stop=True, leaves_at_once=True)
+    p.set_defaults(
+        handler=cmd_run, watches_stop=True, leaves_at_once=True, starts_up_in_handler=True
+    )
     p.hand_on = HandOn(applies=names_a_program, dest="args", unknown_fix=unknown_option_fix)
 
 
@@ -130,13 +132,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     signals.on_stop(display.progress)
     observers = observers_of(display.event, display.progress, signals.STOP)
     try:
-        result = run_spec(spec, observers, on_prepared=mock_notice)
+        result = run_spec(spec, observers, on_prepared=prepared_notice)
     finally:
         display.stop()
     if result.status == "cancelled":
         say("cancelled: the sandbox was removed and the run recorded as `cancelled`")
     print_result(result, as_json=args.json)
     return result.cli_exit_code
+
+
+def prepared_notice(prepared: PreparedRun) -> None:
+    """The run is checked and its modules imported: the end of the process's start-up (the
+    sandbox is asked for next), and what the user should know about it said."""
+    from . import start_up_done
+
+    start_up_done()
+    mock_notice(prepared)
 
 
 def mock_notice(prepared: PreparedRun) -> None:

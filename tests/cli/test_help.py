@@ -124,6 +124,111 @@ def test_a_command_imports_only_its_own_module(
         assert f"orchestrator.{name}" not in modules, f"{argv} imported orchestrator.{name}"
 
 
+#: What a run's start must not import: every module imported before its sandbox is created
+#: is paid for by every cold run (benchmarks/host_start.py measures it). The Docker SDK is
+#: the one heavy import it needs; these it does not.
+NOT_BEFORE_THE_SANDBOX = (
+    "rich",  # a quiet or piped run prints plain lines
+    "smolagents",  # the agent runs in the sandbox
+    "litellm",
+    "pyarrow",  # batches' Parquet
+    "e2b",
+    "opentelemetry",  # traces are written after the run
+    "openinference",
+    "orchestrator.batch",
+    "orchestrator.view",
+    "orchestrator.schedules",
+    "orchestrator.cluster",
+    "orchestrator.backends.e2b",
+    "orchestrator.backends.docker.egress",  # a run without a network or a model gateway
+    "orchestrator.backends.docker.gateway",
+    "orchestrator.backends.docker.interceptor",
+    "concurrent.futures",  # the gateway's start beside the sandbox's
+)
+
+
+START_OF_A_RUN = """
+import sys
+from orchestrator.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join(sorted(sys.modules)))
+"""
+
+
+def test_a_run_imports_nothing_heavy_before_its_sandbox(tmp_path: Path) -> None:
+    """The whole start of `orchestrator run` on a payload, to the engine: no engine answers
+    here, so the run stops where it would ask it for its image, with everything before that
+    (parsing, the payload's checks, the model, the record, the backend) imported."""
+    payload = REPO / "tests" / "payloads" / "batch_math"
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE")},
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",
+        "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+    }
+    argv = ["run", str(payload), "--arg", "a=6", "--quiet", "--sandbox-runtime", "runc"]
+    out = subprocess.run(
+        [sys.executable, "-c", START_OF_A_RUN, *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+    assert "Cannot reach the Docker engine" in out.stderr, out.stderr  # it got that far
+    modules = set(out.stdout.split())
+    assert {"docker", "orchestrator.lifecycle.prepared", "orchestrator.records.record"} <= modules
+    heavy = [
+        m
+        for m in modules
+        if m in NOT_BEFORE_THE_SANDBOX or m.split(".")[0] in NOT_BEFORE_THE_SANDBOX
+    ]
+    assert not heavy, f"a run's start imported {sorted(heavy)}"
+
+
+COLLECTOR_AT_EXIT = """
+import atexit, gc, sys
+from orchestrator import cli
+
+before = sum(generation["collections"] for generation in gc.get_stats())
+
+def said():
+    collections = sum(generation["collections"] for generation in gc.get_stats()) - before
+    print(gc.isenabled(), gc.get_freeze_count(), collections)
+
+atexit.register(said)
+sys.argv = ["orchestrator", *sys.argv[1:]]
+cli.command()
+"""
+
+
+def test_a_runs_start_up_runs_no_garbage_collection(tmp_path: Path) -> None:
+    """`orchestrator run`'s start-up (its imports, the Docker SDK's, the payload's checks)
+    makes objects that live as long as the process and hardly any garbage: the collector is
+    held off until the run is checked (some 60 collections less, and their CPU in every cold
+    run), then what was made is frozen and the collector runs again."""
+    env = {
+        **os.environ,
+        "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",  # the run stops at the engine
+        "ORCHESTRATOR_HOME": str(tmp_path / "home"),
+    }
+    payload = str(REPO / "tests" / "payloads" / "batch_math")
+    argv = ["run", payload, "--arg", "a=6", "--quiet", "--sandbox-runtime", "runc"]
+    out = subprocess.run(
+        [sys.executable, "-c", COLLECTOR_AT_EXIT, *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert "Cannot reach the Docker engine" in out.stderr, out.stderr
+    enabled, frozen, collections = out.stdout.split()
+    assert enabled == "True", "the collector was left off"
+    assert int(frozen) > 10_000, "the start-up's objects were not frozen"
+    assert int(collections) < 10, f"{collections} collections in the start-up"
+
+
 def test_readme_command_reference_matches_the_parser() -> None:
     """The README's table names every command group and action, and no other."""
     readme = (REPO / "README.md").read_text()

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import docker.errors
 
 from ...errors import ConfigError
-from ...gateway import starting_line
+from ...gateway import GatewaySpec, starting_line
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ..base import (
     Capabilities,
@@ -35,6 +34,8 @@ from .sandbox import DockerSandbox
 from .snapshots import Snapshots
 
 if TYPE_CHECKING:  # a run's helpers: imported by the runs that have them (`_create_all`)
+    from concurrent.futures import Future, ThreadPoolExecutor
+
     from .egress import Egress
     from .gateway import Gateway
     from .interceptor import Interceptor, InterceptorRoute
@@ -43,6 +44,34 @@ if TYPE_CHECKING:  # a run's helpers: imported by the runs that have them (`_cre
 IDLE_READY_TIMEOUT = 60.0
 #: The unprivileged user of the agent image (see images/agent/Dockerfile).
 SANDBOX_USER = "10001:10001"
+
+
+def gateway_starting(
+    client: docker.DockerClient,
+    spec: SandboxSpec,
+    gateway: GatewaySpec,
+    egress: Egress,
+    stop_at: float,
+) -> tuple[ThreadPoolExecutor, Future[Gateway]]:
+    """The run's model `gateway` starting on a thread of its own, on the run's network
+    (`egress`), while the caller starts the rest; only such a run makes the thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .gateway import Gateway
+
+    starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
+    starting = starter.submit(
+        Gateway.start,
+        client,
+        run_id=spec.run_id,
+        spec=gateway,
+        network_id=egress.network_id,
+        network_name=egress.network_name,
+        labels=spec.labels,
+        image=spec.image,
+        stop_at=stop_at,
+    )
+    return starter, starting
 
 
 class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
@@ -178,7 +207,6 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
     ) -> DockerSandbox:
         # A run's helpers' code is imported by the runs that have them (a cost on every start).
         from .egress import Egress, ensure_egress_image
-        from .gateway import Gateway
         from .interceptor import Interceptor, ensure_interceptor_image
 
         needs_proxy = spec.network.mode == "allowlist" and bool(
@@ -203,7 +231,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         # squid, the sandbox itself) starts: each is slow (results/code_figures.md#engine-calls).
         # The sandbox's environment needs the gateway's address only beside squid.
         starting: Future[Gateway] | None = None
-        starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gateway-start")
+        starter: ThreadPoolExecutor | None = None
         try:
             if needs_network:
                 egress = Egress.start(
@@ -213,16 +241,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
                 )
             if spec.gateway is not None and egress is not None:
                 progress(starting_line(spec.gateway))
-                starting = starter.submit(
-                    Gateway.start,
-                    self.client,
-                    run_id=spec.run_id,
-                    spec=spec.gateway,
-                    network_id=egress.network_id,
-                    network_name=egress.network_name,
-                    labels=spec.labels,
-                    image=spec.image,
-                    stop_at=stop_at,
+                starter, starting = gateway_starting(
+                    self.client, spec, spec.gateway, egress, stop_at
                 )
             if egress is not None and proxy_image is not None:
                 egress.start_proxy(
@@ -261,7 +281,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
                 egress.remove()
             raise
         finally:
-            starter.shutdown(wait=False)
+            if starter is not None:
+                starter.shutdown(wait=False)
         if ttl is None:
             return sandbox
         try:
