@@ -54,10 +54,16 @@ class Bundle:
     @property
     def meta(self) -> dict[str, Any]:
         """What the export recorded: the image's name, its size, when and how long."""
-        try:
-            return dict(json.loads((self.folder / META_FILE).read_text()))
-        except (OSError, ValueError):
-            return {}
+        return read_meta(self.folder / META_FILE)
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """A folder's JSON note (an export's, a snapshot's), or {} when it is missing or torn: a
+    note only describes, so a bad one never stops a run."""
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
 
 
 def images_root() -> Path:

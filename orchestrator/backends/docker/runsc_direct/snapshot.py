@@ -33,7 +33,7 @@ from ....spec import Limits
 from ...base import Progress
 from ..snapshot_store import RECENT_USE, keep_count
 from .binary import GLOBAL_FLAGS, NETWORK_FLAGS, runsc, runsc_path
-from .bundle import Bundle, list_bundles
+from .bundle import Bundle, list_bundles, read_meta
 from .cgroup import Cgroup
 from .records import SandboxRecord, new_id
 from .sandbox import CALL_TIMEOUT, RunscSandbox
@@ -60,10 +60,8 @@ class Snapshot:
 
     @property
     def meta(self) -> dict[str, Any]:
-        try:
-            return dict(json.loads((self.folder / META_FILE).read_text()))
-        except (OSError, ValueError):
-            return {}
+        """What the maker recorded (`bundle.read_meta`)."""
+        return read_meta(self.folder / META_FILE)
 
 
 def key(bundle: Bundle, config: dict[str, Any]) -> str:

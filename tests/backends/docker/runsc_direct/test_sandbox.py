@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from orchestrator.backends.docker.runsc_direct import bundle, cgroup, records
 from orchestrator.backends.docker.runsc_direct.binary import state_root
 from orchestrator.backends.docker.runsc_direct.snapshot import SNAPSHOTS_DIR, find
 from orchestrator.testing import CHECKS, Kit, run_check
+from tests.backends.docker.test_snapshots import checkpoint_bytes
 from tests.conftest import cli, files_holding
 
 RUNTIME = "runsc-direct"
@@ -90,24 +89,6 @@ def probe_run(
     result = run(spec, backend=DockerBackend())
     line = next((x for x in (result.output or "").splitlines() if x.startswith("probe ")), "")
     return result, json.loads(line.removeprefix("probe ") or "{}")
-
-
-def checkpoint_bytes(folder: Path) -> bytes:
-    """Everything a gVisor checkpoint holds, uncompressed (the format: the helper of the same
-    name in tests/backends/docker/test_snapshots.py). Searched compressed, a secret would never
-    be found."""
-    held = []
-    for path in sorted(folder.iterdir()):
-        data = path.read_bytes()
-        assert data[:8] == b"gVisorSF", path
-        at = 16 + struct.unpack(">Q", data[8:16])[0] + 32 + 4
-        while at < len(data):
-            size = struct.unpack(">I", data[at : at + 4])[0]
-            chunk = zlib.decompressobj(-15)
-            held.append(chunk.decompress(data[at + 4 : at + 4 + size]))
-            assert chunk.eof, f"{path}: a chunk at {at} is not whole deflate data"
-            at += 4 + size
-    return b"".join(held)
 
 
 def test_two_runs_restored_from_one_snapshot_share_nothing(
