@@ -1,7 +1,7 @@
 """The command line as a user and a script meet it, through the real `orchestrator` command
 and real sandboxes: closed pipes, JSON errors, run ids, housekeeping, defaults precedence,
 `new`, and snapshots of the main human outputs on a terminal and piped
-(tests/snapshots/, rewritten with UPDATE_SNAPSHOTS=1)."""
+(tests/cli/snapshots/, rewritten with UPDATE_SNAPSHOTS=1)."""
 
 from __future__ import annotations
 
