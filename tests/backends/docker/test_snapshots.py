@@ -257,8 +257,14 @@ def checkpoints(docker_client) -> None:
 
 
 def probe_run(
-    folder: Path, secret: str, *, args: tuple[str, ...] = (), timeout: float = 60
+    folder: Path,
+    secret: str,
+    *,
+    args: tuple[str, ...] = (),
+    timeout: float = 60,
+    runtime: str = "runsc",
 ) -> tuple[RunResult, dict]:
+    """PROBE run on `runtime` with `secret`, and what it printed of its sandbox."""
     # Each call its own folder: runs started at once must not rewrite one file while
     # another run reads it (an empty program, or one whose secrets were not declared).
     folder = folder / secret
@@ -269,7 +275,7 @@ def probe_run(
     env.write_text(f"SNAP_SECRET={secret}\n")
     spec = RunSpec(
         payload=program,
-        sandbox_runtime="runsc",
+        sandbox_runtime=runtime,
         network="none",
         env_file=env,
         program_args=args,

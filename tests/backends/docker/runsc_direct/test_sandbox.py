@@ -9,42 +9,24 @@ sandbox's cgroup is made by us)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from orchestrator import RunResult, RunSpec, run
-from orchestrator.backends.docker import DockerBackend
+from orchestrator import RunResult
 from orchestrator.backends.docker.runsc_direct import bundle, cgroup, records
 from orchestrator.backends.docker.runsc_direct.binary import state_root
 from orchestrator.backends.docker.runsc_direct.snapshot import SNAPSHOTS_DIR, find
 from orchestrator.testing import CHECKS, Kit, run_check
 from tests.backends.docker.test_snapshots import checkpoint_bytes
+from tests.backends.docker.test_snapshots import probe_run as snapshots_probe_run
 from tests.conftest import cli, files_holding
 
 RUNTIME = "runsc-direct"
-
-#: A program that says what its sandbox holds that another run's could have left or shared:
-#: its random state, fresh entropy, what is in /tmp (it leaves a file there, holding its
-#: secret), and sleeps as long as its first argument asks.
-PROBE = """\
-# /// script
-# [tool.orchestrator.secrets]
-# required = ["SNAP_SECRET"]
-# ///
-import json, os, random, sys, time
-from pathlib import Path
-
-seen = sorted(p.name for p in Path("/tmp").iterdir())
-Path("/tmp", f"mark-{random.random()}").write_text(os.environ["SNAP_SECRET"])
-held = {"random": random.random(), "urandom": os.urandom(8).hex(), "seen_in_tmp": seen}
-print("probe " + json.dumps(held), flush=True)
-time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -69,26 +51,9 @@ def leaves_nothing(runsc_here: None, no_leftovers) -> Iterator[None]:
     assert not nothing_of_ours_left()
 
 
-def probe_run(
-    folder: Path, secret: str, *, args: tuple[str, ...] = (), timeout: float = 60
-) -> tuple[RunResult, dict]:
-    folder = folder / secret
-    folder.mkdir()
-    program = folder / "probe.py"
-    program.write_text(PROBE)
-    env = folder / f"{secret}.env"
-    env.write_text(f"SNAP_SECRET={secret}\n")
-    spec = RunSpec(
-        payload=program,
-        sandbox_runtime=RUNTIME,
-        network="none",
-        env_file=env,
-        program_args=args,
-        timeout_seconds=timeout,
-    )
-    result = run(spec, backend=DockerBackend())
-    line = next((x for x in (result.output or "").splitlines() if x.startswith("probe ")), "")
-    return result, json.loads(line.removeprefix("probe ") or "{}")
+def probe_run(folder: Path, secret: str, **options: Any) -> tuple[RunResult, dict]:
+    """test_snapshots' probe, on runsc-direct."""
+    return snapshots_probe_run(folder, secret, runtime=RUNTIME, **options)
 
 
 def test_two_runs_restored_from_one_snapshot_share_nothing(
