@@ -95,6 +95,13 @@ class RayNode:
             pass
 
 
+# What `ray start` prints when its own fixed wait for the raylet to register with the GCS
+# (30 s, not configurable in Ray 2.x) ran out: on a machine busy with a whole test tier that
+# can happen to a healthy node, so the node is started again from scratch.
+RAY_STARTUP_TIMEOUT = b"timed out during startup"
+START_ATTEMPTS = 3
+
+
 def start_node(
     tmp: Path,
     name: str,
@@ -104,12 +111,39 @@ def start_node(
     env: dict[str, str] | None = None,
 ) -> tuple[RayNode, str]:
     """Start a node (the head when `head_address` is None) with `sandboxes` units of
-    `orchestrator_sandboxes`; waits until Ray says it started. Returns the node and the
-    cluster's address."""
-    temp_dir = tmp / f"ray-{name}"
-    home = tmp / f"home-{name}"
+    `orchestrator_sandboxes`; waits until Ray says it started, starting it again (up to
+    START_ATTEMPTS times, each in fresh directories) when Ray gave up on its own fixed startup
+    wait. Returns the node and the cluster's address; raises AssertionError with Ray's log
+    otherwise."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        node, address = _start_node_once(
+            tmp, name, attempt, sandboxes=sandboxes, head_address=head_address, env=env
+        )
+        log = node.log.read_bytes()
+        if b"Ray runtime started" in log:
+            return node, address
+        if RAY_STARTUP_TIMEOUT not in log or attempt == START_ATTEMPTS:
+            raise AssertionError(
+                f"ray start failed (attempt {attempt}):\n{log.decode(errors='replace')[-3000:]}"
+            )
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _start_node_once(
+    tmp: Path,
+    name: str,
+    attempt: int,
+    *,
+    sandboxes: int,
+    head_address: str | None,
+    env: dict[str, str] | None,
+) -> tuple[RayNode, str]:
+    """One `ray start`: the node once Ray says it started, or killed (every process of its
+    session) once `ray start` exited or 120 s passed; the caller reads its log."""
+    temp_dir = tmp / f"r{attempt}-{name}"  # short: Ray's socket paths under it must fit 107 bytes
+    home = tmp / f"home-{name}-{attempt}"
     home.mkdir(parents=True, exist_ok=True)
-    log = tmp / f"ray-{name}.log"
+    log = tmp / f"ray-{name}-{attempt}.log"
     resources = json.dumps({"orchestrator_sandboxes": sandboxes}) if sandboxes else "{}"
     command = [
         RAY,
@@ -145,6 +179,6 @@ def start_node(
     while b"Ray runtime started" not in log.read_bytes():
         if proc.poll() is not None or time.monotonic() > deadline:
             node.kill()
-            raise AssertionError(f"ray start failed:\n{log.read_text(errors='replace')[-3000:]}")
+            break
         time.sleep(0.2)
     return node, address
