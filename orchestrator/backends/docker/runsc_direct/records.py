@@ -9,6 +9,7 @@ Nothing secret is in them: the labels are the run's id, owner, store and version
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -104,8 +105,20 @@ def list_records(labels: dict[str, str]) -> list[SandboxRecord]:
     return found
 
 
+def store_tag() -> str:
+    """A short mark of this state directory, in each id it gives: the sandbox cgroups of the
+    host (named by id, shared by every store on it) then say which store made them."""
+    return hashlib.sha256(str(home_dir()).encode()).hexdigest()[:6]
+
+
 def new_id(run_id: str) -> str:
-    """A container id for a sandbox of `run_id`: ours by its prefix, unique (a run's attempts
-    share nothing), in the characters runsc accepts."""
+    """A container id for a sandbox of `run_id`: ours by its prefix, this store's by its tag
+    (`store_tag`), unique (a run's attempts share nothing), in the characters runsc
+    accepts."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "-", run_id)[:80]
-    return f"{ID_PREFIX}{safe}-{secrets.token_hex(3)}"
+    return f"{ID_PREFIX}{store_tag()}-{safe}-{secrets.token_hex(3)}"
+
+
+def of_this_store(sandbox_id: str) -> bool:
+    """Whether `new_id` gave `sandbox_id` in this state directory."""
+    return sandbox_id.startswith(f"{ID_PREFIX}{store_tag()}-")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.base import SandboxSpec
-from orchestrator.backends.docker.runsc_direct import cgroup, direct, ocispec
+from orchestrator.backends.docker.runsc_direct import cgroup, direct, ocispec, records
 from orchestrator.backends.docker.runtimes import gvisor_nproc, gvisor_pids_limit
 from orchestrator.spec import Limits, NetworkPolicy
 
@@ -206,3 +206,18 @@ def test_images_list_shows_the_exported_images_and_their_snapshots(
     assert rows[prune.KIND_RUNSC_EXPORT]["tag"] == "runsc-export:aaaaaaaaaaaa"
     assert rows[prune.KIND_RUNSC_EXPORT]["image"] == "orchestrator-agent:x"
     assert rows[prune.KIND_RUNSC_SNAPSHOT]["tag"] == "runsc-snapshot:k1"
+
+
+def test_a_sandbox_id_says_which_state_directory_gave_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's sandbox cgroups are named by id and shared by every store on it: the id's
+    tag tells this store's from another's (what a leftover check or a cleanup may touch)."""
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "one"))
+    mine = records.new_id("r-20261129-1")
+    assert records.is_ours(mine) and records.of_this_store(mine)
+    assert mine != records.new_id("r-20261129-1")  # attempts of one run differ
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "two"))
+    theirs = records.new_id("r-20261129-1")
+    assert records.is_ours(theirs) and records.of_this_store(theirs)
+    assert not records.of_this_store(mine)
