@@ -213,7 +213,7 @@ def beside(
         pid = int(state["State"].get("Pid") or 0)
         if pid <= 0:
             raise RuntimeError(f"the network holder {holder.id[:12]} is not running")
-        names = holder_names(pid)
+        names = holder_names(state)
     except BaseException:
         sandbox.remove()
         raise
@@ -221,15 +221,32 @@ def beside(
     return cold(sandbox, spec, image.rootfs, env, f"/proc/{pid}/ns/net", idle, names)
 
 
-def holder_names(pid: int) -> dict[str, bytes]:
-    """The name files the engine wrote for the holder running as `pid` (its resolver: the
-    host's, or the engine's own DNS on a run's network; its hosts, with the run's extra
-    hosts; its host name), read through its own root: in its network namespace the sandbox
-    resolves names exactly as the holder, and the engine path's sandbox, would. Copied, not
-    bound from the engine's data root: runsc's gofer serves only files of our state
+def holder_names(state: dict[str, Any]) -> dict[str, bytes]:
+    """The name files the engine wrote for the holder (`state`: its inspection): its
+    resolver (the host's, or the engine's own DNS on a run's network), its hosts (with the
+    run's extra hosts) and its host name, read from the engine's own copies (the paths its
+    inspection names, in the engine's data root), never through the container's root,
+    where an image's symlink would lead the read elsewhere on the host. In its network
+    namespace the sandbox then resolves names exactly as the holder, and the engine path's
+    sandbox, would. Copied, not bound: runsc's gofer serves only files of our state
     directory, and nothing the engine rewrites later reaches the sandbox. Raises OSError
-    when the holder is gone."""
-    return {name: Path(f"/proc/{pid}/root{name}").read_bytes() for name in ocispec.NAME_FILES}
+    when a file is gone (the holder was removed), RuntimeError when the engine names none."""
+    names = {}
+    for destination, field in NAME_PATHS.items():
+        source = state.get(field)
+        if not source:
+            raise RuntimeError(f"the engine names no {destination} for the network holder")
+        names[destination] = Path(source).read_bytes()
+    return names
+
+
+#: Each of ocispec.NAME_FILES, and the field of the holder's inspection that says where the
+#: engine keeps it.
+NAME_PATHS = {
+    "/etc/resolv.conf": "ResolvConfPath",
+    "/etc/hosts": "HostsPath",
+    "/etc/hostname": "HostnamePath",
+}
 
 
 class HeldSandbox(RunscSandbox):

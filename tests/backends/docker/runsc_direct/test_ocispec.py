@@ -149,6 +149,28 @@ def test_a_networked_sandbox_gets_its_name_files_read_only(tmp_path: Path) -> No
     assert not [m for m in plain["mounts"] if m["type"] == "bind"]
 
 
+def test_the_name_files_are_read_from_the_engines_copies_never_through_the_holders_root(
+    tmp_path: Path,
+) -> None:
+    """Each name file from the path the holder's inspection names (the engine's data root):
+    an image's symlink at /etc/resolv.conf cannot lead the read to another host file. A
+    holder the engine names no file for, or whose file is gone, is an error, not an empty
+    resolver."""
+    state: dict[str, str] = {}
+    for destination, field in direct.NAME_PATHS.items():
+        source = tmp_path / field
+        source.write_text(f"content of {destination}")
+        state[field] = str(source)
+    assert set(direct.NAME_PATHS) == set(ocispec.NAME_FILES)
+    names = direct.holder_names(state)
+    assert names == {d: f"content of {d}".encode() for d in ocispec.NAME_FILES}
+    with pytest.raises(RuntimeError, match="no /etc/hosts"):
+        direct.holder_names({**state, "HostsPath": ""})
+    (tmp_path / "HostnamePath").unlink()
+    with pytest.raises(OSError):
+        direct.holder_names(state)
+
+
 def fake_snapshot(key: str, used: float, image: str = "a" * 64) -> None:
     from orchestrator.backends.docker.runsc_direct import bundle, snapshot
 
