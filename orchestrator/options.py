@@ -224,7 +224,7 @@ RUN_OPTIONS: tuple[Option, ...] = (
         help="the sandbox's kernel: auto (default: the backend's best) or one the backend "
         "offers (refused otherwise, naming them); on docker: runsc (gVisor's; set it up with "
         "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile), runsc-direct "
-        "(gVisor run by runsc itself, each run restored from a snapshot; root, no network open: "
+        "(gVisor run by runsc itself, each run without network restored from a snapshot; root: "
         "docs/guides/kernel.md), auto: runsc when the engine has it, else runc; "
         "$ORCHESTRATOR_SANDBOX_RUNTIME, the config file's "
         "sandbox_runtime, then the payload's `payload.sandbox_runtime` come first when set "

@@ -76,10 +76,6 @@ class Capabilities:
     #: sandbox on (Docker: runsc, runc; a Kubernetes RuntimeClass such as kata). Empty: the
     #: backend's own isolation only, and a machine's or payload's choice does not apply.
     sandbox_runtimes: tuple[str, ...] = ()
-    #: Those of `sandbox_runtimes` whose sandboxes cannot have network `open` yet (Docker's
-    #: runsc-direct): such a run is refused before anything starts (exit 2,
-    #: `admission.check_closed_runtime`).
-    closed_runtimes: tuple[str, ...] = ()
     #: Secrets bound to hosts (`[secrets.bind]`) are kept out of the sandbox: it holds a
     #: placeholder, and an intercepting proxy on its egress path puts the value on the wire
     #: only for the bound hosts. Without: a run with bindings is refused before anything

@@ -59,16 +59,3 @@ def endpoint_on_host(capabilities: Capabilities, model: ModelSpec, backend: str)
     if not (env and os.environ.get(env) == "1"):
         check_remote_endpoint(model, backend=backend, opt_in_env=env)
     return False
-
-
-def check_closed_runtime(capabilities: Capabilities, runtime: str, network: NetworkPolicy) -> None:
-    """Raise ConfigError (exit 2, before anything starts) for a run on network `open` on a
-    sandbox runtime whose sandboxes cannot have it yet (`Capabilities.closed_runtimes`)."""
-    if runtime not in capabilities.closed_runtimes or network.mode != "open":
-        return
-    raise ConfigError(
-        f"The sandbox runtime {runtime} does not run sandboxes on network 'open' yet. "
-        "Nothing was started.",
-        "Run it on another sandbox runtime (--sandbox-runtime auto), or on --network "
-        "allowlist with the hosts it needs.",
-    )

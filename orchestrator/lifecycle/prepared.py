@@ -28,7 +28,6 @@ from ..spec import SETTABLE_LIMITS, Limits, NetworkPolicy, RunSpec
 from .admission import (
     check_bound_network,
     check_bound_secrets,
-    check_closed_runtime,
     endpoint_on_host,
 )
 
@@ -213,7 +212,6 @@ def prepare(
         check_sandbox_runtime(
             backend, capabilities, sandbox_runtime, asked=bool(spec.sandbox_runtime)
         )
-        check_closed_runtime(capabilities, sandbox_runtime, network)
     with at_field("traces_to"):
         trace = None if spec.check_only else trace_target(spec.traces_to)
     needed = needed_secrets(manifest, own_model or model)

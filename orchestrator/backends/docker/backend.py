@@ -85,7 +85,6 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         removes_orphans=True,
         orphans_end="its containers stop at their deadline",
         sandbox_runtimes=(RUNSC, RUNC, RUNSC_DIRECT),
-        closed_runtimes=(RUNSC_DIRECT,),  # no `open` network yet (runsc_direct/direct.py)
         bound_secrets=True,
     )
 
@@ -172,9 +171,6 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """A networked runsc-direct sandbox: its holder container made as this path's
         sandbox would be (network, proxy, gateway, interceptor; a pooled one's helpers live
         its time-to-live longer), then the sandbox in the holder's network namespace."""
-        refused = direct.refusal(spec)
-        if refused is not None:
-            raise refused
         limits = replace(spec.limits, timeout_seconds=spec.limits.timeout_seconds + (ttl or 0))
         holder = replace(
             spec,

@@ -1,5 +1,6 @@
 """The `runsc-direct` sandbox runtime of the Docker backend: what a run gets (a new container
-restored from its shape's snapshot), what it refuses yet, and what cleanup finds and removes.
+restored from its shape's snapshot, or a networked one started cold beside its holder), and
+what cleanup finds and removes.
 
 A run: the image exported once (bundle.py), the sandbox's spec written from our policy
 (ocispec.py), the snapshot of that spec made once (snapshot.py), then a new container
@@ -20,7 +21,6 @@ import docker
 from orchestrator_runtime.protocol import RESTORED_LINE
 from orchestrator_runtime.request import Request
 
-from ....errors import ConfigError
 from ....labels import LABEL_KIND
 from ...base import Progress, SandboxInfo, SandboxSpec
 from .. import snapshots
@@ -48,28 +48,13 @@ IDLE_READY_TIMEOUT = 60.0
 RUNSC_DIRECT = "runsc-direct"
 
 
-def refusal(spec: SandboxSpec) -> ConfigError | None:
-    """Why this runtime cannot run `spec` yet (None: it can): network `open`, whose names
-    resolve through the engine's resolv.conf, which the sandbox's read-only root (the
-    image's, shared) does not have. (`allowlist` resolves nothing by design, and its
-    proxy, gateway and interceptor are reached by address.)"""
-    if spec.network.mode != "open":
-        return None
-    return ConfigError(
-        f"--sandbox-runtime {RUNSC_DIRECT} does not run sandboxes on network 'open' yet.",
-        "Use --sandbox-runtime runsc (gVisor through the engine) or auto for this run, or "
-        "--network allowlist with the hosts it needs.",
-    )
-
-
 def create(
     client: docker.DockerClient, spec: SandboxSpec, progress: Progress, idle: float | None = None
 ) -> RunscSandbox:
     """The run's sandbox, restored from its snapshot (made first when there is none) and
     running, waiting for its request. `idle`: a pooled sandbox's time-to-live, which its
     keeper idles after the restore unless a run takes it (in the keeper's argv: pools and
-    single runs have a snapshot each, one per time-to-live). Raises ConfigError for what
-    `refusal` names."""
+    single runs have a snapshot each, one per time-to-live)."""
     if networked(spec):
         raise ValueError("a networked sandbox is made beside its holder (`beside`)")
     image = bundle.ensure(client, spec.image, progress)
@@ -105,11 +90,13 @@ def cold(
     env: list[str],
     netns: str | None,
     idle: float | None,
+    names: dict[str, bytes] | None = None,
 ) -> S:
     """`sandbox` started cold (`runsc run`) with a bundle folder of its own (its
-    config.json; the root is the image's): its keeper holds the run's deadline, or a pooled
-    one's time-to-live (`idle`: it is ready when this returns). Everything of it is removed
-    again when this fails."""
+    config.json, and a copy of each of `names`, bound read-only at its path: a networked
+    sandbox's name files; the root is the image's): its keeper holds the run's deadline,
+    or a pooled one's time-to-live (`idle`: it is ready when this returns). Everything of
+    it is removed again when this fails."""
     command = list(spec.command)
     if idle is None:
         argv = kept(AGENT_KEEPER, deadline_at(spec.limits), command)
@@ -120,7 +107,13 @@ def cold(
     try:
         folder = records.bundle_dir(sandbox.id)
         folder.mkdir(parents=True)
-        config = ocispec.config(rootfs, argv, env, spec.limits, netns)
+        files = {}
+        for destination, content in (names or {}).items():
+            copy = folder / Path(destination).name
+            copy.write_bytes(content)
+            copy.chmod(0o644)  # root's: the sandbox's user reads it, as the engine's
+            files[destination] = copy
+        config = ocispec.config(rootfs, argv, env, spec.limits, netns, files)
         (folder / "config.json").write_text(json.dumps(config))
         sandbox.record.save()
         sandbox.cgroup.make(spec.limits)
@@ -208,12 +201,9 @@ def beside(
     network stack it then uses) in the network namespace of `holder`, a created container
     on the run's Docker network with its egress proxy, gateway and interceptor beside it,
     as a Kubernetes pod's containers join its pause container's. The holder's environment
-    (the image's and the proxy settings) is the sandbox's. `idle`: a pooled sandbox's
-    time-to-live (it is ready when this returns). Everything is removed again when this
-    fails."""
-    refused = refusal(spec)
-    if refused is not None:
-        raise refused
+    (the image's and the proxy settings) and its name files (`holder_names`) are the
+    sandbox's. `idle`: a pooled sandbox's time-to-live (it is ready when this returns).
+    Everything is removed again when this fails."""
     sandbox = HeldSandbox(*_new(spec), spec, holder)
     try:
         image = bundle.ensure(client, spec.image, progress)
@@ -223,11 +213,40 @@ def beside(
         pid = int(state["State"].get("Pid") or 0)
         if pid <= 0:
             raise RuntimeError(f"the network holder {holder.id[:12]} is not running")
+        names = holder_names(state)
     except BaseException:
         sandbox.remove()
         raise
     env = list(state["Config"].get("Env") or [])
-    return cold(sandbox, spec, image.rootfs, env, f"/proc/{pid}/ns/net", idle)
+    return cold(sandbox, spec, image.rootfs, env, f"/proc/{pid}/ns/net", idle, names)
+
+
+def holder_names(state: dict[str, Any]) -> dict[str, bytes]:
+    """The name files the engine wrote for the holder (`state`: its inspection): its
+    resolver (the host's, or the engine's own DNS on a run's network), its hosts (with the
+    run's extra hosts) and its host name, read from the engine's own copies (the paths its
+    inspection names, in the engine's data root), never through the container's root,
+    where an image's symlink would lead the read elsewhere on the host. In its network
+    namespace the sandbox then resolves names exactly as the holder, and the engine path's
+    sandbox, would. Copied, not bound: runsc's gofer serves only files of our state
+    directory, and nothing the engine rewrites later reaches the sandbox. Raises OSError
+    when a file is gone (the holder was removed), RuntimeError when the engine names none."""
+    names = {}
+    for destination, field in NAME_PATHS.items():
+        source = state.get(field)
+        if not source:
+            raise RuntimeError(f"the engine names no {destination} for the network holder")
+        names[destination] = Path(source).read_bytes()
+    return names
+
+
+#: Each of ocispec.NAME_FILES, and the field of the holder's inspection that says where the
+#: engine keeps it.
+NAME_PATHS = {
+    "/etc/resolv.conf": "ResolvConfPath",
+    "/etc/hosts": "HostsPath",
+    "/etc/hostname": "HostnamePath",
+}
 
 
 class HeldSandbox(RunscSandbox):

@@ -2,10 +2,11 @@
 engine for (hardening.py), written out as data, each line saying why.
 
 What the engine would add on its own and we do here: the image's environment and a hostname;
-the mounts every container has (proc, dev, sys); the seccomp profile turned from Docker's
-format (archMap, includes) into the OCI one (architectures, plain rules). The memory, CPU
-and pids limits are not here: runsc runs with `--ignore-cgroups` inside the run's own cgroup
-(cgroup.py).
+the mounts every container has (proc, dev, sys); a networked sandbox's name files (its
+holder's `/etc/resolv.conf`, `/etc/hosts`, `/etc/hostname`, read-only); the seccomp profile
+turned from Docker's format (archMap, includes) into the OCI one (architectures, plain
+rules). The memory, CPU and pids limits are not here: runsc runs with `--ignore-cgroups`
+inside the run's own cgroup (cgroup.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ SANDBOX_UID = SANDBOX_GID = 10001
 HOSTNAME = "sandbox"
 #: The runtime's working folder: one of the run's own tmpfs mounts.
 WORKDIR = "/work"
+#: The files the engine writes for each container on a network, which name resolution reads
+#: (the image's are empty: Docker's mount points, kept by the export).
+NAME_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/hostname")
 #: Docker's names for this machine's architecture in a profile's `includes.arches`.
 DOCKER_ARCHES = {"x86_64": ("amd64", "x32", "x86"), "aarch64": ("arm64", "arm")}
 
@@ -36,13 +40,27 @@ def tmpfs(destination: str, size_mb: int) -> dict[str, Any]:
     return {"destination": destination, "type": "tmpfs", "source": "tmpfs", "options": options}
 
 
+def read_only_file(destination: str, source: Path) -> dict[str, Any]:
+    """A host file the sandbox reads at `destination` and never writes (as the engine's
+    name files of a read-only container): a bind mount, read-only, no devices, no set-uid,
+    no exec."""
+    options = ["bind", "ro", "nosuid", "nodev", "noexec"]
+    return {"destination": destination, "type": "bind", "source": str(source), "options": options}
+
+
 def config(
-    rootfs: Path, argv: list[str], env: list[str], limits: Limits, netns: str | None = None
+    rootfs: Path,
+    argv: list[str],
+    env: list[str],
+    limits: Limits,
+    netns: str | None = None,
+    files: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """The whole config.json of a sandbox running `argv` (the keeper and the runtime) with
     `env` (the image's, and a networked run's proxy settings), on the read-only `rootfs`,
     with `limits`' mounts and rlimits; `netns`: the network namespace it joins (a holder
-    container's), else one of its own with nothing in it."""
+    container's), else one of its own with nothing in it; `files`: host files bound
+    read-only over the root's (a networked sandbox's NAME_FILES, by destination)."""
     network: dict[str, str] = {"type": "network"}
     if netns is not None:
         network["path"] = netns
@@ -98,6 +116,7 @@ def config(
             },
             tmpfs("/tmp", limits.tmpfs_mb),
             tmpfs(WORKDIR, limits.tmpfs_mb),
+            *(read_only_file(dest, source) for dest, source in (files or {}).items()),
         ],
         "linux": {
             # Namespaces of its own for gVisor's host processes too (a new network namespace:

@@ -1,7 +1,7 @@
 """The `runsc-direct` runtime's data, without runsc: the sandbox's OCI spec holds the engine
 path's hardening (orchestrator/backends/docker/runsc_direct/ocispec.py), the run's cgroup
-gets its limits in the files of its cgroup version (cgroup.py), and what the runtime
-refuses yet is refused with its cause and fix (direct.py)."""
+gets its limits in the files of its cgroup version (cgroup.py), and which sandboxes start
+beside a holder container (direct.py)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_the_join_script_puts_the_process_into_the_cgroup_then_runs_it(tmp_path:
     assert subprocess.run(missing.joined(["true"]), capture_output=True).returncode == 125
 
 
-def test_network_open_is_refused_with_the_fix_and_the_rest_needs_a_holder() -> None:
+def test_every_network_but_none_needs_a_holder() -> None:
     def spec(network: str, gateway: bool = False) -> SandboxSpec:
         from orchestrator.gateway import GatewaySpec
 
@@ -129,12 +129,46 @@ def test_network_open_is_refused_with_the_fix_and_the_rest_needs_a_holder() -> N
             "r", "img", ("python",), Limits(), NetworkPolicy(mode=network), gateway=made
         )
 
-    refused = direct.refusal(spec("open"))
-    assert refused is not None and refused.exit_code == 2
-    assert "network 'open'" in refused.cause and "--sandbox-runtime runsc" in refused.fix
-    for networked in (spec("allowlist"), spec("none", gateway=True)):
-        assert direct.refusal(networked) is None and direct.networked(networked)
-    assert direct.refusal(spec("none")) is None and not direct.networked(spec("none"))
+    for networked in (spec("open"), spec("allowlist"), spec("none", gateway=True)):
+        assert direct.networked(networked)
+    assert not direct.networked(spec("none"))
+
+
+def test_a_networked_sandbox_gets_its_name_files_read_only(tmp_path: Path) -> None:
+    """Bound over the root's empty ones, read-only, no exec; a sandbox without them (one a
+    snapshot is made of) has no bind mount at all."""
+    files = {name: tmp_path / Path(name).name for name in ocispec.NAME_FILES}
+    spec = ocispec.config(tmp_path / "rootfs", ["python"], [], Limits(), "/proc/1/ns/net", files)
+    binds = {m["destination"]: m for m in spec["mounts"] if m["type"] == "bind"}
+    assert set(binds) == {"/etc/resolv.conf", "/etc/hosts", "/etc/hostname"}
+    for name, mount in binds.items():
+        assert mount["source"] == str(tmp_path / Path(name).name)
+        assert {"ro", "noexec", "nosuid", "nodev"} <= set(mount["options"])
+        assert "rw" not in mount["options"]
+    plain = ocispec.config(tmp_path / "rootfs", ["python"], [], Limits())
+    assert not [m for m in plain["mounts"] if m["type"] == "bind"]
+
+
+def test_the_name_files_are_read_from_the_engines_copies_never_through_the_holders_root(
+    tmp_path: Path,
+) -> None:
+    """Each name file from the path the holder's inspection names (the engine's data root):
+    an image's symlink at /etc/resolv.conf cannot lead the read to another host file. A
+    holder the engine names no file for, or whose file is gone, is an error, not an empty
+    resolver."""
+    state: dict[str, str] = {}
+    for destination, field in direct.NAME_PATHS.items():
+        source = tmp_path / field
+        source.write_text(f"content of {destination}")
+        state[field] = str(source)
+    assert set(direct.NAME_PATHS) == set(ocispec.NAME_FILES)
+    names = direct.holder_names(state)
+    assert names == {d: f"content of {d}".encode() for d in ocispec.NAME_FILES}
+    with pytest.raises(RuntimeError, match="no /etc/hosts"):
+        direct.holder_names({**state, "HostsPath": ""})
+    (tmp_path / "HostnamePath").unlink()
+    with pytest.raises(OSError):
+        direct.holder_names(state)
 
 
 def fake_snapshot(key: str, used: float, image: str = "a" * 64) -> None:
@@ -168,23 +202,6 @@ def test_snapshots_beyond_the_kept_number_go_least_recently_used_first(
     (newer,) = [s for s in snapshot.list_snapshots() if s.key == "newer"]
     snapshot.mark_used(newer)
     assert snapshot.evict(1, now=time.time() + snapshot.RECENT_USE + 15) == ["recent"]
-
-
-def test_network_open_is_refused_on_a_closed_runtime() -> None:
-    """`Capabilities.closed_runtimes`: refused while the run is prepared (exit 2); other
-    networks, and other runtimes, are not concerned."""
-    from orchestrator.backends.base import Capabilities
-    from orchestrator.errors import ConfigError
-    from orchestrator.lifecycle.admission import check_closed_runtime
-
-    capabilities = Capabilities(sandbox_runtimes=("a", "b"), closed_runtimes=("b",))
-    check_closed_runtime(capabilities, "a", NetworkPolicy(mode="open"))
-    check_closed_runtime(capabilities, "b", NetworkPolicy(mode="allowlist"))
-    with pytest.raises(ConfigError) as refused:
-        check_closed_runtime(capabilities, "b", NetworkPolicy(mode="open"))
-    assert refused.value.exit_code == 2
-    assert "network 'open'" in refused.value.cause
-    assert "--sandbox-runtime auto" in refused.value.fix
 
 
 def test_images_list_shows_the_exported_images_and_their_snapshots(

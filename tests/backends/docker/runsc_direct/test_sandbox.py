@@ -2,14 +2,18 @@
 orchestrator/backends/docker/runsc_direct/), against the real runsc and engine: two runs
 restored from one snapshot share nothing, no secret is in a snapshot, and a restored sandbox
 stops at its time limit, when cancelled and when its orchestrator was SIGKILLed, leaving
-nothing behind (no sandbox record, cgroup or runsc state); and the conformance kit, whole,
-networked runs included (in a holder container's network namespace). Every run asks for runsc-direct
-itself, so these tests carry no `gvisor` mark; they skip without runsc or without root (the
-sandbox's cgroup is made by us)."""
+nothing behind (no sandbox record, cgroup or runsc state); a run on network `open` resolves
+names as the engine's containers do and reaches servers by them, its /etc/resolv.conf
+read-only; and the conformance kit, whole, networked runs included (in a holder container's
+network namespace). Every run asks for runsc-direct itself, so these tests carry no
+`gvisor` mark; they skip without runsc or without root (the sandbox's cgroup is made by
+us)."""
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,14 +21,18 @@ from typing import Any
 
 import pytest
 
-from orchestrator import RunResult
+from orchestrator import RunResult, RunSpec, run
+from orchestrator.backends.docker.gateway import GATEWAY_PORT, KIND_GATEWAY
 from orchestrator.backends.docker.runsc_direct import bundle, cgroup, records
 from orchestrator.backends.docker.runsc_direct.binary import state_root
 from orchestrator.backends.docker.runsc_direct.snapshot import SNAPSHOTS_DIR, find
+from orchestrator.labels import LABEL_RUN_ID
+from orchestrator.policy import HOST_ALIAS
 from orchestrator.testing import CHECKS, Kit, run_check
 from tests.backends.docker.test_snapshots import checkpoint_bytes
 from tests.backends.docker.test_snapshots import probe_run as snapshots_probe_run
-from tests.conftest import cli, files_holding
+from tests.conftest import files_holding
+from tests.model_server import ScriptedModelServer, docker_bridge_address
 
 RUNTIME = "runsc-direct"
 
@@ -124,15 +132,88 @@ def test_a_restored_run_stops_at_its_time_limit(
     assert result.timings["duration"] < 20, result.timings
 
 
-def test_network_open_is_refused_before_any_sandbox(runsc_here: None, tmp_path: Path) -> None:
-    """An `open` run on runsc-direct: exit 2 with the cause and the fix, nothing made."""
-    program = tmp_path / "hello.py"
-    program.write_text("print('hello')\n")
-    done = cli("run", "--sandbox-runtime", RUNTIME, "--network", "open", str(program))
-    assert done.returncode == 2, (done.stdout, done.stderr)
-    assert "does not run sandboxes on network 'open' yet" in done.stderr, done.stderr
-    assert "--sandbox-runtime auto" in done.stderr
-    assert "record:" not in done.stderr  # refused while prepared: no run, no record
+#: What a program run on `open` sees of names and the way out, from inside its sandbox: its
+#: name files; for each NAME PORT of its arguments, the name resolved and the server there
+#: reached by it (no proxy: `open`); whether /etc/resolv.conf can be written, and how it is
+#: mounted.
+OPEN_PROBE = """
+import errno, json, socket, sys, urllib.error, urllib.request
+
+seen = {path: open(path).read() for path in ("/etc/resolv.conf", "/etc/hosts")}
+direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+for name, port in zip(sys.argv[1::2], sys.argv[2::2]):
+    try:
+        seen[name] = direct.open(f"http://{name}:{port}/reached", timeout=10).status
+    except urllib.error.HTTPError as exc:  # reached: it answered
+        seen[name] = exc.code
+    seen[f"address of {name}"] = socket.gethostbyname(name)
+try:
+    with open("/etc/resolv.conf", "a") as handle:
+        handle.write("nameserver 192.0.2.1\\n")
+    seen["write"] = "written"
+except OSError as exc:
+    seen["write"] = errno.errorcode[exc.errno]
+mounts = [line.split() for line in open("/proc/self/mounts")]
+seen["mounted"] = [m[3] for m in mounts if m[1] == "/etc/resolv.conf"]
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("gateway", [False, True], ids=["bridge", "with-gateway"])
+def test_network_open_resolves_names_as_the_engine_and_reaches_servers_by_them(
+    gateway: bool,
+    agent_image: str,
+    leaves_nothing: None,
+    openai_key: str,
+    docker_client,
+    tmp_path: Path,
+) -> None:
+    """An `open` run on runsc-direct: its sandbox, in the holder's network namespace, has
+    the name files the engine wrote for the holder, and reaches servers by the names they
+    give: the model server on this host by its alias (/etc/hosts); with a gateway, also the
+    gateway container by its name, which only the engine's DNS on the run's network
+    resolves (/etc/resolv.conf). Its /etc/resolv.conf is read-only: writing it fails."""
+    program = tmp_path / "open_probe.py"
+    program.write_text(OPEN_PROBE)
+    run_id = f"r-open-{secrets.token_hex(4)}"
+    names = [HOST_ALIAS]
+    with ScriptedModelServer([]) as server:
+        args = [HOST_ALIAS, str(server.port)]
+        if gateway:
+            names.append(f"orchestrator-{KIND_GATEWAY}-{run_id}")
+            args += [names[-1], str(GATEWAY_PORT)]
+        spec = RunSpec(
+            payload=program,
+            program_args=tuple(args),
+            sandbox_runtime=RUNTIME,
+            network="open",
+            gateway=gateway,
+            model="openai:scripted",
+            api_base=server.api_base("localhost"),
+            run_id=run_id,
+        )
+        result = run(spec)
+    assert result.status == "succeeded", (result.error, result.output)
+    assert result.sandbox.get("requested") == RUNTIME, result.sandbox
+    seen = json.loads(str(result.output).strip().splitlines()[-1])
+    if gateway:  # on the run's network too: the engine's own DNS server
+        assert "nameserver 127.0.0.11" in seen["/etc/resolv.conf"], seen
+    else:  # the default bridge only: what the engine gives any container there
+        cat = {"entrypoint": ["cat"], "network_mode": "bridge", "remove": True}
+        engines = docker_client.containers.run(agent_image, ["/etc/resolv.conf"], **cat)
+        assert seen["/etc/resolv.conf"] == engines.decode(), seen
+    alias = seen[f"address of {HOST_ALIAS}"]
+    assert alias == docker_bridge_address(), seen  # host-gateway
+    assert f"{alias}\t{HOST_ALIAS}" in seen["/etc/hosts"], seen
+    assert seen[HOST_ALIAS] == 404, seen  # the model server's answer to a path it lacks
+    (request,) = [r for r in server.requests if r["path"] == "/reached"]
+    assert request["headers"]["Host"] == f"{HOST_ALIAS}:{server.port}"
+    for name in names[1:]:  # the gateway: an answer (it serves only the run's token)
+        assert isinstance(seen[name], int) and seen[name] >= 400, seen
+        assert name not in seen["/etc/hosts"], seen
+    assert seen["write"] in ("EROFS", "EACCES"), seen
+    assert seen["mounted"] and "ro" in seen["mounted"][-1].split(","), seen
+    assert not docker_client.api.networks(filters={"label": [f"{LABEL_RUN_ID}={run_id}"]})
 
 
 #: The kit's checks, every one: what a sandbox on this path must keep, networked ones
