@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from typing import Any
 
 import pytest
 
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.hostchecks import HOST_CHECKS
+from orchestrator.backends.docker.runsc_direct import cgroup
 from orchestrator.cli import main
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.testing.doctor import check_names, doctor
@@ -138,6 +140,9 @@ def test_the_snapshot_check_says_why_gvisor_runs_start_cold_and_never_fails(
     (cold,) = doctor("docker", only=only, facts=plain).outcomes
     assert cold.status == "pass" and "start cold" in cold.detail, cold
     assert "enable-checkpoints.sh" in cold.detail
+    # and the way to snapshots without the experimental mode, where this host can take it
+    direct_here = shutil.which("runsc") is not None and cgroup.unusable() is None
+    assert ("--sandbox-runtime runsc-direct" in cold.detail) == direct_here, cold
     (none,) = doctor("docker", only=only, facts=without_gvisor(live_info)).outcomes
     assert none.status == "pass" and "no gVisor" in none.detail, none
     able = {**live_info, "ExperimentalBuild": True, "Runtimes": {"runsc": {}, "runsc-net": {}}}

@@ -108,8 +108,17 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         super().check_runtime(runtime, asked=asked)
         if runtime == RUNSC_DIRECT:
             from .runsc_direct.binary import runsc_path
+            from .runsc_direct.cgroup import unusable
 
             runsc_path()  # raises ConfigError without runsc
+            reason = unusable()
+            if reason is not None:
+                raise ConfigError(
+                    f"--sandbox-runtime {RUNSC_DIRECT} cannot run here: {reason}. "
+                    "Nothing was started.",
+                    "Run orchestrator as root on a host whose cgroups it can write, or "
+                    "choose --sandbox-runtime runsc (gVisor through the engine) or auto.",
+                )
             return
         check_requested(runtime, self.runtimes)
 

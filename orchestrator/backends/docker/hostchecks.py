@@ -100,10 +100,25 @@ def check_snapshots(info: dict[str, Any]) -> str:
         return "no gVisor, nothing to restore: runs on runc start cold (no checkpoints there)"
     reason = snapshots.why_cold(info)
     if reason is not None:
-        return f"gVisor runs start cold, about 1 s slower each: {reason}"
+        return f"gVisor runs start cold, about 1 s slower each: {reason}{direct_instead()}"
     return (
         "gVisor runs without network start from a snapshot of the ready runtime, restored "
         "into a new sandbox each time (`images list` shows the snapshots)"
+    )
+
+
+def direct_instead() -> str:
+    """Where the engine cannot checkpoint: the way to snapshots without it
+    (`--sandbox-runtime runsc-direct`) when this host can run it, else nothing."""
+    import shutil
+
+    from .runsc_direct.cgroup import unusable
+
+    if shutil.which("runsc") is None or unusable() is not None:
+        return ""
+    return (
+        "; or, without the engine's experimental mode, --sandbox-runtime runsc-direct "
+        "(runsc restores each run from a snapshot itself: docs/guides/kernel.md)"
     )
 
 

@@ -42,6 +42,32 @@ def unified(root: Path = CGROUP_ROOT) -> bool:
     return (root / "cgroup.controllers").is_file()
 
 
+def unusable(root: Path = CGROUP_ROOT, euid: int | None = None) -> str | None:
+    """Why this process cannot make sandbox cgroups here (None: it can): it must be root
+    (`euid`, default its own), and the memory, CPU and pids controllers must be there to
+    write. Checked before a run starts, so that a run that cannot have its limits is refused
+    instead of failing half-made."""
+    euid = os.geteuid() if euid is None else euid
+    if euid != 0:
+        return (
+            "it makes each sandbox's cgroup and runs runsc itself, which needs root "
+            f"(this process runs as uid {euid})"
+        )
+    if unified(root):
+        controllers = set((root / "cgroup.controllers").read_text().split())
+        missing = [c for c in V1_CONTROLLERS if c not in controllers]
+        folders = [root]
+    else:
+        missing = [c for c in V1_CONTROLLERS if not (root / c).is_dir()]
+        folders = [root / c for c in V1_CONTROLLERS if c not in missing]
+    if missing:
+        return f"the cgroup controllers {', '.join(missing)} are not mounted under {root}"
+    read_only = [str(f) for f in folders if not os.access(f, os.W_OK)]
+    if read_only:
+        return f"{', '.join(read_only)} cannot be written (a read-only cgroup mount)"
+    return None
+
+
 @dataclass(frozen=True)
 class Cgroup:
     """The folders of one sandbox's cgroup (one per v1 controller, or the one v2 folder)."""

@@ -6,6 +6,7 @@ beside a holder container (direct.py)."""
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -101,6 +102,23 @@ def test_a_v2_cgroup_gets_the_same_limits_in_its_files(tmp_path: Path) -> None:
     assert (folder / "cpu.max").read_text() == "50000 100000"
     (folder / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert group.oom_killed()
+
+
+def test_a_host_that_cannot_make_sandbox_cgroups_says_why(tmp_path: Path) -> None:
+    """Checked before a run starts (`DockerBackend.check_runtime`): root, and the memory,
+    CPU and pids controllers there to write, in either cgroup version."""
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    fake_v1(v1)
+    assert cgroup.unusable(v1, euid=0) is None
+    reason = cgroup.unusable(v1, euid=1000)
+    assert reason is not None and "needs root" in reason and "uid 1000" in reason
+    shutil.rmtree(v1 / "pids")
+    assert "controllers pids are not mounted" in (cgroup.unusable(v1, euid=0) or "")
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory\n")
+    assert "controllers pids are not mounted" in (cgroup.unusable(v2, euid=0) or "")
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert cgroup.unusable(v2, euid=0) is None
 
 
 def test_the_join_script_puts_the_process_into_the_cgroup_then_runs_it(tmp_path: Path) -> None:
