@@ -28,7 +28,7 @@ from ..defaults import CONFIG_ENV, config_path
 from ..images.wheelhouse import WHEELHOUSE_ENV, wheelhouse_root
 from ..paths import home_dir
 from .checks import CHECKS
-from .kit import Kit, Outcome, run_check
+from .kit import CheckOutcome, Kit, run_check
 
 
 def check_names(backend: str) -> tuple[str, ...]:
@@ -59,21 +59,21 @@ def private_home() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def host_outcome(check: HostCheck, facts: dict[str, Any]) -> Outcome:
+def host_outcome(check: HostCheck, facts: dict[str, Any]) -> CheckOutcome:
     started = time.monotonic()
     try:
         detail = check.function(facts)
     except HostProblem as exc:
         took = time.monotonic() - started
-        return Outcome(check.name, "fail", check.promise, exc.detail, exc.fix, took)
-    return Outcome(check.name, "pass", check.promise, detail, None, time.monotonic() - started)
+        return CheckOutcome(check.name, "fail", check.promise, exc.detail, exc.fix, took)
+    return CheckOutcome(check.name, "pass", check.promise, detail, None, time.monotonic() - started)
 
 
 @dataclass
 class Report:
     """What the doctor found, and the runs it made (all of them removed again)."""
 
-    outcomes: list[Outcome] = field(default_factory=list)
+    outcomes: list[CheckOutcome] = field(default_factory=list)
     run_ids: list[str] = field(default_factory=list)
 
     @property
@@ -88,7 +88,7 @@ def doctor(
     runtime: str | None = None,
     only: Collection[str] = (),
     facts: dict[str, Any] | None = None,
-    on_outcome: Callable[[Outcome], None] | None = None,
+    on_outcome: Callable[[CheckOutcome], None] | None = None,
 ) -> Report:
     """Every check (or those named in `only`) against `backend` on this host, each reported
     to `on_outcome` as it ends. `facts`: what the backend's host checks judge, instead of
@@ -98,7 +98,7 @@ def doctor(
     found = Report()
     outcomes = found.outcomes
 
-    def report(outcome: Outcome) -> None:
+    def report(outcome: CheckOutcome) -> None:
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)

@@ -58,7 +58,7 @@ class Check:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class CheckOutcome:
     """A check's verdict, for a report line or a pytest outcome."""
 
     name: str
@@ -198,13 +198,13 @@ def open_kit(backend: str, **kwargs: Any) -> Iterator[Kit]:
         kit.close()
 
 
-def run_check(kit: Kit, check: Check) -> Outcome:
+def run_check(kit: Kit, check: Check) -> CheckOutcome:
     """One check's verdict; a check whose capability the backend lacks is not run."""
     started = time.monotonic()
 
-    def outcome(status: Status, detail: str, fix: str | None = None) -> Outcome:
+    def outcome(status: Status, detail: str, fix: str | None = None) -> CheckOutcome:
         took = time.monotonic() - started
-        return Outcome(check.name, status, check.promise, detail, fix, took)
+        return CheckOutcome(check.name, status, check.promise, detail, fix, took)
 
     part = PARTS.get(check.needs or "")
     if part is not None and not isinstance(kit.backend, part):

@@ -67,6 +67,18 @@ def test_a_check_needing_an_optional_part_is_not_applicable_without_it() -> None
     assert absent.status == "not_applicable" and "needs WarmSandboxes" in absent.detail
 
 
+def test_the_old_name_of_a_checks_verdict_still_works_with_a_warning() -> None:
+    """`orchestrator.testing.Outcome` became `CheckOutcome` (a run's `Outcome` is another
+    idea): a backend package's import of the old name keeps working, and is told."""
+    import orchestrator.testing as testing
+
+    with pytest.warns(DeprecationWarning, match="now CheckOutcome"):
+        old = testing.Outcome  # type: ignore[attr-defined]
+    assert old is testing.CheckOutcome
+    with pytest.raises(AttributeError):
+        testing.NoSuchName  # type: ignore[attr-defined]  # noqa: B018
+
+
 # ---- real backends -----------------------------------------------------------------------
 
 #: On runc, as the rest of the docker tier; on gVisor the whole kit runs in
