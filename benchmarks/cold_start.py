@@ -79,11 +79,14 @@ def docker_run(image: str, runtime: str, options: tuple[str, ...] = ()) -> dict[
     return {"total": took}
 
 
-def orchestrator_run(image: str, runtime: str | None, snapshot: bool = False) -> dict[str, float]:
+def orchestrator_run(
+    image: str, runtime: str | None, snapshot: bool = False, options: tuple[str, ...] = ()
+) -> dict[str, float]:
     """`orchestrator run` as a user types it (`--sandbox-runtime runc`, or the default), its
     total and its phases. `snapshot`: the default (gVisor) run restored from a snapshot, which
-    the engine must offer; otherwise snapshots are off (ORCHESTRATOR_SNAPSHOTS), a cold start."""
-    argv = [sys.executable, "-m", "orchestrator", *RUN_ARGS, "--json", "--quiet"]
+    the engine must offer; otherwise snapshots are off (ORCHESTRATOR_SNAPSHOTS), a cold start.
+    `options`: more of `run`'s flags (a network policy, say)."""
+    argv = [sys.executable, "-m", "orchestrator", *RUN_ARGS, *options, "--json", "--quiet"]
     argv += ["--sandbox-runtime", runtime] if runtime else []
     env = {**os.environ, "ORCHESTRATOR_SNAPSHOTS": "on" if snapshot else "off"}
     cpu = children_cpu()

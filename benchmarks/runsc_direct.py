@@ -93,6 +93,14 @@ def median(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--network",
+        choices=("none", "allowlist"),
+        default="none",
+        help="none (default): the runs a snapshot serves; allowlist: a networked run (its "
+        "egress proxy; on runsc-direct a holder container, started cold), written to "
+        "runsc_direct_allowlist.json/.md",
+    )
     args = parser.parse_args()
     if shutil.which("runsc") is None or os.geteuid() != 0:
         raise SystemExit("needs runsc on PATH (setup-gvisor.sh) and root (the sandbox's cgroup)")
@@ -116,17 +124,32 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
     image = ensure_agent_image(client, progress=lambda m: print(m, file=sys.stderr))
     engine_snapshots = bool(client.api.info().get("ExperimentalBuild"))
     engine = "snapshot" if engine_snapshots else "cold"
-    sides: dict[str, Callable[[], dict[str, float]]] = {
-        "docker run (runc)": lambda: docker_run(image, "runc"),
-        "orchestrator run (runc)": lambda: orchestrator_run(image, "runc"),
-        f"orchestrator run (runsc via the engine, {engine})": lambda: orchestrator_run(
-            image, "runsc", snapshot=engine_snapshots
-        ),
-        "orchestrator run (runsc-direct, restored)": lambda: orchestrator_run(
-            image, direct.RUNSC_DIRECT, snapshot=True
-        ),
-        "runsc-direct restore alone (in-process)": lambda: restore_alone(client, image),
-    }
+    if args.network == "allowlist":  # no snapshot serves a networked run on any path
+        net = ("--network", "allowlist", "--allow-host", "example.com")
+        sides: dict[str, Callable[[], dict[str, float]]] = {
+            "docker run (runc)": lambda: docker_run(image, "runc"),
+            "orchestrator run (runc, allowlist)": lambda: orchestrator_run(
+                image, "runc", options=net
+            ),
+            "orchestrator run (runsc via the engine, allowlist, cold)": lambda: orchestrator_run(
+                image, "runsc", snapshot=False, options=net
+            ),
+            "orchestrator run (runsc-direct, allowlist, held, cold)": lambda: orchestrator_run(
+                image, direct.RUNSC_DIRECT, snapshot=False, options=net
+            ),
+        }
+    else:
+        sides = {
+            "docker run (runc)": lambda: docker_run(image, "runc"),
+            "orchestrator run (runc)": lambda: orchestrator_run(image, "runc"),
+            f"orchestrator run (runsc via the engine, {engine})": lambda: orchestrator_run(
+                image, "runsc", snapshot=engine_snapshots
+            ),
+            "orchestrator run (runsc-direct, restored)": lambda: orchestrator_run(
+                image, direct.RUNSC_DIRECT, snapshot=True
+            ),
+            "runsc-direct restore alone (in-process)": lambda: restore_alone(client, image),
+        }
     for side in sides.values():
         side()  # the image exported, the snapshots made, the page cache warm for every side
     figures: dict[str, list[dict[str, float]]] = {name: [] for name in sides}
@@ -160,9 +183,12 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
         "load_1m": loads,
         "medians_seconds": rows,
     }
+    if args.network != "none":
+        report["what"] += f"; every orchestrator run on network {args.network}"
+    stem = "runsc_direct" if args.network == "none" else f"runsc_direct_{args.network}"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "runsc_direct.json").write_text(json.dumps(report, indent=2) + "\n")
-    (RESULTS / "runsc_direct.md").write_text(markdown(report))
+    (RESULTS / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(report))
     print(markdown(report))
 
 
