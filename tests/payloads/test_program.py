@@ -25,7 +25,7 @@ from orchestrator.payloads.manifest import load_manifest
 from orchestrator.payloads.program import SMOLAGENTS_EXTRAS, image_smolagents
 from tests.conftest import REPO, cli
 from tests.model_server import ScriptedModelServer
-from tests.runtime.test_runtime import Outcome, free_port, run_runtime
+from tests.runtime.test_runtime import RuntimeExit, free_port, run_runtime
 
 PROGRAMS = REPO / "tests" / "programs"
 FIB_TEAM = PROGRAMS / "fib_team.py"
@@ -129,7 +129,7 @@ def test_sys_exit_decides_the_end(code_: int) -> None:
 
 
 def test_a_program_that_runs_no_agent_succeeds_without_an_answer() -> None:
-    out: Outcome = run_runtime(program_request(PROGRAMS / "no_agent.py", {}))
+    out: RuntimeExit = run_runtime(program_request(PROGRAMS / "no_agent.py", {}))
     assert (out.returncode, out.end["state"], out.end["answer"]) == (0, "success", None)
     assert "nothing to do here" in out.stderr
 

@@ -70,7 +70,10 @@ def build_request(folder: Path, **overrides: Any) -> dict[str, Any]:
 
 
 @dataclass
-class Outcome:
+class RuntimeExit:
+    """What the in-sandbox runtime left when it exited: its status, its event stream and
+    its output."""
+
     returncode: int
     events: list[dict[str, Any]]
     stdout: str
@@ -90,7 +93,7 @@ def run_runtime(
     args: tuple[str, ...] = (),
     *,
     fresh: bool = False,
-) -> Outcome:
+) -> RuntimeExit:
     """One run of the runtime: a child of the session's zygote, or with `fresh` a new
     `python -m orchestrator_runtime` (for what only the whole command shows: its command
     line, the exit of a process that imported nothing before)."""
@@ -112,12 +115,12 @@ def run_runtime(
         event = json.loads(line)  # every stdout line must be one JSON object
         assert isinstance(event, dict), line
         events.append(event)
-    outcome = Outcome(status, events, stdout, err.decode(errors="replace"))
+    outcome = RuntimeExit(status, events, stdout, err.decode(errors="replace"))
     check_stream(outcome)
     return outcome
 
 
-def check_stream(outcome: Outcome) -> None:
+def check_stream(outcome: RuntimeExit) -> None:
     """Invariants of every stream: numbered envelope, run_start first, one run_end last."""
     events = outcome.events
     assert events, f"no events; stderr:\n{outcome.stderr[-3000:]}"
