@@ -29,7 +29,6 @@ import contextlib
 import os
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -266,17 +265,7 @@ class Pool:
         wanted = self.size if count is None else max(0, min(count, self.size))
         self._update(prepared, wanted=wanted, runs=runs)
 
-    def warm(
-        self, prepared: PreparedRun, count: int | None = None, *, runs: int | None = None
-    ) -> None:
-        """`keep_ready`'s deprecated name ("warm" names only the sandboxes now), said as a
-        DeprecationWarning."""
-        warnings.warn(
-            "Pool.warm(...) is deprecated; call Pool.keep_ready(...)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        self.keep_ready(prepared, count, runs=runs)
+    warm = keep_ready  # its deprecated name ("warm" names only the sandboxes now)
 
     def expect(self, prepared: PreparedRun, more: int = 1) -> None:
         """`more` runs like `prepared` will be handed out than `keep_ready(..., runs=N)` said (a

@@ -464,16 +464,3 @@ def test_the_deprecated_warm_keyword_still_sizes_a_local_executors_pool() -> Non
     with pytest.deprecated_call(match="pool_size"):
         assert LocalExecutor(warm=3).pool_size == 3
     assert LocalExecutor(pool_size=0).pool_size == 0
-
-
-def test_the_deprecated_pool_warm_still_keeps_sandboxes_ready_and_says_so() -> None:
-    """`Pool.warm` was `Pool.keep_ready`'s name: it hands its arguments on, with a warning."""
-    from types import SimpleNamespace
-
-    from orchestrator.execution.pool import Pool
-
-    asked: list[tuple] = []
-    pool = SimpleNamespace(keep_ready=lambda p, c=None, *, runs=None: asked.append((p, c, runs)))
-    with pytest.deprecated_call(match="keep_ready"):
-        Pool.warm(pool, "prepared", 2, runs=5)  # type: ignore[arg-type]
-    assert asked == [("prepared", 2, 5)]
