@@ -116,11 +116,8 @@ SPLIT_MODULES = frozenset({"tests/testing/test_conformance.py"})
 #: The work units that take longest (the summary below prints each unit's seconds after a
 #: run: refresh this order from CI's), longest first. pytest-xdist hands them out first, so
 #: none begins late and runs on alone while the other workers idle; the others follow, those
-#: with the most tests first (pytest-xdist's own order). From a bare-machine run of the test
-#: command (docker tier, 3 workers; each unit's seconds): the E2B server's modules 377 (they
-#: build its templates), the Ray executor 158, the batch session 145, the CLI's output 141,
-#: the model routes 140, doctor 106 (the whole kit on gVisor), programs 105, snapshots 101,
-#: deadlines 96, runsc-direct 94 (its kit whole), egress 90, epochs 85, the broken backends 82.
+#: with the most tests first (pytest-xdist's own order). The order is that summary's, from a
+#: bare-machine run of the test command (the E2B server's modules build its templates).
 LONG_UNITS: tuple[str, ...] = (
     "e2b-server",
     "tests/cluster/test_executor.py",

@@ -122,11 +122,11 @@ def start_node(
         log = node.log.read_bytes()
         if b"Ray runtime started" in log:
             return node, address
-        if RAY_STARTUP_TIMEOUT not in log or attempt == START_ATTEMPTS:
-            raise AssertionError(
-                f"ray start failed (attempt {attempt}):\n{log.decode(errors='replace')[-3000:]}"
-            )
-    raise AssertionError("unreachable")  # the loop returns or raises
+        if RAY_STARTUP_TIMEOUT not in log:
+            break
+    raise AssertionError(
+        f"ray start failed (attempt {attempt}):\n{log.decode(errors='replace')[-3000:]}"
+    )
 
 
 def _start_node_once(

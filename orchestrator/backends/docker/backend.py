@@ -107,18 +107,9 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
         super().check_runtime(runtime, asked=asked)
         if runtime == RUNSC_DIRECT:
-            from .runsc_direct.binary import runsc_path
-            from .runsc_direct.cgroup import unusable
-
-            runsc_path()  # raises ConfigError without runsc
-            reason = unusable()
-            if reason is not None:
-                raise ConfigError(
-                    f"--sandbox-runtime {RUNSC_DIRECT} cannot run here: {reason}. "
-                    "Nothing was started.",
-                    "Run orchestrator as root on a host whose cgroups it can write, or "
-                    "choose --sandbox-runtime runsc (gVisor through the engine) or auto.",
-                )
+            refused = direct.unavailable()
+            if refused is not None:
+                raise refused
             return
         check_requested(runtime, self.runtimes)
 

@@ -110,11 +110,9 @@ def check_snapshots(info: dict[str, Any]) -> str:
 def direct_instead() -> str:
     """Where the engine cannot checkpoint: the way to snapshots without it
     (`--sandbox-runtime runsc-direct`) when this host can run it, else nothing."""
-    import shutil
+    from .runsc_direct.direct import unavailable
 
-    from .runsc_direct.cgroup import unusable
-
-    if shutil.which("runsc") is None or unusable() is not None:
+    if unavailable() is not None:
         return ""
     return (
         "; or, without the engine's experimental mode, --sandbox-runtime runsc-direct "

@@ -21,6 +21,7 @@ import docker
 from orchestrator_runtime.protocol import RESTORED_LINE
 from orchestrator_runtime.request import Request
 
+from ....errors import ConfigError
 from ....labels import LABEL_KIND
 from ...base import Progress, SandboxInfo, SandboxSpec
 from .. import snapshots
@@ -35,7 +36,8 @@ from ..deadline import (
 from ..runtimes import Placement
 from ..snapshots import RESTORABLE_IDLE
 from . import bundle, ocispec, records, snapshot
-from .cgroup import Cgroup
+from .binary import runsc_path
+from .cgroup import Cgroup, unusable
 from .records import SandboxRecord
 from .sandbox import RunscSandbox, remove_left
 
@@ -46,6 +48,24 @@ if TYPE_CHECKING:
 IDLE_READY_TIMEOUT = 60.0
 #: The runtime's name, as `--sandbox-runtime` takes it.
 RUNSC_DIRECT = "runsc-direct"
+
+
+def unavailable() -> ConfigError | None:
+    """Why this host cannot run this runtime's sandboxes (None: it can): no runsc on PATH,
+    or sandbox cgroups this process cannot make (`cgroup.unusable`). Asked before a run
+    starts, so that such a run is refused (exit 2) instead of failing half-made."""
+    try:
+        runsc_path()
+    except ConfigError as missing:
+        return missing
+    reason = unusable()
+    if reason is None:
+        return None
+    return ConfigError(
+        f"--sandbox-runtime {RUNSC_DIRECT} cannot run here: {reason}. Nothing was started.",
+        "Run orchestrator as root on a host whose cgroups it can write, or choose "
+        "--sandbox-runtime runsc (gVisor through the engine) or auto.",
+    )
 
 
 def create(
@@ -221,6 +241,16 @@ def beside(
     return cold(sandbox, spec, image.rootfs, env, f"/proc/{pid}/ns/net", idle, names)
 
 
+#: The files the engine writes for each container on a network, which name resolution reads
+#: (the exported image's are empty: Docker's mount points), and the field of the holder's
+#: inspection that says where the engine keeps each.
+NAME_PATHS = {
+    "/etc/resolv.conf": "ResolvConfPath",
+    "/etc/hosts": "HostsPath",
+    "/etc/hostname": "HostnamePath",
+}
+
+
 def holder_names(state: dict[str, Any]) -> dict[str, bytes]:
     """The name files the engine wrote for the holder (`state`: its inspection): its
     resolver (the host's, or the engine's own DNS on a run's network), its hosts (with the
@@ -238,15 +268,6 @@ def holder_names(state: dict[str, Any]) -> dict[str, bytes]:
             raise RuntimeError(f"the engine names no {destination} for the network holder")
         names[destination] = Path(source).read_bytes()
     return names
-
-
-#: Each of ocispec.NAME_FILES, and the field of the holder's inspection that says where the
-#: engine keeps it.
-NAME_PATHS = {
-    "/etc/resolv.conf": "ResolvConfPath",
-    "/etc/hosts": "HostsPath",
-    "/etc/hostname": "HostnamePath",
-}
 
 
 class HeldSandbox(RunscSandbox):

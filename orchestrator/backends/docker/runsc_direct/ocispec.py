@@ -26,9 +26,6 @@ SANDBOX_UID = SANDBOX_GID = 10001
 HOSTNAME = "sandbox"
 #: The runtime's working folder: one of the run's own tmpfs mounts.
 WORKDIR = "/work"
-#: The files the engine writes for each container on a network, which name resolution reads
-#: (the image's are empty: Docker's mount points, kept by the export).
-NAME_FILES = ("/etc/resolv.conf", "/etc/hosts", "/etc/hostname")
 #: Docker's names for this machine's architecture in a profile's `includes.arches`.
 DOCKER_ARCHES = {"x86_64": ("amd64", "x32", "x86"), "aarch64": ("arm64", "arm")}
 
@@ -60,7 +57,7 @@ def config(
     `env` (the image's, and a networked run's proxy settings), on the read-only `rootfs`,
     with `limits`' mounts and rlimits; `netns`: the network namespace it joins (a holder
     container's), else one of its own with nothing in it; `files`: host files bound
-    read-only over the root's (a networked sandbox's NAME_FILES, by destination)."""
+    read-only over the root's (a networked sandbox's name files, by destination)."""
     network: dict[str, str] = {"type": "network"}
     if netns is not None:
         network["path"] = netns

@@ -155,7 +155,7 @@ def test_every_network_but_none_needs_a_holder() -> None:
 def test_a_networked_sandbox_gets_its_name_files_read_only(tmp_path: Path) -> None:
     """Bound over the root's empty ones, read-only, no exec; a sandbox without them (one a
     snapshot is made of) has no bind mount at all."""
-    files = {name: tmp_path / Path(name).name for name in ocispec.NAME_FILES}
+    files = {name: tmp_path / Path(name).name for name in direct.NAME_PATHS}
     spec = ocispec.config(tmp_path / "rootfs", ["python"], [], Limits(), "/proc/1/ns/net", files)
     binds = {m["destination"]: m for m in spec["mounts"] if m["type"] == "bind"}
     assert set(binds) == {"/etc/resolv.conf", "/etc/hosts", "/etc/hostname"}
@@ -179,9 +179,8 @@ def test_the_name_files_are_read_from_the_engines_copies_never_through_the_holde
         source = tmp_path / field
         source.write_text(f"content of {destination}")
         state[field] = str(source)
-    assert set(direct.NAME_PATHS) == set(ocispec.NAME_FILES)
     names = direct.holder_names(state)
-    assert names == {d: f"content of {d}".encode() for d in ocispec.NAME_FILES}
+    assert names == {d: f"content of {d}".encode() for d in direct.NAME_PATHS}
     with pytest.raises(RuntimeError, match="no /etc/hosts"):
         direct.holder_names({**state, "HostsPath": ""})
     (tmp_path / "HostnamePath").unlink()
