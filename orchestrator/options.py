@@ -225,7 +225,8 @@ RUN_OPTIONS: tuple[Option, ...] = (
         "offers (refused otherwise, naming them); on docker: runsc (gVisor's; set it up with "
         "scripts/setup-gvisor.sh), runc (the host's, behind our seccomp profile), runsc-direct "
         "(gVisor run by runsc itself, each run without network restored from a snapshot; root: "
-        "docs/guides/kernel.md), auto: runsc when the engine has it, else runc; "
+        "docs/guides/kernel.md), auto: runsc-direct where runsc is installed and the host lets "
+        "us run it (root), else runsc when the engine has it, else runc; "
         "$ORCHESTRATOR_SANDBOX_RUNTIME, the config file's "
         "sandbox_runtime, then the payload's `payload.sandbox_runtime` come first when set "
         "(e2b: only auto)",

@@ -48,12 +48,15 @@ def describe_isolation(isolation: dict[str, Any] | None) -> str | None:
     """A run's sandbox runtime as `runs show` says it (`RunResult.sandbox`): `runsc: gVisor's
     kernel, seccomp orchestrator-..., processes limited by RLIMIT_NPROC 64 in gVisor's
     kernel; asked for auto`, `runc: the host's kernel, seccomp orchestrator-..., processes
-    limited by the pids cgroup; asked for runc`, and `; restored from snapshot ID` for a
-    sandbox that started from one; None when the backend did not say."""
+    limited by the pids cgroup; asked for runc`, `gVisor's kernel through runsc-direct` for a
+    sandbox runsc ran itself, and `; restored from snapshot ID` for a sandbox that started
+    from one; None when the backend did not say."""
     if not isolation or not isolation.get("runtime"):
         return None
     runtime = str(isolation["runtime"])
     kernel = "gVisor's kernel" if runtime == "runsc" else "the host's kernel"
+    if isolation.get("engine_runtime") == "runsc-direct":
+        kernel = f"{kernel} through runsc-direct"
     kernel = f"{kernel}, seccomp {isolation.get('seccomp') or 'none'}"
     if isolation.get("pids"):
         kernel = f"{kernel}, processes limited by {isolation['pids']}"

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from typing import Any
 
 import pytest
 
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.docker.hostchecks import HOST_CHECKS
-from orchestrator.backends.docker.runsc_direct import cgroup
+from orchestrator.backends.docker.runsc_direct import direct
 from orchestrator.cli import main
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.testing.doctor import check_names, doctor
@@ -49,10 +48,11 @@ def by_name(outcomes: list[Any]) -> dict[str, Any]:
 def test_doctor_json_passes_on_this_machine_and_leaves_nothing(
     agent_image: str, docker_client, nothing_left: None
 ) -> None:
-    """As a user's doctor runs: on the runtime `auto` picks (gVisor where registered, as in
-    CI, so this is the kit's run on gVisor there; tests/testing/test_conformance.py runs it on runc,
-    check by check)."""
-    out = cli("doctor", "--json", "--sandbox-runtime", "auto", timeout=1200)
+    """As a user's doctor runs, on gVisor through the engine (`runsc`): the kit's whole run
+    on that path. `auto` picks runsc-direct where the host can run it (as CI can), whose
+    whole run is tests/backends/docker/runsc_direct/test_sandbox.py's;
+    tests/testing/test_conformance.py runs the kit on runc, check by check."""
+    out = cli("doctor", "--json", "--sandbox-runtime", "runsc", timeout=1200)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["ok"] is True and report["counts"]["fail"] == 0
@@ -66,8 +66,10 @@ def test_doctor_json_passes_on_this_machine_and_leaves_nothing(
 
 
 def test_without_gvisor_the_kernel_check_fails_and_names_the_setup_script(
-    live_info: dict[str, Any],
+    live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """On a host that cannot run runsc itself either (runsc-direct)."""
+    monkeypatch.setattr(direct, "why_not_here", lambda: "no runsc, as this test has it")
     live = by_name(doctor("docker", only=HOST, facts=live_info).outcomes)
     report = doctor("docker", only=HOST, facts=without_gvisor(live_info))
     weakened = by_name(report.outcomes)
@@ -78,6 +80,19 @@ def test_without_gvisor_the_kernel_check_fails_and_names_the_setup_script(
     assert kernel.status == "fail" and "runc" in kernel.detail
     assert "scripts/setup-gvisor.sh" in (kernel.fix or ""), kernel.fix
     assert not report.passed and not report.run_ids  # host checks need no run
+
+
+def test_without_gvisor_registered_runsc_direct_still_gives_auto_gvisor(
+    live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runsc installed and runnable by this host, but not registered with the engine: runs
+    on `auto` get gVisor through runsc-direct, so the kernel check passes and says so."""
+    monkeypatch.setattr(direct, "why_not_here", lambda: None)
+    (kernel,) = doctor(
+        "docker", only=["host.sandbox_kernel"], facts=without_gvisor(live_info)
+    ).outcomes
+    assert kernel.status == "pass" and "through runsc-direct" in kernel.detail, kernel
+    assert "setup-gvisor.sh" in kernel.detail  # what --sandbox-runtime runsc still needs
 
 
 def test_without_seccomp_the_cli_fails_that_check_and_exits_non_zero(
@@ -104,6 +119,7 @@ def test_the_text_report_is_one_line_per_check_with_the_fix_under_a_failure(
     live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(DockerBackend, "host_facts", lambda self: without_gvisor(live_info))
+    monkeypatch.setattr(direct, "why_not_here", lambda: "no runsc, as this test has it")
     code = main(["doctor", *(f"--check={name}" for name in HOST)])
     lines = capsys.readouterr().out.splitlines()
     assert code == 1
@@ -132,22 +148,28 @@ def test_the_snapshot_check_says_why_gvisor_runs_start_cold_and_never_fails(
     live_info: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Speed, not safety: an engine without checkpoints passes, saying that gVisor runs
-    start cold and what turns snapshots on."""
+    through it start cold and what turns snapshots on; where the host can run runsc itself,
+    that runs on `auto` start from runsc's own snapshots whatever the engine's mode."""
     from orchestrator.backends.docker import snapshots
 
     only = ["host.snapshots"]
     plain = {**live_info, "ExperimentalBuild": False}
+    able = {**live_info, "ExperimentalBuild": True, "Runtimes": {"runsc": {}, "runsc-net": {}}}
+    monkeypatch.setattr(direct, "why_not_here", lambda: "not root, as this test has it")
     (cold,) = doctor("docker", only=only, facts=plain).outcomes
     assert cold.status == "pass" and "start cold" in cold.detail, cold
     assert "enable-checkpoints.sh" in cold.detail
-    # and the way to snapshots without the experimental mode, where this host can take it
-    direct_here = shutil.which("runsc") is not None and cgroup.unusable() is None
-    assert ("--sandbox-runtime runsc-direct" in cold.detail) == direct_here, cold
+    assert "runsc-direct (runsc's own snapshots) cannot run here: not root" in cold.detail
     (none,) = doctor("docker", only=only, facts=without_gvisor(live_info)).outcomes
     assert none.status == "pass" and "no gVisor" in none.detail, none
-    able = {**live_info, "ExperimentalBuild": True, "Runtimes": {"runsc": {}, "runsc-net": {}}}
     (restored,) = doctor("docker", only=only, facts=able).outcomes
     assert "start from a snapshot" in restored.detail, restored
+    monkeypatch.setattr(direct, "why_not_here", lambda: None)
+    (itself,) = doctor("docker", only=only, facts=plain).outcomes
+    assert itself.status == "pass", itself
+    assert itself.detail.startswith("runs on `auto` start from a snapshot that runsc restores")
+    assert "experimental mode is not needed" in itself.detail
+    assert "enable-checkpoints.sh" in itself.detail  # what `runsc` through the engine needs
     monkeypatch.setenv(snapshots.SNAPSHOTS_ENV, "off")
     (off,) = doctor("docker", only=only, facts=able).outcomes
     assert "turned off" in off.detail and snapshots.SNAPSHOTS_ENV in off.detail, off

@@ -14,6 +14,7 @@ from ...errors import ConfigError
 from ...gateway import GatewaySpec, starting_line
 from ...labels import LABEL_KIND, LABEL_RUN_ID, LABEL_WARM
 from ..base import (
+    AUTO_RUNTIME,
     Capabilities,
     ImageStore,
     Progress,
@@ -102,6 +103,23 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         self.interceptor_route = interceptor_route
         self.runtimes = EngineRuntimes(self.client)
         self.snapshots = Snapshots(self.client, self.runtimes.info)
+        self._auto: str | None = None
+
+    def runtime_for(self, requested: str) -> str:
+        """The runtime a sandbox asked to run on `requested` gets. `auto` is, in this order
+        (asked once per backend): runsc-direct where this host can run it (runsc on PATH,
+        sandbox cgroups this process can make: gVisor restored from a snapshot by runsc
+        itself, with or without the engine's experimental mode), runsc where the engine has
+        gVisor registered, else runc. Any other name is itself. The record keeps what was
+        asked for (`requested: auto`)."""
+        if requested != AUTO_RUNTIME:
+            return requested
+        if self._auto is None:
+            if direct.why_not_here() is None:
+                self._auto = RUNSC_DIRECT
+            else:
+                self._auto = RUNSC if self.runtimes.has_gvisor() else RUNC
+        return self._auto
 
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
         """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
@@ -118,7 +136,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         one per core a warm batch left the CPU idler and sent many runs cold. One under runc,
         where two made a warm batch slower than a cold one (figures:
         benchmarks/results/code_figures.md#sandbox-starts-per-core)."""
-        if spec.runtime == RUNSC_DIRECT:
+        if self.runtime_for(spec.runtime) == RUNSC_DIRECT:
             return 2
         try:
             gvisor = place(spec.runtime, self.runtimes, networked=False).runtime == "runsc"
@@ -160,8 +178,9 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """The sandbox container, and what its network policy needs beside it: a private
         network (allowlist, or any run with a gateway), squid on it (when the sandbox has
         hosts of its own to reach) and the model gateway. All removed again on failure.
-        On `runsc-direct`, a sandbox runsc runs itself (runsc_direct/)."""
-        if spec.runtime == RUNSC_DIRECT:
+        On `runsc-direct` (and `auto` where it is that), a sandbox runsc runs itself
+        (runsc_direct/)."""
+        if self.runtime_for(spec.runtime) == RUNSC_DIRECT:
             if not direct.networked(spec):
                 return direct.create(self.client, spec, progress)
             return self._held(spec, progress, None)
@@ -192,7 +211,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         after it read its request. Its helpers stop when an untaken sandbox would
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
         warm = replace(spec, labels={**spec.labels, LABEL_WARM: "true"})
-        if spec.runtime == RUNSC_DIRECT:
+        if self.runtime_for(spec.runtime) == RUNSC_DIRECT:
             if direct.networked(warm):
                 return self._held(warm, progress, ttl)
             return direct.create(self.client, warm, progress, idle=ttl)

@@ -43,6 +43,14 @@ def check_sandbox_kernel(info: dict[str, Any]) -> str:
             f"gVisor is registered ({RUNSC}, {RUNSC_NET}, {OCI_SECCOMP}): runs on `auto` get "
             f"gVisor's kernel behind the seccomp profile {PROFILE_NAME}"
         )
+    if direct_refusal() is None:
+        return (
+            f"gVisor is not registered with the engine (its runtimes: {', '.join(runtimes)}), "
+            "but runsc is installed and this host can run it itself: runs on `auto` get "
+            f"gVisor's kernel through runsc-direct, behind the seccomp profile {PROFILE_NAME} "
+            "(--sandbox-runtime runsc, gVisor through the engine, needs "
+            "scripts/setup-gvisor.sh)"
+        )
     raise HostProblem(
         f"the engine has no gVisor (its runtimes: {', '.join(runtimes) or 'none'}): runs on "
         "`auto` get runc, whose sandboxes' system calls reach the host's kernel (behind "
@@ -95,29 +103,40 @@ def check_engine_log(info: dict[str, Any]) -> str:
 
 def check_snapshots(info: dict[str, Any]) -> str:
     """Speed, never safety: says whether gVisor runs start from a snapshot, or why they start
-    cold and what turns snapshots on; it does not fail (a cold start is as safe)."""
+    cold and what turns snapshots on; it does not fail (a cold start is as safe). Where this
+    host can run runsc-direct, `auto` runs there, and restores from runsc's own snapshots
+    whatever the engine's mode."""
+    engine = engine_snapshots(info)
+    refused = direct_refusal()
+    if refused is None:
+        return (
+            "runs on `auto` start from a snapshot that runsc restores itself (runsc-direct; "
+            "the engine's experimental mode is not needed), networked ones cold; runs that ask "
+            f"for runsc (gVisor through the engine): {engine}"
+        )
+    if RUNSC not in (info.get("Runtimes") or {}):
+        return engine
+    return f"{engine}; runsc-direct (runsc's own snapshots) cannot run here: {refused}"
+
+
+def engine_snapshots(info: dict[str, Any]) -> str:
+    """Whether gVisor runs through the engine start from its checkpoints, or why not."""
     if RUNSC not in (info.get("Runtimes") or {}):
         return "no gVisor, nothing to restore: runs on runc start cold (no checkpoints there)"
     reason = snapshots.why_cold(info)
     if reason is not None:
-        return f"gVisor runs start cold, about 1 s slower each: {reason}{direct_instead()}"
+        return f"gVisor runs start cold, about 1 s slower each: {reason}"
     return (
         "gVisor runs without network start from a snapshot of the ready runtime, restored "
         "into a new sandbox each time (`images list` shows the snapshots)"
     )
 
 
-def direct_instead() -> str:
-    """Where the engine cannot checkpoint: the way to snapshots without it
-    (`--sandbox-runtime runsc-direct`) when this host can run it, else nothing."""
-    from .runsc_direct.direct import unavailable
+def direct_refusal() -> str | None:
+    """Why this host cannot run runsc-direct (`direct.why_not_here`), None where it can."""
+    from .runsc_direct import direct
 
-    if unavailable() is not None:
-        return ""
-    return (
-        "; or, without the engine's experimental mode, --sandbox-runtime runsc-direct "
-        "(runsc restores each run from a snapshot itself: docs/guides/kernel.md)"
-    )
+    return direct.why_not_here()
 
 
 #: Storage drivers that cost every sandbox CPU: fuse-overlayfs serves each file a container

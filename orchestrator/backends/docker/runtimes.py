@@ -248,8 +248,10 @@ class Placement:
 
 
 def place(requested: str, runtimes: EngineRuntimes, *, networked: bool) -> Placement:
-    """The runtime of a sandbox asked to run on `requested`: auto is runsc when the engine
-    has it, else runc. Raises ConfigError for runsc on an engine without it."""
+    """The engine runtime of a sandbox asked to run on `requested`: auto (which
+    `DockerBackend.runtime_for` sends to runsc-direct first, where the host can run it) is
+    runsc when the engine has it, else runc. Raises ConfigError for runsc on an engine
+    without it."""
     gvisor = requested == "runsc" or (requested == "auto" and runtimes.has_gvisor())
     if not gvisor:
         return Placement("runc", "runc", requested)

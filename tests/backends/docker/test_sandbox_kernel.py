@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator import Limits, RunSpec, Store, run
 from orchestrator.backends.docker import DockerBackend
+from orchestrator.backends.docker.runsc_direct import direct
 from orchestrator.backends.docker.runtimes import (
     GVISOR_NPROC_FLOOR,
     GVISOR_PROCESS_MB,
@@ -196,8 +197,35 @@ def test_runsc_without_gvisor_is_refused_before_anything_starts(
     assert len(store.list_runs(limit=1000)) == before
 
 
-def test_auto_without_gvisor_runs_on_runc_and_says_so(agent_image: str, no_leftovers) -> None:
-    """Acceptance 4: `auto` on an engine without gVisor is runc, and the record says so."""
+#: Why a test's host cannot run runsc-direct (`direct.why_not_here`, as a test has it say).
+NOT_HERE = "not here, as this test has it"
+
+
+def test_auto_picks_runsc_direct_then_the_engines_gvisor_then_runc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`auto` is runsc-direct where the host can run it (whatever the engine has registered),
+    else gVisor through the engine where registered, else runc; asked once per backend;
+    any runtime named is itself."""
+    answers: list[str | None] = []
+    monkeypatch.setattr(direct, "why_not_here", lambda: answers.pop(0))
+    order = []
+    for here, runtimes in ((None, NoGvisor), (NOT_HERE, EngineRuntimes), (NOT_HERE, NoGvisor)):
+        backend = DockerBackend()
+        backend.runtimes = runtimes(backend.client)
+        answers.append(here)
+        order.append(backend.runtime_for("auto"))
+        assert backend.runtime_for("auto") == order[-1] and not answers  # asked once
+        assert [backend.runtime_for(n) for n in ("runc", "runsc")] == ["runc", "runsc"]
+    assert order == ["runsc-direct", "runsc", "runc"]
+
+
+def test_auto_without_gvisor_runs_on_runc_and_says_so(
+    agent_image: str, no_leftovers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Acceptance 4: `auto` on an engine without gVisor, on a host that cannot run runsc
+    itself, is runc, and the record says so."""
+    monkeypatch.setattr(direct, "why_not_here", lambda: NOT_HERE)
     backend = DockerBackend()
     backend.runtimes = NoGvisor(backend.client)
     result = run(RunSpec(payload=KERNEL_PROBE, sandbox_runtime="auto"), backend=backend)
@@ -226,16 +254,19 @@ def gvisor(docker_client) -> None:
 def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
     agent_image: str, gvisor: None, no_leftovers
 ) -> None:
-    """`auto` on an engine with gVisor is gVisor; `runs show` and the viewer say which
-    runtime ran it."""
+    """`auto` on an engine with gVisor is gVisor: run by runsc itself (runsc-direct) where
+    this host can (root, runsc on PATH: CI), else through the engine; `runs show` and the
+    viewer say which runtime ran it."""
     done = cli("run", str(KERNEL_PROBE), "--sandbox-runtime", "auto", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout)
     assert result["sandbox"]["runtime"] == "runsc" and result["sandbox"]["requested"] == "auto"
+    itself = direct.why_not_here() is None
+    assert (result["sandbox"].get("engine_runtime") == "runsc-direct") == itself, result
     shown = cli("runs", "show", result["run_id"])
     said = (
-        f"sandbox runtime: runsc: gVisor's kernel, seccomp {GVISOR_PROFILE_NAME}, processes "
-        f"limited by {PROBE_PIDS}; asked for auto"
+        f"sandbox runtime: runsc: gVisor's kernel{' through runsc-direct' if itself else ''}, "
+        f"seccomp {GVISOR_PROFILE_NAME}, processes limited by {PROBE_PIDS}; asked for auto"
     )
     assert said in shown.stdout, shown.stdout
     viewer = start_cli("view", "--port", "0")
@@ -250,6 +281,7 @@ def test_auto_with_gvisor_runs_on_gvisor_and_the_cli_says_which(
         viewer.wait(10)
     assert 'id="sandbox-runtime">runsc' in page
     assert f"seccomp {GVISOR_PROFILE_NAME}, processes limited by {PROBE_PIDS}; asked" in page
+    assert ("gVisor's kernel through runsc-direct, seccomp" in page) == itself
 
 
 def test_a_batch_asking_for_runsc_without_gvisor_stops_before_its_first_task(

@@ -11,6 +11,7 @@ restored (RESTORED_LINE: it reseeds, its keeper's idle time starts again).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -33,10 +34,9 @@ from ..deadline import (
     restorable_kept,
     run_seconds,
 )
-from ..runtimes import Placement
+from ..runtimes import SETUP_SCRIPT, Placement
 from ..snapshots import RESTORABLE_IDLE
 from . import bundle, ocispec, records, snapshot
-from .binary import runsc_path
 from .cgroup import Cgroup, unusable
 from .records import SandboxRecord
 from .sandbox import RunscSandbox, remove_left
@@ -50,21 +50,26 @@ IDLE_READY_TIMEOUT = 60.0
 RUNSC_DIRECT = "runsc-direct"
 
 
+def why_not_here() -> str | None:
+    """Why this host cannot run this runtime's sandboxes, as a clause (None: it can): no
+    runsc on PATH, or sandbox cgroups this process cannot make (`cgroup.unusable`). Asked by
+    `auto` (`DockerBackend.runtime_for`) and by doctor."""
+    if shutil.which("runsc") is None:
+        return "there is no `runsc` on PATH (setup-gvisor.sh installs it)"
+    return unusable()
+
+
 def unavailable() -> ConfigError | None:
-    """Why this host cannot run this runtime's sandboxes (None: it can): no runsc on PATH,
-    or sandbox cgroups this process cannot make (`cgroup.unusable`). Asked before a run
-    starts, so that such a run is refused (exit 2) instead of failing half-made."""
-    try:
-        runsc_path()
-    except ConfigError as missing:
-        return missing
-    reason = unusable()
+    """The refusal of a run that asks for this runtime where it cannot run (`why_not_here`),
+    before anything starts (exit 2) instead of failing half-made; None where it can."""
+    reason = why_not_here()
     if reason is None:
         return None
     return ConfigError(
         f"--sandbox-runtime {RUNSC_DIRECT} cannot run here: {reason}. Nothing was started.",
-        "Run orchestrator as root on a host whose cgroups it can write, or choose "
-        "--sandbox-runtime runsc (gVisor through the engine) or auto.",
+        f"Set gVisor up once, as root: `bash {SETUP_SCRIPT}`, and run orchestrator as root on "
+        "a host whose cgroups it can write; or choose --sandbox-runtime runsc (gVisor through "
+        "the engine) or auto.",
     )
 
 
