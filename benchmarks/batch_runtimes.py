@@ -1,9 +1,10 @@
 """A batch under gVisor against the same batch under runc (issue: the secure default at full
-speed): 64 mock tasks at `--concurrency auto` with the default warm pool, under gVisor (its
-sandboxes restored from a snapshot, as a user's are where the engine can checkpoint), under
-gVisor with snapshots off (`ORCHESTRATOR_SNAPSHOTS=off`: what they buy) and under runc; beside
-them the floor, the same tasks as bare runc `docker run --rm` commands at 4 at once. Then, at
-concurrency 1, a warm gVisor batch against a bare runc `docker run` loop.
+speed): 64 mock tasks at `--concurrency auto` with the default warm pool, on the default
+runtime (`auto`: runsc-direct where the host can run it, gVisor restored by runsc itself),
+under gVisor through the engine (restored where the engine can checkpoint) and under runc;
+beside them the floor, the same tasks as bare runc `docker run --rm` commands at 4 at once.
+Then, at concurrency 1, warm batches on the default and on the engine's gVisor against a
+bare runc `docker run` loop.
 
 Sides run in interleaved rounds (the order rotates each round, so no side always follows the
 same one); each batch records its wall time, tasks per minute and the host's CPU seconds per
@@ -38,13 +39,17 @@ from orchestrator.execution.hostload import PROC_STAT, cpu_times  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results"
 
 #: Each side by name: a warm batch on a runtime, snapshots on or off; or the floor (None).
+#: `default` is what a user gets: `auto`, which picks runsc-direct where runsc is installed
+#: and the host lets us run it (gVisor restored by runsc itself), else gVisor through the
+#: engine; `gvisor` is gVisor through the engine (restored where it can checkpoint).
 SIDES: dict[str, tuple[str, bool] | None] = {
+    "default": ("auto", True),
     "gvisor": ("runsc", True),
-    "gvisor_no_snapshots": ("runsc", False),
     "runc": ("runc", True),
     "docker_run": None,
 }
 SERIAL_SIDES: dict[str, tuple[str, bool] | None] = {
+    "default_c1": ("auto", True),
     "gvisor_c1": ("runsc", True),
     "docker_run_c1": None,
 }
@@ -96,7 +101,9 @@ def write(report: dict) -> None:
     lines = [
         "# A batch under gVisor against runc",
         "",
-        f"{report['what']}; {context.summary(report, started=True)}. Warm pools (the default) "
+        f"{report['what']}; {context.summary(report, started=True)}; `auto` is "
+        f"{report.get('auto', '?')}, the engine's experimental mode "
+        f"{'on' if report.get('experimental') else 'off'}. Warm pools (the default) "
         f"at `--concurrency auto`; the floor is bare runc `docker run --rm <same image> python "
         f"-c <same agent>` at {FLOOR_CONCURRENCY} at once (1 at once beside concurrency 1). "
         "Sides interleaved, the order rotating each round; rates pooled over the rounds; CPU "
@@ -123,23 +130,28 @@ def write(report: dict) -> None:
     verdicts = []
     auto_rows = report["results"]["auto"]
     if auto_rows:
-        g, r = pooled_rate(auto_rows, "gvisor"), pooled_rate(auto_rows, "runc")
-        cold = pooled_rate(auto_rows, "gvisor_no_snapshots")
+        d, g = pooled_rate(auto_rows, "default"), pooled_rate(auto_rows, "gvisor")
+        r = pooled_rate(auto_rows, "runc")
         if r:
-            verdicts.append(f"gVisor (snapshots) / runc at auto: **{g / r:.2f}x** (bar: 0.9x)")
-        if cold:
-            verdicts.append(f"gVisor with snapshots / without: {g / cold:.2f}x")
+            verdicts.append(
+                f"the default (auto: {report.get('auto', '?')}) / runc at auto: **{d / r:.2f}x** "
+                f"(bar: 0.9x); gVisor through the engine / runc: {g / r:.2f}x"
+            )
     serial = report["results"]["serial"]
-    if serial and pooled_rate(serial, "docker_run_c1"):
-        ratio = pooled_rate(serial, "gvisor_c1") / pooled_rate(serial, "docker_run_c1")
-        verdicts.append(f"warm gVisor batch at 1 / bare runc `docker run` loop: **{ratio:.2f}x**")
+    floor_c1 = pooled_rate(serial, "docker_run_c1") if serial else 0.0
+    if floor_c1:
+        verdicts.append(
+            "warm batch at 1 / bare runc `docker run` loop: the default "
+            f"**{pooled_rate(serial, 'default_c1') / floor_c1:.2f}x** (bar: 1.6x), gVisor "
+            f"through the engine {pooled_rate(serial, 'gvisor_c1') / floor_c1:.2f}x"
+        )
     lines += ["", *[f"- {v}" for v in verdicts], ""]
     (RESULTS / "batch_runtimes.md").write_text("\n".join(lines))
 
 
 def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:
     (workdir / "warmup").mkdir()
-    for runtime in ("runsc", "runc"):  # caches, image layers, the snapshots themselves
+    for runtime in ("auto", "runsc", "runc"):  # caches, image layers, the snapshots themselves
         one_batch(4, "fixed2", True, workdir / "warmup", backend, runtime)
     for group, sides, n, config in (
         ("auto", SIDES, args.tasks, "auto"),
@@ -174,6 +186,8 @@ def main() -> None:
     report: dict = {
         "what": f"{args.tasks} mock tasks (batch_math, one CodeAgent step each)",
         "image": backend.image,
+        "auto": backend.runtime_for("auto"),
+        "experimental": bool(backend.client.api.info().get("ExperimentalBuild")),
         **context.header(backend.client),
         "uptime_before": uptime(),
         "results": {"auto": [], "serial": []},
