@@ -26,9 +26,6 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, restorable_kep
 from .engine import connect, engine_time
 from .hardening import host_config_options, network_options
 from .hostchecks import EngineHostChecks
-from .runsc_direct import direct
-from .runsc_direct.direct import RUNSC_DIRECT
-from .runsc_direct.sandbox import RunscSandbox
 from .runtimes import RUNC, RUNSC, EngineRuntimes, check_requested, place
 from .sandbox import DockerSandbox
 from .snapshots import Snapshots
@@ -39,6 +36,12 @@ if TYPE_CHECKING:  # a run's helpers: imported by the runs that have them (`_cre
     from .egress import Egress
     from .gateway import Gateway
     from .interceptor import Interceptor, InterceptorRoute
+    from .runsc_direct.sandbox import RunscSandbox  # and runsc_direct/ by its runs only
+
+#: `--sandbox-runtime runsc-direct`, as runsc_direct/direct.py names it (a test holds the
+#: two equal): named here, so that a run on runc or on gVisor through the engine never
+#: imports runsc_direct/ (benchmarks/results/code_figures.md#import-costs-on-the-start-path).
+RUNSC_DIRECT = "runsc-direct"
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
 IDLE_READY_TIMEOUT = 60.0
@@ -107,6 +110,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
         super().check_runtime(runtime, asked=asked)
         if runtime == RUNSC_DIRECT:
+            from .runsc_direct import direct
+
             refused = direct.unavailable()
             if refused is not None:
                 raise refused
@@ -162,6 +167,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         hosts of its own to reach) and the model gateway. All removed again on failure.
         On `runsc-direct`, a sandbox runsc runs itself (runsc_direct/)."""
         if spec.runtime == RUNSC_DIRECT:
+            from .runsc_direct import direct
+
             if not direct.networked(spec):
                 return direct.create(self.client, spec, progress)
             return self._held(spec, progress, None)
@@ -171,6 +178,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """A networked runsc-direct sandbox: its holder container made as this path's
         sandbox would be (network, proxy, gateway, interceptor; a pooled one's helpers live
         its time-to-live longer), then the sandbox in the holder's network namespace."""
+        from .runsc_direct import direct
+
         limits = replace(spec.limits, timeout_seconds=spec.limits.timeout_seconds + (ttl or 0))
         holder = replace(
             spec,
@@ -193,6 +202,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
         warm = replace(spec, labels={**spec.labels, LABEL_WARM: "true"})
         if spec.runtime == RUNSC_DIRECT:
+            from .runsc_direct import direct
+
             if direct.networked(warm):
                 return self._held(warm, progress, ttl)
             return direct.create(self.client, warm, progress, idle=ttl)
@@ -368,6 +379,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """Containers (sandboxes, egress proxies), then the runs' networks: in that order
         they can be removed."""
         from .egress import KIND_EGRESS_NETWORK
+        from .runsc_direct import direct
 
         labels_wanted = dict(labels)
         filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
@@ -407,6 +419,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """An orphan (`cleanup`); a container's removal also sweeps what containerd
         unpacked for restores whose containers are gone (`Snapshots.sweep`)."""
         from .egress import KIND_EGRESS_NETWORK, remove_network
+        from .runsc_direct import direct
         from .runsc_direct.records import is_ours
 
         if is_ours(info.id):  # run by runsc itself (runsc_direct/)
