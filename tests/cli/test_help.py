@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.parser import build_parser, subcommands
+from orchestrator.cli.parser import HELP, build_parser, commands_named, lists_commands, subcommands
 from tests.conftest import REPO, cli
 
 PARSER = build_parser()
@@ -123,6 +123,25 @@ def test_a_command_imports_only_its_own_module(
     assert loaded in modules, out.stdout + out.stderr
     for name in not_loaded:
         assert f"orchestrator.{name}" not in modules, f"{argv} imported orchestrator.{name}"
+
+
+@pytest.mark.parametrize(
+    ("argv", "listed"),
+    [
+        (["run", "payload", "--json"], False),
+        (["-v", "--verbose", "run", "payload"], False),
+        (["-h", "run"], True),  # the top-level help lists every command
+        (["--bogus", "run"], True),  # refused by the top-level parser
+        (["bogus"], True),  # argparse's list of choices
+        ([], True),
+    ],
+)
+def test_a_command_named_builds_no_other_commands_parser(argv: list[str], listed: bool) -> None:
+    """Not even their help lines (about 2 ms of every cold run), unless the top-level parser
+    may list them: every one is there then, as before."""
+    parser = build_parser(commands_named(argv), listed=lists_commands(argv))
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(commands.choices) == (sorted(HELP) if listed else commands_named(argv))
 
 
 #: What a run's start must not import: every module imported before its sandbox is created
