@@ -82,15 +82,17 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     from ..errors import OrchestratorError
     from .output import error_object, print_json, say
-    from .parser import UsageError, build_parser, commands_named
+    from .parser import UsageError, build_parser, commands_named, lists_commands
 
     words = sys.argv[1:] if argv is None else argv
     completing = "_ARGCOMPLETE" in os.environ  # the shell asks for completions: every command
-    parser = build_parser(None if completing else commands_named(words))
     if completing:
         import argcomplete
 
+        parser = build_parser()
         argcomplete.autocomplete(parser)
+    else:
+        parser = build_parser(commands_named(words), listed=lists_commands(words))
     args = None
     wants_json = "--json" in words
     try:

@@ -142,9 +142,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    in_full: Collection[str] | None = None, *, listed: bool = True
+) -> argparse.ArgumentParser:
     """The whole parser, or the commands `in_full` in full and the others as their help line
-    (enough for `orchestrator --help`, `--version` and argparse's list of choices)."""
+    (enough for `orchestrator --help`, `--version` and argparse's list of choices), or,
+    not `listed` (`lists_commands`), without the others at all."""
     parser = Parser(
         prog="orchestrator",
         description="Run whole smolagents multi-agent programs in hardened sandboxes.",
@@ -160,7 +163,8 @@ def build_parser(in_full: Collection[str] | None = None) -> argparse.ArgumentPar
     sub = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=CommandParser)
     for command in COMMANDS:
         if in_full is not None and command.name not in in_full:
-            sub.add_parser(command.name, help=command.help)
+            if listed:
+                sub.add_parser(command.name, help=command.help)
             continue
         for adder in command.adders:
             module, function = adder.split(":")
@@ -190,6 +194,18 @@ def commands_named(argv: Sequence[str]) -> list[str]:
     option (the top-level options take no values)."""
     word = next((arg for arg in argv if not arg.startswith("-")), None)
     return [word] if word in HELP else []
+
+
+def lists_commands(argv: Sequence[str]) -> bool:
+    """Whether parsing this command line may need the list of commands: unless it names one
+    of ours (`commands_named`) with nothing before it but -v, the top-level parser may print
+    its help (`-h run`) or refuse what it is given. Each command's help line is a parser of
+    its own (their cost: benchmarks/results/code_figures.md#import-costs-on-the-start-path)."""
+    for word in argv:
+        if word in ("-v", "--verbose"):
+            continue
+        return word not in HELP
+    return True
 
 
 @dataclass(frozen=True)

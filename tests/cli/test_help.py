@@ -1,6 +1,7 @@
 """The command line explains itself: every command's --help runs, every option has help text
 (and shows its default), the README's command reference lists exactly the commands there are,
---version answers, and shell completion completes. No Docker needed."""
+--version answers, and shell completion completes; a run's start imports only what it needs.
+No Docker needed, but for that start up to its sandbox."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.cli.parser import build_parser, subcommands
+from orchestrator.cli.parser import HELP, build_parser, commands_named, lists_commands, subcommands
 from tests.conftest import REPO, cli
 
 PARSER = build_parser()
@@ -124,6 +125,25 @@ def test_a_command_imports_only_its_own_module(
         assert f"orchestrator.{name}" not in modules, f"{argv} imported orchestrator.{name}"
 
 
+@pytest.mark.parametrize(
+    ("argv", "listed"),
+    [
+        (["run", "payload", "--json"], False),
+        (["-v", "--verbose", "run", "payload"], False),
+        (["-h", "run"], True),  # the top-level help lists every command
+        (["--bogus", "run"], True),  # refused by the top-level parser
+        (["bogus"], True),  # argparse's list of choices
+        ([], True),
+    ],
+)
+def test_a_command_named_builds_no_other_commands_parser(argv: list[str], listed: bool) -> None:
+    """Not even their help lines (about 2 ms of every cold run), unless the top-level parser
+    may list them: every one is there then, as before."""
+    parser = build_parser(commands_named(argv), listed=lists_commands(argv))
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(commands.choices) == (sorted(HELP) if listed else commands_named(argv))
+
+
 #: What a run's start must not import: every module imported before its sandbox is created
 #: is paid for by every cold run (benchmarks/host_start.py measures it). The Docker SDK is
 #: the one heavy import it needs; these it does not.
@@ -144,6 +164,8 @@ NOT_BEFORE_THE_SANDBOX = (
     "orchestrator.backends.docker.gateway",
     "orchestrator.backends.docker.interceptor",
     "concurrent.futures",  # the gateway's start beside the sandbox's
+    "orchestrator.backends.docker.runsc_direct",  # a run on runc or on gVisor through the engine
+    "platform",  # (imported by runsc_direct)
 )
 
 
@@ -179,12 +201,58 @@ def test_a_run_imports_nothing_heavy_before_its_sandbox(tmp_path: Path) -> None:
     assert "Cannot reach the Docker engine" in out.stderr, out.stderr  # it got that far
     modules = set(out.stdout.split())
     assert {"docker", "orchestrator.lifecycle.prepared", "orchestrator.records.record"} <= modules
-    heavy = [
-        m
-        for m in modules
-        if m in NOT_BEFORE_THE_SANDBOX or m.split(".")[0] in NOT_BEFORE_THE_SANDBOX
-    ]
+    heavy = not_before_the_sandbox(modules)
     assert not heavy, f"a run's start imported {sorted(heavy)}"
+
+
+def not_before_the_sandbox(modules: set[str], *names: str) -> list[str]:
+    """Those of `modules` that NOT_BEFORE_THE_SANDBOX or `names` name, or are part of."""
+    unwanted = (*NOT_BEFORE_THE_SANDBOX, *names)
+    return sorted(m for m in modules if m in unwanted or m.split(".")[0] in unwanted)
+
+
+UP_TO_THE_CREATE_CALL = """
+import sys
+from orchestrator.backends.docker.backend import DockerBackend
+from orchestrator.cli import main
+
+create = DockerBackend.create
+imported = []
+
+def noting_imports(self, spec, progress):
+    imported.extend(sys.modules)
+    return create(self, spec, progress)
+
+DockerBackend.create = noting_imports
+main(sys.argv[1:])
+print(" ".join(sorted(imported)))
+"""
+
+
+def test_a_run_up_to_its_sandbox_imports_only_what_it_needs(
+    docker_client, agent_image: str, no_leftovers
+) -> None:
+    """The same, with the engine: everything imported before the sandbox's create call (its
+    image checked too), on the suite's runtime. Not a payload's requirements' constraints
+    either (images/constraints.py: only a payload image reads them)."""
+    base = docker_client.images.get(agent_image).labels["orchestrator.base"]
+    payload = REPO / "tests" / "payloads" / "batch_math"
+    argv = ["run", str(payload), "mul", "--arg", 'op="mul"', "--arg", "a=6", "--arg", "b=7"]
+    out = subprocess.run(
+        [sys.executable, "-c", UP_TO_THE_CREATE_CALL, *argv, "--quiet"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "ORCHESTRATOR_BASE_IMAGE": base},
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    answer, modules = out.stdout.splitlines()[-2:]
+    assert answer == "42", out.stdout
+    imported = set(modules.split())
+    assert {"docker", "orchestrator.backends.docker.images"} <= imported
+    unneeded = not_before_the_sandbox(imported, "orchestrator.images.constraints")
+    assert not unneeded, f"a run's start imported {unneeded}"
 
 
 COLLECTOR_AT_EXIT = """

@@ -27,10 +27,7 @@ from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, restorable_kep
 from .engine import connect, engine_time
 from .hardening import host_config_options, network_options
 from .hostchecks import EngineHostChecks
-from .runsc_direct import direct
-from .runsc_direct.direct import RUNSC_DIRECT
-from .runsc_direct.sandbox import RunscSandbox
-from .runtimes import RUNC, RUNSC, EngineRuntimes, check_requested, place
+from .runtimes import RUNC, RUNSC, RUNSC_DIRECT, EngineRuntimes, check_requested, place
 from .sandbox import DockerSandbox
 from .snapshots import Snapshots
 
@@ -40,6 +37,7 @@ if TYPE_CHECKING:  # a run's helpers: imported by the runs that have them (`_cre
     from .egress import Egress
     from .gateway import Gateway
     from .interceptor import Interceptor, InterceptorRoute
+    from .runsc_direct.sandbox import RunscSandbox  # and runsc_direct/ by its runs only
 
 #: How long a pooled sandbox's runtime may take to import everything before it is given up.
 IDLE_READY_TIMEOUT = 60.0
@@ -115,6 +113,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         if requested != AUTO_RUNTIME:
             return requested
         if self._auto is None:
+            from .runsc_direct import direct
+
             if direct.why_not_here() is None:
                 self._auto = RUNSC_DIRECT
             else:
@@ -125,6 +125,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
         super().check_runtime(runtime, asked=asked)
         if runtime == RUNSC_DIRECT:
+            from .runsc_direct import direct
+
             refused = direct.unavailable()
             if refused is not None:
                 raise refused
@@ -181,6 +183,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         On `runsc-direct` (and `auto` where it is that), a sandbox runsc runs itself
         (runsc_direct/)."""
         if self.runtime_for(spec.runtime) == RUNSC_DIRECT:
+            from .runsc_direct import direct
+
             if not direct.networked(spec):
                 return direct.create(self.client, spec, progress)
             return self._held(spec, progress, None)
@@ -190,6 +194,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """A networked runsc-direct sandbox: its holder container made as this path's
         sandbox would be (network, proxy, gateway, interceptor; a pooled one's helpers live
         its time-to-live longer), then the sandbox in the holder's network namespace."""
+        from .runsc_direct import direct
+
         limits = replace(spec.limits, timeout_seconds=spec.limits.timeout_seconds + (ttl or 0))
         holder = replace(
             spec,
@@ -212,6 +218,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         have ended its run at the latest. Everything carries `LABEL_WARM`."""
         warm = replace(spec, labels={**spec.labels, LABEL_WARM: "true"})
         if self.runtime_for(spec.runtime) == RUNSC_DIRECT:
+            from .runsc_direct import direct
+
             if direct.networked(warm):
                 return self._held(warm, progress, ttl)
             return direct.create(self.client, warm, progress, idle=ttl)
@@ -387,6 +395,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """Containers (sandboxes, egress proxies), then the runs' networks: in that order
         they can be removed."""
         from .egress import KIND_EGRESS_NETWORK
+        from .runsc_direct import direct
 
         labels_wanted = dict(labels)
         filters = {"label": [f"{k}={v}" for k, v in labels.items()] or [LABEL_RUN_ID]}
@@ -426,6 +435,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         """An orphan (`cleanup`); a container's removal also sweeps what containerd
         unpacked for restores whose containers are gone (`Snapshots.sweep`)."""
         from .egress import KIND_EGRESS_NETWORK, remove_network
+        from .runsc_direct import direct
         from .runsc_direct.records import is_ours
 
         if is_ours(info.id):  # run by runsc itself (runsc_direct/)

@@ -28,13 +28,6 @@ from typing import IO
 import docker.errors
 
 from ...errors import ImageBuildError
-from ...images.constraints import (
-    applicable,
-    bearing,
-    constraints_text,
-    read_constraints,
-    report_applied,
-)
 from ...images.imagedef import (
     AGENT_IMAGE_DIR,
     BASE_IMAGE_ENV,
@@ -221,6 +214,14 @@ def _ensure_payload_image(
     requirements: tuple[str, ...],
     progress: Progress | None,
 ) -> str:
+    from ...images.constraints import (  # here: only a payload with requirements reads them
+        applicable,
+        bearing,
+        constraints_text,
+        read_constraints,
+        report_applied,
+    )
+
     requirements_text = "\n".join(requirements) + "\n"
     in_force = applicable(requirements, read_constraints())
     constraints = constraints_text(plan.wheelhouse.pins(), in_force)

@@ -40,6 +40,10 @@ from .seccomp import (
 RUNSC, RUNSC_NET = "runsc", "runsc-net"
 #: The engine's default runtime (with our seccomp profile).
 RUNC = "runc"
+#: gVisor run by runsc itself, without the engine (runsc_direct/): named here, so that a
+#: run on runc or on gVisor through the engine never imports runsc_direct/
+#: (benchmarks/results/code_figures.md#import-costs-on-the-start-path).
+RUNSC_DIRECT = "runsc-direct"
 #: Under gVisor, the sandbox's processes are held to the run's `pids` by gVisor's kernel:
 #: RLIMIT_NPROC, which it enforces per user at clone (EAGAIN past the soft limit without
 #: CAP_SYS_ADMIN or CAP_SYS_RESOURCE). The engine sets it, soft = hard, before the sandbox

@@ -34,7 +34,7 @@ from ..deadline import (
     restorable_kept,
     run_seconds,
 )
-from ..runtimes import SETUP_SCRIPT, Placement
+from ..runtimes import RUNSC_DIRECT, SETUP_SCRIPT, Placement
 from ..snapshots import RESTORABLE_IDLE
 from . import bundle, ocispec, records, snapshot
 from .cgroup import Cgroup, unusable
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
 
 #: How long a pooled sandbox's runtime may take to import everything (backend.py's).
 IDLE_READY_TIMEOUT = 60.0
-#: The runtime's name, as `--sandbox-runtime` takes it.
-RUNSC_DIRECT = "runsc-direct"
 
 
 def why_not_here() -> str | None:
