@@ -263,8 +263,10 @@ def probe_run(
     args: tuple[str, ...] = (),
     timeout: float = 60,
     runtime: str = "runsc",
+    cpus: float | None = None,
 ) -> tuple[RunResult, dict]:
-    """PROBE run on `runtime` with `secret`, and what it printed of its sandbox."""
+    """PROBE run on `runtime` with `secret` (and `cpus`, else the default), and what it
+    printed of its sandbox."""
     # Each call its own folder: runs started at once must not rewrite one file while
     # another run reads it (an empty program, or one whose secrets were not declared).
     folder = folder / secret
@@ -280,6 +282,7 @@ def probe_run(
         env_file=env,
         program_args=args,
         timeout_seconds=timeout,
+        cpus=cpus,
     )
     result = run(spec, backend=DockerBackend())
     line = next((x for x in (result.output or "").splitlines() if x.startswith("probe ")), "")

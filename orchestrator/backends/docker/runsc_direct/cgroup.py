@@ -37,6 +37,17 @@ V1_CONTROLLERS = ("memory", "cpu", "pids")
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
 
 
+def boot_cpus(limits: Limits) -> float:
+    """The CPU a sandbox's cgroup gives it before its run's request: every core of the host
+    (never less than `limits.cpus`). What runs then is runsc restoring gVisor (or booting
+    it, cold) and our runtime waiting on stdin, never the payload, whose code runs only
+    once the request is read; `RunscSandbox.start` holds the sandbox to `limits.cpus`
+    before it writes the request. runsc restores gVisor's memory on several threads: held
+    to one CPU from the start, a restore took 0.73 s to its exit against 0.48 s with this
+    2-core host's two (benchmarks/results/code_figures.md#a-restore-on-the-hosts-cores)."""
+    return max(limits.cpus, float(os.cpu_count() or 1))
+
+
 def unified(root: Path = CGROUP_ROOT) -> bool:
     """Whether this host mounts cgroup v2 alone (one hierarchy)."""
     return (root / "cgroup.controllers").is_file()
@@ -82,20 +93,33 @@ class Cgroup:
             return cls(name, (root / PARENT / name,), True)
         return cls(name, tuple(root / c / PARENT / name for c in V1_CONTROLLERS), False)
 
-    def make(self, limits: Limits) -> None:
-        """Make the folders and write `limits` into them. Raises OSError when the cgroup
-        file system refuses (not root, a controller missing); what was made is removed."""
+    def make(self, limits: Limits, cpus: float | None = None) -> None:
+        """Make the folders and write `limits` into them, the CPU quota `cpus` when given
+        (`boot_cpus`, until `limit_cpus`). Raises OSError when the cgroup file system
+        refuses (not root, a controller missing); what was made is removed."""
         try:
             if self.v2:
                 self._make_v2(limits)
             else:
                 self._make_v1(limits)
+            self.limit_cpus(limits.cpus if cpus is None else cpus)
         except OSError:
             self.remove()
             raise
 
+    def limit_cpus(self, cpus: float) -> None:
+        """Hold the cgroup's processes to `cpus` cores (a CFS quota of that many periods).
+        Raises OSError when the file cannot be written (the cgroup is gone)."""
+        quota = int(cpus * CPU_PERIOD_US)
+        if self.v2:
+            (self.folders[0] / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
+        else:
+            cpu = self.folders[1]
+            (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (cpu / "cpu.cfs_quota_us").write_text(str(quota))
+
     def _make_v1(self, limits: Limits) -> None:
-        memory, cpu, pids = self.folders
+        memory, _, pids = self.folders  # the CPU quota: limit_cpus
         for folder in self.folders:
             folder.mkdir(parents=True, exist_ok=True)
         limit = str(limits.memory_mb * 1024 * 1024)
@@ -104,8 +128,6 @@ class Cgroup:
         # kill, not a crawl (as the engine path's memswap_limit)
         with contextlib.suppress(FileNotFoundError):  # a kernel without swap accounting
             (memory / "memory.memsw.limit_in_bytes").write_text(limit)
-        (cpu / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-        (cpu / "cpu.cfs_quota_us").write_text(str(int(limits.cpus * CPU_PERIOD_US)))
         # room for gVisor's own host threads; the sandbox's processes are held by
         # RLIMIT_NPROC in gVisor's kernel (runtimes.py, ocispec.py)
         (pids / "pids.max").write_text(str(gvisor_pids_limit(limits.pids)))
@@ -119,7 +141,6 @@ class Cgroup:
         folder.mkdir(exist_ok=True)
         (folder / "memory.max").write_text(str(limits.memory_mb * 1024 * 1024))
         (folder / "memory.swap.max").write_text("0")  # no swap (see _make_v1)
-        (folder / "cpu.max").write_text(f"{int(limits.cpus * CPU_PERIOD_US)} {CPU_PERIOD_US}")
         (folder / "pids.max").write_text(str(gvisor_pids_limit(limits.pids)))
 
     def joined(self, argv: list[str]) -> list[str]:

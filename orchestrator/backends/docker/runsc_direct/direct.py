@@ -37,7 +37,7 @@ from ..deadline import (
 from ..runtimes import RUNSC_DIRECT, SETUP_SCRIPT, Placement
 from ..snapshots import RESTORABLE_IDLE
 from . import bundle, ocispec, records, snapshot
-from .cgroup import Cgroup, unusable
+from .cgroup import Cgroup, boot_cpus, unusable
 from .records import SandboxRecord
 from .sandbox import RunscSandbox, remove_left
 
@@ -139,7 +139,7 @@ def cold(
         config = ocispec.config(rootfs, argv, env, spec.limits, netns, files)
         (folder / "config.json").write_text(json.dumps(config))
         sandbox.record.save()
-        sandbox.cgroup.make(spec.limits)
+        sandbox.cgroup.make(spec.limits, boot_cpus(spec.limits))
         sandbox.launch(["run", f"--bundle={folder}", sandbox.id])
         if idle is not None:
             sandbox.wait_idle(IDLE_READY_TIMEOUT)
@@ -159,7 +159,7 @@ def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
     placement = Placement("runsc", RUNSC_DIRECT, spec.runtime)
     sandbox.isolation = {**placement.isolation(spec.limits), "snapshot": ready.key}
     try:
-        cgroup.make(spec.limits)
+        cgroup.make(spec.limits, boot_cpus(spec.limits))
         sandbox.launch(
             [
                 "restore",

@@ -93,8 +93,15 @@ class RunscSandbox(Sandbox):
                 self.proc.stdin.close()
 
     def start(self, request: Request, secrets: dict[str, str]) -> None:
-        """The request and its secrets as one JSON object on the runtime's stdin, then EOF:
-        as the Docker path's, never in the spec, the record or runsc's state."""
+        """The sandbox held to its run's CPU limit (its restore or boot had the host's
+        cores: `cgroup.boot_cpus`), then the request and its secrets as one JSON object on
+        the runtime's stdin, then EOF: as the Docker path's, never in the spec, the record
+        or runsc's state. The payload's code runs only once it has read them. Raises
+        OSError when the limit cannot be set (nothing is written then) or the sandbox is
+        gone, ValueError for a sandbox without a run (a snapshot's maker)."""
+        if self.spec is None:
+            raise ValueError(f"sandbox {self.id} has no run to start")
+        self.cgroup.limit_cpus(self.spec.limits.cpus)
         self.write(replace(request, secrets=secrets).to_json().encode(), close=True)
 
     def wait_idle(self, timeout: float) -> None:

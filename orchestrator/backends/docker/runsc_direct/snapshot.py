@@ -34,7 +34,7 @@ from ...base import Progress
 from ..snapshot_store import RECENT_USE, keep_count
 from .binary import GLOBAL_FLAGS, NETWORK_FLAGS, runsc, runsc_path
 from .bundle import Bundle, list_bundles, read_meta
-from .cgroup import Cgroup
+from .cgroup import Cgroup, boot_cpus
 from .records import SandboxRecord, new_id
 from .sandbox import CALL_TIMEOUT, RunscSandbox
 
@@ -166,7 +166,7 @@ def make(bundle: Bundle, snapshot_key: str, config: dict[str, Any], limits: Limi
     cgroup = Cgroup.of(maker_id)
     maker = RunscSandbox(record, cgroup)
     try:
-        cgroup.make(limits)
+        cgroup.make(limits, boot_cpus(limits))  # it never runs a payload
         maker.launch(["run", f"--bundle={folder}", maker_id])
         maker.wait_idle(MAKER_READY_TIMEOUT)
         subprocess.run(

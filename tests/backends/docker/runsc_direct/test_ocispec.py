@@ -91,6 +91,24 @@ def test_a_v1_cgroup_gets_memory_without_swap_cpu_and_pids(tmp_path: Path) -> No
     assert group.oom_killed()
 
 
+def test_a_sandbox_boots_on_the_hosts_cores_and_runs_on_its_own(tmp_path: Path) -> None:
+    """Its restore (or cold boot) gets every core of the host; `limit_cpus`, before its
+    request is written, holds it to the run's figure; v1 and v2 alike."""
+    limits = Limits(cpus=0.5)
+    assert cgroup.boot_cpus(limits) == max(0.5, float(os.cpu_count() or 1))
+    assert cgroup.boot_cpus(Limits(cpus=64)) == 64  # never less than the run's own
+    fake_v1(tmp_path / "v1")
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cgroup.controllers").write_text("cpu memory pids\n")
+    for root, quota_file in ((tmp_path / "v1", "cpu.cfs_quota_us"), (tmp_path / "v2", "cpu.max")):
+        group = cgroup.Cgroup.of("runsc-boot-abc", root)
+        group.make(limits, 2.0)
+        quota = group.folders[-1 if group.v2 else 1] / quota_file
+        assert quota.read_text().split()[0] == "200000", root
+        group.limit_cpus(limits.cpus)
+        assert quota.read_text().split()[0] == "50000", root
+
+
 def test_a_v2_cgroup_gets_the_same_limits_in_its_files(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
     group = cgroup.Cgroup.of("runsc-r2-abc", tmp_path)

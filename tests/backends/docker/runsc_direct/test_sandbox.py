@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import RunResult, RunSpec, run
+from orchestrator import Limits, RunResult, RunSpec, run
 from orchestrator.backends.docker.gateway import GATEWAY_PORT, KIND_GATEWAY
 from orchestrator.backends.docker.runsc_direct import bundle, cgroup, records
 from orchestrator.backends.docker.runsc_direct.binary import state_root
+from orchestrator.backends.docker.runsc_direct.sandbox import RunscSandbox
 from orchestrator.backends.docker.runsc_direct.snapshot import SNAPSHOTS_DIR, find
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.policy import HOST_ALIAS
@@ -130,6 +131,35 @@ def test_a_restored_run_stops_at_its_time_limit(
     assert held, result.output  # it ran, restored
     assert result.status == "timed_out", (result.status, result.error)
     assert result.timings["duration"] < 20, result.timings
+
+
+def test_a_restored_sandbox_is_held_to_its_cpu_limit_before_its_request(
+    agent_image: str, leaves_nothing: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore gets the host's cores (`cgroup.boot_cpus`); when the request is written
+    (the payload's code runs only once the runtime has read it), the sandbox's cgroup holds
+    it to the run's `cpus`, as the engine path's. Read from the real cgroup at each write to
+    the sandbox's stdin: the restore line, then the request."""
+    written: list[tuple[str, int]] = []
+    write = RunscSandbox.write
+
+    def noted(self: RunscSandbox, data: bytes, *, close: bool = False) -> None:
+        written.append(("request" if close else "restore line", quota_of(self.cgroup)))
+        write(self, data, close=close)
+
+    monkeypatch.setattr(RunscSandbox, "write", noted)
+    result, held = probe_run(tmp_path, "direct-s3cret-CPU-5150", cpus=0.5)
+    assert result.status == "succeeded" and held, (result.error, result.output)
+    assert result.sandbox.get("snapshot"), result.sandbox  # restored
+    boot = int(cgroup.boot_cpus(Limits(cpus=0.5)) * cgroup.CPU_PERIOD_US)
+    assert written == [("restore line", boot), ("request", 50_000)], written
+
+
+def quota_of(group: cgroup.Cgroup) -> int:
+    """A cgroup's CPU quota in microseconds a period."""
+    if group.v2:
+        return int((group.folders[0] / "cpu.max").read_text().split()[0])
+    return int((group.folders[1] / "cpu.cfs_quota_us").read_text())
 
 
 #: What a program run on `open` sees of names and the way out, from inside its sandbox: its
