@@ -9,7 +9,7 @@ import os
 import sys
 
 from .deadline import KEEPER_FD_ENV, RESTORABLE_ENV, RESTORED_BYTE
-from .protocol import RESTORED_LINE
+from .protocol import RESTORE_DONE_LINE, RESTORED_ACK_LINE, RESTORED_LINE
 from .request import RequestError
 
 #: Any byte but RESTORED_BYTE starts the run's deadline; this one says so.
@@ -20,15 +20,19 @@ def await_restore() -> None:
     """For a restorable runtime (its keeper set RESTORABLE_ENV; nothing to do otherwise):
     block until the host's first line (RESTORED_LINE, written as soon as it restored this
     process from a snapshot) says so, reseed, and tell the keeper, whose idle time then
-    starts again (`deadline.RESTORED_BYTE`). Raises RequestError for anything else on stdin
+    starts again (`deadline.RESTORED_BYTE`); RESTORED_ACK_LINE asks for RESTORE_DONE_LINE
+    on stderr then. Raises RequestError for anything else on stdin
     (a restorable sandbox is only ever started from its snapshot)."""
     if os.environ.pop(RESTORABLE_ENV, None) != "1":
         return
     line = sys.stdin.buffer.readline()  # the request that follows stays in this buffer
-    if line != RESTORED_LINE.encode():
+    if line not in (RESTORED_LINE.encode(), RESTORED_ACK_LINE.encode()):
         raise RequestError("a restorable sandbox's stdin did not start with the restore line")
     reseed()
     tell_keeper(RESTORED_BYTE, close=False)
+    if line == RESTORED_ACK_LINE.encode():  # the host waits for this before the request
+        sys.stderr.write(RESTORE_DONE_LINE)
+        sys.stderr.flush()
 
 
 def reseed() -> None:

@@ -194,6 +194,12 @@ READY_LINE = "orchestrator_runtime: ready for a request\n"
 #: the keeper), before the request: the runtime then reseeds what every clone of the
 #: snapshot shares and tells its keeper, whose idle time starts again.
 RESTORED_LINE = "orchestrator: restored from a snapshot\n"
+#: RESTORED_LINE of a host that waits for the runtime's word that the restore is over
+#: (runsc-direct: the restore runs on the host's cores, and the sandbox is held to its run's
+#: CPU limit once it is over, before the request): the runtime answers RESTORE_DONE_LINE.
+RESTORED_ACK_LINE = "orchestrator: restored from a snapshot, say when\n"
+#: What the runtime writes on stderr once it read RESTORED_ACK_LINE and reseeded.
+RESTORE_DONE_LINE = "orchestrator_runtime: restored\n"
 
 #: Set to "1" in the environment of a pooled sandbox's runtime whose idle lifetime is kept
 #: from outside (E2B: the sandbox's own timeout) rather than by the deadline keeper, whose

@@ -237,6 +237,29 @@ def test_the_runtime_tells_the_keeper_on_its_pipe_restored_then_run_begun(monkey
         os.close(end)
 
 
+@pytest.mark.parametrize("asks", [False, True], ids=["restored", "restored-say-when"])
+def test_the_runtime_says_its_restore_is_over_when_asked(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], asks: bool
+) -> None:
+    """runsc-direct's restore line asks the runtime to say when it has reseeded
+    (RESTORE_DONE_LINE on stderr, which the host waits for before the run's CPU limit and
+    the request); the engine path's does not, and hears nothing."""
+    import io
+    import sys
+
+    from orchestrator_runtime.deadline import KEEPER_FD_ENV, RESTORABLE_ENV
+    from orchestrator_runtime.idle import await_restore
+    from orchestrator_runtime.protocol import RESTORE_DONE_LINE, RESTORED_ACK_LINE, RESTORED_LINE
+
+    monkeypatch.delenv(KEEPER_FD_ENV, raising=False)
+    monkeypatch.setenv(RESTORABLE_ENV, "1")
+    line = RESTORED_ACK_LINE if asks else RESTORED_LINE
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(line.encode() + b"{}")))
+    await_restore()
+    assert (capfd.readouterr().err == RESTORE_DONE_LINE) == asks
+    assert sys.stdin.buffer.read() == b"{}"  # the request stays for read_request
+
+
 def test_a_plain_idle_keeper_is_never_moved_by_a_late_wake() -> None:
     clock = Clock()
     deadline = Deadline(clock() + 60, clock=clock)

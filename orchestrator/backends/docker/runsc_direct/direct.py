@@ -5,7 +5,8 @@ what cleanup finds and removes.
 A run: the image exported once (bundle.py), the sandbox's spec written from our policy
 (ocispec.py), the snapshot of that spec made once (snapshot.py), then a new container
 restored from it in a cgroup of its own (cgroup.py, sandbox.py), told at once that it was
-restored (RESTORED_LINE: it reseeds, its keeper's idle time starts again).
+restored (RESTORED_ACK_LINE: it reseeds, its keeper's idle time starts again, and it says
+when it is done, RESTORE_DONE_LINE: the run's CPU limit is set then).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import docker
 
-from orchestrator_runtime.protocol import RESTORED_LINE
+from orchestrator_runtime.protocol import RESTORED_ACK_LINE
 from orchestrator_runtime.request import Request
 
 from ....errors import ConfigError
@@ -168,7 +169,8 @@ def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
                 container_id,
             ]
         )
-        sandbox.write(RESTORED_LINE.encode())
+        sandbox.write(RESTORED_ACK_LINE.encode())  # its answer ends the restore (`start`)
+        sandbox.restoring = True
     except BaseException:
         sandbox.remove()
         raise

@@ -18,10 +18,11 @@ import selectors
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from orchestrator_runtime.protocol import READY_LINE
+from orchestrator_runtime.protocol import READY_LINE, RESTORE_DONE_LINE
 from orchestrator_runtime.request import Request
 
 from ...base import ExitInfo, Sandbox, SandboxSpec, StreamName
@@ -39,6 +40,10 @@ RUNSC_FAILED = 128
 RESTORE_FAILED = b"restoring container"
 #: How much of the end of stderr is kept to tell runsc's own failure.
 STDERR_TAIL = 4096
+#: How long a run waits for its restored runtime's RESTORE_DONE_LINE before it holds the
+#: sandbox to its CPU limit anyway (the request is written then; a restore that failed
+#: ends the run with runsc's error).
+RESTORE_WAIT = 30.0
 
 
 class RunscSandbox(Sandbox):
@@ -65,6 +70,8 @@ class RunscSandbox(Sandbox):
         self._stderr_tail = b""
         #: Called when runsc says the restore failed (direct.py: the snapshot goes).
         self.on_restore_failed: Callable[[], None] | None = None
+        #: Whether the runtime will say RESTORE_DONE_LINE (direct.restore asked it to).
+        self.restoring = False
 
     def launch(self, args: list[str]) -> None:
         """Start `runsc ARGS` inside the cgroup, its stdio our pipes, in a session of its own
@@ -101,6 +108,9 @@ class RunscSandbox(Sandbox):
         gone, ValueError for a sandbox without a run (a snapshot's maker)."""
         if self.spec is None:
             raise ValueError(f"sandbox {self.id} has no run to start")
+        if self.restoring:  # the restore on the host's cores to its end, at most RESTORE_WAIT
+            self.restoring = False
+            self._read_stderr_until(RESTORE_DONE_LINE.encode(), RESTORE_WAIT)
         self.cgroup.limit_cpus(self.spec.limits.cpus)
         self.write(replace(request, secrets=secrets).to_json().encode(), close=True)
 
@@ -125,6 +135,28 @@ class RunscSandbox(Sandbox):
             f"the sandbox ended before it was ready (within {timeout:g} s); its last words: "
             f"{seen[-500:].decode(errors='replace')!r}"
         )
+
+    def _read_stderr_until(self, marker: bytes, timeout: float) -> bool:
+        """Read stderr until `marker` (dropped; what came before it and after it is kept for
+        `stream`), its end, or `timeout` seconds; True when the marker came."""
+        assert self.proc is not None and self.proc.stderr is not None
+        fd, seen = self.proc.stderr.fileno(), b""
+        give_up = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while marker not in seen:
+                left = give_up - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    break
+                chunk = os.read(fd, CHUNK)
+                if not chunk:
+                    break
+                seen += chunk
+        found = marker in seen
+        kept = [p for p in seen.split(marker, 1) if p]
+        self._early += [("stderr", p) for p in kept]
+        self._stderr_tail = (self._stderr_tail + b"".join(kept))[-STDERR_TAIL:]  # runsc's error
+        return found
 
     def take(self, spec: SandboxSpec) -> None:
         """Hand a pooled sandbox to the run of `spec` (its run id was the sandbox's from the
