@@ -103,14 +103,17 @@ class RunscSandbox(Sandbox):
         """The sandbox held to its run's CPU limit (its restore or boot had the host's
         cores: `cgroup.boot_cpus`), then the request and its secrets as one JSON object on
         the runtime's stdin, then EOF: as the Docker path's, never in the spec, the record
-        or runsc's state. The payload's code runs only once it has read them. Raises
+        or runsc's state. The payload's code runs only once it has read them. A restore that
+        never says it is over gets nothing (it is killed; `wait` says how it ended). Raises
         OSError when the limit cannot be set (nothing is written then) or the sandbox is
         gone, ValueError for a sandbox without a run (a snapshot's maker)."""
         if self.spec is None:
             raise ValueError(f"sandbox {self.id} has no run to start")
         if self.restoring:  # the restore on the host's cores to its end, at most RESTORE_WAIT
             self.restoring = False
-            self._read_stderr_until(RESTORE_DONE_LINE.encode(), RESTORE_WAIT)
+            if not self._read_stderr_until(RESTORE_DONE_LINE.encode(), RESTORE_WAIT):
+                self.kill()  # failed (runsc ended: `wait` tells its error) or hung: no request
+                return
         self.cgroup.limit_cpus(self.spec.limits.cpus)
         self.write(replace(request, secrets=secrets).to_json().encode(), close=True)
 
@@ -118,22 +121,12 @@ class RunscSandbox(Sandbox):
         """Until the runtime has imported everything (READY_LINE on stderr); what it wrote
         before is kept for `stream`. Raises RuntimeError when it ends first or is not ready
         within `timeout` (it is killed then)."""
-        assert self.proc is not None and self.proc.stderr is not None
-        marker, seen = READY_LINE.encode(), b""
-        watchdog = threading.Timer(timeout, self.kill)
-        watchdog.daemon = True
-        watchdog.start()
-        try:
-            while chunk := os.read(self.proc.stderr.fileno(), CHUNK):
-                seen += chunk
-                if marker in seen:
-                    self._early += [("stderr", p) for p in seen.split(marker, 1) if p]
-                    return
-        finally:
-            watchdog.cancel()
+        if self._read_stderr_until(READY_LINE.encode(), timeout):
+            return
+        self.kill()
         raise RuntimeError(
             f"the sandbox ended before it was ready (within {timeout:g} s); its last words: "
-            f"{seen[-500:].decode(errors='replace')!r}"
+            f"{self._stderr_tail[-500:].decode(errors='replace')!r}"
         )
 
     def _read_stderr_until(self, marker: bytes, timeout: float) -> bool:
