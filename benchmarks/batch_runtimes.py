@@ -13,7 +13,8 @@ rounds (all tasks over all wall time).
 
     python benchmarks/batch_runtimes.py [--tasks 64] [--rounds 3] [--serial-tasks 24]
 
-Writes benchmarks/results/batch_runtimes.json and .md. Needs gVisor registered
+Writes benchmarks/results/batch_runtimes.json and .md (batch_runtimes_<driver>.* on a
+storage driver other than overlay2). Needs gVisor registered
 (scripts/setup-gvisor.sh) and, for the snapshot side, scripts/enable-checkpoints.sh.
 """
 
@@ -95,9 +96,16 @@ def median_cpu(rows: list[dict], side: str) -> float:
     return values[len(values) // 2] if values else 0.0
 
 
+def stem(report: dict) -> str:
+    """The results' file name: batch_runtimes, with the storage driver when it is not
+    overlay2 (what most hosts have)."""
+    driver = report.get("storage") or "overlay2"
+    return "batch_runtimes" if driver == "overlay2" else f"batch_runtimes_{driver}"
+
+
 def write(report: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "batch_runtimes.json").write_text(json.dumps(report, indent=2) + "\n")
+    (RESULTS / f"{stem(report)}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = [
         "# A batch under gVisor against runc",
         "",
@@ -146,7 +154,7 @@ def write(report: dict) -> None:
             f"through the engine {pooled_rate(serial, 'gvisor_c1') / floor_c1:.2f}x"
         )
     lines += ["", *[f"- {v}" for v in verdicts], ""]
-    (RESULTS / "batch_runtimes.md").write_text("\n".join(lines))
+    (RESULTS / f"{stem(report)}.md").write_text("\n".join(lines))
 
 
 def measure(args: argparse.Namespace, report: dict, workdir: Path, backend) -> None:
@@ -198,7 +206,7 @@ def main() -> None:
         teardown(workdir, backend.client)
     report["uptime_after"] = uptime()
     write(report)
-    print((RESULTS / "batch_runtimes.md").read_text())
+    print((RESULTS / f"{stem(report)}.md").read_text())
 
 
 if __name__ == "__main__":

@@ -434,18 +434,26 @@ def _summary(script: Path) -> str:
     return re.sub(r"\s*\(issue \d+[^)]*\)", "", first)
 
 
+_DRIVER = re.compile(r"Docker \S+ \(([\w-]+)\)")
+
+
 def latest_results() -> list[tuple[Path, Path, str]]:
-    """(script, newest result file, its date) for each benchmark that has a result."""
+    """(script, newest result file, its date) for each benchmark that has a result, and for
+    each storage driver its results name (overlay2 and fuse-overlayfs differ by a fifth and
+    more, so the newest of one never hides the other's)."""
     found = []
     for script in sorted((REPO / "benchmarks").glob("*.py")):
-        dated = []
+        dated: dict[str, list[tuple[str, Path]]] = {}
         for result in (REPO / "benchmarks" / "results").glob("*.md"):
             if result.stem == script.stem or result.stem.startswith(script.stem + "_"):
-                date = _DATE.search(result.read_text())
+                text = result.read_text()
+                date = _DATE.search(text)
+                driver = _DRIVER.search(text)
                 if date:
-                    dated.append((date.group(0), result))
-        if dated:
-            date, newest = max(dated)
+                    key = driver.group(1) if driver else ""
+                    dated.setdefault(key, []).append((date.group(0), result))
+        for _, results in sorted(dated.items()):
+            date, newest = max(results)
             found.append((script, newest, date))
     return found
 
