@@ -128,6 +128,16 @@ def interrupted_starting_python(code: int, err: str) -> bool:
     return code == 1 and ended_by_ctrl_c(err) and starting
 
 
+def interrupted_importing(code: int, err: str) -> bool:
+    """The KeyboardInterrupt came while the program was still importing orchestrator, inside
+    the making of a class, where Python 3.11 hands it on wrapped: "Error calling
+    __set_name__ ..." (a RuntimeError, exit 1) whose cause is the KeyboardInterrupt. The
+    program had called nothing of the API yet, so nothing can have been made; the checks
+    below would see it if it had."""
+    cause = "KeyboardInterrupt\n\nThe above exception was the direct cause"
+    return code == 1 and cause in err and "Error calling __set_name__" in err
+
+
 def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
     agent_image: str, docker_client, store_label: str, tmp_path
 ) -> None:
@@ -161,6 +171,7 @@ def test_ctrl_c_at_any_moment_of_the_python_api_leaves_nothing(
         if code != 0
         and not (code == -signal.SIGINT and ended_by_ctrl_c(err))
         and not interrupted_starting_python(code, err)
+        and not interrupted_importing(code, err)
     ]
     assert not problems, problems
     left = our_containers(docker_client, store_label)
