@@ -11,6 +11,7 @@ when it is done, RESTORE_DONE_LINE: the run's CPU limit is set then).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import docker
+import docker.errors
 
 from orchestrator_runtime.protocol import RESTORED_ACK_LINE
 from orchestrator_runtime.request import Request
@@ -200,6 +202,10 @@ def remove(sandbox_id: str) -> None:
         record.forget()
 
 
+#: How long a networked sandbox's proxy may take to stop before its last log is read
+#: (squid's `shutdown_lifetime` is 0: it stops at once).
+PROXY_STOP_TIMEOUT = 5
+
 #: The kind label of a networked sandbox's holder container.
 KIND_HOLDER = "network-holder"
 
@@ -301,6 +307,16 @@ class HeldSandbox(RunscSandbox):
         return self.holder.health()
 
     def egress_blocked(self) -> list[dict[str, Any]]:
+        """The holder's proxy's refusals. Once the sandbox has ended (the run's last look),
+        the proxy is stopped first: squid logs a request when its transaction ends, which
+        can be after the sandbox got its answer and exited, and the engine has copied all
+        of a container's output once it has stopped, so nothing the sandbox tried is
+        missed (a look while it still ran once missed a refusal on a loaded machine)."""
+        egress = self.holder.egress
+        ended = self.proc is not None and self.proc.poll() is not None
+        if ended and egress is not None and egress.container_id is not None:
+            with contextlib.suppress(docker.errors.APIError):
+                egress.client.api.stop(egress.container_id, timeout=PROXY_STOP_TIMEOUT)
         return self.holder.egress_blocked()
 
     def remove_sandbox_only(self) -> None:
