@@ -80,15 +80,23 @@ def docker_run(image: str, runtime: str, options: tuple[str, ...] = ()) -> dict[
 
 
 def orchestrator_run(
-    image: str, runtime: str | None, snapshot: bool = False, options: tuple[str, ...] = ()
+    image: str,
+    runtime: str | None,
+    snapshot: bool = False,
+    options: tuple[str, ...] = (),
+    head_start: bool | None = None,
 ) -> dict[str, float]:
     """`orchestrator run` as a user types it (`--sandbox-runtime runc`, or the default), its
     total and its phases. `snapshot`: the default (gVisor) run restored from a snapshot, which
     the engine must offer; otherwise snapshots are off (ORCHESTRATOR_SNAPSHOTS), a cold start.
-    `options`: more of `run`'s flags (a network policy, say)."""
+    `options`: more of `run`'s flags (a network policy, say). `head_start` (runsc-direct):
+    True, the restore must have begun at the command's start (its payload ran before);
+    False, head starts off (ORCHESTRATOR_HEAD_START); None, as it comes."""
     argv = [sys.executable, "-m", "orchestrator", *RUN_ARGS, *options, "--json", "--quiet"]
     argv += ["--sandbox-runtime", runtime] if runtime else []
     env = {**os.environ, "ORCHESTRATOR_SNAPSHOTS": "on" if snapshot else "off"}
+    if head_start is False:
+        env["ORCHESTRATOR_HEAD_START"] = "off"
     cpu = children_cpu()
     spawned = time.time()
     started = time.perf_counter()
@@ -103,6 +111,8 @@ def orchestrator_run(
         raise SystemExit(f"the default run was not on gVisor: {result['sandbox']}")
     if snapshot != bool(result["sandbox"].get("snapshot")):
         raise SystemExit(f"snapshot {snapshot}, but the run's sandbox was {result['sandbox']}")
+    if head_start is not None and head_start != ("restore_begun" in result["sandbox"]):
+        raise SystemExit(f"head start {head_start}, but the run's sandbox was {result['sandbox']}")
     events = {}
     for line in (Path(result["record_dir"]) / "events.jsonl").read_text().splitlines():
         event = json.loads(line)

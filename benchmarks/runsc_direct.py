@@ -2,7 +2,9 @@
 the ready snapshot, no dockerd, containerd or shim in the way) against the floor, a bare runc
 `docker run --rm` of the same agent image, and against gVisor through the engine
 (`--sandbox-runtime runsc`: restored from the engine's snapshot where its experimental mode
-is on, else cold) and runc; interleaved in one run.
+is on, else cold) and runc; interleaved in one run. The default's run, as a user gets it,
+is restored from a restore begun at the command's very start (its head start: the payload
+ran before); beside it the same run with head starts off.
 
 Each `orchestrator run` is split into phases from its record (cold_start.py's): the host's
 start-up, image + create (for runsc-direct: the restore is begun here), start -> run_start
@@ -146,14 +148,18 @@ def measure(args: argparse.Namespace, workdir: Path) -> None:
         auto = DockerBackend(client).runtime_for("auto")
         if auto != direct.RUNSC_DIRECT:
             raise SystemExit(f"`auto` is {auto} here, not {direct.RUNSC_DIRECT}")
+        orchestrator_run(image, None, snapshot=True)  # the payload's hint, for the head start
         sides = {
             "docker run (runc)": lambda: docker_run(image, "runc"),
             "orchestrator run (runc)": lambda: orchestrator_run(image, "runc"),
             f"orchestrator run (runsc via the engine, {engine})": lambda: orchestrator_run(
                 image, "runsc", snapshot=engine_snapshots
             ),
-            "orchestrator run (default: auto = runsc-direct, restored)": lambda: orchestrator_run(
-                image, None, snapshot=True
+            "orchestrator run (default: auto = runsc-direct, restored, head start)": (
+                lambda: orchestrator_run(image, None, snapshot=True, head_start=True)
+            ),
+            "orchestrator run (auto = runsc-direct, restored, head start off)": (
+                lambda: orchestrator_run(image, None, snapshot=True, head_start=False)
             ),
             "runsc-direct restore alone (in-process)": lambda: restore_alone(client, image),
         }

@@ -266,11 +266,13 @@ class Sandbox(ABC):
         """None while the sandbox can work; else why not (say, its egress proxy is gone)."""
         return None
 
-    def egress_blocked(self) -> list[dict[str, Any]]:
+    def egress_blocked(self, *, final: bool = False) -> list[dict[str, Any]]:
         """Connections the backend's egress control saw fail, in order, all of them at each
         call (the caller keeps its place; called while the run goes on): host, port, method,
         `ts`, `verdict` (`denied`: refused; `allowed`: failed upstream) and `reason` (the
-        cause); empty unless `Capabilities.egress_events`."""
+        cause); empty unless `Capabilities.egress_events`. `final`: the run's last look, once
+        the sandbox has ended or been killed; the backend may end its egress control first
+        so that every attempt is in."""
         return []
 
     def take(self, spec: SandboxSpec) -> None:

@@ -65,14 +65,27 @@ def start_up_done() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The command's exit code; 141 when its reader closed the pipe (`| head`), whatever
-    the command did meanwhile (a run goes on and is recorded as it ended)."""
+    the command did meanwhile (a run goes on and is recorded as it ended). A process's
+    `run` begins restoring its sandbox first, where runsc-direct can (its head start:
+    runsc_direct/head_start.py), and ends with what of it its run did not take removed."""
     signals.install()
     from .output import guard_streams, reader_gone
 
     saved = guard_streams()
+    runs = argv is None and sys.argv[1:2] == ["run"]  # a process's `run`: its head start
     try:
+        if runs:
+            from ..backends.docker.runsc_direct import head_start
+
+            head_start.begin(sys.argv[1:])
         code = _main(argv)
+    except KeyboardInterrupt:  # while the head start began (`_main` catches its own)
+        code = signals.EXIT_STOPPED
     finally:
+        if runs:
+            from ..backends.docker.runsc_direct import head_start
+
+            head_start.finish()
         sys.stdout.flush()  # through the guards: what Python flushes at exit is written now
         sys.stderr.flush()
         sys.stdout, sys.stderr = saved

@@ -119,9 +119,10 @@ def record_egress_blocked(sandbox: Sandbox, record: RunRecorder, *, live: bool =
     """Record what the sandbox's egress proxy saw fail since the last look: refused attempts
     as `egress_blocked`, allowed ones that failed upstream as `egress_failed`, each with the
     agent and step that were running then (`record.step_at`). `live`: a look while the run
-    goes on (a failure to read the log is then left to the final look)."""
+    goes on (a failure to read the log is then left to the final look); else the final
+    look, once the sandbox has ended, which lets the backend end its egress control first."""
     try:
-        attempts = sandbox.egress_blocked()
+        attempts = sandbox.egress_blocked(final=not live)
     except Exception as exc:  # the run's outcome matters more than its egress log
         if not live:
             record.host_event("egress_log_unavailable", error=str(exc))

@@ -150,7 +150,7 @@ def test_the_snapshot_check_says_why_gvisor_runs_start_cold_and_never_fails(
     """Speed, not safety: an engine without checkpoints passes, saying that gVisor runs
     through it start cold and what turns snapshots on; where the host can run runsc itself,
     that runs on `auto` start from runsc's own snapshots whatever the engine's mode."""
-    from orchestrator.backends.docker import snapshots
+    from orchestrator.backends.docker import snapshot_store
 
     only = ["host.snapshots"]
     plain = {**live_info, "ExperimentalBuild": False}
@@ -170,9 +170,9 @@ def test_the_snapshot_check_says_why_gvisor_runs_start_cold_and_never_fails(
     assert itself.detail.startswith("runs on `auto` start from a snapshot that runsc restores")
     assert "experimental mode is not needed" in itself.detail
     assert "enable-checkpoints.sh" in itself.detail  # what `runsc` through the engine needs
-    monkeypatch.setenv(snapshots.SNAPSHOTS_ENV, "off")
+    monkeypatch.setenv(snapshot_store.SNAPSHOTS_ENV, "off")
     (off,) = doctor("docker", only=only, facts=able).outcomes
-    assert "turned off" in off.detail and snapshots.SNAPSHOTS_ENV in off.detail, off
+    assert "turned off" in off.detail and snapshot_store.SNAPSHOTS_ENV in off.detail, off
 
 
 def test_the_storage_check_names_a_slow_driver_and_the_way_out_and_never_fails(

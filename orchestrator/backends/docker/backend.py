@@ -22,7 +22,7 @@ from ..base import (
     SandboxSpec,
     WarmSandboxes,
 )
-from . import snapshots
+from . import snapshot_store, snapshots
 from .deadline import AGENT_KEEPER, deadline_at, idle_kept, kept, restorable_kept, run_seconds
 from .engine import connect, engine_time
 from .hardening import host_config_options, network_options
@@ -325,7 +325,7 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         pooled one (`ttl`) idles that long after its restore, a run's own RESTORABLE_IDLE:
         the idle time is in the keeper's argv, so pools and single runs have a snapshot
         each (one per time-to-live)."""
-        if not snapshots.enabled():
+        if not snapshot_store.enabled():
             return None
         placement = place(spec.runtime, self.runtimes, networked=False)
         if not snapshots.covered(spec, placement):

@@ -69,6 +69,10 @@ PROXY_PORT = 3128
 #: How long squid may take to start listening.
 READY_TIMEOUT = 20.0
 
+#: How long squid may take to stop before its last log is read (its `shutdown_lifetime` is
+#: 0: it stops at once).
+STOP_TIMEOUT = 5
+
 
 #: The squid egress container's limits: small, it only relays.
 EGRESS_LIMITS = HelperLimits(memory="256m", pids=64, cpus=0.5)
@@ -271,14 +275,20 @@ class Egress:
             "the sandbox had no network from then on",
         )
 
-    def blocked(self) -> list[dict[str, Any]]:
+    def blocked(self, *, final: bool = False) -> list[dict[str, Any]]:
         """What squid refused or could not forward, from its access log (`parse_access_log`):
-        host, port, method, time, verdict, reason."""
+        host, port, method, time, verdict, reason. `final`: the run's last look, once its
+        sandbox has ended; squid is stopped first, since it logs a request when the
+        transaction ends, which can be after the sandbox had its answer and exited (a look
+        without the stop once missed a refusal on a loaded machine), and the engine has all
+        of a stopped container's output."""
         import docker.errors
 
         if self.container_id is None:
             return []
         try:
+            if final:
+                self.client.api.stop(self.container_id, timeout=STOP_TIMEOUT)
             log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
         except docker.errors.APIError:
             return []

@@ -22,10 +22,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import docker
-from docker.types import Ulimit
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
 from ...spec import Limits
@@ -35,6 +32,10 @@ from .seccomp import (
     gvisor_security_options,
     security_options,
 )
+
+if TYPE_CHECKING:  # the SDK is imported where it is used: runsc_direct's head start needs
+    import docker  # this module's figures before anything loads the SDK
+    from docker.types import Ulimit
 
 #: The engine's names for gVisor, without network and with the container's own network.
 RUNSC, RUNSC_NET = "runsc", "runsc-net"
@@ -231,6 +232,8 @@ class Placement:
         if self.runtime == "runc":
             return limits.pids, []
         nproc = gvisor_nproc(limits)
+        from docker.types import Ulimit
+
         return gvisor_pids_limit(limits.pids), [Ulimit(name="nproc", soft=nproc, hard=nproc)]
 
     def isolation(self, limits: Limits) -> dict[str, str]:

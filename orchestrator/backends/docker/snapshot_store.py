@@ -18,6 +18,8 @@ from typing import Any
 from ...errors import ConfigError
 from ...paths import home_dir
 
+#: `ORCHESTRATOR_SNAPSHOTS=off` (or 0, no, false) starts every run cold, silently.
+SNAPSHOTS_ENV = "ORCHESTRATOR_SNAPSHOTS"
 #: `ORCHESTRATOR_SNAPSHOTS_KEEP=N`: how many snapshots a state directory keeps (one per
 #: image, runtime, limits and time-to-live used; their size:
 #: benchmarks/results/code_figures.md#sizes-on-disk). Making one more removes the least
@@ -31,6 +33,12 @@ RECENT_USE = 300.0
 #: checkpoint's files (`checkpoint/`) and what they were made of (`snapshot.json`).
 SNAPSHOTS_DIR = "snapshots"
 META_FILE = "snapshot.json"
+
+
+def enabled() -> bool:
+    """Whether snapshots are wanted at all ($ORCHESTRATOR_SNAPSHOTS)."""
+    value = os.environ.get(SNAPSHOTS_ENV, "on").strip().lower()
+    return value not in ("off", "0", "no", "false")
 
 
 def snapshots_root() -> Path:

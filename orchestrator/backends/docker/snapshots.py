@@ -67,7 +67,9 @@ from ..base import Progress, SandboxSpec
 from .runtimes import RUNSC, Placement
 from .snapshot_store import (
     META_FILE,
+    SNAPSHOTS_ENV,
     Snapshot,
+    enabled,
     evict,
     find,
     keep_count,
@@ -77,8 +79,6 @@ from .snapshot_store import (
     snapshots_root,
 )
 
-#: `ORCHESTRATOR_SNAPSHOTS=off` (or 0, no, false) starts every run cold, silently.
-SNAPSHOTS_ENV = "ORCHESTRATOR_SNAPSHOTS"
 #: The checkpoint's name, in the maker's folder and in each restored container's.
 CHECKPOINT_NAME = "ready"
 #: The file, beside gVisor's state file in a restored container's checkpoint folder, that
@@ -117,12 +117,6 @@ class Maker(Protocol):
 
 
 M = TypeVar("M", bound=Maker)
-
-
-def enabled() -> bool:
-    """Whether snapshots are wanted at all ($ORCHESTRATOR_SNAPSHOTS)."""
-    value = os.environ.get(SNAPSHOTS_ENV, "on").strip().lower()
-    return value not in ("off", "0", "no", "false")
 
 
 def covered(spec: SandboxSpec, placement: Placement) -> bool:

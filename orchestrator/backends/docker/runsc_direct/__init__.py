@@ -13,10 +13,12 @@ The rooms, in the order a run meets them:
 - sandbox.py   one sandbox: `runsc restore` in the foreground, its pipes, exit, kill, removal;
 - records.py   what the state directory knows of each sandbox (labels), for cleanup;
 - direct.py    the runtime as the Docker backend offers it: a restore for a run without
-               network; for a networked run (allowlist, gateway, bound secrets) a cold
-               sandbox in the network namespace of a holder container (made by the Docker
-               path, with its proxy, gateway and interceptor); what it refuses yet (network
-               `open`); list and remove for cleanup.
+               network; for a networked run (open, allowlist, gateway, bound secrets) a
+               cold sandbox in the network namespace of a holder container (made by the
+               Docker path, with its proxy, gateway and interceptor); list and remove for
+               cleanup;
+- head_start.py `orchestrator run`'s restore begun at the command's very start (the payload's
+               last snapshot), taken by the run when it fits, else removed.
 
 The guarantees are the engine path's: the same user, no capabilities, no-new-privileges,
 our seccomp profile inside gVisor, tmpfs /tmp and /work with their sizes, memory, CPU and

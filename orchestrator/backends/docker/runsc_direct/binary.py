@@ -8,6 +8,7 @@ under the orchestrator's state directory (never the engine's `/var/run/docker/ru
 from __future__ import annotations
 
 import shutil
+import subprocess
 from pathlib import Path
 
 from ....errors import ConfigError
@@ -68,3 +69,19 @@ def runsc(*args: str, network: str = "none") -> list[str]:
     flag (NETWORK_FLAGS), then `args`."""
     flags = [flag for flag, _ in GLOBAL_FLAGS]
     return [runsc_path(), f"--root={state_root()}", *flags, NETWORK_FLAGS[network][0], *args]
+
+
+def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    """Start `argv` (a `runsc` call, joined to its cgroup) with its stdio our pipes, in
+    runsc's state root and a session of its own: a Ctrl-C at the terminal reaches the
+    orchestrator, which decides; never runsc, which would forward it into the sandbox.
+    Raises OSError when it cannot start."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        close_fds=True,
+        cwd=state_root(),
+    )

@@ -11,7 +11,6 @@ when it is done, RESTORE_DONE_LINE: the run's CPU limit is set then).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
@@ -28,7 +27,7 @@ from orchestrator_runtime.request import Request
 from ....errors import ConfigError
 from ....labels import LABEL_KIND
 from ...base import Progress, SandboxInfo, SandboxSpec
-from .. import snapshots
+from .. import snapshot_store, snapshots
 from ..deadline import (
     AGENT_KEEPER,
     deadline_at,
@@ -39,7 +38,7 @@ from ..deadline import (
 )
 from ..runtimes import RUNSC_DIRECT, SETUP_SCRIPT, Placement
 from ..snapshots import RESTORABLE_IDLE
-from . import bundle, ocispec, records, snapshot
+from . import bundle, head_start, ocispec, records, snapshot
 from .cgroup import Cgroup, boot_cpus, unusable
 from .records import SandboxRecord
 from .sandbox import RunscSandbox, remove_left
@@ -85,7 +84,7 @@ def create(
         raise ValueError("a networked sandbox is made beside its holder (`beside`)")
     image = bundle.ensure(client, spec.image, progress)
     env = list(client.api.inspect_image(spec.image)["Config"].get("Env") or [])
-    if not snapshots.enabled():  # $ORCHESTRATOR_SNAPSHOTS=off: every run cold, silently
+    if not snapshot_store.enabled():  # $ORCHESTRATOR_SNAPSHOTS=off: every run cold, silently
         return cold(RunscSandbox(*_new(spec), spec), spec, image.rootfs, env, None, idle)
     idle_seconds = RESTORABLE_IDLE if idle is None else idle
     argv = restorable_kept(AGENT_KEEPER, idle_seconds, run_seconds(spec.limits), list(spec.command))
@@ -154,28 +153,38 @@ def cold(
 
 def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
     """A new container of `spec`'s run restored from `ready`, in its own cgroup, told it was
-    restored. Everything of it is removed again when this fails."""
-    record, cgroup = _new(spec)
-    container_id = record.id
-    record.save()
-    sandbox = RunscSandbox(record, cgroup, spec)
+    restored: the command's head start when it restores `ready` with these limits
+    (head_start.py), else one restored now. Everything of it is removed again when this
+    fails."""
+    labels = {**spec.labels, LABEL_KIND: "sandbox"}
+    begun = head_start.take(ready.key, ready.folder, spec.limits, labels)
     placement = Placement("runsc", RUNSC_DIRECT, spec.runtime)
-    sandbox.isolation = {**placement.isolation(spec.limits), "snapshot": ready.key}
-    try:
-        cgroup.make(spec.limits, boot_cpus(spec.limits))
-        sandbox.launch(
-            [
-                "restore",
-                f"--image-path={ready.checkpoint}",
-                f"--bundle={ready.folder}",
-                container_id,
-            ]
-        )
-        sandbox.write(RESTORED_ACK_LINE.encode())  # its answer ends the restore (`start`)
-        sandbox.restoring = True
-    except BaseException:
-        sandbox.remove()
-        raise
+    isolation = {**placement.isolation(spec.limits), "snapshot": ready.key}
+    if begun is not None:
+        record, cgroup, sandbox_process = begun
+        sandbox = RunscSandbox(record, cgroup, spec)
+        sandbox.proc = sandbox_process
+        sandbox.isolation = {**isolation, "restore_begun": "at the command's start"}
+    else:
+        record, cgroup = _new(spec)
+        record.save()
+        sandbox = RunscSandbox(record, cgroup, spec)
+        sandbox.isolation = isolation
+        try:
+            cgroup.make(spec.limits, boot_cpus(spec.limits))
+            sandbox.launch(
+                [
+                    "restore",
+                    f"--image-path={ready.checkpoint}",
+                    f"--bundle={ready.folder}",
+                    record.id,
+                ]
+            )
+            sandbox.write(RESTORED_ACK_LINE.encode())  # its answer ends the restore (`start`)
+        except BaseException:
+            sandbox.remove()
+            raise
+    sandbox.restoring = True
     snapshot.mark_used(ready)
     # A snapshot runsc cannot restore (the run ends `infra_error`, which a batch retries) is
     # removed, so that the next run makes it again rather than fail the same way.
@@ -201,10 +210,6 @@ def remove(sandbox_id: str) -> None:
     if record is not None:
         record.forget()
 
-
-#: How long a networked sandbox's proxy may take to stop before its last log is read
-#: (squid's `shutdown_lifetime` is 0: it stops at once).
-PROXY_STOP_TIMEOUT = 5
 
 #: The kind label of a networked sandbox's holder container.
 KIND_HOLDER = "network-holder"
@@ -306,18 +311,9 @@ class HeldSandbox(RunscSandbox):
     def health(self) -> str | None:
         return self.holder.health()
 
-    def egress_blocked(self) -> list[dict[str, Any]]:
-        """The holder's proxy's refusals. Once the sandbox has ended (the run's last look),
-        the proxy is stopped first: squid logs a request when its transaction ends, which
-        can be after the sandbox got its answer and exited, and the engine has copied all
-        of a container's output once it has stopped, so nothing the sandbox tried is
-        missed (a look while it still ran once missed a refusal on a loaded machine)."""
-        egress = self.holder.egress
-        ended = self.proc is not None and self.proc.poll() is not None
-        if ended and egress is not None and egress.container_id is not None:
-            with contextlib.suppress(docker.errors.APIError):
-                egress.client.api.stop(egress.container_id, timeout=PROXY_STOP_TIMEOUT)
-        return self.holder.egress_blocked()
+    def egress_blocked(self, *, final: bool = False) -> list[dict[str, Any]]:
+        """The holder's proxy's refusals."""
+        return self.holder.egress_blocked(final=final)
 
     def remove_sandbox_only(self) -> None:
         super().remove()

@@ -26,7 +26,7 @@ from orchestrator_runtime.protocol import READY_LINE, RESTORE_DONE_LINE
 from orchestrator_runtime.request import Request
 
 from ...base import ExitInfo, Sandbox, SandboxSpec, StreamName
-from .binary import runsc, state_root
+from .binary import runsc, spawn, state_root
 from .cgroup import Cgroup
 from .records import SandboxRecord, bundle_dir
 
@@ -74,18 +74,9 @@ class RunscSandbox(Sandbox):
         self.restoring = False
 
     def launch(self, args: list[str]) -> None:
-        """Start `runsc ARGS` inside the cgroup, its stdio our pipes, in a session of its own
-        (a Ctrl-C at the terminal reaches the orchestrator, which decides; never runsc,
-        which would forward it into the sandbox). Raises OSError when it cannot start."""
-        self.proc = subprocess.Popen(
-            self.cgroup.joined(runsc(*args, network=self.network)),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            cwd=state_root(),
-        )
+        """Start `runsc ARGS` inside the cgroup (`binary.spawn`). Raises OSError when it
+        cannot start."""
+        self.proc = spawn(self.cgroup.joined(runsc(*args, network=self.network)))
         self.record.started(self.proc.pid)
 
     def write(self, data: bytes, *, close: bool = False) -> None:
@@ -240,13 +231,18 @@ def remove_left(
 ) -> None:
     """What a sandbox leaves: its processes killed, its cgroup removed, runsc's state of it
     deleted (runsc deletes it itself when its foreground process ends normally). Never
-    raises."""
-    cgroup.remove()
+    raises.
+
+    Once the cgroup is gone, every process of the sandbox is (runsc, gVisor's sandbox and
+    gofer all run in it), and what is left of it is runsc's state and lock files, removed
+    here; `runsc delete --force` is asked only while a process may be left, since it waits
+    about 1.4 s for a sandbox that is dead already."""
+    emptied = cgroup.remove()
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=CALL_TIMEOUT)
     root = state_root()
-    if any(root.glob(f"*{container_id}*.state")):
+    if not emptied and any(root.glob(f"*{container_id}*.state")):
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             subprocess.run(
                 runsc("delete", "--force", container_id),

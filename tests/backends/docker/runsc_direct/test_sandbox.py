@@ -12,9 +12,7 @@ us)."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,42 +21,19 @@ import pytest
 
 from orchestrator import Limits, RunResult, RunSpec, run
 from orchestrator.backends.docker.gateway import GATEWAY_PORT, KIND_GATEWAY
-from orchestrator.backends.docker.runsc_direct import bundle, cgroup, records
-from orchestrator.backends.docker.runsc_direct.binary import state_root
+from orchestrator.backends.docker.runsc_direct import bundle, cgroup
 from orchestrator.backends.docker.runsc_direct.sandbox import RunscSandbox
 from orchestrator.backends.docker.runsc_direct.snapshot import SNAPSHOTS_DIR, find
 from orchestrator.labels import LABEL_RUN_ID
 from orchestrator.policy import HOST_ALIAS
 from orchestrator.testing import CHECKS, Kit, run_check
+from tests.backends.docker.runsc_direct.conftest import nothing_of_ours_left
 from tests.backends.docker.test_snapshots import checkpoint_bytes
 from tests.backends.docker.test_snapshots import probe_run as snapshots_probe_run
 from tests.conftest import files_holding
 from tests.model_server import ScriptedModelServer, docker_bridge_address
 
 RUNTIME = "runsc-direct"
-
-
-@pytest.fixture(scope="module")
-def runsc_here() -> None:
-    if shutil.which("runsc") is None:
-        pytest.skip("no runsc on PATH (setup-gvisor.sh)")
-    if os.geteuid() != 0:
-        pytest.skip("runsc-direct makes each sandbox's cgroup: root only")
-
-
-def nothing_of_ours_left() -> list[str]:
-    """This path's sandbox records, cgroups and runsc container states still there."""
-    left = [f"record {r.id}" for r in records.list_records({})]
-    # this store's only: another test session on the host has cgroups of its own
-    left += [f"cgroup {name}" for name in cgroup.leftovers() if records.of_this_store(name)]
-    left += [f"runsc state {p.name}" for p in state_root().iterdir()]
-    return left
-
-
-@pytest.fixture
-def leaves_nothing(runsc_here: None, no_leftovers) -> Iterator[None]:
-    yield
-    assert not nothing_of_ours_left()
 
 
 def probe_run(folder: Path, secret: str, **options: Any) -> tuple[RunResult, dict]:
