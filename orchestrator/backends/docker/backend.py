@@ -101,28 +101,33 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
         self.interceptor_route = interceptor_route
         self.runtimes = EngineRuntimes(self.client)
         self.snapshots = Snapshots(self.client, self.runtimes.info)
-        self._auto: str | None = None
+        #: Whether this host can run runsc-direct (`direct.why_not_here`), asked once.
+        self._direct: bool | None = None
 
     def runtime_for(self, requested: str) -> str:
-        """The runtime a sandbox asked to run on `requested` gets. `auto` is, in this order
-        (asked once per backend): runsc-direct where this host can run it (runsc on PATH,
-        sandbox cgroups this process can make: gVisor restored from a snapshot by runsc
-        itself, with or without the engine's experimental mode), runsc where the engine has
-        gVisor registered, else runc. Any other name is itself. The record keeps what was
-        asked for (`requested: auto`)."""
+        """The runtime a sandbox asked to run on `requested` gets. `auto` is, in this order:
+        runsc-direct where this host can run it (runsc on PATH, sandbox cgroups this process
+        can make: gVisor restored from a snapshot by runsc itself, with or without the
+        engine's experimental mode), runsc where the engine has gVisor registered, else
+        runc. Any other name is itself. The record keeps what was asked for (`requested:
+        auto`)."""
         if requested != AUTO_RUNTIME:
             return requested
-        if self._auto is None:
+        if self._direct_here():
+            return RUNSC_DIRECT
+        return RUNSC if self.runtimes.has_gvisor() else RUNC
+
+    def _direct_here(self) -> bool:
+        if self._direct is None:
             from .runsc_direct import direct
 
-            if direct.why_not_here() is None:
-                self._auto = RUNSC_DIRECT
-            else:
-                self._auto = RUNSC if self.runtimes.has_gvisor() else RUNC
-        return self._auto
+            self._direct = direct.why_not_here() is None
+        return self._direct
 
     def check_runtime(self, runtime: str, *, asked: bool = True) -> None:
-        """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`)."""
+        """The name as `Backend`'s; runsc once `setup-gvisor.sh` registered it (`runtimes.py`);
+        runsc-direct where this host can run it. `auto` asks the engine for its runtimes in
+        the background, unless it is runsc-direct here (which needs nothing of them)."""
         super().check_runtime(runtime, asked=asked)
         if runtime == RUNSC_DIRECT:
             from .runsc_direct import direct
@@ -130,6 +135,8 @@ class DockerBackend(EngineHostChecks, WarmSandboxes, ImageStore):
             refused = direct.unavailable()
             if refused is not None:
                 raise refused
+            return
+        if runtime == AUTO_RUNTIME and self._direct_here():
             return
         check_requested(runtime, self.runtimes)
 

@@ -220,6 +220,27 @@ def test_auto_picks_runsc_direct_then_the_engines_gvisor_then_runc(
     assert order == ["runsc-direct", "runsc", "runc"]
 
 
+def test_auto_asks_the_engine_for_its_runtimes_only_where_it_may_need_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run on `auto` starts asking the engine for its runtimes in the background while it
+    is checked, except where `auto` is runsc-direct, which needs nothing of them."""
+    asked: list[str] = []
+
+    class Counted(EngineRuntimes):
+        def prefetch(self) -> None:
+            asked.append("prefetch")
+            super().prefetch()
+
+    for here, expected in ((None, []), (NOT_HERE, ["prefetch"])):
+        monkeypatch.setattr(direct, "why_not_here", lambda here=here: here)
+        backend = DockerBackend()
+        backend.runtimes = Counted(backend.client)
+        backend.check_runtime("auto")
+        assert asked == expected, (here, asked)
+        asked.clear()
+
+
 def test_auto_without_gvisor_runs_on_runc_and_says_so(
     agent_image: str, no_leftovers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
