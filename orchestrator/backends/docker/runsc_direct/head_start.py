@@ -181,6 +181,7 @@ def _restore(key: str, folder: Path, limits: Limits) -> Begun:
     cgroup = Cgroup.of(record.id)
     proc = None
     try:
+        os.utime(folder / SNAPSHOT_META)  # in use: no eviction takes it meanwhile
         record.save()
         cgroup.make(limits, boot_cpus(limits))
         argv = runsc("restore", f"--image-path={folder / SNAPSHOT_CHECKPOINT}")
