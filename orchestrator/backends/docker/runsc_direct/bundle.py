@@ -20,14 +20,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import docker
-import docker.errors
+from typing import TYPE_CHECKING, Any
 
 from ....labels import LABEL_KIND, run_labels
 from ....paths import home_dir
-from ...base import Progress
+
+if TYPE_CHECKING:  # the SDK is imported where it is used: head_start.py reads this module
+    import docker  # before anything loads it
+
+    from ...base import Progress
 
 #: Where the exported images live, under the state directory.
 IMAGES_DIR = "runsc/images"
@@ -98,6 +99,8 @@ def ensure(client: docker.DockerClient, image: str, progress: Progress) -> Bundl
 
 
 def _export(client: docker.DockerClient, image: str, image_id: str) -> Bundle:
+    import docker.errors
+
     folder = folder_of(image_id)
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -159,6 +162,8 @@ def list_bundles() -> list[Bundle]:
 
 def orphaned(client: docker.DockerClient) -> list[Bundle]:
     """The bundles (with the snapshots in them) of images the engine no longer has."""
+    import docker.errors
+
     gone = []
     for bundle in list_bundles():
         try:

@@ -43,8 +43,10 @@ from ....paths import home_dir
 from ....spec import Limits
 from ..snapshot_store import enabled
 from .binary import runsc, spawn
+from .bundle import images_root
 from .cgroup import Cgroup, boot_cpus
 from .records import SandboxRecord, new_id
+from .snapshot import META_FILE, SNAPSHOTS_DIR, Snapshot
 
 #: `ORCHESTRATOR_HEAD_START=off` (or 0, no, false): no head starts.
 HEAD_START_ENV = "ORCHESTRATOR_HEAD_START"
@@ -54,8 +56,6 @@ HINTS_DIR = "runsc/head_starts"
 HINTS_KEPT = 64
 #: The run id in a head start's labels until a run takes it.
 UNTAKEN = "head-start"
-#: What a snapshot folder holds once complete (snapshot.py's META_FILE, CHECKPOINT).
-SNAPSHOT_META, SNAPSHOT_CHECKPOINT = "snapshot.json", "checkpoint"
 
 
 @dataclass
@@ -159,33 +159,40 @@ def begin(words: list[str]) -> None:
         return
 
 
-def _checked(hint: Any) -> tuple[str, Path, Limits]:
-    """A hint's snapshot key, folder and limits, when the snapshot it names is complete.
-    Raises ValueError otherwise (TypeError, KeyError for a malformed hint)."""
-    folder, key = Path(hint["folder"]), str(hint["key"])
-    if folder.name != key or not (folder / SNAPSHOT_META).is_file():
-        raise ValueError(f"no snapshot {key} at {folder}")
-    if not (folder / SNAPSHOT_CHECKPOINT).is_dir():
-        raise ValueError(f"snapshot {key} has no checkpoint")
+def _checked(hint: Any) -> tuple[Snapshot, Limits]:
+    """A hint's snapshot, when it is a complete one of this state directory's
+    (`runsc/images/<image>/snapshots/<key>`), and its limits. Raises ValueError otherwise
+    (TypeError, KeyError for a malformed hint)."""
+    ready = Snapshot(str(hint["key"]), Path(hint["folder"]))
+    exported = ready.folder.parent.parent
+    if (
+        ready.folder.name != ready.key
+        or ready.folder.parent.name != SNAPSHOTS_DIR
+        or exported.parent != images_root()
+        or ".." in ready.folder.parts
+    ):
+        raise ValueError(f"{ready.folder} is not a snapshot of this state directory")
+    if not (ready.folder / META_FILE).is_file() or not ready.checkpoint.is_dir():
+        raise ValueError(f"snapshot {ready.key} is gone or incomplete")
     figures = hint["limits"]
     limits = Limits(
         memory_mb=int(figures["memory_mb"]), cpus=float(figures["cpus"]), pids=int(figures["pids"])
     )
-    return key, folder, limits
+    return ready, limits
 
 
-def _restore(key: str, folder: Path, limits: Limits) -> Begun:
-    """A new sandbox restored from the snapshot at `folder`, in its own cgroup, told it was
-    restored (as `direct.restore`'s). Everything of it is removed again when this fails."""
+def _restore(ready: Snapshot, limits: Limits) -> Begun:
+    """A new sandbox restored from `ready`, in its own cgroup, told it was restored (as
+    `direct.restore`'s). Everything of it is removed again when this fails."""
     record = SandboxRecord(new_id(UNTAKEN), {**run_labels(UNTAKEN), LABEL_KIND: "sandbox"})
     cgroup = Cgroup.of(record.id)
     proc = None
     try:
-        os.utime(folder / SNAPSHOT_META)  # in use: no eviction takes it meanwhile
+        os.utime(ready.folder / META_FILE)  # in use: no eviction takes it meanwhile
         record.save()
         cgroup.make(limits, boot_cpus(limits))
-        argv = runsc("restore", f"--image-path={folder / SNAPSHOT_CHECKPOINT}")
-        proc = spawn(cgroup.joined([*argv, f"--bundle={folder}", record.id]))
+        argv = runsc("restore", f"--image-path={ready.checkpoint}", f"--bundle={ready.folder}")
+        proc = spawn(cgroup.joined([*argv, record.id]))
         record.started(proc.pid)
         assert proc.stdin is not None
         proc.stdin.write(RESTORED_ACK_LINE.encode())
@@ -193,7 +200,7 @@ def _restore(key: str, folder: Path, limits: Limits) -> Begun:
     except BaseException:
         _remove(record, cgroup, proc)
         raise
-    return Begun(key, folder, limits, record, cgroup, proc)
+    return Begun(ready.key, ready.folder, limits, record, cgroup, proc)
 
 
 def take(

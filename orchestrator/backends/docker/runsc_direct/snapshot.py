@@ -26,17 +26,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ....labels import LABEL_KIND, run_labels
 from ....spec import Limits
-from ...base import Progress
 from ..snapshot_store import RECENT_USE, keep_count
 from .binary import GLOBAL_FLAGS, NETWORK_FLAGS, runsc, runsc_path
 from .bundle import Bundle, list_bundles, read_meta
 from .cgroup import Cgroup, boot_cpus
 from .records import SandboxRecord, new_id
-from .sandbox import CALL_TIMEOUT, RunscSandbox
+
+if TYPE_CHECKING:
+    from ...base import Progress
 
 #: Each image's snapshots, under its bundle's folder (removed with it).
 SNAPSHOTS_DIR = "snapshots"
@@ -158,6 +159,8 @@ def make(bundle: Bundle, snapshot_key: str, config: dict[str, Any], limits: Limi
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
+    from .sandbox import CALL_TIMEOUT, RunscSandbox  # here: head_start.py reads this module
+
     started = time.monotonic()
     maker_id = new_id(f"snapshot-{snapshot_key}")
     labels = {**run_labels(maker_id), LABEL_KIND: KIND_MAKER}

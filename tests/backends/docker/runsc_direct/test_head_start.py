@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.docker.runsc_direct import head_start, records
+from orchestrator.backends.docker.runsc_direct import bundle, head_start, records
+from orchestrator.backends.docker.runsc_direct.snapshot import META_FILE, SNAPSHOTS_DIR
 from orchestrator.labels import LABEL_OWNER, LABEL_RUN_ID
 from tests.backends.docker.runsc_direct.conftest import nothing_of_ours_left
 from tests.conftest import REPO, cli, start_cli, wait_for
@@ -65,40 +66,57 @@ def test_only_a_run_that_may_be_restored_here_names_its_payload(
 
 
 @pytest.mark.parametrize(
-    "hint",
+    ("hint", "where"),
     [
-        {"key": "0123456789abcdef", "folder": "/nonexistent/0123456789abcdef"},
-        {"key": "../escape", "folder": "{folder}"},
-        {"folder": "{folder}"},
-        {"key": "k", "folder": "{folder}", "limits": "many"},
-        "not an object",
+        ({"key": "0123456789abcdef"}, "gone"),
+        ({"key": "k"}, "outside"),
+        ({"key": "other"}, "store"),
+        ({"key": "k"}, "climbing"),
+        ({}, "store"),
+        ({"key": "k", "limits": "many"}, "store"),
+        ("not an object", "store"),
     ],
-    ids=["gone", "other-name", "no-key", "bad-limits", "not-an-object"],
+    ids=["gone", "outside-the-store", "other-name", "climbing", "no-key", "bad-limits", "text"],
 )
-def test_a_hint_that_names_no_complete_snapshot_starts_nothing_and_goes(
-    hint: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_hint_that_names_no_complete_snapshot_of_the_store_starts_nothing_and_goes(
+    hint: Any, where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A hint whose snapshot is gone or malformed restores nothing (no record, no
-    process) and is removed, so the next run writes a good one."""
+    """A hint whose snapshot is gone, is not one of this state directory's snapshots (even
+    a complete one elsewhere), or is malformed restores nothing (no record, no process) and
+    is removed, so the next run writes a good one."""
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("ORCHESTRATOR_SANDBOX_RUNTIME", raising=False)
-    folder = tmp_path / "k"
-    (folder / head_start.SNAPSHOT_CHECKPOINT).mkdir(parents=True)
-    (folder / head_start.SNAPSHOT_META).write_text("{}")
+    stored = bundle.images_root() / ("0" * 64) / SNAPSHOTS_DIR / "k"
+    outside = tmp_path / "k"
+    climbed = bundle.images_root().parent / SNAPSHOTS_DIR / "k"
+    for folder in (stored, outside, climbed):  # complete: a checkpoint and its note
+        (folder / "checkpoint").mkdir(parents=True, exist_ok=True)
+        (folder / META_FILE).write_text("{}")
     if isinstance(hint, dict):
-        hint = {k: str(v).replace("{folder}", str(folder)) for k, v in hint.items()}
-        hint.setdefault("limits", {"memory_mb": 256, "cpus": 1.0, "pids": 64})
+        folder = {
+            "gone": stored.with_name("0123456789abcdef"),
+            "outside": outside,
+            "climbing": bundle.images_root() / ".." / SNAPSHOTS_DIR / "k",  # runsc/snapshots/k
+            "store": stored,
+        }[where]
+        hint = {
+            "folder": str(folder),
+            "limits": {"memory_mb": 256, "cpus": 1.0, "pids": 64},
+            **hint,
+        }
     path = head_start.hint_path(str(PAYLOAD))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(hint))
     before = records.list_records({})
-    head_start.begin(["run", str(PAYLOAD)])
     try:
+        head_start.begin(["run", str(PAYLOAD)])
         assert head_start._session is not None and head_start._session.begun is None
         assert not path.exists()
         assert records.list_records({}) == before
     finally:
         head_start.finish()
+        shutil.rmtree(stored.parent.parent)
+        shutil.rmtree(climbed.parent)
 
 
 def test_the_hints_kept_are_bounded(tmp_path: Path) -> None:
