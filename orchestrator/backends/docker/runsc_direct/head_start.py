@@ -41,6 +41,7 @@ from orchestrator_runtime.protocol import RESTORED_ACK_LINE
 from ....labels import LABEL_KIND, run_labels
 from ....paths import home_dir
 from ....spec import Limits
+from ..runtimes import RUNSC_DIRECT
 from ..snapshot_store import enabled
 from .binary import runsc, spawn
 from .bundle import images_root
@@ -104,7 +105,8 @@ def hint_path(payload: str) -> Path:
 #: early: a head start they rule out is thrown away once, and its hint with it.
 MAY_RESTORE: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "--backend": ("ORCHESTRATOR_BACKEND", ("docker",)),
-    "--sandbox-runtime": ("ORCHESTRATOR_SANDBOX_RUNTIME", ("auto", "runsc-direct")),
+    # "auto" is backends/base.py's AUTO_RUNTIME, whose module is not loaded this early
+    "--sandbox-runtime": ("ORCHESTRATOR_SANDBOX_RUNTIME", ("auto", RUNSC_DIRECT)),
     "--network": (None, ("none",)),
 }
 
