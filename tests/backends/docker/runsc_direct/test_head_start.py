@@ -143,6 +143,7 @@ def test_a_payloads_second_run_is_restored_while_the_command_starts(
 ) -> None:
     """The first run writes its payload's hint; the second is restored from the same
     snapshot, begun at the command's start, and answers as the first did."""
+    head_start.hint_path(str(PAYLOAD)).unlink(missing_ok=True)  # whatever ran it before
     code, first = run_json()
     assert code == 0 and first["answer"] == 42, first
     assert "restore_begun" not in first["sandbox"], first["sandbox"]
