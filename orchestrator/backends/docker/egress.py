@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import secrets
 import socket
 import threading
 import time
@@ -69,9 +70,24 @@ PROXY_PORT = 3128
 #: How long squid may take to start listening.
 READY_TIMEOUT = 20.0
 
-#: How long squid may take to stop before its last log is read (its `shutdown_lifetime` is
-#: 0: it stops at once).
+#: How long squid may take to stop before its last log is read, where the log could not be
+#: flushed (`Egress.flush`; its `shutdown_lifetime` is 0, yet its shutdown takes ~2 s).
 STOP_TIMEOUT = 5
+#: Under this name, the host of the marker request `Egress.flush` makes squid refuse and
+#: log (a random label first): a name no allowlist can hold (`.invalid` never resolves, and
+#: squid never resolves an unlisted name), left out of what the host reads
+#: (`parse_access_log`).
+FLUSH_HOST = "orchestrator-log-flush.invalid"
+#: How long the marker may take to show in the engine's copy of squid's log (then squid is
+#: stopped instead).
+FLUSH_TIMEOUT = 5.0
+#: What runs in the egress container to ask squid for the marker (argv[1]: the request).
+FLUSH_PROBE = (
+    "import socket, sys\n"
+    f"s = socket.create_connection(('127.0.0.1', {PROXY_PORT}), 5)\n"
+    "s.sendall(sys.argv[1].encode())\n"
+    "while s.recv(65536): pass\n"
+)
 
 
 #: The squid egress container's limits: small, it only relays.
@@ -275,24 +291,58 @@ class Egress:
             "the sandbox had no network from then on",
         )
 
-    def blocked(self) -> list[dict[str, Any]]:
+    def blocked(self, *, final: bool = False) -> list[dict[str, Any]]:
         """What squid refused or could not forward, from its access log (`parse_access_log`):
-        host, port, method, time, verdict, reason."""
+        host, port, method, time, verdict, reason. `final`: the run's last look, once its
+        sandbox has ended: the log is flushed first (`flush`; squid stopped where it cannot
+        be), so that nothing the sandbox tried is missing."""
         import docker.errors
 
         if self.container_id is None:
             return []
+        if final and not self.flush():
+            self.stop()
         try:
             log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
         except docker.errors.APIError:
             return []
         return parse_access_log(log.decode("utf-8", "replace"))
 
+    def flush(self) -> bool:
+        """Make squid refuse and log a marker request of the host's own (FLUSH_HOST, from a
+        process run in its container), and wait until the marker is in the engine's copy of
+        the log. squid logs a request when its transaction ends, which can come after the
+        sandbox had its answer and exited, and the engine copies the log a little later
+        still: a look at a running proxy once missed a refusal on a loaded machine. A
+        sandbox that has ended closed its connections before the marker's was opened, squid
+        handles them as they come, and its log and the engine's copy keep their order, so
+        once the marker shows, everything the sandbox tried is there. About 0.2 s, where a
+        stop takes about 2 s (squid's shutdown ticks once a second). False when the marker
+        did not show within FLUSH_TIMEOUT."""
+        import docker.errors
+
+        if self.container_id is None:
+            return True
+        marker = f"{secrets.token_hex(8)}.{FLUSH_HOST}"  # the host is what squid logs
+        request = f"GET http://{marker}/ HTTP/1.0\r\n\r\n"
+        give_up = time.monotonic() + FLUSH_TIMEOUT
+        try:
+            probe = self.client.api.exec_create(
+                self.container_id, ["python3", "-I", "-S", "-c", FLUSH_PROBE, request]
+            )
+            self.client.api.exec_start(probe["Id"])
+            while time.monotonic() < give_up:
+                if marker.encode() in self.client.api.logs(self.container_id, stderr=False):
+                    return True
+                time.sleep(0.02)
+        except docker.errors.APIError:
+            return False
+        return False
+
     def stop(self) -> None:
         """Stop squid (SIGTERM; it closes its connections, logging each, and exits), after
-        which the engine has copied all of its log: about 2 s (squid's shutdown ticks once a
-        second), so only where a look at a running proxy's log was seen to miss a refusal
-        (runsc_direct's held sandboxes). Never raises."""
+        which the engine has all of its log: about 2 s (squid's shutdown ticks once a
+        second), so only where the log cannot be flushed (`flush`). Never raises."""
         import docker.errors
 
         if self.container_id is not None:
@@ -400,6 +450,8 @@ def parse_access_log(text: str) -> list[dict[str, Any]]:
         if len(fields) != 12 or fields[0] != "ORCH":
             continue
         _, ts, client, method, host, port, status, squid_status, sni, bump, error, took = fields
+        if host.endswith(f".{FLUSH_HOST}"):  # the host's own marker (`Egress.flush`)
+            continue
         verdict = "denied"
         if "DENIED" in squid_status:
             reason = "not on the allowlist"

@@ -241,10 +241,9 @@ class DockerSandbox(Sandbox):
     def egress_blocked(self, *, final: bool = False) -> list[dict[str, Any]]:
         """Requests the egress proxy and the secret interceptor refused (none without
         either): each source's new ones appended in time order at each call, so the list
-        only grows, as the runner reads it. `final` changes nothing here: stopping squid
-        first would make its log complete but costs about 2 s a run (`EgressProxy.stop`)."""
+        only grows, as the runner reads it (`final`: squid's log flushed first)."""
         sources = {
-            "squid": self.egress.blocked() if self.egress else [],
+            "squid": self.egress.blocked(final=final) if self.egress else [],
             "interceptor": self.interceptor.attempts() if self.interceptor else [],
         }
         new: list[dict[str, Any]] = []

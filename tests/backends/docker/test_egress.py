@@ -31,7 +31,13 @@ from typing import Any
 import pytest
 
 from orchestrator import RunSpec, Store, load_manifest, run
-from orchestrator.backends.docker.egress import KIND_EGRESS, KIND_EGRESS_NETWORK, parse_access_log
+from orchestrator.backends.docker.egress import (
+    FLUSH_HOST,
+    KIND_EGRESS,
+    KIND_EGRESS_NETWORK,
+    Egress,
+    parse_access_log,
+)
 from orchestrator.backends.docker.seccomp import security_options
 from orchestrator.labels import LABEL_KIND, LABEL_RUN_ID
 from orchestrator.policy import HOST_ALIAS, MAX_HOSTS
@@ -153,6 +159,8 @@ def test_access_log_parsing() -> None:
             "ORCH\t3.000\t127.0.0.1\tCONNECT\tdeb.debian.org\t443\t200\tNONE_NONE\tevil.test"
             "\tterminate\t-",
             "2026/11/22 07:38:52| a cache.log line",
+            f"ORCH\t4.000\t127.0.0.1\tGET\t0a1b2c3d.{FLUSH_HOST}\t80\t403\tTCP_DENIED\t-\t-"
+            "\tERR_ACCESS_DENIED\t0",  # the host's own marker (Egress.flush): never an attempt
         ]
     )
     blocked = parse_access_log(log)
@@ -390,6 +398,7 @@ def test_every_way_around_the_allowlist_fails_and_is_recorded(
     assert all(isinstance(e["ts"], float) for e in blocked_events(result))
     record = json.loads((Path(result.record_dir) / "result.json").read_text())
     assert record["egress_blocked"] == result.egress_blocked == len(blocked_events(result))
+    assert not [e for e in blocked_events(result) if FLUSH_HOST in str(e.get("host"))]
 
 
 _DEBUG_DNS = """
@@ -580,6 +589,31 @@ def test_killing_the_egress_container_fails_closed(
     assert not [p for p in polls if float(p[1]) > killed_at + 0.05 and p[2] == "ok"], polls
     # While it ran, everything was as hardened as designed.
     _assert_hardened(egress, sandbox, network, run_id)
+
+
+def test_the_last_look_flushes_squids_log_without_stopping_it(
+    agent_image: str, docker_client, nothing_left: None
+) -> None:
+    """`Egress.flush` (the run's last look at the log): squid refuses and logs a marker of the
+    host's own, which is then in the engine's copy of the log, left out of what the host
+    reads; squid goes on running (a stop would cost about 2 s)."""
+    run_id = f"r-egress-flush-{secrets.token_hex(4)}"
+    poll = {"kind": "poll", "url": f"http://{ALLOWED}/debian/", "seconds": 60, "interval": 0.1}
+    thread, cancel, box = run_in_thread(probe_spec([poll], run_id=run_id))
+    try:
+        wait_for(lambda: " ok" in stderr_of(run_id), timeout=120)
+        container = container_of(docker_client, run_id, KIND_EGRESS)
+        network = f"orchestrator-net-{run_id}"  # the run's own proxy, as its backend holds it
+        proxy = Egress(docker_client, network, network, container_id=container["Id"])
+        assert proxy.flush()
+        log = docker_client.api.logs(container["Id"], stderr=False).decode()
+        assert [line for line in log.splitlines() if FLUSH_HOST in line], log[-2000:]
+        assert not [b for b in parse_access_log(log) if FLUSH_HOST in str(b["host"])]
+        assert docker_client.api.inspect_container(container["Id"])["State"]["Running"]
+    finally:
+        cancel.set()
+        thread.join(timeout=60)
+    assert box["result"].status == "cancelled", box["result"].error
 
 
 def _assert_hardened(egress: dict, sandbox: dict, network: dict, run_id: str) -> None:

@@ -312,12 +312,7 @@ class HeldSandbox(RunscSandbox):
         return self.holder.health()
 
     def egress_blocked(self, *, final: bool = False) -> list[dict[str, Any]]:
-        """The holder's proxy's refusals; at the final look the proxy is stopped first
-        (`EgressProxy.stop`): squid logs a request when its transaction ends, which can be
-        after the sandbox had its answer and exited, and a look while squid still ran once
-        missed a refusal on a loaded machine (the kit's egress.allowlist.recorded)."""
-        if final and self.holder.egress is not None:
-            self.holder.egress.stop()
+        """The holder's proxy's refusals (`final`: its log flushed first)."""
         return self.holder.egress_blocked(final=final)
 
     def remove_sandbox_only(self) -> None:
