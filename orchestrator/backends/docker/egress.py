@@ -300,15 +300,17 @@ class Egress:
 
         if self.container_id is None:
             return []
-        if final and not self.flush():
+        log = self.flush() if final else None
+        if final and log is None:
             self.stop()
-        try:
-            log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
-        except docker.errors.APIError:
-            return []
+        if log is None:
+            try:
+                log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
+            except docker.errors.APIError:
+                return []
         return parse_access_log(log.decode("utf-8", "replace"))
 
-    def flush(self) -> bool:
+    def flush(self) -> bytes | None:
         """Make squid refuse and log a marker request of the host's own (FLUSH_HOST, from a
         process run in its container), and wait until the marker is in the engine's copy of
         the log. squid logs a request when its transaction ends, which can come after the
@@ -317,12 +319,12 @@ class Egress:
         sandbox that has ended closed its connections before the marker's was opened, squid
         handles them as they come, and its log and the engine's copy keep their order, so
         once the marker shows, everything the sandbox tried is there. About 0.2 s, where a
-        stop takes about 2 s (squid's shutdown ticks once a second). False when the marker
-        did not show within FLUSH_TIMEOUT."""
+        stop takes about 2 s (squid's shutdown ticks once a second). Returns that log (its
+        stdout); None when the marker did not show within FLUSH_TIMEOUT."""
         import docker.errors
 
         if self.container_id is None:
-            return True
+            return None
         marker = f"{secrets.token_hex(8)}.{FLUSH_HOST}"  # the host is what squid logs
         request = f"GET http://{marker}/ HTTP/1.0\r\n\r\n"
         give_up = time.monotonic() + FLUSH_TIMEOUT
@@ -332,12 +334,13 @@ class Egress:
             )
             self.client.api.exec_start(probe["Id"])
             while time.monotonic() < give_up:
-                if marker.encode() in self.client.api.logs(self.container_id, stderr=False):
-                    return True
+                log = self.client.api.logs(self.container_id, stdout=True, stderr=False)
+                if marker.encode() in log:
+                    return log
                 time.sleep(0.02)
         except docker.errors.APIError:
-            return False
-        return False
+            return None
+        return None
 
     def stop(self) -> None:
         """Stop squid (SIGTERM; it closes its connections, logging each, and exits), after

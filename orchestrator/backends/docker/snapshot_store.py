@@ -37,8 +37,12 @@ META_FILE = "snapshot.json"
 
 def enabled() -> bool:
     """Whether snapshots are wanted at all ($ORCHESTRATOR_SNAPSHOTS)."""
-    value = os.environ.get(SNAPSHOTS_ENV, "on").strip().lower()
-    return value not in ("off", "0", "no", "false")
+    return switched_on(SNAPSHOTS_ENV)
+
+
+def switched_on(variable: str) -> bool:
+    """Whether the speed switch `variable` is on: unless set to off, 0, no or false."""
+    return os.environ.get(variable, "on").strip().lower() not in ("off", "0", "no", "false")
 
 
 def snapshots_root() -> Path:

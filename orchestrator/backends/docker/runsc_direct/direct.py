@@ -156,8 +156,7 @@ def restore(ready: snapshot.Snapshot, spec: SandboxSpec) -> RunscSandbox:
     restored: the command's head start when it restores `ready` with these limits
     (head_start.py), else one restored now. Everything of it is removed again when this
     fails."""
-    labels = {**spec.labels, LABEL_KIND: "sandbox"}
-    begun = head_start.take(ready.key, ready.folder, spec.limits, labels)
+    begun = head_start.take(ready.key, ready.folder, spec.limits, spec.labels)
     placement = Placement("runsc", RUNSC_DIRECT, spec.runtime)
     isolation = {**placement.isolation(spec.limits), "snapshot": ready.key}
     if begun is not None:

@@ -42,7 +42,7 @@ from ....labels import LABEL_KIND, run_labels
 from ....paths import home_dir
 from ....spec import Limits
 from ..runtimes import RUNSC_DIRECT
-from ..snapshot_store import enabled
+from ..snapshot_store import enabled, switched_on
 from .binary import runsc, spawn
 from .bundle import images_root
 from .cgroup import Cgroup, boot_cpus
@@ -85,12 +85,6 @@ class Session:
 #: The command's session (None outside an `orchestrator run` process, in a batch, a pool, a
 #: library call: nothing is begun there, and `take` finds nothing).
 _session: Session | None = None
-
-
-def wanted() -> bool:
-    """Whether head starts are wanted ($ORCHESTRATOR_HEAD_START)."""
-    value = os.environ.get(HEAD_START_ENV, "on").strip().lower()
-    return value not in ("off", "0", "no", "false")
 
 
 def hint_path(payload: str) -> Path:
@@ -146,7 +140,7 @@ def begin(words: list[str]) -> None:
     with nothing of it left)."""
     global _session
     payload = payload_of(words)
-    if payload is None or not enabled() or not wanted():
+    if payload is None or not enabled() or not switched_on(HEAD_START_ENV):
         return
     _session = Session(hint_path(payload))
     try:
